@@ -1,0 +1,133 @@
+"""Merge the ranks' pytest reports of one test into one report per phase.
+
+Rules, per phase: it failed if any rank failed in it, or was stopped or died
+in it; it was skipped if every rank skipped (an xfail on any rank that was
+not otherwise failed makes the phase xfailed); else it passed.  The call
+phase is reported only when the merged setup passed, as pytest does.  The
+first failing phase carries the whole diagnosis (see :mod:`pytest_ddp.report`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .report import PHASES, failure_text
+from .runner import TestRun
+from .state import RankState
+
+
+def _expected_phases(state: RankState) -> list[str]:
+    """The phases a rank would report: call only after a passed setup."""
+    setup = state.reports.get("setup")
+    if setup is not None and setup["outcome"] != "passed":
+        return ["setup", "teardown"]
+    return list(PHASES)
+
+
+def _stuck_phase(state: RankState) -> str | None:
+    """The first phase this rank should have reported and did not (stopped or died in it)."""
+    for when in _expected_phases(state):
+        if when not in state.reports:
+            return when
+    return None
+
+
+def merged_reports(
+    item: pytest.Item, run: TestRun, config: pytest.Config
+) -> tuple[list[pytest.TestReport], dict[int, str]]:
+    """The controller's reports for ``item``, and each failing rank's failure text."""
+    if run.start_error is not None:
+        text = failure_text(run, {}, str(item.path))
+        return [_report(item, "setup", "failed", text), _report(item, "teardown", "passed", None)], {}
+
+    rank_reports: dict[str, dict[int, pytest.TestReport]] = {when: {} for when in PHASES}
+    rank_failures: dict[int, str] = {}
+    for state in run.states:
+        for when, event in state.reports.items():
+            rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
+            rank_reports[when][state.rank] = rep
+            if rep.failed:
+                label = "" if when == "call" else f" (in {when})"
+                rank_failures.setdefault(state.rank, rep.longreprtext + label)
+    stuck = {state.rank: _stuck_phase(state) for state in run.states}
+
+    reports: list[pytest.TestReport] = []
+    diagnosed = False
+    for when in PHASES:
+        per_rank = rank_reports[when]
+        stuck_here = sorted(rank for rank, phase in stuck.items() if phase == when)
+        if when == "call" and reports[-1].outcome != "passed":
+            continue
+        outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
+        if outcome == "passed" and when == "call" and run.sequence_differences:
+            outcome = "failed"
+        longrepr: Any = None
+        if outcome == "failed":
+            if not diagnosed:
+                longrepr = failure_text(run, rank_failures, str(item.path))
+                diagnosed = True
+            else:
+                longrepr = "\n\n".join(
+                    f"rank {rank}: {rep.longreprtext}" for rank, rep in sorted(per_rank.items()) if rep.failed
+                )
+        elif outcome == "skipped":
+            longrepr = _skip_longrepr(item, per_rank)
+        report = _report(item, when, outcome, longrepr)
+        if wasxfail is not None:
+            report.wasxfail = wasxfail  # type: ignore[attr-defined]
+        report.duration = max((rep.duration for rep in per_rank.values()), default=run.elapsed)
+        for rank, rep in sorted(per_rank.items()):
+            for name, content in rep.sections:
+                report.sections.append((f"{name} (rank {rank})", content))
+            report.user_properties.extend(rep.user_properties)
+        reports.append(report)
+    _attach_output(reports, run)
+    return reports, rank_failures
+
+
+def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:
+    """Each rank's stdout and stderr of the whole test, on the report pytest shows them with:
+    the first failed one, else the call report (``-rP``)."""
+    target = next((r for r in reports if r.failed), None)
+    target = target or next((r for r in reports if r.when == "call"), reports[0])
+    for rank, streams in sorted(run.outputs.items()):
+        for stream, text in streams.items():
+            if text.strip():
+                target.sections.append((f"Captured {stream} (rank {rank})", text))
+
+
+def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:
+    """(outcome, wasxfail) of one phase over the ranks' reports."""
+    if any_stuck or any(rep.failed for rep in reps):
+        return "failed", None
+    xfails = [rep for rep in reps if hasattr(rep, "wasxfail")]
+    if reps and all(rep.skipped for rep in reps):
+        return "skipped", (xfails[0].wasxfail if xfails else None)
+    if any(rep.skipped for rep in xfails):
+        return "skipped", xfails[0].wasxfail  # the expected failure happened on some rank
+    if reps and len(xfails) == len(reps):
+        return "passed", xfails[0].wasxfail  # XPASS on every rank
+    return "passed", None
+
+
+def _skip_longrepr(item: pytest.Item, per_rank: dict[int, pytest.TestReport]) -> Any:
+    for rep in per_rank.values():
+        if rep.skipped and isinstance(rep.longrepr, (tuple, list)) and len(rep.longrepr) == 3:
+            return tuple(rep.longrepr)
+    path, lineno, _ = item.location
+    return (str(path), (lineno or 0) + 1, "Skipped")
+
+
+def _report(item: pytest.Item, when: str, outcome: str, longrepr: Any) -> pytest.TestReport:
+    return pytest.TestReport(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={name: 1 for name in item.keywords},
+        outcome=outcome,  # type: ignore[arg-type]
+        longrepr=longrepr,
+        when=when,  # type: ignore[arg-type]
+        sections=[],
+        user_properties=[],
+    )

@@ -1,0 +1,273 @@
+"""A rank process: joins its group, then runs what its controller hands it.
+
+Started by :class:`pytest_ddp.group.RankGroup` as ``python -m pytest_ddp.rank
+SPEC.json``.  In "pytest" mode the rank is a pytest session of its own that
+collected the group's tests (like an xdist worker) and runs each one, with its
+own fixtures, when the controller says so.  In "function" mode it calls
+module-level functions for :func:`pytest_ddp.run`.
+
+Everything the rank has to say goes into its event log; a byte on the notify
+pipe wakes the controller.  Between tests a rank lingers, its process group
+intact, as a pytest session does: a peer still waiting for it therefore hangs
+rather than fails, and the controller's watchdog says why.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import faulthandler
+import importlib
+import json
+import os
+import pickle
+import resource
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import _pytest.config
+import pytest
+
+from .state import EventLog
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this process is: what the ``rank``, ``world_size`` and ``device`` fixtures return."""
+
+    rank: int
+    world_size: int
+    backend: str
+    init: bool
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.rank}" if self.backend == "nccl" else "cpu"
+
+
+_context: RankContext | None = None
+
+
+def current() -> RankContext | None:
+    """The context of this rank process, or None in the controller."""
+    return _context
+
+
+class Channel:
+    """The rank's end of its link to the controller."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.log = EventLog(spec["events"])
+        self._notify_fd: int = spec["notify_fd"]
+        self._commands = os.fdopen(spec["command_fd"], "r")
+
+    def event(self, event: dict[str, Any], wake: bool = False) -> None:
+        event["t"] = time.time()
+        self.log.write(event)
+        if wake:
+            try:
+                os.write(self._notify_fd, b"!")
+            except OSError:
+                pass  # the controller is gone; the next command read ends this rank
+
+    def next_command(self) -> dict[str, Any] | None:
+        """The controller's next command; None when it closed the pipe (it is gone)."""
+        line = self._commands.readline()
+        return json.loads(line) if line else None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this rank when the controller dies, however it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before we asked
+        os._exit(1)
+
+
+def _init_group(spec: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=spec["pg_timeout"])
+    store = dist.TCPStore(
+        "127.0.0.1", spec["store_port"], spec["world_size"], is_master=False, timeout=timeout
+    )
+    kwargs: dict[str, Any] = {}
+    if spec["backend"] == "nccl":
+        torch.cuda.set_device(spec["rank"])
+        kwargs["device_id"] = torch.device("cuda", spec["rank"])
+    dist.init_process_group(
+        spec["backend"],
+        store=store,
+        rank=spec["rank"],
+        world_size=spec["world_size"],
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def _peak_memory() -> dict[str, int | None]:
+    peak_cuda = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak_cuda = int(torch.cuda.max_memory_allocated())
+    # ru_maxrss is in KiB on Linux.
+    return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_cuda": peak_cuda}
+
+
+class RankSession:
+    """The pytest plugin of a rank's session: runs the items its controller names."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.collect_errors: list[str] = []
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: Any) -> None:
+        self.config = config
+        # The rank's stdout is the test's output: keep pytest's own progress out of it.
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter._tw = _pytest.config.create_terminal_writer(config, open(os.devnull, "w"))
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.collect_errors.append(f"{report.nodeid}: {report.longreprtext}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: Any) -> bool:
+        items = {item.nodeid: item for item in session.items}
+        self.channel.event(
+            {"e": "ready", "items": list(items), "errors": self.collect_errors}, wake=True
+        )
+        while (command := self.channel.next_command()) is not None:
+            if command["cmd"] == "stop":
+                break
+            self._run(items, command["id"], command.get("next"))
+        return True
+
+    def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:
+        from . import recorder
+
+        recorder.start_test()
+        self.channel.event({"e": "test", "id": nodeid})
+        item = items[nodeid]
+        # Fixtures kept for a next item that this group did not get after all
+        # (xdist scheduled it elsewhere) are torn down before this item sets up.
+        item.session._setupstate.teardown_exact(item)
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
+        self.channel.event({"e": "done", **_peak_memory()}, wake=True)
+
+    def _phase(self, when: str) -> None:
+        self.channel.event({"e": "phase", "when": when})
+
+    def pytest_runtest_setup(self, item: Any) -> None:
+        self._phase("setup")
+
+    def pytest_runtest_call(self, item: Any) -> None:
+        self._phase("call")
+
+    def pytest_runtest_teardown(self, item: Any) -> None:
+        self._phase("teardown")
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.channel.event(
+            {"e": "report", "when": report.when, "outcome": report.outcome, "data": data},
+            wake=report.failed,
+        )
+
+    # pytest-timeout must never fire inside a rank: the controller owns the timeout.
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_timeout_set_timer(self, item: Any, settings: Any) -> bool:
+        return True
+
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: Any) -> bool:
+        return True
+
+
+def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
+    session = RankSession(channel)
+    args = list(spec["pytest_args"]) + ["--basetemp", spec["basetemp"]]
+    return int(pytest.main(args, plugins=[session]))
+
+
+def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
+    """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
+    from . import recorder
+
+    channel.event({"e": "ready"}, wake=True)
+    while (command := channel.next_command()) is not None:
+        if command["cmd"] == "stop":
+            break
+        recorder.start_test()
+        channel.event({"e": "test", "id": command["id"]})
+        channel.event({"e": "phase", "when": "call"})
+        data: dict[str, Any]
+        try:
+            fn: Any = importlib.import_module(command["module"])
+            for part in command["qualname"].split("."):
+                fn = getattr(fn, part)
+            args, kwargs = pickle.loads(base64.b64decode(command["args"]))
+            value = fn(spec["rank"], *args, **kwargs)
+            outcome, data = "passed", {"value": _encode(value)}
+        except BaseException as exc:  # the function's failure is the result, whatever it is
+            outcome = "failed"
+            data = {
+                "exception": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+            }
+        channel.event({"e": "report", "when": "call", "outcome": outcome, "data": data}, wake=True)
+        channel.event({"e": "done", **_peak_memory()}, wake=True)
+    return 0
+
+
+def _encode(value: Any) -> str | None:
+    try:
+        return base64.b64encode(pickle.dumps(value)).decode()
+    except Exception:
+        return None
+
+
+def main(argv: list[str]) -> None:
+    global _context
+    spec = json.loads(Path(argv[1]).read_text())
+    _die_with_parent(spec["parent_pid"])
+    dump = open(spec["dump"], "w")  # noqa: SIM115 - must stay open for the signal handler
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    if spec["sys_path"]:
+        sys.path[:] = spec["sys_path"]
+    channel = Channel(spec)
+    try:
+        if spec["init"]:
+            _init_group(spec)
+        from . import recorder
+
+        recorder.install(channel.log)
+        _context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"])
+        run = _run_pytest if spec["mode"] == "pytest" else _serve_functions
+        code = run(spec, channel)
+    except BaseException:
+        channel.event({"e": "fatal", "error": traceback.format_exc()}, wake=True)
+        code = 3
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: torch's atexit work can block on a broken group.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    # Run main() of the package's module, not of this __main__ copy: the
+    # plugin and fixtures read the rank context from pytest_ddp.rank.
+    from pytest_ddp import rank
+
+    rank.main(sys.argv)

@@ -1,0 +1,221 @@
+"""Turn what the ranks did into what pytest shows: one report per phase, and the text of a hang.
+
+The failure text follows one order, so that people learn where to look:
+
+1. the verdict, its kind and how long it took to reach;
+2. one line per rank: its state and its current or last collective;
+3. the collective sequences side by side per group, the first divergence marked;
+4. each failing rank's traceback and each stopped rank's Python stacks;
+5. the fd-level output (C++ stderr) of ranks that died.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .group import signal_name
+from .runner import TestRun
+from .state import Call, RankState
+from .watchdog import describe_call, rank_list
+
+PHASES = ("setup", "call", "teardown")
+OUTPUT_TAIL_LINES = 40
+SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
+
+
+def headline(run: TestRun) -> str:
+    """The first line of a failure: verdict, kind, time, diagnosis."""
+    verdict = run.verdict
+    if run.start_error is not None:
+        return f"ddp: the ranks could not start: {run.start_error.splitlines()[0]}"
+    if verdict.status == "timeout":
+        head = f"ddp: timed out after {run.spec.timeout:g} s"
+    elif verdict.status == "deadlock":
+        head = f"ddp: deadlock ({verdict.kind}) diagnosed after {run.elapsed:.1f} s"
+    elif verdict.status == "stopped":
+        head = f"ddp: ranks stopped {run.spec.grace:g} s after a rank failed ({verdict.kind})"
+    else:
+        head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
+    return f"{head}: {verdict.summary}" if verdict.summary else head
+
+
+def rank_line(state: RankState) -> str:
+    """``rank 0: waiting in barrier #2 at test_x.py:20 (call)``."""
+    last = state.calls[-1] if state.calls else None
+    where = f"{describe_call(last)}" if last is not None else "no collective yet"
+    if not state.alive:
+        return f"rank {state.rank}: died ({signal_name(state.exit_code or 0)}) during {state.phase}; last call {where}"
+    if state.finished:
+        outcome = "failed" if state.failed else "passed"
+        return f"rank {state.rank}: finished ({outcome}); last call {where}"
+    if state.current_call is not None:
+        return f"rank {state.rank}: waiting in {where} ({state.phase})"
+    return f"rank {state.rank}: running ({state.phase}), outside any collective; last call {where}"
+
+
+def _cell(call: Call | None) -> str:
+    if call is None:
+        return "-"
+    shapes = ",".join("x".join(str(d) for d in shape) or "scalar" for shape in call.shapes)
+    text = call.op + (f" [{shapes}]" if shapes else "")
+    if call.dtypes:
+        text += " " + ",".join(sorted(set(call.dtypes)))
+    if call.root is not None:
+        text += f" root={call.root}"
+    if call.state == "running":
+        text += " (waiting)"
+    elif call.state == "raised":
+        text += " (raised)"
+    return text
+
+
+def sequence_table(states: list[RankState]) -> list[str]:
+    """Each group's collectives side by side, around the first place the ranks differ."""
+    groups: dict[str, tuple[int, ...]] = {}
+    for state in states:
+        for call in state.calls:
+            if call.is_collective:
+                groups.setdefault(call.group, call.group_ranks)
+    lines: list[str] = []
+    for name, members in groups.items():
+        by_rank = {
+            s.rank: {c.seq: c for c in s.calls if c.is_collective and c.group == name}
+            for s in states
+            if s.rank in members or not members
+        }
+        last = max((max(calls, default=0) for calls in by_rank.values()), default=0)
+        if last == 0:
+            continue
+        diverges = None
+        for seq in range(1, last + 1):
+            cells = {rank: calls.get(seq) for rank, calls in by_rank.items()}
+            signatures = {c.signature() if c else None for c in cells.values()}
+            if len(signatures) > 1:
+                diverges = seq
+                break
+        centre = diverges if diverges is not None else last
+        first, end = max(1, centre - SEQUENCE_CONTEXT), min(last, centre + SEQUENCE_CONTEXT)
+        ranks = sorted(by_rank)
+        rows = [["#"] + [f"rank {r}" for r in ranks]]
+        for seq in range(first, end + 1):
+            rows.append([str(seq)] + [_cell(by_rank[r].get(seq)) for r in ranks])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        title = f"collectives on group {name}" + ("" if name == "WORLD" else f" {list(members)}")
+        lines.append(title + ":")
+        for row, seq in zip(rows, [None] + list(range(first, end + 1))):
+            text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+            mark = "  <-- ranks differ" if seq is not None and seq == diverges else ""
+            lines.append("  " + text + mark)
+    return lines
+
+
+HARNESS_FRAMES = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "<frozen runpy>")
+
+
+def format_stack(stack: str, test_file: str) -> str:
+    """A faulthandler dump made readable: the test file's lines marked with ``>``,
+    the harness frames (pytest, pluggy, pytest-ddp) below the test left out."""
+    out = []
+    hidden = 0
+    for line in stack.splitlines():
+        if line.lstrip().startswith("File ") and any(part in line for part in HARNESS_FRAMES):
+            hidden += 1
+            continue
+        if hidden:
+            out.append(f"  ({hidden} pytest frames hidden)")
+            hidden = 0
+        out.append(("> " + line.lstrip()) if test_file and test_file in line else line)
+    if hidden:
+        out.append(f"  ({hidden} pytest frames hidden)")
+    return "\n".join(out)
+
+
+def _section(title: str) -> str:
+    return f"{'-' * 20} {title} {'-' * 20}"
+
+
+def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
+    """The whole text of a failed ddp phase."""
+    lines = [headline(run)]
+    if run.start_error is not None:
+        lines += ["", run.start_error]
+        return "\n".join(lines)
+    lines.append("")
+    lines += [rank_line(s) for s in run.states]
+    table = sequence_table(run.states)
+    if table:
+        lines += [""] + table
+    if run.sequence_differences:
+        lines += ["", "the ranks' collective sequences differ:"]
+        lines += ["  " + d for d in run.sequence_differences]
+    lines += _grouped_failures(rank_failures)
+    for rank, stack in sorted(run.stacks.items()):
+        lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
+    for state in run.states:
+        output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
+        if not state.alive and output:
+            tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
+            lines += ["", _section(f"rank {state.rank}: stderr ({signal_name(state.exit_code or 0)})"), tail]
+    return "\n".join(lines)
+
+
+def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
+    """Each rank's traceback, ranks with the very same text shown once."""
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(rank_failures.items()):
+        by_text.setdefault(text, []).append(rank)
+    lines: list[str] = []
+    for text, ranks in by_text.items():
+        lines += ["", _section(f"{rank_list(ranks)}: failed"), text.rstrip()]
+    return lines
+
+
+def sanitize(nodeid: str) -> str:
+    """A file name for a node id."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:200] or "test"
+
+
+def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
+    verdict = run.verdict
+    return {
+        "test": run.test_id,
+        "world_size": run.spec.world_size,
+        "backend": run.spec.backend,
+        "timeout": run.spec.timeout,
+        "status": verdict.status,
+        "kind": verdict.kind,
+        "culprits": verdict.culprits,
+        "waiting": verdict.waiting,
+        "collective": verdict.collective,
+        "call": verdict.call,
+        "summary": verdict.summary,
+        "elapsed": round(run.elapsed, 3),
+        "start_error": run.start_error,
+        "sequence_differences": run.sequence_differences,
+        "ranks": [
+            {
+                "rank": s.rank,
+                "line": rank_line(s),
+                "alive": s.alive,
+                "exit_code": s.exit_code,
+                "phase": s.phase,
+                "failed": s.failed,
+                "calls": [c.to_dict() for c in s.calls],
+                "failure": rank_failures.get(s.rank),
+                "stack": run.stacks.get(s.rank),
+                "output": run.outputs.get(s.rank),
+            }
+            for s in run.states
+        ],
+    }
+
+
+def write_json(directory: str, run: TestRun, rank_failures: dict[int, str]) -> Path:
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / f"{sanitize(run.test_id)}.json"
+    target.write_text(json.dumps(run_to_json(run, rank_failures), indent=2, default=str))
+    return target

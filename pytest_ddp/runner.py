@@ -1,0 +1,145 @@
+"""Run one test on a rank group under the watchdog's eye; keep warm groups for the next.
+
+The loop is the controller's whole job while a test runs: wait for news from
+the ranks (a byte on a notify pipe, or a poll interval), fold it into the rank
+states, and ask the watchdog.  On any verdict but "done" the live ranks dump
+their stacks and the group is killed; a later test gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import watchdog
+from .group import GroupConfig, GroupStartError, RankGroup
+from .spec import RankSpec
+from .state import RankState, Snapshot
+
+POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
+START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
+
+
+@dataclass
+class TestRun:
+    """What happened to one test on every rank."""
+
+    test_id: str
+    spec: RankSpec
+    states: list[RankState]
+    verdict: watchdog.Verdict
+    elapsed: float  # seconds from hand-over to verdict
+    stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
+    outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
+    sequence_differences: list[str] = field(default_factory=list)
+    cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
+    start_error: str | None = None  # the group could not start
+
+    @property
+    def stopped(self) -> bool:
+        """The ranks were stopped before the test ended on all of them."""
+        return self.verdict.status not in ("done", "wait")
+
+
+def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> TestRun:
+    """Hand one test to a started group and watch it until a verdict."""
+    group.begin(command)
+    started = time.time()
+    while True:
+        group.poll(POLL_INTERVAL)
+        snapshot = Snapshot(
+            now=time.time(),
+            started=started,
+            timeout=spec.timeout,
+            grace=spec.grace,
+            ranks=group.states,
+        )
+        verdict = watchdog.judge(snapshot)
+        if verdict.status != "wait":
+            break
+    elapsed = time.time() - started
+    run = TestRun(command["id"], spec, group.states, verdict, elapsed)
+    if verdict.status != "done":
+        run.stacks = group.dump_stacks([s.rank for s in group.states if not s.finished])
+    run.outputs = {rank: group.test_output(rank) for rank in range(len(group.ranks))}
+    if verdict.status != "done":
+        group.kill()
+    if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
+        run.sequence_differences = watchdog.compare_sequences(group.states)
+    return run
+
+
+def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
+    """A group may serve the next test only if nothing about it is in doubt."""
+    if run.stopped or not group.alive or run.spec.isolated:
+        return False
+    if run.sequence_differences or run.verdict.kind is not None:
+        return False
+    for state in run.states:
+        for call in state.calls:
+            if call.state != "ok" or call.op == "destroy_process_group":
+                return False
+    return True
+
+
+class GroupPool:
+    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first."""
+
+    def __init__(self, max_groups: int) -> None:
+        self.max_groups = max_groups
+        self._groups: OrderedDict[tuple[Any, ...], RankGroup] = OrderedDict()
+        self.groups_started = 0
+
+    def run(
+        self,
+        spec: RankSpec,
+        command: dict[str, Any],
+        make_config: Callable[[], GroupConfig],
+        keep: bool,
+    ) -> TestRun:
+        """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
+
+        ``keep``: whether a later test will want this group; if not, it is
+        stopped after this test.
+        """
+        key = spec.group_key
+        group = self._groups.pop(key, None)
+        if group is not None and (spec.isolated or not group.alive or not group.can_run(command["id"])):
+            group.stop()
+            group = None
+        cold_start = None
+        if group is None:
+            while len(self._groups) >= max(1, self.max_groups):
+                _, oldest = self._groups.popitem(last=False)
+                oldest.stop()
+            begin = time.monotonic()
+            group = RankGroup(make_config())
+            self.groups_started += 1
+            try:
+                group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
+            except GroupStartError as exc:
+                return TestRun(
+                    command["id"], spec, [], watchdog.Verdict("done", kind="failed"), 0.0,
+                    start_error=str(exc),
+                )
+            cold_start = time.monotonic() - begin
+            if not group.can_run(command["id"]):
+                group.stop()
+                return TestRun(
+                    command["id"], spec, [], watchdog.Verdict("done", kind="failed"), 0.0,
+                    start_error=f"the ranks did not collect {command['id']}",
+                )
+        run = supervise(group, command, spec)
+        run.cold_start = cold_start
+        if keep and group_is_reusable(run, group):
+            self._groups[key] = group
+        else:
+            group.stop() if group.alive else group.kill()
+        return run
+
+    def close(self) -> None:
+        while self._groups:
+            _, group = self._groups.popitem()
+            group.stop()

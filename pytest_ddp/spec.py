@@ -1,0 +1,149 @@
+"""The ``ddp`` marker and options, parsed and checked in one place.
+
+Everything a user can get wrong is caught here, at collection time, with a
+message that names the argument; nothing is spawned for a bad test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_GRACE = 2.0
+MARK_ARGUMENTS = ("world_size", "backend", "timeout", "init", "isolated", "check_collectives")
+
+
+class SpecError(ValueError):
+    """A ddp marker or option that cannot be run."""
+
+
+@dataclass(frozen=True)
+class MarkArgs:
+    """The ``@pytest.mark.ddp(...)`` arguments, checked, before defaults apply."""
+
+    world_sizes: tuple[int, ...]
+    parametrized: bool  # world_size was a list: one test per size
+    backend: str | None
+    timeout: float | None
+    init: bool
+    isolated: bool
+    check_collectives: bool
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """How one ddp test runs: everything resolved."""
+
+    world_size: int
+    backend: str
+    timeout: float
+    init: bool = True
+    isolated: bool = False
+    check_collectives: bool = True
+    grace: float = DEFAULT_GRACE
+
+    @property
+    def group_key(self) -> tuple[int, str, bool]:
+        """Tests with the same key may share warm rank processes."""
+        return (self.world_size, self.backend, self.init)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _world_size(value: Any) -> int:
+    if not _is_int(value) or value < 1:
+        raise SpecError(f"world_size={value!r}: must be an int >= 1")
+    return value
+
+
+def parse_world_sizes(value: Any) -> tuple[tuple[int, ...], bool]:
+    """An int, or a non-empty list/tuple of ints: (sizes, parametrized)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise SpecError("world_size=[]: the list of world sizes is empty")
+        sizes = []
+        for item in value:
+            if not _is_int(item) or item < 1:
+                raise SpecError(f"world_size={value!r}: {item!r} is not an int >= 1")
+            sizes.append(item)
+        if len(set(sizes)) != len(sizes):
+            raise SpecError(f"world_size={value!r}: a world size is listed twice")
+        return tuple(sizes), True
+    return (_world_size(value),), False
+
+
+def parse_backend(value: Any, name: str = "backend") -> str:
+    if not isinstance(value, str) or value.lower() not in BACKENDS:
+        raise SpecError(f"{name}={value!r}: must be one of {', '.join(BACKENDS)}")
+    return value.lower()
+
+
+def parse_timeout(value: Any, name: str = "timeout") -> float:
+    """Seconds > 0, given as a number (or, from ini files and the command line, a string)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise SpecError(f"{name}={value!r}: must be a number of seconds > 0") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise SpecError(f"{name}={value!r}: must be a number of seconds > 0")
+    return float(value)
+
+
+def _flag(kwargs: dict[str, Any], name: str, default: bool) -> bool:
+    value = kwargs.get(name, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{name}={value!r}: must be True or False")
+    return value
+
+
+def parse_mark(args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkArgs:
+    """Check the arguments of one ``ddp`` marker."""
+    if args:
+        raise SpecError(
+            f"positional arguments {args!r} are not accepted: use keywords, e.g. ddp(world_size=2)"
+        )
+    unknown = sorted(set(kwargs) - set(MARK_ARGUMENTS))
+    if unknown:
+        raise SpecError(
+            f"unknown argument {', '.join(unknown)}: ddp takes {', '.join(MARK_ARGUMENTS)}"
+        )
+    if "world_size" not in kwargs:
+        raise SpecError("world_size is required, e.g. ddp(world_size=2)")
+    sizes, parametrized = parse_world_sizes(kwargs["world_size"])
+    backend = kwargs.get("backend")
+    return MarkArgs(
+        world_sizes=sizes,
+        parametrized=parametrized,
+        backend=None if backend is None else parse_backend(backend),
+        timeout=None if kwargs.get("timeout") is None else parse_timeout(kwargs["timeout"]),
+        init=_flag(kwargs, "init", True),
+        isolated=_flag(kwargs, "isolated", False),
+        check_collectives=_flag(kwargs, "check_collectives", True),
+    )
+
+
+def resolve(
+    mark: MarkArgs,
+    world_size: int,
+    default_backend: str,
+    default_timeout: float,
+    timeout_mark: float | None = None,
+    isolate_all: bool = False,
+    grace: float = DEFAULT_GRACE,
+) -> RankSpec:
+    """The spec of one test: the mark's values, else pytest-timeout's mark, else the options."""
+    timeout = mark.timeout if mark.timeout is not None else timeout_mark
+    return RankSpec(
+        world_size=world_size,
+        backend=mark.backend or default_backend,
+        timeout=timeout if timeout is not None else default_timeout,
+        init=mark.init,
+        isolated=mark.isolated or isolate_all or not mark.init,
+        check_collectives=mark.check_collectives,
+        grace=grace,
+    )
