@@ -1,0 +1,10 @@
+"""pytest-ddp: run pytest tests on N real torch.distributed ranks, and diagnose their hangs.
+
+Mark a test ``@pytest.mark.ddp(world_size=4)`` to run it on 4 ranks; call
+:func:`run` to run a function on fresh ranks and inspect what happened.
+"""
+
+from .api import Diagnosis, RankResult, Result, run
+
+__all__ = ["Diagnosis", "RankResult", "Result", "run"]
+__version__ = "0.1.0"

@@ -84,14 +84,16 @@ def parse_backend(value: Any, name: str = "backend") -> str:
 
 def parse_timeout(value: Any, name: str = "timeout") -> float:
     """Seconds > 0, given as a number (or, from ini files and the command line, a string)."""
+    error = SpecError(f"{name}={value!r}: must be a number of seconds > 0")
+    seconds = value
     if isinstance(value, str):
         try:
-            value = float(value)
+            seconds = float(value)
         except ValueError:
-            raise SpecError(f"{name}={value!r}: must be a number of seconds > 0") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise SpecError(f"{name}={value!r}: must be a number of seconds > 0")
-    return float(value)
+            raise error from None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise error
+    return float(seconds)
 
 
 def _flag(kwargs: dict[str, Any], name: str, default: bool) -> bool:

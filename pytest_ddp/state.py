@@ -187,6 +187,8 @@ class RankState:
     finished_at: float | None = None  # the test ended on this rank (done event)
     failed_at: float | None = None  # first failing report, or death
     died_at: float | None = None
+    peak_rss: int | None = None  # bytes, reported by the rank when its test ended
+    peak_cuda: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -224,6 +226,8 @@ class RankState:
         elif kind == "done":
             self.phase = "finished"
             self.finished_at = ev["t"]
+            self.peak_rss = ev.get("peak_rss")
+            self.peak_cuda = ev.get("peak_cuda")
 
     def mark_dead(self, exit_code: int, when: float) -> None:
         self.alive = False

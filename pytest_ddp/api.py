@@ -1,0 +1,187 @@
+"""``pytest_ddp.run``: run a function on fresh ranks from inside an ordinary test.
+
+For tests that assert that a bad pattern is *diagnosed*, not merely that good
+code passes::
+
+    def bad(rank):
+        if rank == 0:
+            dist.barrier()
+
+    def test_barrier_on_one_rank_is_diagnosed():
+        result = pytest_ddp.run(bad, world_size=2, timeout=10)
+        assert result.outcome == "deadlock"
+        assert result.diagnosis.kind == "partial"
+        assert result.diagnosis.culprits == [1]
+
+The function must be importable by the ranks: defined at module level, in a
+module they can import (a test module is fine).
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .group import GroupConfig
+from .report import failure_text, format_stack
+from .runner import GroupPool, TestRun
+from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
+from .state import Call
+
+OUTCOMES = ("passed", "failed", "deadlock", "timeout")
+
+
+@dataclass
+class Diagnosis:
+    """Why a run did not pass."""
+
+    kind: str  # "rank_exited", "partial", "mismatch", "p2p_cycle", "init", "timeout", "failed"
+    culprits: list[int]  # ranks at fault
+    waiting: list[int]  # ranks left waiting for them
+    collective: str | None  # op name of the call at fault, e.g. "all_reduce"
+    text: str  # the whole human report, as a failing marked test shows it
+
+
+@dataclass
+class RankResult:
+    """What one rank did."""
+
+    rank: int
+    outcome: str  # "passed" (returned), "failed" (raised or died), "stopped" (hung or busy when stopped)
+    value: Any = None  # the function's return value
+    exception: str | None = None  # "TypeError: cannot pickle ..." or None
+    traceback: str | None = None  # the exception's traceback, or the dumped stack of a stopped rank
+    collectives: list[Call] = field(default_factory=list)  # .op .seq .group .shapes .site .state ...
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None  # None while alive; negative: killed by that signal
+    peak_rss: int | None = None  # bytes
+    peak_cuda: int | None = None  # bytes; None without CUDA
+
+
+@dataclass
+class Result:
+    """What :func:`run` returns."""
+
+    outcome: str  # one of OUTCOMES
+    diagnosis: Diagnosis | None  # None when passed
+    ranks: list[RankResult]
+    elapsed: float  # seconds from hand-over to verdict
+
+    @property
+    def values(self) -> list[Any]:
+        return [r.value for r in self.ranks]
+
+
+def run(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    backend: str | None = None,
+    timeout: float = 30.0,
+    init: bool = True,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    grace: float = DEFAULT_GRACE,
+) -> Result:
+    """Run ``fn(rank, *args, **kwargs)`` on ``world_size`` fresh ranks and say what happened.
+
+    ``init=False`` gives the ranks the torchrun environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, ...) but no process group: ``fn`` calls
+    ``init_process_group`` itself.  Never raises for what the ranks do.
+    """
+    (size,), _ = parse_world_sizes(world_size)
+    spec = RankSpec(
+        world_size=size,
+        backend=parse_backend(backend or "gloo"),
+        timeout=parse_timeout(timeout),
+        init=init,
+        isolated=True,
+        check_collectives=False,
+        grace=grace,
+    )
+    module = fn.__module__
+    if module == "__main__" or "<locals>" in fn.__qualname__:
+        raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
+    command = {
+        "cmd": "call",
+        "id": f"{module}.{fn.__qualname__}",
+        "module": module,
+        "qualname": fn.__qualname__,
+        "args": base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
+    }
+    config = GroupConfig(
+        world_size=size,
+        backend=spec.backend,
+        init=init,
+        pg_timeout=max(2 * spec.timeout + 60, 600),
+        mode="function",
+        sys_path=list(sys.path),
+        gpus=list(range(size)) if spec.backend == "nccl" else [],
+    )
+    pool = GroupPool(max_groups=1)
+    try:
+        test_run = pool.run(spec, command, make_config=lambda: config, keep=False)
+    finally:
+        pool.close()
+    return _result(test_run)
+
+
+def _result(test_run: TestRun) -> Result:
+    verdict = test_run.verdict
+    ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
+    if test_run.start_error is not None:
+        outcome = "failed"
+    elif verdict.status == "done":
+        outcome = "failed" if verdict.kind is not None else "passed"
+    elif verdict.status == "timeout":
+        outcome = "timeout"
+    elif verdict.status == "deadlock":
+        outcome = "deadlock"
+    else:  # "stopped": a rank failed and the others were stopped after the grace
+        outcome = "failed"
+    diagnosis = None
+    if outcome != "passed":
+        failures = {r.rank: r.traceback or "" for r in ranks if r.outcome == "failed" and r.traceback}
+        diagnosis = Diagnosis(
+            kind=verdict.kind or "failed",
+            culprits=list(verdict.culprits),
+            waiting=list(verdict.waiting),
+            collective=verdict.collective,
+            text=failure_text(test_run, failures, ""),
+        )
+    return Result(outcome, diagnosis, ranks, test_run.elapsed)
+
+
+def _rank_result(test_run: TestRun, rank: int) -> RankResult:
+    state = test_run.states[rank]
+    streams = test_run.outputs.get(rank, {})
+    result = RankResult(
+        rank=rank,
+        outcome="stopped",
+        collectives=list(state.calls),
+        stdout=streams.get("stdout", ""),
+        stderr=streams.get("stderr", ""),
+        exit_code=state.exit_code,
+        peak_rss=state.peak_rss,
+        peak_cuda=state.peak_cuda,
+    )
+    report = state.reports.get("call")
+    if report is not None:
+        data = report["data"]
+        if report["outcome"] == "passed":
+            result.outcome = "passed"
+            encoded = data.get("value")
+            result.value = pickle.loads(base64.b64decode(encoded)) if encoded else None
+        else:
+            result.outcome = "failed"
+            result.exception = data.get("exception")
+            result.traceback = data.get("traceback")
+    elif not state.alive:
+        result.outcome = "failed"
+        result.exception = f"the process died ({state.exit_code})"
+    if rank in test_run.stacks:
+        result.traceback = format_stack(test_run.stacks[rank], "")
+    return result

@@ -1,0 +1,128 @@
+"""Failures end fast, timeouts report every rank, crashes are named."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import line_of
+
+
+def test_rank_failing_while_peer_waits_in_all_reduce(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=60)
+        def test_disagree(rank):
+            if rank == 1:
+                assert rank == 0, "rank 1 gave up"
+            t = torch.ones(1)
+            dist.all_reduce(t)
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "rank 1 gave up" in text
+    # Rank 0's stack, dumped while it waits, points at its all_reduce line.
+    line = line_of(ddp_pytester.pytester.path / "test_it.py", "dist.all_reduce(t)")
+    assert re.search(rf"rank 0: Python stacks when stopped.*\n(.*\n)*> File .*test_it.py\", line {line} ", text), text
+    assert "timed out" not in text
+
+
+def test_timeout_reports_every_rank_stack(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=5)
+        def test_sleepy(rank):
+            if rank == 1:
+                time.sleep(3600)
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1)
+    path = ddp_pytester.pytester.path / "test_it.py"
+    result.stdout.fnmatch_lines(
+        [
+            "*ddp: timed out after 5 s*",
+            "*rank 0: Python stacks when stopped*",
+            f"> File *test_it.py*, line {line_of(path, 'dist.barrier()')} in test_sleepy",
+            "*rank 1: Python stacks when stopped*",
+            f"> File *test_it.py*, line {line_of(path, 'time.sleep')} in test_sleepy",
+        ]
+    )
+
+
+def test_pytest_timeout_mark_is_the_ddp_timeout(ddp_pytester) -> None:
+    """pytest-timeout's mark sets the timeout; pytest-timeout itself never fires."""
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.timeout(3)
+        @pytest.mark.ddp(world_size=2)
+        def test_sleepy(rank):
+            time.sleep(3600)
+        """,
+        "--ddp-timeout=600",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ddp: timed out after 3 s*"])
+    result.stdout.no_fnmatch_line("*Timeout (0:00:03)*")  # pytest-timeout's own message
+
+
+def test_ddp_timeout_ini_option(ddp_pytester) -> None:
+    ddp_pytester.pytester.makeini("[pytest]\nddp_timeout = 2\n")
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=1)
+        def test_sleepy():
+            time.sleep(3600)
+        """
+    )
+    result.stdout.fnmatch_lines(["*ddp: timed out after 2 s*"])
+
+
+def test_rank_killed_by_sigabrt_is_named_with_its_stderr(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=60)
+        def test_abort(rank):
+            if rank == 1:
+                print("about to abort", file=sys.stderr, flush=True)
+                os.abort()
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "about to abort"])
+
+
+def test_rank_killed_by_sigkill_fails_the_test(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        import signal
+
+        @pytest.mark.ddp(world_size=2, timeout=60)
+        def test_killed(rank):
+            if rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_next_gets_fresh_ranks(rank):
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*rank 0: died (killed by SIGKILL)*"])
+
+
+def test_fatal_cpp_output_of_a_crashed_rank_is_shown(ddp_pytester) -> None:
+    """Gloo's shape check aborts the process from C++; its stderr is in the report."""
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=60, check_collectives=False)
+        def test_shapes(rank):
+            dist.all_reduce(torch.ones(10 if rank == 0 else 20))
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "killed by SIGABRT" in text
+    assert "Received data size doesn't match expected size" in text

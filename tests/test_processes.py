@@ -1,0 +1,139 @@
+"""Rank processes: loopback-only rendezvous, xdist, GPU skips, and no orphans ever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import live_pids
+
+LOOPBACK_CHECK = """
+def listening_addresses(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1].split(":")[0])
+    return found
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+
+@pytest.mark.ddp(world_size=2)
+def test_nothing_listens_beyond_loopback(rank):
+    dist.barrier()
+    controller = os.getppid()
+    addresses = listening_addresses(os.getpid()) + listening_addresses(controller)
+    assert addresses, "expected the store's listening socket at least"
+    assert set(addresses) <= LOOPBACK, addresses
+"""
+
+
+def test_store_and_gloo_listen_on_loopback_only(ddp_pytester) -> None:
+    ddp_pytester.run(LOOPBACK_CHECK).assert_outcomes(passed=1)
+
+
+def test_xdist_runs_ddp_tests_in_parallel_without_clashes(ddp_pytester) -> None:
+    body = "".join(
+        f"""
+@pytest.mark.ddp(world_size=2)
+def test_sum_{i}(rank):
+    t = torch.tensor([rank + {i}.0])
+    dist.all_reduce(t)
+    assert t.item() == 1 + 2 * {i}
+"""
+        for i in range(4)
+    )
+    result = ddp_pytester.run_subprocess(body, "-n", "2")
+    result.assert_outcomes(passed=4)
+
+
+def test_nccl_without_enough_gpus_is_skipped_before_spawning(ddp_pytester) -> None:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    result = ddp_pytester.run(
+        f"""
+        @pytest.mark.ddp(world_size={gpus + 1})
+        def test_on_gpus(device):
+            assert device.type == "cuda"
+        """,
+        "--ddp-backend=nccl",
+        "-rs",
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([f"*nccl test needs {gpus + 1} GPUs, {gpus} visible*"])
+    result.stdout.no_fnmatch_line("*rank groups started*")
+
+
+# -- no orphans -----------------------------------------------------------------
+
+HANGING_TEST = """
+import os, time, pytest, torch.distributed as dist
+
+@pytest.mark.ddp(world_size=2, timeout=600)
+def test_hang(rank):
+    with open(os.path.join(os.environ["PID_DIR"], f"{{rank}}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    {body}
+"""
+
+
+def _wait_for(condition, what: str, limit: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``limit`` seconds."""
+    end = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def _start_controller(pytester: pytest.Pytester, body: str) -> tuple[subprocess.Popen[bytes], Path]:
+    pytester.makepyfile(test_hang=HANGING_TEST.format(body=body))
+    pid_dir = pytester.mkdir("pids")
+    env = dict(os.environ, PID_DIR=str(pid_dir))
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(lambda: len(list(pid_dir.glob("*.pid"))) == 2, "both ranks to start")
+    return controller, pid_dir
+
+
+def _rank_pids(pid_dir: Path) -> list[int]:
+    return [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_ranks_die_with_their_controller(pytester, how) -> None:
+    controller, pid_dir = _start_controller(pytester, "time.sleep(3600)")
+    ranks = _rank_pids(pid_dir)
+    controller.send_signal(how)
+    controller.wait(timeout=60)
+    _wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
+
+
+def test_ranks_blocked_in_a_collective_die_with_their_controller(pytester) -> None:
+    controller, pid_dir = _start_controller(pytester, "if rank == 0: dist.barrier()\n    time.sleep(3600)")
+    ranks = _rank_pids(pid_dir)
+    controller.kill()
+    controller.wait(timeout=60)
+    _wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
