@@ -301,19 +301,19 @@ def _context(name: str) -> rank_module.RankContext:
     return context
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def rank() -> int:
     """This rank's number, 0 .. world_size - 1."""
     return _context("rank").rank
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def world_size() -> int:
     """The number of ranks running this test."""
     return _context("world_size").world_size
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def device() -> Any:
     """``torch.device("cpu")`` on Gloo, ``cuda:<local rank>`` on NCCL."""
     import torch
@@ -321,7 +321,7 @@ def device() -> Any:
     return torch.device(_context("device").device)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def process_group() -> Any:
     """The default process group (``init=True`` tests)."""
     _context("process_group")

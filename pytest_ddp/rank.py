@@ -114,6 +114,16 @@ def _init_group(spec: dict[str, Any]) -> None:
     )
 
 
+def _group_intact() -> bool:
+    """Whether the default process group this rank was started with is still there."""
+    context = current()
+    if context is None or not context.init:
+        return True
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
 def _peak_memory() -> dict[str, int | None]:
     peak_cuda = None
     torch = sys.modules.get("torch")
@@ -164,7 +174,7 @@ class RankSession:
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
         item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
-        self.channel.event({"e": "done", **_peak_memory()}, wake=True)
+        self.channel.event({"e": "done", "group_intact": _group_intact(), **_peak_memory()}, wake=True)
 
     def _phase(self, when: str) -> None:
         self.channel.event({"e": "phase", "when": when})

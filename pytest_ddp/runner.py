@@ -75,9 +75,12 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
     """A group may serve the next test only if nothing about it is in doubt."""
     if run.stopped or not group.alive or run.spec.isolated:
         return False
-    if run.sequence_differences or run.verdict.kind is not None:
+    # An ordinary failure ("failed": ranks raised, no distributed fault) keeps the group.
+    if run.sequence_differences or run.verdict.kind not in (None, "failed"):
         return False
     for state in run.states:
+        if not state.group_intact:
+            return False
         for call in state.calls:
             if call.state != "ok" or call.op == "destroy_process_group":
                 return False
@@ -105,8 +108,9 @@ class GroupPool:
         stopped after this test.
         """
         key = spec.group_key
-        group = self._groups.pop(key, None)
-        if group is not None and (spec.isolated or not group.alive or not group.can_run(command["id"])):
+        # An isolated test gets a group of its own and leaves the warm one be.
+        group = None if spec.isolated else self._groups.pop(key, None)
+        if group is not None and (not group.alive or not group.can_run(command["id"])):
             group.stop()
             group = None
         cold_start = None

@@ -189,6 +189,7 @@ class RankState:
     died_at: float | None = None
     peak_rss: int | None = None  # bytes, reported by the rank when its test ended
     peak_cuda: int | None = None
+    group_intact: bool = True  # the rank's process group outlived the test (init=True groups)
 
     @property
     def failed(self) -> bool:
@@ -228,6 +229,7 @@ class RankState:
             self.finished_at = ev["t"]
             self.peak_rss = ev.get("peak_rss")
             self.peak_cuda = ev.get("peak_cuda")
+            self.group_intact = ev.get("group_intact", True)
 
     def mark_dead(self, exit_code: int, when: float) -> None:
         self.alive = False

@@ -1,0 +1,103 @@
+"""Warm rank groups: reused across tests like one pytest process, replaced after a hang."""
+
+from __future__ import annotations
+
+
+def test_module_fixture_runs_once_per_rank_and_per_test_state_stays_per_test(
+    ddp_pytester, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("LOG_DIR", str(tmp_path))
+    result = ddp_pytester.run(
+        """
+        @pytest.fixture(scope="module")
+        def shared(rank):
+            with open(os.path.join(os.environ["LOG_DIR"], f"setup{rank}"), "a") as f:
+                f.write("x")
+            yield
+            with open(os.path.join(os.environ["LOG_DIR"], f"teardown{rank}"), "a") as f:
+                f.write("x")
+
+        seen_tmp = []
+
+        @pytest.mark.ddp(world_size=2)
+        @pytest.mark.parametrize("i", range(3))
+        def test_uses_shared(shared, i, tmp_path, monkeypatch):
+            assert "PER_TEST" not in os.environ
+            monkeypatch.setenv("PER_TEST", str(i))
+            assert tmp_path not in seen_tmp
+            seen_tmp.append(tmp_path)
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*ddp: 3 tests on 1 rank groups started*"])
+    for rank in (0, 1):
+        assert (tmp_path / f"setup{rank}").read_text() == "x"
+        assert (tmp_path / f"teardown{rank}").read_text() == "x"
+
+
+def test_hang_costs_one_test_and_the_next_gets_fresh_ranks(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_before():
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2, timeout=3)
+        def test_hangs(rank):
+            if rank == 0:
+                time.sleep(3600)
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_after():
+            dist.barrier()
+        """,
+        "-v",
+    )
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*test_before PASSED*", "*test_hangs FAILED*", "*test_after PASSED*", "*3 tests on 2 rank groups started*"]
+    )
+
+
+def test_isolated_tests_and_world_sizes_get_their_own_groups(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        pids = set()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_a():
+            pids.add(os.getpid())
+
+        @pytest.mark.ddp(world_size=2, isolated=True)
+        def test_isolated():
+            pass
+
+        @pytest.mark.ddp(world_size=1)
+        def test_other_size():
+            pass
+
+        @pytest.mark.ddp(world_size=2)
+        def test_b():
+            assert os.getpid() in pids  # the warm group of test_a
+        """
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 tests on 3 rank groups started*"])
+
+
+def test_a_test_that_destroys_the_group_does_not_poison_the_next(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_destroys():
+            dist.destroy_process_group()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_after():
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*2 tests on 2 rank groups started*"])
