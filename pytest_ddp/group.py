@@ -1,31 +1,37 @@
 """A rank group: N rank processes of one world size and backend, and what they share.
 
 The controller owns, per group: a private temporary folder (rank specs, event
-logs, output logs, stack dumps), a TCPStore that listens on 127.0.0.1 only,
+logs, output files, stack dumps), a TCPStore that listens on 127.0.0.1 only,
 and for each rank a command pipe (controller -> rank) and a notify pipe
-(rank -> controller: one byte after each event worth waking up for; end of
+(rank -> controller: one message after each event worth waking up for; end of
 file when the rank dies).  Everything else a rank says goes through its event
 log (see :mod:`pytest_ddp.state`).
 
+Ranks are forked from a forkserver that imported torch and pytest once, so a
+fresh group costs no ``import torch`` and idle ranks share torch's pages.
+
 No orphans: ranks run in their own session (Ctrl-C in a terminal reaches only
-the controller, which then kills them), ask the kernel for SIGKILL when the
-controller dies (PR_SET_PDEATHSIG), and exit when their command pipe closes.
+the controller, which then kills them) and ask the kernel for SIGKILL when
+their parent, the forkserver, dies (PR_SET_PDEATHSIG); the forkserver exits
+when the controller dies, however it dies.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
-import select
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +45,40 @@ class GroupStartError(RuntimeError):
     """The ranks could not be started; the message says which rank and why."""
 
 
+# Imported once by the forkserver, before it forks any rank.
+PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank"]
+
+
+def fork_context() -> Any:
+    """The forkserver context ranks are started from; starts the server, in the background."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return context
+
+
+_live_groups: weakref.WeakSet[RankGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live_groups() -> None:
+    """Last resort at interpreter exit (before multiprocessing joins its children)."""
+    for group in list(_live_groups):
+        group.kill()
+
+
 @dataclass
 class RankProcess:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: Any  # multiprocessing.Process from the forkserver
     events: EventReader
     stdout_path: Path
     stderr_path: Path
     dump_path: Path
-    command_fd: int
-    notify_fd: int | None
+    commands: Connection | None
+    notify: Connection | None
     stdout_offset: int = 0  # where the current test's output starts
     stderr_offset: int = 0
     dump_offset: int = 0
@@ -115,6 +145,7 @@ class RankGroup:
         self._store: Any = None
         self._store_socket: socket.socket | None = None
         self._items: list[str] = []
+        _live_groups.add(self)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -133,30 +164,12 @@ class RankGroup:
 
     def _spawn(self, rank: int, port: int) -> RankProcess:
         cfg = self.config
-        command_read, command_write = os.pipe()
-        notify_read, notify_write = os.pipe()
+        context = fork_context()
+        command_read, command_write = context.Pipe(duplex=False)
+        notify_read, notify_write = context.Pipe(duplex=False)
         paths = {
             name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")
         }
-        spec = {
-            "rank": rank,
-            "world_size": cfg.world_size,
-            "backend": cfg.backend,
-            "init": cfg.init,
-            "mode": cfg.mode,
-            "pg_timeout": cfg.pg_timeout,
-            "store_port": port,
-            "parent_pid": os.getpid(),
-            "command_fd": command_read,
-            "notify_fd": notify_write,
-            "events": str(paths["events"]),
-            "dump": str(paths["dump"]),
-            "pytest_args": cfg.pytest_args,
-            "sys_path": cfg.sys_path,
-            "basetemp": str(self.workdir / f"rank{rank}.tmp"),
-        }
-        spec_path = self.workdir / f"rank{rank}.json"
-        spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
         env.update(
             RANK=str(rank),
@@ -176,18 +189,34 @@ class RankGroup:
         env.pop("PYTEST_ADDOPTS", None)
         if cfg.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
-        with open(paths["stdout"], "wb") as stdout, open(paths["stderr"], "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest_ddp.rank", str(spec_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                env=env,
-                pass_fds=(command_read, notify_write),
-                start_new_session=True,
-            )
-        os.close(command_read)
-        os.close(notify_write)
+        spec = {
+            "rank": rank,
+            "world_size": cfg.world_size,
+            "backend": cfg.backend,
+            "init": cfg.init,
+            "mode": cfg.mode,
+            "pg_timeout": cfg.pg_timeout,
+            "store_port": port,
+            "env": env,
+            "cwd": os.getcwd(),
+            "stdout": str(paths["stdout"]),
+            "stderr": str(paths["stderr"]),
+            "events": str(paths["events"]),
+            "dump": str(paths["dump"]),
+            "pytest_args": cfg.pytest_args,
+            "sys_path": cfg.sys_path,
+            "basetemp": str(self.workdir / f"rank{rank}.tmp"),
+        }
+        spec_path = self.workdir / f"rank{rank}.json"
+        spec_path.write_text(json.dumps(spec))
+        from .rank import forked_main
+
+        proc = context.Process(
+            target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+        )
+        proc.start()
+        command_read.close()
+        notify_write.close()
         return RankProcess(
             rank=rank,
             proc=proc,
@@ -195,8 +224,8 @@ class RankGroup:
             stdout_path=paths["stdout"],
             stderr_path=paths["stderr"],
             dump_path=paths["dump"],
-            command_fd=command_write,
-            notify_fd=notify_read,
+            commands=command_write,
+            notify=notify_read,
         )
 
     def _wait_ready(self, deadline: float) -> None:
@@ -209,9 +238,9 @@ class RankGroup:
                         ready[rp.rank] = ev.get("items", [])
                     elif ev["e"] == "fatal":
                         raise GroupStartError(f"rank {rp.rank} could not start:\n{ev['error']}")
-                if rp.rank not in ready and rp.proc.poll() is not None:
+                if rp.rank not in ready and rp.proc.exitcode is not None:
                     raise GroupStartError(
-                        f"rank {rp.rank} exited while starting ({signal_name(rp.proc.returncode)}):\n"
+                        f"rank {rp.rank} exited while starting ({signal_name(rp.proc.exitcode)}):\n"
                         + self.stderr_tail(rp.rank)
                     )
             if time.monotonic() > deadline:
@@ -225,7 +254,7 @@ class RankGroup:
 
     @property
     def alive(self) -> bool:
-        return bool(self.ranks) and all(rp.proc.poll() is None for rp in self.ranks)
+        return bool(self.ranks) and all(rp.proc.exitcode is None for rp in self.ranks)
 
     def stop(self) -> None:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure."""
@@ -233,30 +262,20 @@ class RankGroup:
             self._send(rp, {"cmd": "stop"})
         end = time.monotonic() + STOP_WAIT
         for rp in self.ranks:
-            try:
-                rp.proc.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+            rp.proc.join(max(0.0, end - time.monotonic()))
         self.kill()
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
         for rp in self.ranks:
-            if rp.proc.poll() is None:
-                try:
-                    os.kill(rp.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if rp.proc.exitcode is None:
+                rp.proc.kill()
         for rp in self.ranks:
-            rp.proc.wait()
-            for fd in (rp.command_fd, rp.notify_fd):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            rp.notify_fd = None
-            rp.command_fd = -1
+            rp.proc.join()
+            for connection in (rp.commands, rp.notify):
+                if connection is not None:
+                    connection.close()
+            rp.commands = rp.notify = None
         self._store = None
         if self._store_socket is not None:
             # The store closed the listening descriptor it was lent when it went.
@@ -283,15 +302,15 @@ class RankGroup:
         for rp, state in zip(self.ranks, self.states):
             for ev in rp.events.read_new():
                 state.apply(ev)
-            if state.alive and rp.proc.poll() is not None:
+            if state.alive and rp.proc.exitcode is not None:
                 # A rank may have written events just before it died.
                 for ev in rp.events.read_new():
                     state.apply(ev)
-                state.mark_dead(rp.proc.returncode, now)
+                state.mark_dead(rp.proc.exitcode, now)
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         """Make each live rank write every thread's Python stack; return the dumps."""
-        targets = [rp for rp in self.ranks if rp.rank in ranks and rp.proc.poll() is None]
+        targets = [rp for rp in self.ranks if rp.rank in ranks and rp.proc.exitcode is None]
         for rp in targets:
             try:
                 os.kill(rp.proc.pid, signal.SIGUSR1)
@@ -329,24 +348,28 @@ class RankGroup:
     # -- plumbing -------------------------------------------------------------
 
     def _send(self, rp: RankProcess, command: dict[str, Any]) -> None:
+        if rp.commands is None:
+            return
         try:
-            os.write(rp.command_fd, (json.dumps(command) + "\n").encode())
+            rp.commands.send_bytes(json.dumps(command).encode())
         except OSError:
             pass  # the rank is gone; its exit shows in poll()
 
     def _wait_for_notify(self, wait: float) -> None:
-        fds = [rp.notify_fd for rp in self.ranks if rp.notify_fd is not None]
-        if not fds:
+        connections = [rp.notify for rp in self.ranks if rp.notify is not None]
+        if not connections:
             time.sleep(wait)
             return
-        readable, _, _ = select.select(fds, [], [], wait)
-        for fd in readable:
-            if not os.read(fd, 4096):
-                # End of file: the rank died.  Stop watching the pipe; poll() sees the exit.
+        for connection in multiprocessing.connection.wait(connections, wait):
+            try:
+                while connection.poll():
+                    connection.recv_bytes()
+            except (EOFError, OSError):
+                # The rank died.  Stop watching its pipe; poll() sees the exit.
                 for rp in self.ranks:
-                    if rp.notify_fd == fd:
-                        os.close(fd)
-                        rp.notify_fd = None
+                    if rp.notify is connection:
+                        connection.close()
+                        rp.notify = None
 
 
 def _size(path: Path) -> int:

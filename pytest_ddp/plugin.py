@@ -9,12 +9,13 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
 from __future__ import annotations
 
 import statistics
+import sys
 from typing import Any
 
 import pytest
 
 from . import rank as rank_module
-from .group import GroupConfig
+from .group import GroupConfig, fork_context
 from .merge import merged_reports
 from .report import write_json
 from .runner import GroupPool, TestRun
@@ -108,6 +109,8 @@ class Controller:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.items = list(session.items)
+        if any(self.spec(item) is not None for item in self.items):
+            fork_context()  # the forkserver imports torch while pytest gets going
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
         """The resolved spec of a ddp item, or None for an ordinary one."""
@@ -200,6 +203,7 @@ class Controller:
             # Above every test's timeout, so that the plugin sees a hang before Gloo does.
             pg_timeout=max(2 * longest + 60, 600),
             pytest_args=rank_pytest_args(self.config, items),
+            sys_path=list(sys.path),
             gpus=list(range(spec.world_size)) if spec.backend == "nccl" else [],
         )
 

@@ -1,7 +1,7 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
-Started by :class:`pytest_ddp.group.RankGroup` as ``python -m pytest_ddp.rank
-SPEC.json``.  In "pytest" mode the rank is a pytest session of its own that
+Forked by :class:`pytest_ddp.group.RankGroup` from a forkserver that already
+imported torch and pytest; :func:`forked_main` is where a rank begins.  In "pytest" mode the rank is a pytest session of its own that
 collected the group's tests (like an xdist worker) and runs each one, with its
 own fixtures, when the controller says so.  In "function" mode it calls
 module-level functions for :func:`pytest_ddp.run`.
@@ -18,6 +18,7 @@ import base64
 import ctypes
 import faulthandler
 import importlib
+import io
 import json
 import os
 import pickle
@@ -28,6 +29,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import pytest
 from .state import EventLog
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -64,32 +67,61 @@ def current() -> RankContext | None:
 class Channel:
     """The rank's end of its link to the controller."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.log = EventLog(spec["events"])
-        self._notify_fd: int = spec["notify_fd"]
-        self._commands = os.fdopen(spec["command_fd"], "r")
+    def __init__(self, events_path: str, commands: Connection, notify: Connection) -> None:
+        self.log = EventLog(events_path)
+        self._commands = commands
+        self._notify = notify
 
     def event(self, event: dict[str, Any], wake: bool = False) -> None:
         event["t"] = time.time()
         self.log.write(event)
         if wake:
             try:
-                os.write(self._notify_fd, b"!")
+                self._notify.send_bytes(b"!")
             except OSError:
                 pass  # the controller is gone; the next command read ends this rank
 
     def next_command(self) -> dict[str, Any] | None:
         """The controller's next command; None when it closed the pipe (it is gone)."""
-        line = self._commands.readline()
-        return json.loads(line) if line else None
+        try:
+            return json.loads(self._commands.recv_bytes())
+        except (EOFError, OSError):
+            return None
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this rank when the controller dies, however it dies."""
+def _become_rank(rank: int, parent_pid: int) -> None:
+    """Name this process ``ddp-rank<N>`` (ps, pgrep) and have the kernel SIGKILL it
+    when its parent dies, however it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, f"ddp-rank{rank}".encode())
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before we asked
         os._exit(1)
+
+
+def _release_forkserver() -> None:
+    """Close the forkserver's liveness pipe that multiprocessing hands every child.
+
+    The forkserver exits when every copy of that pipe is closed; a rank holding
+    one would keep it alive after the controller died, and the forkserver's
+    exit is what kills the ranks (PR_SET_PDEATHSIG).
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
+def _redirect_output(spec: dict[str, Any]) -> None:
+    """fds 1 and 2 to the files the controller reads; unbuffered, so nothing is lost on a kill."""
+    for fd, path in ((1, spec["stdout"]), (2, spec["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
 
 
 def _init_group(spec: dict[str, Any]) -> None:
@@ -248,15 +280,23 @@ def _encode(value: Any) -> str | None:
         return None
 
 
-def main(argv: list[str]) -> None:
+def forked_main(spec_path: str, commands: Connection, notify: Connection) -> None:
+    """A rank's life, from the forkserver's fork to its exit."""
     global _context
-    spec = json.loads(Path(argv[1]).read_text())
-    _die_with_parent(spec["parent_pid"])
+    parent = os.getppid()
+    _release_forkserver()
+    os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us
+    spec = json.loads(Path(spec_path).read_text())
+    _become_rank(spec["rank"], parent)
+    _redirect_output(spec)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    os.chdir(spec["cwd"])
     dump = open(spec["dump"], "w")  # noqa: SIM115 - must stay open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     if spec["sys_path"]:
         sys.path[:] = spec["sys_path"]
-    channel = Channel(spec)
+    channel = Channel(spec["events"], commands, notify)
     try:
         if spec["init"]:
             _init_group(spec)
@@ -273,11 +313,3 @@ def main(argv: list[str]) -> None:
     sys.stderr.flush()
     # Skip interpreter teardown: torch's atexit work can block on a broken group.
     os._exit(code)
-
-
-if __name__ == "__main__":
-    # Run main() of the package's module, not of this __main__ copy: the
-    # plugin and fixtures read the rank context from pytest_ddp.rank.
-    from pytest_ddp import rank
-
-    rank.main(sys.argv)

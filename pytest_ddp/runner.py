@@ -135,7 +135,11 @@ class GroupPool:
                     command["id"], spec, [], watchdog.Verdict("done", kind="failed"), 0.0,
                     start_error=f"the ranks did not collect {command['id']}",
                 )
-        run = supervise(group, command, spec)
+        try:
+            run = supervise(group, command, spec)
+        except BaseException:  # Ctrl-C, pytest-timeout in the controller, a bug: no orphans
+            group.kill()
+            raise
         run.cold_start = cold_start
         if keep and group_is_reusable(run, group):
             self._groups[key] = group

@@ -65,6 +65,49 @@ def live_pids(pids: list[int]) -> list[int]:
 
 
 def rank_processes() -> list[int]:
+    """Pids of every pytest-ddp rank process on this machine (named ``ddp-rank<N>``)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("ddp-rank"):
+            pids.append(int(entry))
+    return live_pids(pids)
+
+
+def line_of(path: Path, text: str) -> int:
+    """The 1-based number of the first line of ``path`` that contains ``text``."""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+@pytest.fixture
+def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
+    return DdpPytester(pytester)
+
+
+def live_pids(pids: list[int]) -> list[int]:
+    """The pids among these that still run (zombies count as gone)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def rank_processes() -> list[int]:
     """Pids of every pytest-ddp rank process on this machine."""
     pids = []
     for entry in os.listdir("/proc"):
@@ -90,7 +133,9 @@ def _parent(pid: int) -> int | None:
 
 @pytest.fixture(autouse=True)
 def no_rank_left_behind():
-    """Every test leaves no rank process of its own behind."""
+    """Every test leaves no rank process of its own behind (ranks are children of
+    the forkserver, a child of this process)."""
     yield
-    left = [pid for pid in rank_processes() if _parent(pid) == os.getpid()]
+    me = os.getpid()
+    left = [pid for pid in rank_processes() if _parent(_parent(pid) or 0) == me]
     assert not left, f"rank processes left behind: {left}"

@@ -113,6 +113,8 @@ def _start_controller(pytester: pytest.Pytester, body: str) -> tuple[subprocess.
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     _wait_for(lambda: len(list(pid_dir.glob("*.pid"))) == 2, "both ranks to start")
     return controller, pid_dir
