@@ -130,6 +130,9 @@ class GroupConfig:
     pytest_args: list[str] = field(default_factory=list)
     sys_path: list[str] = field(default_factory=list)
     gpus: list[int] = field(default_factory=list)  # NCCL: visible GPU ids for ranks 0..N-1
+    # Where the group's folder goes: pytest's basetemp, which pytest rotates, so
+    # even a controller killed with SIGKILL leaves nothing outside it.
+    workdir_parent: str | None = None
 
 
 class RankGroup:
@@ -137,7 +140,7 @@ class RankGroup:
 
     def __init__(self, config: GroupConfig) -> None:
         self.config = config
-        self.workdir = Path(tempfile.mkdtemp(prefix="pytest-ddp-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="pytest-ddp-", dir=config.workdir_parent))
         self.ranks: list[RankProcess] = []
         self.states: list[RankState] = []
         self.tests_run = 0

@@ -99,16 +99,25 @@ def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:
 
 
 def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:
-    """(outcome, wasxfail) of one phase over the ranks' reports."""
-    if any_stuck or any(rep.failed for rep in reps):
+    """(outcome, wasxfail) of one phase over the ranks' reports.
+
+    xfail is about the test as a whole: if the expected failure happened on
+    some rank, the test xfailed, even where another rank's strict XPASS
+    would fail it on its own.
+    """
+    strict_xpass = [rep for rep in reps if rep.failed and str(rep.longrepr).startswith("[XPASS(strict)]")]
+    if any_stuck or any(rep.failed and rep not in strict_xpass for rep in reps):
         return "failed", None
-    xfails = [rep for rep in reps if hasattr(rep, "wasxfail")]
+    xfailed = [rep for rep in reps if rep.skipped and hasattr(rep, "wasxfail")]
+    if xfailed:
+        return "skipped", xfailed[0].wasxfail
+    if strict_xpass:
+        return "failed", None
     if reps and all(rep.skipped for rep in reps):
-        return "skipped", (xfails[0].wasxfail if xfails else None)
-    if any(rep.skipped for rep in xfails):
-        return "skipped", xfails[0].wasxfail  # the expected failure happened on some rank
-    if reps and len(xfails) == len(reps):
-        return "passed", xfails[0].wasxfail  # XPASS on every rank
+        return "skipped", None
+    xpassed = [rep for rep in reps if hasattr(rep, "wasxfail")]
+    if reps and len(xpassed) == len(reps):
+        return "passed", xpassed[0].wasxfail  # XPASS on every rank
     return "passed", None
 
 

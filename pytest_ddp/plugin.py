@@ -204,6 +204,7 @@ class Controller:
             pg_timeout=max(2 * longest + 60, 600),
             pytest_args=rank_pytest_args(self.config, items),
             sys_path=list(sys.path),
+            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),
             gpus=list(range(spec.world_size)) if spec.backend == "nccl" else [],
         )
 

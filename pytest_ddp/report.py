@@ -32,9 +32,9 @@ def headline(run: TestRun) -> str:
     if run.start_error is not None:
         return f"ddp: the ranks could not start: {run.start_error.splitlines()[0]}"
     if verdict.status == "timeout":
-        head = f"ddp: timed out after {run.spec.timeout:g} s"
+        head = "ddp"  # the summary starts "timed out after N s"
     elif verdict.status == "deadlock":
-        head = f"ddp: deadlock ({verdict.kind}) diagnosed after {run.elapsed:.1f} s"
+        head = f"ddp: deadlock ({verdict.kind}) diagnosed {run.elapsed:.2f} s into the test"
     elif verdict.status == "stopped":
         head = f"ddp: ranks stopped {run.spec.grace:g} s after a rank failed ({verdict.kind})"
     else:
@@ -52,7 +52,7 @@ def rank_line(state: RankState) -> str:
         outcome = "failed" if state.failed else "passed"
         return f"rank {state.rank}: finished ({outcome}); last call {where}"
     if state.current_call is not None:
-        return f"rank {state.rank}: waiting in {where} ({state.phase})"
+        return f"rank {state.rank}: waiting in {where}, in {state.phase}"
     return f"rank {state.rank}: running ({state.phase}), outside any collective; last call {where}"
 
 

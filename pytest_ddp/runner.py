@@ -19,6 +19,9 @@ from .spec import RankSpec
 from .state import RankState, Snapshot
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
+# A certain deadlock is reported at once unless some ranks are still running:
+# they get this long to finish or block too, so the report names every culprit.
+SETTLE = 0.5
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
 
 
@@ -47,16 +50,17 @@ def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> Test
     """Hand one test to a started group and watch it until a verdict."""
     group.begin(command)
     started = time.time()
+    certain_since: float | None = None
     while True:
         group.poll(POLL_INTERVAL)
-        snapshot = Snapshot(
-            now=time.time(),
-            started=started,
-            timeout=spec.timeout,
-            grace=spec.grace,
-            ranks=group.states,
-        )
+        now = time.time()
+        snapshot = Snapshot(now=now, started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
         verdict = watchdog.judge(snapshot)
+        if verdict.status == "deadlock":
+            certain_since = certain_since or now
+            running = any(not s.finished and s.current_call is None for s in group.states)
+            if running and now - certain_since < SETTLE:
+                continue
         if verdict.status != "wait":
             break
     elapsed = time.time() - started

@@ -113,16 +113,23 @@ def test_rank_killed_by_sigkill_fails_the_test(ddp_pytester) -> None:
     result.stdout.fnmatch_lines(["*rank 0: died (killed by SIGKILL)*"])
 
 
-def test_fatal_cpp_output_of_a_crashed_rank_is_shown(ddp_pytester) -> None:
-    """Gloo's shape check aborts the process from C++; its stderr is in the report."""
+def test_native_output_of_a_crashed_rank_is_shown(ddp_pytester) -> None:
+    """What a rank writes below Python (C++ messages) before it crashes is in the report."""
     result = ddp_pytester.run(
         """
-        @pytest.mark.ddp(world_size=2, timeout=60, check_collectives=False)
-        def test_shapes(rank):
-            dist.all_reduce(torch.ones(10 if rank == 0 else 20))
+        import ctypes
+
+        @pytest.mark.ddp(world_size=2, timeout=60)
+        def test_native_crash(rank):
+            if rank == 1:
+                libc = ctypes.CDLL(None)
+                message = b"terminate called after throwing an instance of 'demo'\\n"
+                libc.write(2, message, len(message))
+                libc.abort()
+            dist.barrier()
         """
     )
     result.assert_outcomes(failed=1)
-    text = result.stdout.str()
-    assert "killed by SIGABRT" in text
-    assert "Received data size doesn't match expected size" in text
+    result.stdout.fnmatch_lines(
+        ["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "terminate called after throwing an instance of 'demo'"]
+    )

@@ -1,0 +1,217 @@
+"""Per-test overhead of pytest-ddp against its peers, measured in one run.
+
+Ten trivial 4-rank tests (one all_reduce each) through:
+
+- pytest-ddp, warm groups (the default) and ``--ddp-isolate`` (fresh ranks per test);
+- torch's ``MultiProcessTestCase`` (fresh ranks per test);
+- torch's ``MultiProcContinuousTest`` (ranks kept for the class);
+
+plus a bare 4-rank spawn (``torch.multiprocessing``, import torch, Gloo init,
+one all_reduce, destroy) as the floor for a first test.  Every suite runs in
+its own pytest process; the controller's wall time per test is taken from
+``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then the unique
+memory (USS) of idle warm ranks.  Prints figures and ratios.
+
+    python benchmarks/overhead.py [--tests 10] [--world-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+TIMING_CONFTEST = '''
+import json, os, time
+_start = {}
+_times = []
+def pytest_runtest_logstart(nodeid, location):
+    _start[nodeid] = time.perf_counter()
+def pytest_runtest_logfinish(nodeid, location):
+    _times.append(time.perf_counter() - _start[nodeid])
+def pytest_sessionfinish(session):
+    if os.environ.get("BENCH_OUT") and "RANK" not in os.environ:
+        with open(os.environ["BENCH_OUT"], "w") as f:
+            json.dump(_times, f)
+'''
+
+DDP_SUITE = '''
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.ddp(world_size={ws})
+@pytest.mark.parametrize("i", range({n}))
+def test_all_reduce(i, rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == {ws}
+'''
+
+MULTI_PROCESS_SUITE = '''
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class TestAllReduce(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return {ws}
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _one(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == self.world_size
+        dist.destroy_process_group()
+
+{methods}
+'''
+
+CONTINUOUS_SUITE = '''
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+class TestAllReduce(MultiProcContinuousTest):
+    world_size = {ws}
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    @classmethod
+    def device_type(cls):
+        return "cpu"
+
+    def _one(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == self.world_size
+
+{methods}
+'''
+
+BARE_SPAWN = '''
+import sys, tempfile, time
+import torch.multiprocessing as mp
+
+def work(rank, world_size, path):
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(path, world_size), rank=rank, world_size=world_size)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    world_size = int(sys.argv[1])
+    start = time.perf_counter()
+    with tempfile.NamedTemporaryFile() as f:
+        mp.start_processes(work, args=(world_size, f.name), nprocs=world_size, start_method="spawn")
+    print(time.perf_counter() - start)
+'''
+
+
+def methods(n: int) -> str:
+    return "\n".join(f"    def test_{i:02d}(self):\n        self._one()\n" for i in range(n))
+
+
+def run_suite(folder: Path, source: str, *args: str) -> list[float]:
+    """Run one suite in a fresh pytest process; the controller's time per test."""
+    folder.mkdir()
+    (folder / "conftest.py").write_text(TIMING_CONFTEST)
+    (folder / "test_suite.py").write_text(source)
+    out = folder / "times.json"
+    env = dict(os.environ, BENCH_OUT=str(out))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args]
+    result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        raise SystemExit(f"suite in {folder.name} failed")
+    return json.loads(out.read_text())
+
+
+def bare_spawn(folder: Path, world_size: int) -> float:
+    script = folder / "bare_spawn.py"
+    script.write_text(BARE_SPAWN)
+    result = subprocess.run([sys.executable, str(script), str(world_size)], capture_output=True, text=True, check=True)
+    return float(result.stdout.split()[-1])
+
+
+def idle_rank_uss(world_size: int) -> tuple[float, float]:
+    """(mean USS, mean RSS) in MB of the ranks of a warm group between tests."""
+    from pytest_ddp.group import GroupConfig, RankGroup
+
+    with tempfile.TemporaryDirectory() as folder:
+        test = Path(folder) / "test_idle.py"
+        test.write_text(
+            "import pytest, torch, torch.distributed as dist\n\n"
+            f"@pytest.mark.ddp(world_size={world_size})\ndef test_idle():\n    dist.barrier()\n"
+        )
+        group = RankGroup(
+            GroupConfig(world_size, "gloo", True, pg_timeout=600, pytest_args=["-q", "-p", "no:cacheprovider", str(test)])
+        )
+        group.start(deadline=time.monotonic() + 120)
+        try:
+            uss, rss = [], []
+            for pid in group.pids():
+                fields = {}
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        parts = line.split()
+                        if len(parts) >= 2 and parts[1].isdigit():
+                            fields[parts[0].rstrip(":")] = int(parts[1])
+                uss.append((fields["Private_Clean"] + fields["Private_Dirty"]) / 1024)
+                rss.append(fields["Rss"] / 1024)
+        finally:
+            group.stop()
+    return statistics.mean(uss), statistics.mean(rss)
+
+
+def summarize(name: str, times: list[float]) -> dict[str, float]:
+    return {"name": name, "first": times[0], "median_after_first": statistics.median(times[1:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tests", type=int, default=10)
+    parser.add_argument("--world-size", type=int, default=4)
+    options = parser.parse_args()
+    n, ws = options.tests, options.world_size
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        spawn = bare_spawn(root, ws)
+        rows = [
+            summarize("pytest-ddp warm", run_suite(root / "warm", DDP_SUITE.format(ws=ws, n=n))),
+            summarize("pytest-ddp isolated", run_suite(root / "isolated", DDP_SUITE.format(ws=ws, n=n), "--ddp-isolate")),
+            summarize("MultiProcessTestCase", run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n)))),
+            summarize("MultiProcContinuousTest", run_suite(root / "mpct", CONTINUOUS_SUITE.format(ws=ws, methods=methods(n)))),
+        ]
+    uss, rss = idle_rank_uss(ws)
+    by_name = {row["name"]: row for row in rows}
+    warm, isolated = by_name["pytest-ddp warm"], by_name["pytest-ddp isolated"]
+    mptc, mpct = by_name["MultiProcessTestCase"], by_name["MultiProcContinuousTest"]
+
+    print(f"\n{n} trivial tests on {ws} ranks (Gloo), {os.cpu_count()} cores; seconds per test in the controller")
+    print(f"{'suite':26} {'first test':>11} {'median after first':>19}")
+    for row in rows:
+        print(f"{row['name']:26} {row['first']:11.3f} {row['median_after_first']:19.4f}")
+    print(f"{'bare spawn + Gloo init':26} {spawn:11.3f}")
+    print("\nratios (goal in brackets):")
+    print(f"  warm per test / MultiProcContinuousTest per test: {warm['median_after_first'] / mpct['median_after_first']:.2f}  [<= 1]")
+    print(f"  MultiProcessTestCase per test / warm per test:    {mptc['median_after_first'] / warm['median_after_first']:.0f}x  [>= 500x]")
+    print(f"  warm first test / bare spawn:                     {warm['first'] / spawn:.2f}  [<= 1.3]")
+    print(f"  fresh group per test (isolated, after the first): {isolated['median_after_first']:.3f} s  [<= 1 s]")
+    print(f"  idle rank memory: USS {uss:.0f} MB, RSS {rss:.0f} MB  [USS <= 100 MB]")
+
+
+if __name__ == "__main__":
+    main()
