@@ -288,7 +288,8 @@ def uninstall() -> None:
 def _recording_hook(hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """A DDP communication hook that records each bucket's allreduce around ``hook``."""
 
-    def recorded_hook(state: Any, bucket: Any) -> Any:
+    # No annotations: DDP rejects a hook whose annotations are not GradBucket/Future.
+    def recorded_hook(state, bucket):  # type: ignore[no-untyped-def]
         if _log is None:
             return hook(state, bucket)
         group = state if state is not None and hasattr(state, "group_name") else None

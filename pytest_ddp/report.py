@@ -125,11 +125,11 @@ def format_stack(stack: str, test_file: str) -> str:
             hidden += 1
             continue
         if hidden:
-            out.append(f"  ({hidden} pytest frames hidden)")
+            out.append(f"  ({hidden} pytest and pytest-ddp frames hidden)")
             hidden = 0
         out.append(("> " + line.lstrip()) if test_file and test_file in line else line)
     if hidden:
-        out.append(f"  ({hidden} pytest frames hidden)")
+        out.append(f"  ({hidden} pytest and pytest-ddp frames hidden)")
     return "\n".join(out)
 
 

@@ -1,0 +1,178 @@
+"""Each way distributed code hangs, diagnosed: the right kind, rank and collective, in about a second.
+
+One inner pytest session (a real one, in a subprocess) runs every broken
+pattern below as a ddp test with ``--ddp-report-dir``; each test here reads
+that pattern's JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import rank_processes
+
+BROKEN = '''
+import os, time
+import pytest, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_raise_before_barrier(rank):
+    if rank == 0:
+        raise RuntimeError("rank 0 gives up")
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_unpicklable_object(rank):
+    gathered = [None, None]
+    dist.barrier()
+    dist.all_gather_object(gathered, (lambda: rank) if rank == 0 else rank)
+
+
+@pytest.mark.ddp(world_size=4, timeout=60)
+def test_half_the_ranks_all_reduce(rank):
+    if rank < 2:
+        dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_all_reduce_against_broadcast(rank):
+    t = torch.ones(3)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_shapes_10_against_20(rank):
+    dist.all_reduce(torch.ones(10 if rank == 0 else 20))
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_both_recv_first(rank):
+    t = torch.zeros(1)
+    dist.recv(t, src=1 - rank)
+    dist.send(t, dst=1 - rank)
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_return_early_skipping_the_last_collective(rank):
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        return
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_os_exit_inside_the_test(rank):
+    if rank == 1:
+        os._exit(1)
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+def test_ddp_rank_skips_backward(rank):
+    model = DDP(nn.Linear(4, 1))
+    loss = model(torch.randn(2, 4)).sum()
+    if rank == 0:
+        loss.backward()
+'''
+
+# test name -> (status, kind, culprits, collective); None: not checked
+EXPECTED = {
+    "test_raise_before_barrier": ("deadlock", "rank_exited", [0], "barrier"),
+    "test_unpicklable_object": ("deadlock", "rank_exited", [0], "all_gather_object"),
+    "test_half_the_ranks_all_reduce": ("deadlock", "partial", [2, 3], "all_reduce"),
+    "test_all_reduce_against_broadcast": ("deadlock", "mismatch", [1], "all_reduce"),
+    "test_shapes_10_against_20": ("deadlock", "mismatch", [1], "all_reduce"),
+    "test_both_recv_first": ("deadlock", "p2p_cycle", [0, 1], "recv"),
+    "test_return_early_skipping_the_last_collective": ("deadlock", "partial", [1], "all_reduce"),
+    # Seen while rank 0 still waits (deadlock), or after Gloo woke it with an error (done).
+    "test_os_exit_inside_the_test": (None, "rank_exited", [1], None),
+    "test_ddp_rank_skips_backward": ("deadlock", "partial", [1], "allreduce"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Run every broken pattern once; their JSON reports by test name."""
+    folder = tmp_path_factory.mktemp("broken")
+    (folder / "test_broken.py").write_text(BROKEN)
+    report_dir = folder / "reports"
+    before = set(rank_processes())
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_broken.py", f"--ddp-report-dir={report_dir}"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert set(rank_processes()) <= before, "the inner session left rank processes behind"
+    found = {}
+    for path in Path(report_dir).glob("*.json"):
+        data = json.loads(path.read_text())
+        found[data["test"].rsplit("::", 1)[-1]] = data
+    return found
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_pattern_is_diagnosed(reports, name: str) -> None:
+    status, kind, culprits, collective = EXPECTED[name]
+    report = reports[name]
+    assert (report["kind"], report["culprits"]) == (kind, culprits), report["summary"]
+    assert status is None or report["status"] == status, report["summary"]
+    if collective is not None:
+        assert report["collective"] == collective, report["summary"]
+    # Diagnosed in about a second, not after the 60 s timeout.
+    assert report["elapsed"] < 10, report["elapsed"]
+
+
+def test_unpicklable_object_report_names_the_error_and_line(reports) -> None:
+    summary = reports["test_unpicklable_object"]["summary"]
+    assert "rank 0 raised" in summary and "pickle" in summary
+    assert "all_gather_object #2 (test_broken.py:" in summary  # barrier was #1
+
+
+def test_mismatch_report_shows_both_shapes(reports) -> None:
+    summary = reports["test_shapes_10_against_20"]["summary"]
+    assert "rank 0 all_reduce shapes [[10]] float32" in summary
+    assert "rank 1 all_reduce shapes [[20]] float32" in summary
+
+
+def test_os_exit_report_names_the_exit_code(reports) -> None:
+    assert "rank 1 died (exit code 1)" in reports["test_os_exit_inside_the_test"]["summary"]
+
+
+def ddp_step(rank: int) -> list[float]:
+    """One DDP training step; runs on the ranks of the test below."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 1))
+    torch.manual_seed(rank)
+    model(torch.randn(2, 4)).sum().backward()
+    return model.module.weight.grad.flatten().tolist()
+
+
+def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
+    import pytest_ddp
+
+    result = pytest_ddp.run(ddp_step, world_size=2, timeout=60)
+    assert result.outcome == "passed", result.diagnosis and result.diagnosis.text
+    assert result.values[0] == result.values[1]  # gradients were averaged
+    for rank in result.ranks:
+        calls = [(c.op, c.seq, c.group, c.state) for c in rank.collectives]
+        assert calls == [("DistributedDataParallel", 1, "WORLD", "ok"), ("allreduce", 2, "WORLD", "ok")]
+        assert rank.collectives[1].shapes == [[5]]  # the bucket: 4 weights and a bias
