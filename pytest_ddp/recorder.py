@@ -178,7 +178,8 @@ def _event(op: str, args: dict[str, Any]) -> dict[str, Any]:
     event: dict[str, Any] = {"e": "call", "op": op, "site": _call_site(), "t": time.time()}
     if op == "init_process_group":
         event["extra"] = _init_extra(args)
-        event["group"], event["seq"] = "WORLD", 0
+        event["group"] = "WORLD"
+        event["i"], event["seq"] = _number(None)
         return event
     group, ranks = _group(args.get("group"))
     event["group"], event["ranks"] = group, ranks
@@ -191,22 +192,30 @@ def _event(op: str, args: dict[str, Any]) -> dict[str, Any]:
     if args.get("async_op"):
         event["async"] = True
     root = args.get(root_arg) if root_arg else None
+    key: tuple[Any, ...] | None
     if op in P2P_OPS:
         event["peer"] = root
-        key: tuple[Any, ...] = (group, "recv" if "recv" in op else "send", root)
+        key = (group, "recv" if "recv" in op else "send", root)
     elif op in GROUP_OPS:
-        key = ("group-ops",)
+        key = None
     else:
         if root is not None:
             event["root"] = root
         key = (group,)
+    event["i"], event["seq"] = _number(key)
+    return event
+
+
+def _number(key: tuple[Any, ...] | None) -> tuple[int, int]:
+    """This call's index in the test, and its sequence number under ``key`` (0 without one)."""
     with _lock:
+        index = _test["index"]
+        _test["index"] += 1
+        if key is None:
+            return index, 0
         seq = _test["seq"].get(key, 0) + 1
         _test["seq"][key] = seq
-        event["i"] = _test["index"]
-        _test["index"] += 1
-    event["seq"] = 0 if op in GROUP_OPS else seq
-    return event
+        return index, seq
 
 
 # -- the wrappers --------------------------------------------------------------

@@ -403,7 +403,8 @@ def compare_sequences(ranks: list[RankState]) -> list[str]:
         counts = {r: len(calls) for r, calls in sequences.items()}
         if len(set(counts.values())) > 1:
             differences.append(
-                f"group {group}: " + ", ".join(f"rank {r} made {n} collectives" for r, n in counts.items())
+                f"group {group}: "
+                + ", ".join(f"rank {r} made {n} collective{'' if n == 1 else 's'}" for r, n in counts.items())
             )
         reference = group_ranks[0]
         for position in range(min(counts.values())):
