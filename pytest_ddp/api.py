@@ -30,6 +30,7 @@ from .report import failure_text, format_stack
 from .runner import GroupPool, TestRun
 from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
 from .state import Call
+from .watchdog import compare_sequences
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -70,6 +71,9 @@ class Result:
     diagnosis: Diagnosis | None  # None when passed
     ranks: list[RankResult]
     elapsed: float  # seconds from hand-over to verdict
+    # How the ranks' collective sequences differ (op, shape, dtype, count per
+    # group), also when the run passed: Gloo lets some mismatches through.
+    collective_differences: list[str] = field(default_factory=list)
 
     @property
     def values(self) -> list[Any]:
@@ -152,7 +156,8 @@ def _result(test_run: TestRun) -> Result:
             collective=verdict.collective,
             text=failure_text(test_run, failures, ""),
         )
-    return Result(outcome, diagnosis, ranks, test_run.elapsed)
+    differences = compare_sequences(test_run.states) if test_run.states else []
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

@@ -112,7 +112,7 @@ def sequence_table(states: list[RankState]) -> list[str]:
     return lines
 
 
-HARNESS_FRAMES = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "<frozen runpy>")
+HARNESS_FRAMES = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "/multiprocessing/", "<frozen runpy>", '"<string>"')
 
 
 def format_stack(stack: str, test_file: str) -> str:

@@ -151,6 +151,10 @@ class GroupPool:
             group.stop() if group.alive else group.kill()
         return run
 
+    def pids(self) -> list[int]:
+        """The rank processes of the warm groups."""
+        return [pid for group in self._groups.values() for pid in group.pids()]
+
     def close(self) -> None:
         while self._groups:
             _, group = self._groups.popitem()

@@ -128,9 +128,12 @@ def _p2p_index(calls: list[Call], call: Call) -> int:
 
 
 def _matching_p2p_entered(peer: RankState, me: int, call: Call, index: int) -> bool:
-    """Has ``peer`` entered the send (recv) that pairs with my ``index``-th recv (send)?"""
+    """Has ``peer`` entered the send (recv) that pairs with my ``index``-th recv (send)?
+    A recv from any source (peer None) pairs with a send from anyone."""
     count = sum(
-        1 for c in peer.calls if c.is_p2p and c.group == call.group and c.peer == me and _is_recv(c) != _is_recv(call)
+        1
+        for c in peer.calls
+        if c.is_p2p and c.group == call.group and c.peer in (me, None) and _is_recv(c) != _is_recv(call)
     )
     return count >= index
 
@@ -177,7 +180,9 @@ def _waits(ranks: dict[int, RankState]) -> tuple[dict[int, _Wait], list[tuple[in
             arrived = peer is None or _matching_p2p_entered(peer, rank, call, index)
             waits[rank] = _Wait(rank, call, [] if arrived else [call.peer])
         elif call.is_p2p:
-            waits[rank] = _Wait(rank, call, members, any_of=True)
+            # From any source: satisfied as soon as any member has entered a send to us.
+            senders = [m for m in members if any(c.is_p2p and not _is_recv(c) and c.peer == rank for c in ranks[m].calls)]
+            waits[rank] = _Wait(rank, call, [] if senders else members, any_of=True)
     return waits, mismatches
 
 
@@ -284,7 +289,8 @@ def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
         by_rank.setdefault(c.extra.get("rank"), []).append(r)
     for given, slots in by_rank.items():
         if given is not None and len(slots) > 1:
-            return verdict(slots[1:], f"processes {', '.join(map(str, slots))} all called init_process_group with rank {given}")
+            # Which of them got in first is a race: all of them are at fault.
+            return verdict(slots, f"processes {', '.join(map(str, slots))} all called init_process_group with rank {given}")
     sizes = {r: c.extra.get("world_size") for r, c in inits.items() if c.extra.get("world_size") is not None}
     if len(set(sizes.values())) > 1:
         counts = Counter(sizes.values())

@@ -132,10 +132,12 @@ def _parent(pid: int) -> int | None:
 
 
 @pytest.fixture(autouse=True)
-def no_rank_left_behind():
+def no_rank_left_behind(request: pytest.FixtureRequest):
     """Every test leaves no rank process of its own behind (ranks are children of
-    the forkserver, a child of this process)."""
+    the forkserver, a child of this process), but for this session's own warm groups."""
     yield
+    controller = request.config.pluginmanager.get_plugin("ddp_controller")
+    own = set(controller.pool.pids()) if controller is not None else set()
     me = os.getpid()
-    left = [pid for pid in rank_processes() if _parent(_parent(pid) or 0) == me]
+    left = [pid for pid in rank_processes() if _parent(_parent(pid) or 0) == me and pid not in own]
     assert not left, f"rank processes left behind: {left}"

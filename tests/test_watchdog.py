@@ -112,6 +112,11 @@ def test_a_matching_send_unblocks_a_recv() -> None:
     assert verdict.status == "wait"
 
 
+def test_recv_from_any_source_pairs_with_a_send() -> None:
+    verdict = judge(snap(rank(0, call("recv", 1, peer=None)), rank(1, call("send", 1, peer=0))))
+    assert verdict.status == "wait"
+
+
 def test_recv_from_any_source_is_stuck_only_when_every_sender_is_gone() -> None:
     ranks3 = (0, 1, 2)
     any_recv = call("recv", 1, peer=None, ranks=ranks3)
@@ -134,7 +139,7 @@ def init(given: int, size: int = 2, state: str = "running", error: str | None = 
 
 def test_init_duplicate_rank() -> None:
     verdict = judge(snap(rank(0, init(0, enter=NOW - 2)), rank(1, init(0))))
-    assert (verdict.kind, verdict.culprits) == ("init", [1])
+    assert (verdict.kind, verdict.culprits) == ("init", [0, 1])
     assert "rank 0" in verdict.summary
 
 

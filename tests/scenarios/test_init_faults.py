@@ -1,0 +1,91 @@
+"""init_process_group gone wrong: duplicate or out-of-range rank, world sizes that disagree,
+a rank that never arrives, a slow starter, a file:// init file shared wrongly.
+
+These tests use init=False: the ranks get torchrun's environment (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and call init_process_group
+themselves, by env://, tcp:// or file://.
+"""
+
+import os
+import tempfile
+import time
+
+import pytest
+import torch.distributed as dist
+
+import pytest_ddp
+
+
+def init(rank: int, method: str = "env", rank_as: dict | None = None, size_as: dict | None = None,
+         delay: dict | None = None, skip: int | None = None, shared_file: str | None = None) -> int:
+    if rank == skip:
+        return -1
+    time.sleep((delay or {}).get(rank, 0))
+    given = (rank_as or {}).get(rank, rank)
+    size = (size_as or {}).get(rank, int(os.environ["WORLD_SIZE"]))
+    if method == "env":
+        dist.init_process_group("gloo", rank=given, world_size=size)
+    elif method == "tcp":
+        address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        dist.init_process_group("gloo", init_method=address, rank=given, world_size=size)
+    else:
+        path = shared_file if shared_file else os.path.join(tempfile.gettempdir(), f"init-{os.getpid()}")
+        dist.init_process_group("gloo", init_method=f"file://{path}", rank=given, world_size=size)
+    dist.barrier()
+    world = dist.get_world_size()
+    dist.destroy_process_group()
+    return world
+
+
+@pytest.mark.parametrize("method", ["env", "tcp"])
+def test_duplicate_rank(method):
+    result = pytest_ddp.run(init, world_size=3, init=False, kwargs={"method": method, "rank_as": {2: 1}}, timeout=30)
+    assert result.outcome == "deadlock"
+    assert (result.diagnosis.kind, result.diagnosis.culprits) == ("init", [1, 2])
+    assert "with rank 1" in result.diagnosis.text
+
+
+def test_rank_out_of_range():
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"rank_as": {1: 2}}, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [1])
+    assert "out of range" in result.diagnosis.text
+
+
+def test_world_sizes_disagree():
+    result = pytest_ddp.run(init, world_size=3, init=False, kwargs={"size_as": {2: 4}}, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [2])
+
+
+def test_rank_that_never_arrives():
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"skip": 1}, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [1])
+    assert "without calling init_process_group" in result.diagnosis.text
+
+
+def test_slow_starter_is_just_waited_for():
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"delay": {0: 2}}, timeout=30)
+    assert result.outcome == "passed" and result.values == [2, 2]
+
+
+def test_file_init_shared_wrongly_hangs_until_the_timeout():
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file"}, timeout=3)
+    assert (result.outcome, result.diagnosis.kind) == ("timeout", "timeout")
+    assert all(r.collectives[-1].op == "init_process_group" for r in result.ranks)
+
+
+@pytest.mark.parametrize("method", ["env", "tcp"])
+def test_fixed_init(method):
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": method}, timeout=30)
+    assert result.outcome == "passed" and result.values == [2, 2]
+
+
+def test_fixed_file_init_shares_one_file(tmp_path):
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "shared_file": str(tmp_path / "init")}, timeout=30)
+    assert result.outcome == "passed"
+
+
+@pytest.mark.ddp(world_size=2, init=False)
+def test_fixed_marked_init_false(rank, world_size):
+    dist.init_process_group("gloo")
+    assert dist.get_rank() == rank and dist.get_world_size() == world_size
+    dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""send/recv: both ranks receiving first, a recv from the wrong source, recv from any source."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pytest_ddp
+
+
+def both_recv_first(rank: int) -> None:
+    t = torch.zeros(1)
+    dist.recv(t, src=1 - rank)
+    dist.send(t, dst=1 - rank)
+
+
+def wrong_source(rank: int) -> None:
+    t = torch.zeros(1)
+    if rank == 0:
+        dist.recv(t, src=2)  # rank 1 is the one sending
+    elif rank == 1:
+        dist.send(t, dst=0)
+
+
+def any_source(rank: int) -> int | None:
+    t = torch.tensor([float(rank)])
+    if rank == 0:
+        return dist.recv(t)  # from whoever sends first
+    dist.send(t, dst=0)
+    return None
+
+
+def test_both_ranks_receive_first():
+    result = pytest_ddp.run(both_recv_first, world_size=2, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "p2p_cycle", [0, 1])
+    assert "recv #1 from 1" in result.diagnosis.text
+
+
+def test_recv_from_the_wrong_source():
+    result = pytest_ddp.run(wrong_source, world_size=3, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "partial", [2])
+    assert "recv #1 from 2" in result.diagnosis.text
+
+
+def test_recv_from_any_source_returns_the_sender():
+    result = pytest_ddp.run(any_source, world_size=2, timeout=30)
+    assert result.outcome == "passed" and result.values[0] == 1
+
+
+@pytest.mark.ddp(world_size=2)
+def test_fixed_one_side_sends_first(rank):
+    t = torch.tensor([float(rank)])
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.recv(t, src=1)
+    else:
+        received = torch.zeros(1)
+        dist.recv(received, src=0)
+        dist.send(t, dst=0)
+    assert t.item() == 1.0
