@@ -123,7 +123,7 @@ def run(
         pg_timeout=max(2 * spec.timeout + 60, 600),
         mode="function",
         sys_path=list(sys.path),
-        gpus=list(range(size)) if spec.backend == "nccl" else [],
+        gpus=[str(i) for i in range(size)] if spec.backend == "nccl" else [],
     )
     pool = GroupPool(max_groups=1)
     try:

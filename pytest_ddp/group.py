@@ -129,7 +129,7 @@ class GroupConfig:
     mode: str = "pytest"  # "pytest": run test items; "function": run api.run() functions
     pytest_args: list[str] = field(default_factory=list)
     sys_path: list[str] = field(default_factory=list)
-    gpus: list[int] = field(default_factory=list)  # NCCL: visible GPU ids for ranks 0..N-1
+    gpus: list[str] = field(default_factory=list)  # NCCL: the GPU ids ranks 0..N-1 use
     # Where the group's folder goes: pytest's basetemp, which pytest rotates, so
     # even a controller killed with SIGKILL leaves nothing outside it.
     workdir_parent: str | None = None
@@ -191,7 +191,7 @@ class RankGroup:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.pop("PYTEST_ADDOPTS", None)
         if cfg.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cfg.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
         spec = {
             "rank": rank,
             "world_size": cfg.world_size,

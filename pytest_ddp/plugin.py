@@ -8,6 +8,7 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from typing import Any
@@ -205,7 +206,7 @@ class Controller:
             pytest_args=rank_pytest_args(self.config, items),
             sys_path=list(sys.path),
             workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),
-            gpus=list(range(spec.world_size)) if spec.backend == "nccl" else [],
+            gpus=_my_gpus()[: spec.world_size] if spec.backend == "nccl" else [],
         )
 
     # pytest-timeout must not fire in the controller while the ranks run: the
@@ -277,15 +278,43 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
     return args
 
 
+def worker_gpus(visible: list[str], worker: str | None, workers: int) -> list[str]:
+    """This controller's share of the visible GPUs: all of them, or under xdist a
+    disjoint slice per worker (gw0 gets 0, N, 2N, ...), so workers never share a GPU."""
+    if worker is None or workers <= 1:
+        return visible
+    index = int(worker.lstrip("gw") or 0)
+    return visible[index::workers]
+
+
+def _visible_gpus() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in listed.split(",") if g.strip()] if listed else []
+    return ids[: torch.cuda.device_count()] if ids else [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _my_gpus() -> list[str]:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return worker_gpus(_visible_gpus(), os.environ.get("PYTEST_XDIST_WORKER"), workers)
+
+
 def _gpu_shortage(spec: RankSpec) -> str | None:
     if spec.backend != "nccl":
         return None
-    import torch
-
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if available < spec.world_size:
-        return f"nccl test needs {spec.world_size} GPUs, {available} visible"
-    return None
+    mine = _my_gpus()
+    if len(mine) >= spec.world_size:
+        return None
+    visible = len(_visible_gpus())
+    if len(mine) == visible:
+        return f"nccl test needs {spec.world_size} GPUs, {visible} visible"
+    return (
+        f"nccl test needs {spec.world_size} GPUs, this xdist worker has {len(mine)} "
+        f"({visible} visible, shared between {os.environ.get('PYTEST_XDIST_WORKER_COUNT')} workers)"
+    )
 
 
 def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:

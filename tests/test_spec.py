@@ -90,3 +90,13 @@ def test_bad_option_is_a_usage_error(ddp_pytester, option, message) -> None:
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*pytest-ddp: {message}*"])
+
+
+def test_xdist_workers_get_disjoint_gpu_shares() -> None:
+    from pytest_ddp.plugin import worker_gpus
+
+    visible = ["0", "1", "2", "3"]
+    assert worker_gpus(visible, None, 1) == visible
+    assert worker_gpus(visible, "gw0", 2) == ["0", "2"]
+    assert worker_gpus(visible, "gw1", 2) == ["1", "3"]
+    assert worker_gpus(["4", "5"], "gw2", 3) == []

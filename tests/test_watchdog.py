@@ -95,6 +95,11 @@ def test_different_shapes_are_a_mismatch_naming_both() -> None:
     assert "rank 0 all_reduce shapes [[10]] float32, rank 1 all_reduce shapes [[20]] float32" in verdict.summary
 
 
+def test_same_bytes_in_another_shape_is_left_to_complete() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(2, 5))), rank(1, call("all_reduce", 1, shape=(10,)))))
+    assert verdict.status == "wait"
+
+
 def test_majority_decides_who_mismatches() -> None:
     ranks3 = (0, 1, 2)
     verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=ranks3, dtype="float64")),
