@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import pickle
 import sys
@@ -122,16 +123,31 @@ def _call_site() -> str:
     return "?"
 
 
+_world_ranks: dict[int, list[int]] = {}  # id of the default group -> its ranks
+
+
 def _group(group: Any) -> tuple[str, list[int]]:
     """(name, global ranks) of a process group argument; "WORLD" for the default group."""
     import torch.distributed as dist
 
-    if group is None or group is dist.GroupMember.WORLD:
-        return "WORLD", list(range(dist.get_world_size())) if dist.is_initialized() else []
+    world = dist.GroupMember.WORLD
+    if group is None or group is world:
+        if world is None:
+            return "WORLD", []
+        if id(world) not in _world_ranks:
+            _world_ranks.clear()
+            _world_ranks[id(world)] = list(range(dist.get_world_size()))
+        return "WORLD", _world_ranks[id(world)]
     try:
         return str(group.group_name), dist.get_process_group_ranks(group)
     except Exception:  # a group this rank is not part of, or a destroyed one
         return "?", []
+
+
+@functools.lru_cache(maxsize=64)
+def _name(thing: Any) -> str:
+    """``float32`` for torch.float32, ``cpu`` for a device: cached, these are hashable and few."""
+    return str(thing).replace("torch.", "")
 
 
 def _describe_tensors(value: Any, event: dict[str, Any]) -> None:
@@ -140,8 +156,8 @@ def _describe_tensors(value: Any, event: dict[str, Any]) -> None:
     for tensor in tensors:
         if hasattr(tensor, "shape"):
             shapes.append(list(tensor.shape))
-            dtypes.append(str(tensor.dtype).replace("torch.", ""))
-            devices.append(str(tensor.device))
+            dtypes.append(_name(tensor.dtype))
+            devices.append(_name(tensor.device))
     if shapes:
         event.update(shapes=shapes, dtypes=dtypes, devices=devices)
 
@@ -218,6 +234,50 @@ def _number(key: tuple[Any, ...] | None) -> tuple[int, int]:
         return index, seq
 
 
+# -- writing --------------------------------------------------------------------
+
+# Keys whose values the fast path below can format: strings, ints, lists of them.
+_FAST_KEYS = frozenset({"e", "op", "site", "t", "group", "ranks", "shapes", "dtypes", "devices", "i", "seq", "peer", "root", "async"})
+_json = json.JSONEncoder(separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _quoted(text: str) -> str:
+    return _json.encode(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _names(names: tuple[str, ...]) -> str:
+    return _json.encode(list(names))
+
+
+@functools.lru_cache(maxsize=256)
+def _ints(values: tuple[int, ...]) -> str:
+    return _json.encode(list(values))
+
+
+def _call_line(event: dict[str, Any]) -> str:
+    """The event's JSON line, from a template for the usual keys: the recorder's hot
+    path (the general encoder costs several microseconds a call)."""
+    if not _FAST_KEYS.issuperset(event):
+        return _json.encode(event)
+    line = (
+        f'{{"e":"call","op":{_quoted(event["op"])},"site":{_quoted(event["site"])},"t":{event["t"]!r},'
+        f'"group":{_quoted(event["group"])},"ranks":{_ints(tuple(event["ranks"]))},"i":{event["i"]},"seq":{event["seq"]}'
+    )
+    if "shapes" in event:
+        line += (
+            f',"shapes":{event["shapes"]},"dtypes":{_names(tuple(event["dtypes"]))},'
+            f'"devices":{_names(tuple(event["devices"]))}'
+        )
+    for key in ("peer", "root"):
+        if key in event:
+            line += f',"{key}":{"null" if event[key] is None else int(event[key])}'
+    if event.get("async"):
+        line += ',"async":true'
+    return line + "}"
+
+
 # -- the wrappers --------------------------------------------------------------
 
 
@@ -233,13 +293,13 @@ def _record(op: str, args: dict[str, Any], call: Callable[[], Any]) -> Any:
         except Exception:  # describing must never break the user's call
             return call()
         index = event["i"]
-        _log.write(event)
+        _log.write_line(_call_line(event))
         try:
             result = call()
         except BaseException as exc:
             _log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(exc).__name__}: {exc}"})
             raise
-        _log.write({"e": "ret", "i": index, "t": time.time(), "ok": True})
+        _log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
         return result
     finally:
         _local.depth = 0
