@@ -22,6 +22,7 @@ test: venv
 	$(PY) -m pytest -q
 
 bench: venv
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/recorder_overhead.py
 

@@ -114,8 +114,8 @@ def work(rank, world_size, path):
 if __name__ == "__main__":
     world_size = int(sys.argv[1])
     start = time.perf_counter()
-    with tempfile.NamedTemporaryFile() as f:
-        mp.start_processes(work, args=(world_size, f.name), nprocs=world_size, start_method="spawn")
+    with tempfile.TemporaryDirectory() as folder:  # FileStore removes its file when done
+        mp.start_processes(work, args=(world_size, folder + "/store"), nprocs=world_size, start_method="spawn")
     print(time.perf_counter() - start)
 '''
 

@@ -14,7 +14,10 @@ code passes::
         assert result.diagnosis.culprits == [1]
 
 The function must be importable by the ranks: defined at module level, in a
-module they can import (a test module is fine).
+module they can import (a test module is fine).  Ranks are started by
+multiprocessing's forkserver, which re-imports the main module: a script (not
+a pytest run) that calls ``run()`` needs the usual ``if __name__ ==
+"__main__":`` guard, as with ``torch.multiprocessing.spawn``.
 """
 
 from __future__ import annotations

@@ -104,13 +104,22 @@ class Controller:
         self.report_dir: str | None = config.getoption("--ddp-report-dir")
         self.pool = GroupPool(max_groups)
         self.runs: list[TestRun] = []
-        self.items: list[pytest.Item] = []
+        self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
+        self.position: dict[str, int] = {}
 
     # -- collection -------------------------------------------------------------
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.items = list(session.items)
-        if any(self.spec(item) is not None for item in self.items):
+        # The ddp items each warm group may serve, in session order, and where each stands.
+        self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
+        self.position: dict[str, int] = {}
+        for item in session.items:
+            spec = self.spec(item)
+            if spec is not None and not spec.isolated:
+                queue = self.shared.setdefault(spec.group_key, [])
+                self.position[item.nodeid] = len(queue)
+                queue.append(item)
+        if any(self.spec(item) is not None for item in session.items):
             fork_context()  # the forkserver imports torch while pytest gets going
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
@@ -184,15 +193,9 @@ class Controller:
 
     def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
         """The items after this one that may run on the same warm group, in order."""
-        if spec.isolated or item not in self.items:
+        if spec.isolated or item.nodeid not in self.position:
             return []
-        index = self.items.index(item)
-        later = []
-        for other in self.items[index + 1 :]:
-            other_spec = self.spec(other)
-            if other_spec is not None and other_spec.group_key == spec.group_key and not other_spec.isolated:
-                later.append(other)
-        return later
+        return self.shared[spec.group_key][self.position[item.nodeid] + 1 :]
 
     def _group_config(self, item: pytest.Item, spec: RankSpec, later: list[pytest.Item]) -> GroupConfig:
         items = [item] + later

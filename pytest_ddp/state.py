@@ -122,7 +122,7 @@ class Call:
     @property
     def label(self) -> str:
         """``all_reduce #3`` or ``recv #1 from 0``: how reports name a call."""
-        text = f"{self.op} #{self.seq}"
+        text = f"{self.op} #{self.seq}" if self.seq else self.op
         if self.is_p2p:
             direction = "from" if "recv" in self.op else "to"
             text += f" {direction} {'any' if self.peer is None else self.peer}"

@@ -70,6 +70,10 @@ def describe_call(call: Call) -> str:
     return f"{call.label} ({call.site})"
 
 
+def _verb(ranks: list[int]) -> str:
+    return "waits" if len(ranks) == 1 else "wait"
+
+
 def exit_description(code: int | None) -> str:
     if code is not None and code < 0:
         try:
@@ -248,8 +252,9 @@ def _deadlock(snap: Snapshot) -> Verdict | None:
         kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in gone) else "partial"
         causes = "; ".join(f"{rank_list([g])} {_left_how(ranks[g])}" for g in gone)
         if kind == "partial":
-            causes = f"{rank_list(gone)} returned from {'its' if len(gone) == 1 else 'their'} test without calling {first.label}"
-        summary = f"{causes}; {rank_list(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {describe_call(first)} for {'it' if len(gone) == 1 else 'them'}."
+            missing = f"the {'send' if _is_recv(first) else 'recv'} that {first.label} needs" if first.is_p2p else first.label
+            causes = f"{rank_list(gone)} returned from {'its' if len(gone) == 1 else 'their'} test without calling {missing}"
+        summary = f"{causes}; {rank_list(waiting)} {_verb(waiting)} in {describe_call(first)} for {'it' if len(gone) == 1 else 'them'}."
         return Verdict("deadlock", kind, gone, waiting, first.op, first.label, summary)
     p2p = any(waits[r].call.is_p2p for r in doomed)
     parts = [f"rank {r} waits in {describe_call(waits[r].call)}" for r in waiting]
@@ -303,10 +308,8 @@ def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
 
     def verdict(culprits: list[int], reason: str) -> Verdict:
         waiting = [r for r in blocked if r not in culprits]
-        return Verdict(
-            "deadlock", "init", sorted(culprits), waiting, INIT_OP, INIT_OP,
-            f"{reason}; {rank_list(waiting) if waiting else 'the others'} wait in {site}.",
-        )
+        who = f"{rank_list(waiting)} {_verb(waiting)}" if waiting else "the others wait"
+        return Verdict("deadlock", "init", sorted(culprits), waiting, INIT_OP, INIT_OP, f"{reason}; {who} in {site}.")
 
     by_rank: dict[object, list[int]] = {}
     for r, c in sorted(inits.items(), key=lambda item: item[1].enter):
@@ -314,6 +317,7 @@ def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
     for given, slots in by_rank.items():
         if given is not None and len(slots) > 1:
             # Which of them got in first is a race: all of them are at fault.
+            slots = sorted(slots)
             return verdict(slots, f"processes {', '.join(map(str, slots))} all called init_process_group with rank {given}")
     sizes = {r: c.extra.get("world_size") for r, c in inits.items() if c.extra.get("world_size") is not None}
     if len(set(sizes.values())) > 1:
@@ -358,20 +362,21 @@ def judge(snap: Snapshot) -> Verdict:
 
 
 def _timeout(snap: Snapshot) -> Verdict:
+    """Out of time: the running ranks others wait for are the culprits (else every running
+    rank, else every blocked one)."""
     ranks = {s.rank: s for s in snap.ranks}
     waits, _ = _waits(ranks)
-    running = {s.rank for s in snap.ranks if not s.finished and s.current_call is None}
-    culprits = sorted({p for w in waits.values() for p in w.peers if p in running}) or sorted(
-        s.rank for s in snap.ranks if not s.finished
-    )
-    waiting = sorted(waits)
+    blocked = sorted(s.rank for s in snap.ranks if s.current_call is not None)
+    running = sorted(s.rank for s in snap.ranks if not s.finished and s.current_call is None)
+    waited_for = sorted({p for w in waits.values() for p in w.peers if p in running})
+    culprits = waited_for or running or blocked
     parts = []
-    if culprits:
-        parts.append(f"{rank_list(culprits)} {'is' if len(culprits) == 1 else 'are'} running outside any collective")
-    parts += [f"rank {r} waits in {describe_call(waits[r].call)}" for r in waiting]
-    first = waits[waiting[0]].call if waiting else None
+    if running:
+        parts.append(f"{rank_list(running)} {'is' if len(running) == 1 else 'are'} running outside any collective")
+    parts += [f"rank {r} waits in {describe_call(ranks[r].current_call)}" for r in blocked]  # type: ignore[arg-type]
+    first = ranks[blocked[0]].current_call if blocked else None
     return Verdict(
-        "timeout", "timeout", culprits, waiting,
+        "timeout", "timeout", culprits, [r for r in blocked if r not in culprits],
         first.op if first else None, first.label if first else None,
         f"timed out after {snap.timeout:g} s: " + "; ".join(parts) + ".",
     )
