@@ -333,6 +333,17 @@ class RankGroup:
                 dumps[rp.rank] = text
         return {rank: text for rank, text in dumps.items() if text}
 
+    def peak_rss(self, rank: int) -> int | None:
+        """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone."""
+        try:
+            with open(f"/proc/{self.ranks[rank].proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+        return None
+
     def test_output(self, rank: int) -> dict[str, str]:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
         rp = self.ranks[rank]

@@ -43,7 +43,16 @@ def headline(run: TestRun) -> str:
 
 
 def rank_line(state: RankState) -> str:
-    """``rank 0: waiting in barrier #2 at test_x.py:20 (call)``."""
+    """``rank 0: waiting in barrier #2 (test_x.py:20), in call; peak RSS 310 MB``."""
+    line = _rank_state(state)
+    if state.peak_rss is not None:
+        line += f"; peak RSS {state.peak_rss / 2**20:.0f} MB"
+    if state.peak_cuda is not None:
+        line += f", peak CUDA {state.peak_cuda / 2**20:.0f} MB"
+    return line
+
+
+def _rank_state(state: RankState) -> str:
     last = state.calls[-1] if state.calls else None
     where = f"{describe_call(last)}" if last is not None else "no collective yet"
     if not state.alive:

@@ -66,7 +66,10 @@ def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> Test
     elapsed = time.time() - started
     run = TestRun(command["id"], spec, group.states, verdict, elapsed)
     if verdict.status != "done":
-        run.stacks = group.dump_stacks([s.rank for s in group.states if not s.finished])
+        busy = [s for s in group.states if not s.finished]
+        for state in busy:  # finished ranks reported theirs
+            state.peak_rss = group.peak_rss(state.rank)
+        run.stacks = group.dump_stacks([s.rank for s in busy])
     run.outputs = {rank: group.test_output(rank) for rank in range(len(group.ranks))}
     if verdict.status != "done":
         group.kill()

@@ -80,47 +80,6 @@ def rank_processes() -> list[int]:
     return live_pids(pids)
 
 
-def line_of(path: Path, text: str) -> int:
-    """The 1-based number of the first line of ``path`` that contains ``text``."""
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if text in line:
-            return number
-    raise AssertionError(f"{text!r} not in {path}")
-
-
-@pytest.fixture
-def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
-    return DdpPytester(pytester)
-
-
-def live_pids(pids: list[int]) -> list[int]:
-    """The pids among these that still run (zombies count as gone)."""
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
-
-
-def rank_processes() -> list[int]:
-    """Pids of every pytest-ddp rank process on this machine."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"pytest_ddp.rank" in cmdline:
-            pids.append(int(entry))
-    return live_pids(pids)
 
 
 def _parent(pid: int) -> int | None:

@@ -177,3 +177,38 @@ def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
         calls = [(c.op, c.seq, c.group, c.state) for c in rank.collectives]
         assert calls == [("DistributedDataParallel", 1, "WORLD", "ok"), ("allreduce", 2, "WORLD", "ok")]
         assert rank.collectives[1].shapes == [[5]]  # the bucket: 4 weights and a bias
+
+
+SAME_BYTES_OTHER_SHAPE = """
+@pytest.mark.ddp(world_size=2{extra})
+def test_shapes(rank):
+    dist.all_reduce(torch.ones((2, 5) if rank == 0 else (10,)))  # Gloo lets this through
+"""
+
+
+def test_passing_test_whose_collectives_differ_fails(ddp_pytester) -> None:
+    result = ddp_pytester.run(SAME_BYTES_OTHER_SHAPE.format(extra=""))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the ranks' collective sequences differ:*",
+            "*group WORLD, collective #1: rank 0 all_reduce shapes *2, 5* float32 * vs rank 1 all_reduce shapes *10* float32*",
+        ]
+    )
+
+
+def test_check_collectives_false_lets_it_pass(ddp_pytester) -> None:
+    ddp_pytester.run(SAME_BYTES_OTHER_SHAPE.format(extra=", check_collectives=False")).assert_outcomes(passed=1)
+
+
+def test_failure_report_shows_peak_memory_per_rank(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_one_waits(rank):
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["rank 0: waiting in barrier #1*; peak RSS * MB", "rank 1: finished (passed)*; peak RSS * MB"])
