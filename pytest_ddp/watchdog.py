@@ -8,7 +8,11 @@ its receiver.  A needed rank that has left the test (finished it, or died)
 will never come; a needed rank that is itself blocked comes only if *it* can
 progress.  The blocked ranks that cannot progress whatever the running ranks
 do form the *doomed* set, found as a greatest fixpoint; if it is not empty,
-the deadlock is certain and the verdict says who is at fault.
+the deadlock is certain and the verdict says who is at fault.  Ranks that
+entered the same collective in ways that can never complete together (another
+op or root, another number of bytes) are a certain mismatch at once; a [2, 5]
+tensor against a [10] one completes on Gloo, and is left to
+:func:`compare_sequences` after the test.
 
 Kinds of verdict (``Verdict.kind``):
 
@@ -30,6 +34,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .state import Call, RankState, Snapshot
 
@@ -160,9 +165,12 @@ def _signature_text(call: Call) -> str:
     return " ".join(parts)
 
 
-def _grouped(ranks: Iterable[int], key: Callable[[int], Hashable]) -> list[tuple[Hashable, list[int]]]:
+K = TypeVar("K", bound=Hashable)
+
+
+def _grouped(ranks: Iterable[int], key: Callable[[int], K]) -> list[tuple[K, list[int]]]:
     """Ranks with the same key together, groups in the order of their lowest rank."""
-    groups: dict[Hashable, list[int]] = {}
+    groups: dict[K, list[int]] = {}
     for r in sorted(ranks):
         groups.setdefault(key(r), []).append(r)
     return list(groups.items())
@@ -173,6 +181,11 @@ def _joined(clauses: list[str]) -> str:
 
 
 # -- what the ranks have entered ----------------------------------------------
+
+
+def _blocked_in(state: RankState) -> Call | None:
+    """The call a rank is blocked in; none once it is out of the test, whatever its log says."""
+    return None if state.finished else state.current_call
 
 
 def _synchronizes(call: Call) -> bool:
@@ -240,7 +253,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, _Wait]:
     """Each blocked rank's wait; blocked ranks about which nothing is certain are left out."""
     waits = {}
     for rank, state in ranks.items():
-        call = state.current_call
+        call = _blocked_in(state)
         if call is None:
             continue
         if call.op == INIT_OP:
@@ -345,14 +358,14 @@ def _wait_clauses(
     """``ranks 0, 1 wait in all_reduce #1 (t.py:3) for rank 2``, grouped by call and needed ranks."""
 
     def key(r: int) -> tuple[str, tuple[int, ...], bool]:
-        call = ranks[r].current_call
+        call = _blocked_in(ranks[r])
         assert call is not None
         wait = waits.get(r)
         named = call.is_p2p and call.peer is not None  # the label already names the peer
         return describe_call(call), () if named else tuple(needs.get(r, [])), bool(wait and wait.any_of)
 
     clauses = []
-    for (where, needed, any_of), group in _grouped(described, key):  # type: ignore[misc]
+    for (where, needed, any_of), group in _grouped(described, key):
         clause = f"{rank_list(group)} {_verb(group, 'waits', 'wait')} in {where}"
         if needed:
             clause += f" for {'any of ' if any_of and len(needed) > 1 else ''}{rank_list(needed)}"
@@ -395,19 +408,20 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, _Wait], doomed: 
     return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, _call_name(first), summary)
 
 
-def _victims(gone: list[int], ranks: dict[int, RankState], waits: dict[int, _Wait], left: dict[int, list[int]]) -> set[int]:
+def _victims(
+    gone: list[int], ranks: dict[int, RankState], waits: dict[int, _Wait], left: dict[int, list[int]]
+) -> set[int]:
     """Gone ranks that raised inside the very collective others wait in, while another gone rank
-    died: the death broke the collective for them (Gloo: "Connection closed by peer")."""
-    if all(ranks[g].alive for g in gone):
-        return set()
-    victims = set()
+    died outside it: the death broke the collective for them (Gloo: "Connection closed by peer")."""
+    raised_inside = set()
     for rank, peers in left.items():
         call = waits[rank].call
         for g in peers:
             theirs = _collective_at(ranks[g], call.group, call.seq) if _synchronizes(call) else None
-            if ranks[g].alive and theirs is not None and theirs.state == "raised":
-                victims.add(g)
-    return victims
+            if theirs is not None and theirs.state == "raised":
+                raised_inside.add(g)
+    deaths = [g for g in gone if not ranks[g].alive and g not in raised_inside]
+    return raised_inside if deaths else set()
 
 
 def _left_reason(state: RankState, waiter: int, waited: Call, plural: bool) -> str:
@@ -416,7 +430,8 @@ def _left_reason(state: RankState, waiter: int, waited: Call, plural: bool) -> s
         return _how_it_failed(state)
     test = "their test" if plural else "its test"
     if waited.is_p2p:
-        return f"returned from {test} without {'sending to' if _is_recv(waited) else 'receiving from'} rank {waiter}"
+        exchange = "sending to" if _is_recv(waited) else "receiving from"
+        return f"returned from {test} without {exchange} rank {waiter}"
     return f"returned from {test} without calling {_call_name(waited)}"
 
 
@@ -432,7 +447,8 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, _Wait], doomed:
     if waiting:
         summary += f"; {_wait_clauses(waiting, ranks, waits, needs)}"
     first = waits[(waiting or culprits)[0]].call
-    return Verdict("deadlock", "p2p_cycle" if p2p else "mismatch", culprits, waiting, first.op, _call_name(first), summary + ".")
+    kind = "p2p_cycle" if p2p else "mismatch"
+    return Verdict("deadlock", kind, culprits, waiting, first.op, _call_name(first), summary + ".")
 
 
 # -- mismatches ---------------------------------------------------------------
@@ -465,7 +481,7 @@ def _agreement_key(call: Call) -> tuple[object, ...]:
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """A blocked rank whose collective a peer entered in a way that can never complete with it."""
     for rank in sorted(ranks):
-        call = ranks[rank].current_call
+        call = _blocked_in(ranks[rank])
         if call is None or not _synchronizes(call):
             continue
         for member in _members(rank, call, ranks) or []:
@@ -477,15 +493,14 @@ def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
 
 def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """After the test: two ranks that entered the same collective with different signatures."""
-    entered = {
-        r: {(c.group, c.seq): c for c in state.calls if _synchronizes(c)} for r, state in ranks.items()
-    }
+    by_position: dict[tuple[str, int], dict[int, Call]] = {}
     for rank in sorted(ranks):
-        for (group, seq), call in entered[rank].items():
-            for member in _members(rank, call, ranks) or []:
-                theirs = entered[member].get((group, seq))
-                if theirs is not None and _agreement_key(theirs) != _agreement_key(call):
-                    return _mismatch_verdict("done", ranks, call, _agreement_key)
+        for call in ranks[rank].calls:
+            if _synchronizes(call) and call.group != "?":  # "?": a group the recorder could not name
+                by_position.setdefault((call.group, call.seq), {})[rank] = call
+    for entered in by_position.values():
+        if len({_agreement_key(c) for c in entered.values()}) > 1:
+            return _mismatch_verdict("done", ranks, entered[min(entered)], _agreement_key)
     return None
 
 
@@ -524,22 +539,31 @@ def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]
 
 # -- init ---------------------------------------------------------------------
 
-# Each check: (culprit processes, why) or None.  Processes are slots (RankState.rank); the rank and
-# world size each one *passed* to init_process_group are in its call's ``extra``.
+# What an init check finds: (culprit processes, why).
 _InitFinding = tuple[list[int], str]
+
+
+@dataclass
+class _Inits:
+    """What the init checks look at.  Processes are slots (RankState.rank); the rank and world
+    size each one *passed* to init_process_group are in its call's ``extra``."""
+
+    ranks: dict[int, RankState]
+    calls: dict[int, Call]  # each slot's latest init_process_group
+    blocked: list[int]  # slots blocked in it
 
 
 def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
     """Certain faults of init_process_group, in tests that call it themselves."""
-    blocked = sorted(r for r, s in ranks.items() if (c := s.current_call) is not None and c.op == INIT_OP)
+    blocked = sorted(r for r, s in ranks.items() if (c := _blocked_in(s)) is not None and c.op == INIT_OP)
     if not blocked:
         return None
-    inits = {r: c for r, s in ranks.items() for c in s.calls if c.op == INIT_OP}  # each slot's latest
+    inits = _Inits(ranks, {r: c for r, s in ranks.items() for c in s.calls if c.op == INIT_OP}, blocked)
     for check in (_init_out_of_range, _init_duplicate, _init_world_sizes, _init_raised, _init_never):
-        found = check(ranks, inits, blocked)
+        found = check(inits)
         if found is not None:
             culprits, reason = found
-            call = ranks[blocked[0]].current_call
+            call = _blocked_in(ranks[blocked[0]])
             assert call is not None
             waits = f"{rank_list(blocked, 'process')} {_verb(blocked, 'waits', 'wait')} in {describe_call(call)}"
             waiting = [r for r in blocked if r not in culprits]
@@ -552,66 +576,65 @@ def _given(call: Call, name: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _init_out_of_range(ranks: dict[int, RankState], inits: dict[int, Call], blocked: list[int]) -> _InitFinding | None:
-    bad = {r: c for r, c in inits.items() if None not in (_given(c, "rank"), _given(c, "world_size"))
-           and not 0 <= _given(c, "rank") < _given(c, "world_size")}  # type: ignore[operator]
-    if not bad:
-        return None
-    reasons = [
-        f"process {r} called init_process_group with rank {_given(c, 'rank')}, out of range for world_size {_given(c, 'world_size')}"
-        for r, c in sorted(bad.items())
-    ]
-    return sorted(bad), "; ".join(reasons)
+def _init_out_of_range(inits: _Inits) -> _InitFinding | None:
+    reasons = {}
+    for r, c in sorted(inits.calls.items()):
+        given, size = _given(c, "rank"), _given(c, "world_size")
+        if given is not None and size is not None and not 0 <= given < size:
+            reasons[r] = f"process {r} called init_process_group with rank {given}, out of range for world_size {size}"
+    return (sorted(reasons), "; ".join(reasons.values())) if reasons else None
 
 
-def _init_duplicate(ranks: dict[int, RankState], inits: dict[int, Call], blocked: list[int]) -> _InitFinding | None:
+def _init_duplicate(inits: _Inits) -> _InitFinding | None:
     """Two processes with one rank: which of them gets in is a race, so blame the one that passed
     a rank other than its own slot number (it took another's rank), else the later ones to enter."""
     by_rank: dict[int, list[int]] = {}
-    for r, c in sorted(inits.items(), key=lambda item: (item[1].enter, item[0])):
+    for r, c in sorted(inits.calls.items(), key=lambda item: (item[1].enter, item[0])):
         if (given := _given(c, "rank")) is not None:
             by_rank.setdefault(given, []).append(r)
     for given, slots in sorted(by_rank.items()):
-        if len(slots) < 2 or not set(slots) & set(blocked):
+        if len(slots) < 2 or not set(slots) & set(inits.blocked):
             continue
         impostors = [s for s in slots if s != given]
         culprits = impostors if 0 < len(impostors) < len(slots) else slots[1:]
         others = [s for s in slots if s not in culprits]
-        verb = _verb(culprits, "called", "called")
         return culprits, (
-            f"{rank_list(culprits, 'process')} {verb} init_process_group with rank {given}, as {rank_list(others, 'process')} did"
+            f"{rank_list(culprits, 'process')} called init_process_group with rank {given}, "
+            f"as {rank_list(others, 'process')} did"
         )
     return None
 
 
-def _init_world_sizes(ranks: dict[int, RankState], inits: dict[int, Call], blocked: list[int]) -> _InitFinding | None:
+def _init_world_sizes(inits: _Inits) -> _InitFinding | None:
     """World sizes differ: the minority is at fault.  On a tie, the size that matches the number of
     processes wins, else the size of the first to enter."""
-    sizes = {r: s for r, c in inits.items() if (s := _given(c, "world_size")) is not None}
+    sizes = {r: s for r, c in inits.calls.items() if (s := _given(c, "world_size")) is not None}
     if len(set(sizes.values())) < 2:
         return None
     counts = Counter(sizes.values())
     best = max(counts.values())
     tied = [s for s, n in counts.items() if n == best]
-    first = sizes[min(sizes, key=lambda r: (inits[r].enter, r))]
-    expected = len(ranks) if len(ranks) in tied else first if first in tied else tied[0]
+    first = sizes[min(sizes, key=lambda r: (inits.calls[r].enter, r))]
+    processes = len(inits.ranks)
+    expected = processes if processes in tied else first if first in tied else tied[0]
     culprits = sorted(r for r, s in sizes.items() if s != expected)
     said = ", ".join(f"{rank_list(group, 'process')} passed {size}" for size, group in _grouped(sizes, sizes.get))
     return culprits, f"init_process_group world sizes differ: {said}"
 
 
-def _init_raised(ranks: dict[int, RankState], inits: dict[int, Call], blocked: list[int]) -> _InitFinding | None:
-    raised = sorted(r for r, c in inits.items() if c.state == "raised")
+def _init_raised(inits: _Inits) -> _InitFinding | None:
+    raised = {r: c for r, c in sorted(inits.calls.items()) if c.state == "raised"}
     if not raised:
         return None
-    return raised, "; ".join(f"process {r} raised {inits[r].error} in {describe_call(inits[r])}" for r in raised)
+    return sorted(raised), "; ".join(f"process {r} raised {c.error} in {describe_call(c)}" for r, c in raised.items())
 
 
-def _init_never(ranks: dict[int, RankState], inits: dict[int, Call], blocked: list[int]) -> _InitFinding | None:
-    never = sorted(r for r, s in ranks.items() if r not in inits and s.finished)
+def _init_never(inits: _Inits) -> _InitFinding | None:
+    never = sorted(r for r, s in inits.ranks.items() if r not in inits.calls and s.finished)
     if not never:
         return None
-    return never, "; ".join(f"process {r} {_how_it_failed(ranks[r])} without calling init_process_group" for r in never)
+    how = [f"process {r} {_how_it_failed(inits.ranks[r])} without calling init_process_group" for r in never]
+    return never, "; ".join(how)
 
 
 # -- the verdict --------------------------------------------------------------
@@ -628,7 +651,7 @@ def judge(snap: Snapshot) -> Verdict:
         return verdict
     if snap.now - snap.started >= snap.timeout:
         return _timeout(snap, ranks, waits)
-    return _stopped(snap, ranks) or Verdict("wait")
+    return _stopped(snap, ranks, waits) or Verdict("wait")
 
 
 def _faulty(state: RankState) -> bool:
@@ -637,8 +660,8 @@ def _faulty(state: RankState) -> bool:
 
 def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int, _Wait]) -> str:
     """What unfinished ranks are doing: running outside any call, or waiting in one."""
-    running = [r for r in described if ranks[r].current_call is None]
-    blocked = [r for r in described if ranks[r].current_call is not None]
+    running = [r for r in described if _blocked_in(ranks[r]) is None]
+    blocked = [r for r in described if _blocked_in(ranks[r]) is not None]
     parts = []
     if running:
         parts.append(f"{rank_list(running)} {_verb(running, 'is', 'are')} running outside any collective")
@@ -650,12 +673,12 @@ def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int
 def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, _Wait]) -> Verdict:
     """Culprits: the running ranks that blocked ranks wait for, else every unfinished rank."""
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
-    blocked = [r for r in unfinished if ranks[r].current_call is not None]
+    blocked = [r for r in unfinished if _blocked_in(ranks[r]) is not None]
     running = set(unfinished) - set(blocked)
     awaited = sorted({p for wait in waits.values() for p in wait.peers if p in running})
     culprits = awaited or unfinished
     described = sorted(set(culprits) & running) + blocked
-    first = ranks[blocked[0]].current_call if blocked else None
+    first = _blocked_in(ranks[blocked[0]]) if blocked else None
     return Verdict(
         "timeout", "timeout", culprits, blocked,
         first.op if first else None, _call_name(first) if first else None,
@@ -663,18 +686,17 @@ def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, _Wait
     )
 
 
-def _stopped(snap: Snapshot, ranks: dict[int, RankState]) -> Verdict | None:
+def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, _Wait]) -> Verdict | None:
     """A rank failed, nothing is certain about the others, and the grace period is over."""
     culprits = [r for r in sorted(ranks) if _faulty(ranks[r])]
     waiting = [r for r in sorted(ranks) if not ranks[r].finished and r not in culprits]
     if not culprits or not waiting:
         return None
-    since = min(t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None)
-    if snap.now - since < snap.grace:
+    times = [t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None]
+    if snap.now - min(times, default=snap.now) < snap.grace:
         return None
-    causes = _failures(culprits, ranks)
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
-    summary = f"{causes}; {snap.grace:g} s later {_activity(unfinished, ranks, _waits(ranks))}."
+    summary = f"{_failures(culprits, ranks)}; {snap.grace:g} s later {_activity(unfinished, ranks, waits)}."
     return Verdict("stopped", "rank_exited", culprits, waiting, summary=summary)
 
 
@@ -700,7 +722,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     woken = [r for r in sorted(ranks) if r not in dead and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
     summary = _failures(dead, ranks)
     if woken:
-        summary += f"; {rank_list(woken)} then {_failures(woken, ranks)[len(rank_list(woken)) + 1:]}"
+        summary += f"; then {_failures(woken, ranks)}"
     died_in = [ranks[r].calls[-1] for r in dead if ranks[r].calls and ranks[r].calls[-1].state == "running"]
     shown = died_in[0] if died_in else ranks[woken[0]].calls[-1] if woken else None
     return Verdict(
@@ -742,11 +764,14 @@ def _compare_group(group: str, sequences: dict[int, list[Call]]) -> list[str]:
             f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
             for n, group_ranks in _grouped(counts, counts.get)
         ]
-        lines.append(f"group {group}: " + ", ".join(made))  # type: ignore[str-bytes-safe]
+        lines.append(f"group {group}: " + ", ".join(made))
+    keys = {r: [_agreement_key(c) for c in calls] for r, calls in sequences.items()}
     reference, *others = sorted(sequences)
     for rank in others:
+        if keys[rank] == keys[reference]:
+            continue
         for position, (expected, theirs) in enumerate(zip(sequences[reference], sequences[rank]), 1):
-            if _agreement_key(expected) != _agreement_key(theirs):
+            if keys[reference][position - 1] != keys[rank][position - 1]:
                 lines.append(
                     f"group {group}, collective #{position}: rank {reference} {_signature_text(expected)} "
                     f"({expected.site}) vs rank {rank} {_signature_text(theirs)} ({theirs.site})"

@@ -82,6 +82,18 @@ def rank_processes() -> list[int]:
 
 
 
+def ranks_working_in(folder: Path) -> list[int]:
+    """Rank processes whose working directory is ``folder`` (those of one inner session)."""
+    found = []
+    for pid in rank_processes():
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def _parent(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import rank_processes
+from conftest import ranks_working_in
 from pytest_ddp.spec import MarkArgs, SpecError, parse_mark, resolve
 
 BAD_MARKS = [
@@ -53,7 +53,6 @@ def test_timeout_precedence_mark_then_pytest_timeout_then_option() -> None:
 
 @pytest.mark.parametrize("source, message", BAD_MARKS[:3] + BAD_MARKS[6:8] + BAD_MARKS[10:12])
 def test_bad_mark_is_a_collection_error_naming_test_and_argument(ddp_pytester, source, message) -> None:
-    before = set(rank_processes())
     result = ddp_pytester.run(
         f"""
         @pytest.mark.ddp({source})
@@ -69,7 +68,7 @@ def test_bad_mark_is_a_collection_error_naming_test_and_argument(ddp_pytester, s
     result.stdout.fnmatch_lines([f"*test_it.py::test_bad: @pytest.mark.ddp: {message}*"])
     result.stdout.no_fnmatch_line("*Traceback*")
     result.stdout.no_fnmatch_line("*rank groups started*")  # nothing was spawned
-    assert set(rank_processes()) <= before
+    assert not ranks_working_in(ddp_pytester.pytester.path)
 
 
 @pytest.mark.parametrize(

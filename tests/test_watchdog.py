@@ -2,37 +2,51 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_ddp.state import Call, RankState, Snapshot
-from pytest_ddp.watchdog import compare_sequences, judge, rank_list
+from pytest_ddp.watchdog import Verdict, compare_sequences, describe_call, judge, rank_list
 
 NOW = 1000.0
+R2, R3, R4 = (0, 1), (0, 1, 2), (0, 1, 2, 3)
 
 
-def call(op: str, seq: int, *, state: str = "running", group: str = "WORLD", ranks=(0, 1), shape=(4,),
-         dtype: str = "float32", peer: int | None = None, root: int | None = None, error: str | None = None,
-         extra: dict | None = None, index: int = 0, enter: float = NOW - 1) -> Call:
-    c = Call(index=index, op=op, group=group, group_ranks=tuple(ranks), seq=seq, site=f"t.py:{10 + seq}",
+def call(op: str, seq: int, *, state: str = "running", group: str = "WORLD", ranks: tuple[int, ...] = R2,
+         shape: tuple[int, ...] | None = (4,), dtype: str = "float32", peer: int | None = None,
+         root: int | None = None, error: str | None = None, extra: dict[str, Any] | None = None,
+         enter: float = NOW - 1, is_async: bool = False, site: str | None = None) -> Call:
+    """A call as the recorder would describe it; ``state`` is running, ok or raised."""
+    c = Call(index=0, op=op, group=group, group_ranks=tuple(ranks), seq=seq, site=site or f"t.py:{10 + seq}",
              enter=enter, shapes=[list(shape)] if shape else [], dtypes=[dtype] if shape else [], peer=peer,
-             root=root, extra=extra or {})
+             root=root, is_async=is_async, extra=extra or {})
     if state != "running":
         c.exit = enter + 0.1
-        c.error = error if state == "raised" else None
+        c.error = (error or "RuntimeError: error") if state == "raised" else None
     return c
 
 
-def rank(r: int, *calls: Call, finished: bool = False, failed: bool = False, alive: bool = True,
-         exit_code: int | None = None) -> RankState:
+def ok(op: str, seq: int, **kwargs: Any) -> Call:
+    return call(op, seq, state="ok", **kwargs)
+
+
+def barrier(seq: int = 1, **kwargs: Any) -> Call:
+    return call("barrier", seq, shape=None, **kwargs)
+
+
+def rank(r: int, *calls: Call, finished: bool = False, failed: str | None = None, exit_code: int | None = None,
+         failed_at: float = NOW - 0.5) -> RankState:
+    """A rank: ``failed`` is the error of a failed call report, ``exit_code`` makes it dead."""
     state = RankState(rank=r, phase="call")
     for i, c in enumerate(calls):
         c.index = i
         state.calls.append(c)
     if finished:
         state.phase, state.finished_at = "finished", NOW - 0.5
-    if failed:
-        state.failed_at = NOW - 0.5
-        state.reports["call"] = {"outcome": "failed", "data": {"longrepr": {"reprcrash": {"message": "ValueError: boom"}}}}
-    if not alive:
-        state.mark_dead(exit_code if exit_code is not None else 1, NOW - 0.5)
+    if failed is not None:
+        state.failed_at = failed_at
+        state.reports["call"] = {"outcome": "failed", "data": {"longrepr": {"reprcrash": {"message": failed}}}}
+    if exit_code is not None:
+        state.mark_dead(exit_code, failed_at)
     return state
 
 
@@ -40,59 +54,167 @@ def snap(*ranks: RankState, timeout: float = 60, grace: float = 2, started: floa
     return Snapshot(now=NOW, started=started, timeout=timeout, grace=grace, ranks=list(ranks))
 
 
+def outline(verdict: Verdict) -> tuple[str, str | None, list[int], list[int]]:
+    return verdict.status, verdict.kind, verdict.culprits, verdict.waiting
+
+
+# -- waiting and passing --------------------------------------------------------
+
+
 def test_waits_while_a_peer_is_still_on_its_way() -> None:
-    assert judge(snap(rank(0, call("barrier", 1, shape=None)), rank(1))).status == "wait"
+    verdict = judge(snap(rank(0, barrier()), rank(1)))
+    assert verdict == Verdict("wait")
+
+
+def test_a_collective_everyone_entered_is_just_in_progress() -> None:
+    assert judge(snap(rank(0, call("all_reduce", 1)), rank(1, call("all_reduce", 1)))).status == "wait"
 
 
 def test_all_finished_and_passed_is_done_without_kind() -> None:
-    verdict = judge(snap(rank(0, call("barrier", 1, state="ok", shape=None), finished=True),
-                         rank(1, call("barrier", 1, state="ok", shape=None), finished=True)))
-    assert (verdict.status, verdict.kind) == ("done", None)
-
-
-def test_a_rank_that_raised_while_its_peer_waits_is_rank_exited() -> None:
-    verdict = judge(snap(rank(0, call("barrier", 1, shape=None)), rank(1, finished=True, failed=True)))
-    assert (verdict.status, verdict.kind, verdict.culprits, verdict.waiting) == ("deadlock", "rank_exited", [1], [0])
-    assert verdict.collective == "barrier" and verdict.call == "barrier #1"
-    assert "rank 1 raised ValueError: boom" in verdict.summary
-
-
-def test_a_call_that_raised_does_not_count_as_arrived() -> None:
-    unpicklable = call("all_gather_object", 1, state="raised", shape=None, error="TypeError: cannot pickle")
-    verdict = judge(snap(rank(0, unpicklable, finished=True, failed=True), rank(1, call("all_gather_object", 1, shape=None))))
-    assert (verdict.kind, verdict.culprits) == ("rank_exited", [0])
-    assert "rank 0 raised TypeError: cannot pickle in all_gather_object #1 (t.py:11)" in verdict.summary
-
-
-def test_a_dead_rank_is_rank_exited() -> None:
-    verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, alive=False, exit_code=-6)))
-    assert (verdict.kind, verdict.culprits) == ("rank_exited", [1])
-    assert "killed by SIGABRT" in verdict.summary
-
-
-def test_ranks_that_returned_without_the_collective_are_partial() -> None:
-    ranks4 = (0, 1, 2, 3)
-    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=ranks4)), rank(1, call("all_reduce", 1, ranks=ranks4)),
-                         rank(2, finished=True), rank(3, finished=True)))
-    assert (verdict.status, verdict.kind, verdict.culprits, verdict.waiting) == ("deadlock", "partial", [2, 3], [0, 1])
-    assert verdict.summary.startswith("ranks 2, 3 returned from their test without calling all_reduce #1")
+    verdict = judge(snap(rank(0, ok("barrier", 1, shape=None), finished=True),
+                         rank(1, ok("barrier", 1, shape=None), finished=True)))
+    assert outline(verdict) == ("done", None, [], [])
 
 
 def test_no_deadlock_on_a_subgroup_that_excludes_the_finished_rank() -> None:
     sub = call("all_reduce", 1, group="1", ranks=(0, 1))
-    verdict = judge(snap(rank(0, sub), rank(1, call("all_reduce", 1, group="1", ranks=(0, 1), state="ok")), rank(2, finished=True)))
+    verdict = judge(snap(rank(0, sub), rank(1, ok("all_reduce", 1, group="1", ranks=(0, 1))), rank(2, finished=True)))
     assert verdict.status == "wait"
+
+
+def test_batch_isend_irecv_is_not_waited_on_as_a_collective() -> None:
+    verdict = judge(snap(rank(0, call("batch_isend_irecv", 1, shape=None)), rank(1, finished=True)))
+    assert verdict.status == "wait"
+
+
+def test_a_batch_isend_irecv_at_the_same_number_leaves_the_collective_unjudged() -> None:
+    # Rank 1's numbers are shifted by its batch_isend_irecv: whether it joined rank 0's all_reduce #2 is unknown.
+    shifted = [ok("all_reduce", 1), call("batch_isend_irecv", 2, state="raised"), ok("all_reduce", 3)]
+    verdict = judge(snap(rank(0, ok("all_reduce", 1), call("all_reduce", 2)),
+                         rank(1, *shifted, finished=True, failed="x")))
+    assert verdict.status == "wait"
+
+
+def test_a_rank_out_of_the_test_is_never_blocked_whatever_its_log_says() -> None:
+    # Rank 0's log lost the return of its all_reduce; its test is over all the same.
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R3), finished=True), rank(1, finished=True), rank(2)))
+    assert verdict.status == "wait"
+
+
+# -- rank_exited and partial ----------------------------------------------------
+
+
+def test_a_rank_that_failed_while_its_peer_waits_is_rank_exited() -> None:
+    verdict = judge(snap(rank(0, barrier()), rank(1, finished=True, failed="ValueError: boom")))
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [0])
+    assert (verdict.collective, verdict.call) == ("barrier", "barrier #1")
+    assert verdict.summary == "rank 1 failed (ValueError: boom); rank 0 waits in barrier #1 (t.py:11) for rank 1."
+
+
+def test_a_call_that_raised_does_not_count_as_arrived() -> None:
+    unpicklable = call("all_gather_object", 3, state="raised", shape=None,
+                       error="TypeError: cannot pickle '_thread.lock' object")
+    waiting = [rank(r, call("all_gather_object", 3, shape=None, ranks=R4)) for r in (1, 2, 3)]
+    verdict = judge(snap(rank(0, unpicklable, finished=True, failed="TypeError: cannot pickle"), *waiting))
+    assert outline(verdict) == ("deadlock", "rank_exited", [0], [1, 2, 3])
+    assert verdict.summary == (
+        "rank 0 raised TypeError: cannot pickle '_thread.lock' object in all_gather_object #3 (t.py:13); "
+        "ranks 1-3 wait in all_gather_object #3 (t.py:13) for rank 0."
+    )
+
+
+def test_a_peer_that_raised_but_still_runs_is_waited_for_then_stopped() -> None:
+    raised = call("all_reduce", 1, state="raised", error="RuntimeError: x")
+    assert judge(snap(rank(0, call("all_reduce", 1)), rank(1, raised, failed="x", failed_at=NOW - 1))).status == "wait"
+    verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, raised, failed="x", failed_at=NOW - 3)))
+    assert outline(verdict) == ("stopped", "rank_exited", [1], [0])
+
+
+def test_a_dead_rank_is_rank_exited_with_its_signal() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, exit_code=-6)))
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [0])
+    assert verdict.summary.startswith("rank 1 died (killed by SIGABRT); rank 0 waits in all_reduce #1")
+    verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, exit_code=1)))
+    assert verdict.summary.startswith("rank 1 died (exit code 1);")
+
+
+def test_a_rank_that_died_inside_the_collective_never_completes_it() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, call("all_reduce", 1), exit_code=-9)))
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [0])
+    assert "rank 1 died (killed by SIGKILL) in all_reduce #1 (t.py:11)" in verdict.summary
+
+
+def test_ranks_the_death_woke_with_an_error_are_not_culprits() -> None:
+    closed = call("all_reduce", 1, ranks=R3, state="raised", error="RuntimeError: Connection closed by peer")
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R3)), rank(1, closed, finished=True, failed="closed"),
+                         rank(2, exit_code=1)))
+    assert outline(verdict) == ("deadlock", "rank_exited", [2], [0])
+    assert verdict.summary.startswith("rank 2 died (exit code 1); rank 1 raised RuntimeError: Connection closed")
+
+
+def test_a_rank_that_raised_inside_and_died_on_its_own_is_a_culprit() -> None:
+    # No other rank died: nothing broke the collective for rank 1, its error is its own.
+    raised = call("all_reduce", 1, ranks=R3, state="raised", error="TypeError: bad")
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R3)), rank(1, raised, exit_code=-6),
+                         rank(2, finished=True)))
+    assert outline(verdict) == ("deadlock", "rank_exited", [1, 2], [0])
+    # Another rank died outside the collective: rank 1 is its victim even though it died too.
+    raised = call("all_reduce", 1, ranks=R3, state="raised", error="RuntimeError: Connection closed by peer")
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R3)), rank(1, raised, exit_code=-6), rank(2, exit_code=1)))
+    assert outline(verdict) == ("deadlock", "rank_exited", [2], [0])
+
+
+def test_only_ranks_0_and_1_calling_all_reduce_is_partial() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R4)), rank(1, call("all_reduce", 1, ranks=R4)),
+                         rank(2, finished=True), rank(3, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [2, 3], [0, 1])
+    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #1")
+    assert verdict.summary == (
+        "ranks 2, 3 returned from their test without calling all_reduce #1; "
+        "ranks 0, 1 wait in all_reduce #1 (t.py:11) for ranks 2, 3."
+    )
+
+
+def test_one_rank_that_never_comes_is_enough_even_while_another_still_runs() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 2, ranks=R3)), rank(1), rank(2, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [2], [0])
+    assert verdict.summary.startswith("rank 2 returned from its test without calling all_reduce #2;")
+
+
+def test_a_rank_waiting_on_a_doomed_rank_is_doomed_too() -> None:
+    # Rank 1 waits in a barrier of group g for rank 0, which waits in recv #1 from 2 for rank 2, which is gone.
+    verdict = judge(snap(rank(0, call("recv", 1, peer=2, ranks=R3)), rank(1, barrier(group="g", ranks=(0, 1))),
+                         rank(2, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [2], [0, 1])
+    assert verdict.call == "recv #1 from 2"
+    assert verdict.summary.startswith("rank 2 returned from its test without sending to rank 0;")
+
+
+# -- mismatches -----------------------------------------------------------------
 
 
 def test_different_ops_at_the_same_sequence_number_are_a_mismatch() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, call("broadcast", 1, root=0))))
-    assert (verdict.status, verdict.kind, verdict.culprits, verdict.waiting) == ("deadlock", "mismatch", [1], [0])
+    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #1")
+    assert verdict.summary == (
+        "ranks 0, 1 disagree on collective #1: rank 0 all_reduce shapes [[4]] float32, "
+        "rank 1 broadcast shapes [[4]] float32 root 0."
+    )
 
 
-def test_different_shapes_are_a_mismatch_naming_both() -> None:
+def test_different_sizes_are_a_mismatch_naming_both() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,))), rank(1, call("all_reduce", 1, shape=(20,)))))
-    assert verdict.kind == "mismatch"
-    assert "rank 0 all_reduce shapes [[10]] float32, rank 1 all_reduce shapes [[20]] float32" in verdict.summary
+    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert verdict.summary == (
+        "ranks 0, 1 disagree on all_reduce #1: rank 0 all_reduce shapes [[10]] float32, "
+        "rank 1 all_reduce shapes [[20]] float32."
+    )
+
+
+def test_a_mismatch_is_seen_even_after_the_peer_died_inside_the_call() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, dtype="float64"), exit_code=-6), rank(1, call("all_reduce", 1))))
+    assert (verdict.status, verdict.kind) == ("deadlock", "mismatch")
 
 
 def test_same_bytes_in_another_shape_is_left_to_complete() -> None:
@@ -100,121 +222,279 @@ def test_same_bytes_in_another_shape_is_left_to_complete() -> None:
     assert verdict.status == "wait"
 
 
-def test_majority_decides_who_mismatches() -> None:
-    ranks3 = (0, 1, 2)
-    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=ranks3, dtype="float64")),
-                         rank(1, call("all_reduce", 1, ranks=ranks3)), rank(2, call("all_reduce", 1, ranks=ranks3))))
-    assert verdict.culprits == [0]
-
-
-def test_both_ranks_receiving_first_is_a_p2p_cycle() -> None:
-    verdict = judge(snap(rank(0, call("recv", 1, peer=1)), rank(1, call("recv", 1, peer=0))))
-    assert (verdict.status, verdict.kind, verdict.culprits) == ("deadlock", "p2p_cycle", [0, 1])
-
-
-def test_a_matching_send_unblocks_a_recv() -> None:
-    verdict = judge(snap(rank(0, call("recv", 1, peer=1)), rank(1, call("send", 1, peer=0))))
+def test_uneven_all_to_all_splits_are_not_a_mismatch() -> None:
+    verdict = judge(snap(rank(0, call("all_to_all_single", 1, shape=(3,))),
+                         rank(1, call("all_to_all_single", 1, shape=(5,)))))
     assert verdict.status == "wait"
 
 
-def test_recv_from_any_source_pairs_with_a_send() -> None:
-    verdict = judge(snap(rank(0, call("recv", 1, peer=None)), rank(1, call("send", 1, peer=0))))
-    assert verdict.status == "wait"
-
-
-def test_recv_from_any_source_is_stuck_only_when_every_sender_is_gone() -> None:
-    ranks3 = (0, 1, 2)
-    any_recv = call("recv", 1, peer=None, ranks=ranks3)
-    assert judge(snap(rank(0, any_recv), rank(1, finished=True), rank(2))).status == "wait"
-    verdict = judge(snap(rank(0, call("recv", 1, peer=None, ranks=ranks3)), rank(1, finished=True), rank(2, finished=True)))
-    assert (verdict.kind, verdict.culprits) == ("partial", [1, 2])
+def test_the_majority_decides_who_mismatches() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, ranks=R3, dtype="float64")),
+                         rank(1, call("all_reduce", 1, ranks=R3)), rank(2, call("all_reduce", 1, ranks=R3))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1, 2])
+    assert "rank 0 all_reduce shapes [[4]] float64, ranks 1, 2 all_reduce shapes [[4]] float32" in verdict.summary
 
 
 def test_collectives_in_a_different_order_on_two_groups_are_a_mismatch() -> None:
-    on_a = call("all_reduce", 1, group="a", ranks=(0, 1))
-    on_b = call("all_reduce", 1, group="b", ranks=(0, 1))
-    verdict = judge(snap(rank(0, on_a), rank(1, on_b)))
-    assert (verdict.status, verdict.kind) == ("deadlock", "mismatch")
+    verdict = judge(snap(rank(0, call("all_reduce", 1, group="a")), rank(1, call("all_reduce", 1, group="b"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert verdict.summary.endswith("the ranks disagree on the order of collectives.")
+    assert "rank 1 waits in all_reduce #1 on group b [0, 1] (t.py:11) for rank 0" in verdict.summary
+
+
+# -- point to point -------------------------------------------------------------
+
+
+def test_both_ranks_receiving_first_is_a_p2p_cycle() -> None:
+    verdict = judge(snap(rank(0, call("recv", 1, peer=1, site="t.py:5")),
+                         rank(1, call("recv", 1, peer=0, site="t.py:9"))))
+    assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
+    assert (verdict.collective, verdict.call) == ("recv", "recv #1 from 1")
+    assert verdict.summary == (
+        "rank 0 waits in recv #1 from 1 (t.py:5) and rank 1 waits in recv #1 from 0 (t.py:9): a point-to-point cycle."
+    )
+
+
+def test_the_cycle_not_the_ranks_behind_it_decides_the_kind() -> None:
+    # Ranks 0 and 1 disagree on the order of collectives on groups a and b; rank 2 waits for rank 0 to send.
+    verdict = judge(snap(rank(0, call("all_reduce", 1, group="a")), rank(1, call("all_reduce", 1, group="b")),
+                         rank(2, call("recv", 1, peer=0, ranks=R3))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [2])
+
+
+def test_a_rank_waiting_behind_a_cycle_is_waiting_not_a_culprit() -> None:
+    verdict = judge(snap(rank(0, call("recv", 1, peer=1, ranks=R3)), rank(1, call("recv", 1, peer=0, ranks=R3)),
+                         rank(2, barrier(ranks=R3))))
+    assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [2])
+    assert verdict.call == "barrier #1"
+
+
+def test_a_matching_send_unblocks_a_recv() -> None:
+    assert judge(snap(rank(0, call("recv", 1, peer=1)), rank(1, call("send", 1, peer=0)))).status == "wait"
+
+
+def test_the_kth_recv_pairs_with_the_kth_send() -> None:
+    second = [ok("recv", 1, peer=1), call("recv", 2, peer=1)]
+    assert judge(snap(rank(0, *second), rank(1, ok("send", 1, peer=0), ok("send", 2, peer=0)))).status == "wait"
+    second = [ok("recv", 1, peer=1), call("recv", 2, peer=1)]
+    verdict = judge(snap(rank(0, *second), rank(1, ok("send", 1, peer=0), finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+
+
+def test_a_send_waits_for_its_receiver() -> None:
+    verdict = judge(snap(rank(0, call("send", 1, peer=1)), rank(1, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+    assert verdict.summary.startswith("rank 1 returned from its test without receiving from rank 0;")
+
+
+def test_recv_from_any_source_pairs_with_any_send() -> None:
+    assert judge(snap(rank(0, call("recv", 1, peer=None)), rank(1, call("send", 1, peer=0)))).status == "wait"
+
+
+def test_recv_from_any_source_is_stuck_only_when_every_sender_is_gone() -> None:
+    assert judge(snap(rank(0, call("recv", 1, peer=None, ranks=R3)), rank(1, finished=True), rank(2))).status == "wait"
+    verdict = judge(snap(rank(0, call("recv", 1, peer=None, ranks=R3)), rank(1, finished=True), rank(2, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [1, 2], [0])
+    assert "rank 0 waits in recv #1 from any (t.py:11) for any of ranks 1, 2" in verdict.summary
+
+
+def test_a_second_recv_from_any_source_needs_a_second_send() -> None:
+    calls = [ok("recv", 1, peer=None), call("recv", 2, peer=None)]
+    verdict = judge(snap(rank(0, *calls), rank(1, ok("send", 1, peer=0), finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+
+
+def test_recv_from_any_source_after_an_irecv_is_never_certain() -> None:
+    calls = [ok("irecv", 1, peer=None, is_async=True), call("recv", 2, peer=None)]
+    assert judge(snap(rank(0, *calls), rank(1, ok("send", 1, peer=0), finished=True))).status == "wait"
+
+
+# -- init -----------------------------------------------------------------------
 
 
 def init(given: int, size: int = 2, state: str = "running", error: str | None = None, enter: float = NOW - 1) -> Call:
-    return call("init_process_group", 0, shape=None, state=state, error=error, enter=enter,
-                extra={"rank": given, "world_size": size})
+    return call("init_process_group", 0, shape=None, state=state, error=error, enter=enter, site="t.py:5",
+                extra={"rank": given, "world_size": size, "init_method": "env://"})
 
 
-def test_init_duplicate_rank() -> None:
-    verdict = judge(snap(rank(0, init(0, enter=NOW - 2)), rank(1, init(0))))
-    assert (verdict.kind, verdict.culprits) == ("init", [0, 1])
-    assert "rank 0" in verdict.summary
+def test_init_duplicate_rank_blames_the_process_that_took_another_rank() -> None:
+    verdict = judge(snap(rank(0, init(0, 3)), rank(1, init(1, 3, enter=NOW - 1)), rank(2, init(1, 3, enter=NOW - 2))))
+    assert outline(verdict) == ("deadlock", "init", [2], [0, 1])
+    assert (verdict.collective, verdict.call) == ("init_process_group", "init_process_group")
+    assert verdict.summary == (
+        "process 2 called init_process_group with rank 1, as process 1 did; "
+        "processes 0-2 wait in init_process_group (t.py:5)."
+    )
+
+
+def test_init_duplicate_rank_otherwise_blames_the_later_one() -> None:
+    verdict = judge(snap(rank(0, init(1, enter=NOW - 1)), rank(1, init(1, enter=NOW - 2))))
+    assert (verdict.kind, verdict.culprits) == ("init", [0])
 
 
 def test_init_rank_out_of_range() -> None:
-    verdict = judge(snap(rank(0, init(0)), rank(1, init(2, state="raised", error="RuntimeError: rank < size"), finished=True, failed=True)))
-    assert (verdict.kind, verdict.culprits) == ("init", [1])
-    assert "out of range" in verdict.summary
+    out = init(2, state="raised", error="RuntimeError: rank < size. 2 vs 2")
+    verdict = judge(snap(rank(0, init(0)), rank(1, out, finished=True, failed="RuntimeError")))
+    assert outline(verdict) == ("deadlock", "init", [1], [0])
+    assert verdict.summary.startswith("process 1 called init_process_group with rank 2, out of range for world_size 2;")
 
 
-def test_init_world_sizes_that_disagree() -> None:
-    verdict = judge(snap(rank(0, init(0, size=2)), rank(1, init(1, size=3)), rank(2, init(2, size=2))))
+def test_init_world_sizes_that_disagree_blame_the_minority() -> None:
+    verdict = judge(snap(rank(0, init(0, size=3)), rank(1, init(1, size=4)), rank(2, init(2, size=3))))
     assert (verdict.kind, verdict.culprits) == ("init", [1])
+    assert "processes 0, 2 passed 3, process 1 passed 4" in verdict.summary
+
+
+def test_init_world_sizes_tied_blame_the_one_that_does_not_match_the_processes() -> None:
+    verdict = judge(snap(rank(0, init(0, size=3, enter=NOW - 2)), rank(1, init(1, size=2))))
+    assert (verdict.kind, verdict.culprits) == ("init", [0])
+
+
+def test_init_that_raised_while_others_wait() -> None:
+    broken = init(1, state="raised", error="DistNetworkError: EADDRINUSE")
+    verdict = judge(snap(rank(0, init(0)), rank(1, broken, finished=True, failed="DistNetworkError")))
+    assert (verdict.kind, verdict.culprits) == ("init", [1])
+    assert "process 1 raised DistNetworkError: EADDRINUSE in init_process_group (t.py:5)" in verdict.summary
 
 
 def test_init_a_rank_that_never_arrives() -> None:
     verdict = judge(snap(rank(0, init(0)), rank(1, finished=True)))
-    assert (verdict.kind, verdict.culprits) == ("init", [1])
-    assert "without calling init_process_group" in verdict.summary
+    assert outline(verdict) == ("deadlock", "init", [1], [0])
+    assert verdict.summary.startswith("process 1 returned from its test without calling init_process_group;")
 
 
 def test_init_slow_starter_is_waited_for() -> None:
     assert judge(snap(rank(0, init(0)), rank(1))).status == "wait"
 
 
+# -- grace, timeout -------------------------------------------------------------
+
+
 def test_grace_then_stop_after_a_failure() -> None:
-    failed = rank(1, finished=True, failed=True)
-    failed.failed_at = NOW - 1
-    assert judge(snap(rank(0), failed, grace=2)).status == "wait"
-    failed.failed_at = NOW - 3
-    verdict = judge(snap(rank(0), failed, grace=2))
-    assert (verdict.status, verdict.kind, verdict.culprits, verdict.waiting) == ("stopped", "rank_exited", [1], [0])
+    assert judge(snap(rank(0), rank(1, finished=True, failed="ValueError: boom", failed_at=NOW - 1))).status == "wait"
+    verdict = judge(snap(rank(0), rank(1, finished=True, failed="ValueError: boom", failed_at=NOW - 3)))
+    assert outline(verdict) == ("stopped", "rank_exited", [1], [0])
+    assert verdict.summary == "rank 1 failed (ValueError: boom); 2 s later rank 0 is running outside any collective."
 
 
 def test_timeout_names_the_running_rank_others_wait_for() -> None:
-    verdict = judge(snap(rank(0, call("barrier", 1, shape=None)), rank(1), timeout=5, started=NOW - 6))
-    assert (verdict.status, verdict.kind, verdict.culprits, verdict.waiting) == ("timeout", "timeout", [1], [0])
-    assert verdict.summary.startswith("timed out after 5 s: rank 1 is running outside any collective")
+    verdict = judge(snap(rank(0, barrier(site="t.py:7")), rank(1), timeout=5, started=NOW - 6))
+    assert outline(verdict) == ("timeout", "timeout", [1], [0])
+    assert (verdict.collective, verdict.call) == ("barrier", "barrier #1")
+    assert verdict.summary == (
+        "timed out after 5 s: rank 1 is running outside any collective; rank 0 waits in barrier #1 (t.py:7) for rank 1."
+    )
+
+
+def test_timeout_leaves_out_running_ranks_nobody_waits_for() -> None:
+    sub = call("all_reduce", 1, group="g", ranks=(0, 1))
+    verdict = judge(snap(rank(0, sub), rank(1), rank(2), timeout=5, started=NOW - 6))
+    assert outline(verdict) == ("timeout", "timeout", [1], [0])
+
+
+def test_timeout_without_anyone_awaited_blames_every_unfinished_rank() -> None:
+    # Rank 2 joined and finished (as if its init had not needed the others): nobody is awaited.
+    both_in_init = snap(rank(0, init(0, 3)), rank(1, init(1, 3)), rank(2, init(2, 3, state="ok"), finished=True),
+                        timeout=5, started=NOW - 6)
+    verdict = judge(both_in_init)
+    assert outline(verdict) == ("timeout", "timeout", [0, 1], [0, 1])
+    assert verdict.summary == "timed out after 5 s: ranks 0, 1 wait in init_process_group (t.py:5)."
 
 
 def test_a_certain_deadlock_wins_over_the_timeout() -> None:
-    verdict = judge(snap(rank(0, call("barrier", 1, shape=None)), rank(1, finished=True), timeout=5, started=NOW - 6))
-    assert verdict.status == "deadlock"
+    verdict = judge(snap(rank(0, barrier()), rank(1, finished=True), timeout=5, started=NOW - 6))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
 
 
-def test_finished_ranks_with_a_mismatch_are_diagnosed_as_mismatch() -> None:
-    verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,)), alive=False, exit_code=-6),
-                         rank(1, call("all_reduce", 1, shape=(20,), state="raised", error="RuntimeError: reset"), finished=True, failed=True)))
-    assert (verdict.status, verdict.kind) == ("done", "mismatch")
+# -- done with failures ---------------------------------------------------------
+
+
+def test_finished_ranks_that_disagreed_on_a_collective_are_a_mismatch() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,)), exit_code=-6),
+                         rank(1, call("all_reduce", 1, shape=(20,), state="raised", error="RuntimeError: reset"),
+                              finished=True, failed="RuntimeError: reset")))
+    assert outline(verdict) == ("done", "mismatch", [1], [0])
+
+
+def test_a_dead_rank_after_the_test_is_rank_exited_with_the_ranks_it_woke() -> None:
+    closed = call("all_reduce", 1, state="raised", error="RuntimeError: Connection closed by peer")
+    verdict = judge(snap(rank(0, closed, finished=True, failed="RuntimeError"),
+                         rank(1, call("all_reduce", 1), exit_code=1)))
+    assert outline(verdict) == ("done", "rank_exited", [1], [0])
+    assert verdict.summary == (
+        "rank 1 died (exit code 1) in all_reduce #1 (t.py:11); "
+        "then rank 0 raised RuntimeError: Connection closed by peer in all_reduce #1 (t.py:11)."
+    )
 
 
 def test_ordinary_failures_are_failed() -> None:
-    verdict = judge(snap(rank(0, finished=True, failed=True), rank(1, finished=True)))
-    assert (verdict.status, verdict.kind, verdict.culprits) == ("done", "failed", [0])
+    verdict = judge(snap(rank(0, finished=True, failed="AssertionError: x"), rank(1, finished=True),
+                         rank(2, finished=True, failed="AssertionError: x")))
+    assert outline(verdict) == ("done", "failed", [0, 2], [])
+    assert verdict.summary == "ranks 0, 2 failed (AssertionError: x)."
 
 
-def test_compare_sequences() -> None:
-    def ok(op: str, seq: int, shape=(4,)) -> Call:
-        return call(op, seq, state="ok", shape=shape)
+def test_the_error_of_a_run_result_is_read_too() -> None:
+    state = rank(0, finished=True)
+    state.failed_at = NOW - 1
+    state.reports["call"] = {"outcome": "failed", "data": {"exception": "KeyError: 'lr'", "traceback": "..."}}
+    assert judge(snap(state, rank(1, finished=True))).summary == "rank 0 failed (KeyError: 'lr')."
 
-    same = [rank(0, ok("all_reduce", 1), ok("barrier", 2, shape=None)), rank(1, ok("all_reduce", 1), ok("barrier", 2, shape=None))]
+
+# -- compare_sequences ------------------------------------------------------------
+
+
+def test_sequences_that_agree() -> None:
+    same = [rank(r, ok("all_reduce", 1), ok("barrier", 2, shape=None)) for r in (0, 1)]
     assert compare_sequences(same) == []
-    shapes = [rank(0, ok("all_reduce", 1, shape=(2, 5))), rank(1, ok("all_reduce", 1, shape=(10,)))]
-    assert compare_sequences(shapes) == [
-        "group WORLD, collective #1: rank 0 all_reduce shapes [[2, 5]] float32 (t.py:11) vs rank 1 all_reduce shapes [[10]] float32 (t.py:11)"
+
+
+def test_sequences_that_differ_in_shape() -> None:
+    ranks = [rank(0, ok("all_reduce", 1, shape=(2, 5))), rank(1, ok("all_reduce", 1, shape=(10,)))]
+    assert compare_sequences(ranks) == [
+        "group WORLD, collective #1: rank 0 all_reduce shapes [[2, 5]] float32 (t.py:11) "
+        "vs rank 1 all_reduce shapes [[10]] float32 (t.py:11)"
     ]
-    counts = [rank(0, ok("all_reduce", 1), ok("all_reduce", 2)), rank(1, ok("all_reduce", 1))]
-    assert compare_sequences(counts) == ["group WORLD: rank 0 made 2 collectives, rank 1 made 1 collective"]
-    p2p = [rank(0, call("send", 1, peer=1, state="ok")), rank(1, call("recv", 1, peer=0, state="ok"))]
+
+
+def test_sequences_that_differ_in_count() -> None:
+    ranks = [rank(0, ok("all_reduce", 1), ok("all_reduce", 2)), rank(1, ok("all_reduce", 1))]
+    assert compare_sequences(ranks) == ["group WORLD: rank 0 made 2 collectives, rank 1 made 1 collective"]
+
+
+def test_sequences_report_each_rank_s_first_difference_only() -> None:
+    ranks = [rank(0, ok("all_reduce", 1), ok("broadcast", 2, root=0)),
+             rank(1, ok("broadcast", 1, root=0), ok("all_reduce", 2))]
+    differences = compare_sequences(ranks)
+    assert len(differences) == 1 and differences[0].startswith("group WORLD, collective #1: rank 0 all_reduce")
+
+
+def test_point_to_point_and_uneven_all_to_all_are_exempt() -> None:
+    p2p = [rank(0, ok("send", 1, peer=1)), rank(1, ok("recv", 1, peer=0))]
     assert compare_sequences(p2p) == []
+    uneven = [rank(0, ok("all_to_all_single", 1, shape=(3,))), rank(1, ok("all_to_all_single", 1, shape=(5,)))]
+    assert compare_sequences(uneven) == []
+
+
+def test_sequences_compare_only_the_members_of_a_group() -> None:
+    sub = dict(group="g", ranks=(0, 1))
+    ranks = [rank(0, ok("all_reduce", 1, **sub)), rank(1, ok("all_reduce", 1, **sub)), rank(2)]
+    assert compare_sequences(ranks) == []
+    ranks = [rank(0, ok("all_reduce", 1, **sub)), rank(1), rank(2)]
+    assert compare_sequences(ranks) == ["group g: rank 0 made 1 collective, rank 1 made 0 collectives"]
+
+
+# -- phrases ----------------------------------------------------------------------
 
 
 def test_rank_list() -> None:
-    assert (rank_list([2]), rank_list([0, 3]), rank_list([3, 1, 2])) == ("rank 2", "ranks 0, 3", "ranks 1-3")
+    assert rank_list([2]) == "rank 2"
+    assert rank_list([0, 3]) == "ranks 0, 3"
+    assert rank_list([3, 1, 2]) == "ranks 1-3"
+    assert rank_list([0, 1, 2, 3, 6, 8, 9]) == "ranks 0-3, 6, 8, 9"
+    assert rank_list([1, 2], noun="process") == "processes 1, 2"
+
+
+def test_describe_call() -> None:
+    assert describe_call(call("all_reduce", 3, site="test_x.py:12")) == "all_reduce #3 (test_x.py:12)"
+    assert describe_call(init(0)) == "init_process_group (t.py:5)"
