@@ -61,7 +61,7 @@ class RankResult:
     collectives: list[Call] = field(default_factory=list)  # .op .seq .group .shapes .site .state ...
     stdout: str = ""
     stderr: str = ""
-    exit_code: int | None = None  # None while alive; negative: killed by that signal
+    exit_code: int | None = None  # 0 after a clean stop; negative: killed by that signal (-9: stopped while hung)
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None  # bytes; None without CUDA
 
@@ -172,7 +172,7 @@ def _rank_result(test_run: TestRun, rank: int) -> RankResult:
         collectives=list(state.calls),
         stdout=streams.get("stdout", ""),
         stderr=streams.get("stderr", ""),
-        exit_code=state.exit_code,
+        exit_code=test_run.exit_codes.get(rank, state.exit_code),
         peak_rss=state.peak_rss,
         peak_cuda=state.peak_cuda,
     )

@@ -356,6 +356,10 @@ class RankGroup:
         text = _read_from(self.ranks[rank].stderr_path, 0)
         return "\n".join(text.splitlines()[-lines:])
 
+    def exit_codes(self) -> dict[int, int | None]:
+        """Each rank's exit code (negative: the signal), None while it runs."""
+        return {rp.rank: rp.proc.exitcode for rp in self.ranks}
+
     def pids(self) -> list[int]:
         return [rp.proc.pid for rp in self.ranks]
 

@@ -38,6 +38,7 @@ class TestRun:
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[str] = field(default_factory=list)
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
+    exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     start_error: str | None = None  # the group could not start
 
     @property
@@ -152,6 +153,7 @@ class GroupPool:
             self._groups[key] = group
         else:
             group.stop() if group.alive else group.kill()
+            run.exit_codes = group.exit_codes()
         return run
 
     def pids(self) -> list[int]:

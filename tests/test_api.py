@@ -56,6 +56,7 @@ def test_passed_with_values_output_and_memory() -> None:
         assert rank.collectives[0].site.endswith("test_api.py:17")
         assert rank.peak_rss is not None and rank.peak_rss > 10_000_000
         assert rank.peak_cuda is None
+        assert rank.exit_code == 0
 
 
 def test_deadlock_is_diagnosed() -> None:
@@ -65,6 +66,7 @@ def test_deadlock_is_diagnosed() -> None:
     assert result.diagnosis.collective == "barrier"
     assert "barrier #1" in result.diagnosis.text
     assert result.ranks[0].outcome == "stopped" and "in only_rank_0_waits" in result.ranks[0].traceback
+    assert result.ranks[0].exit_code == -9  # stopped while hung
     assert result.ranks[1].outcome == "passed"
 
 

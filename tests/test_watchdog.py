@@ -357,6 +357,14 @@ def test_init_that_raised_while_others_wait() -> None:
     assert "process 1 raised DistNetworkError: EADDRINUSE in init_process_group (t.py:5)" in verdict.summary
 
 
+def test_init_duplicates_that_both_raised_are_judged_by_their_errors() -> None:
+    first = init(1, 3, state="raised", error="RuntimeError: a")
+    second = init(1, 3, state="raised", error="RuntimeError: b")
+    verdict = judge(snap(rank(0, init(0, 3)), rank(1, first, finished=True), rank(2, second, finished=True)))
+    assert (verdict.kind, verdict.culprits) == ("init", [1, 2])
+    assert verdict.summary.startswith("process 1 raised RuntimeError: a in init_process_group (t.py:5); process 2")
+
+
 def test_init_a_rank_that_never_arrives() -> None:
     verdict = judge(snap(rank(0, init(0)), rank(1, finished=True)))
     assert outline(verdict) == ("deadlock", "init", [1], [0])
@@ -375,6 +383,11 @@ def test_grace_then_stop_after_a_failure() -> None:
     verdict = judge(snap(rank(0), rank(1, finished=True, failed="ValueError: boom", failed_at=NOW - 3)))
     assert outline(verdict) == ("stopped", "rank_exited", [1], [0])
     assert verdict.summary == "rank 1 failed (ValueError: boom); 2 s later rank 0 is running outside any collective."
+
+
+def test_a_failed_rank_alone_in_its_teardown_is_left_to_the_timeout() -> None:
+    verdict = judge(snap(rank(0, finished=True), rank(1, failed="ValueError: boom", failed_at=NOW - 30)))
+    assert verdict.status == "wait"
 
 
 def test_timeout_names_the_running_rank_others_wait_for() -> None:
