@@ -209,7 +209,10 @@ def _event(op: str, args: dict[str, Any]) -> dict[str, Any]:
         event["async"] = True
     root = args.get(root_arg) if root_arg else None
     key: tuple[Any, ...] | None
-    if op in P2P_OPS:
+    if op == "batch_isend_irecv":  # many peers at once: a count of its own
+        event["peer"] = None
+        key = (group, op)
+    elif op in P2P_OPS:
         event["peer"] = root
         key = (group, "recv" if "recv" in op else "send", root)
     elif op in GROUP_OPS:

@@ -30,7 +30,9 @@ from typing import Any
 # Point-to-point operations: they pair two ranks and have their own sequence
 # numbers per (group, direction, peer); they never take part in the
 # per-group collective sequence.
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+P2P_OPS = frozenset(
+    {"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv"}
+)
 # Calls that set up or tear down groups rather than move data.
 GROUP_OPS = frozenset({"init_process_group", "new_group", "destroy_process_group"})
 

@@ -197,6 +197,11 @@ def _is_recv(call: Call) -> bool:
     return "recv" in call.op
 
 
+def _pairs(call: Call) -> bool:
+    """A send or receive between two ranks (batch_isend_irecv, to many peers at once, is not one)."""
+    return call.is_p2p and call.op not in NOT_SYNCHRONIZING
+
+
 def _took_part(state: RankState, call: Call) -> bool:
     """A call that raised never took part (an unpicklable object raises before any
     communication), and one whose process died inside it will never do its part."""
@@ -221,7 +226,7 @@ def _p2p_count(state: RankState, group: str, recv: bool, peer: int | None) -> in
     """How many receives from (sends to) ``peer`` on ``group`` this rank has entered: the
     number of the latest, as the recorder numbers them per (group, direction, peer)."""
     for call in reversed(state.calls):
-        if call.is_p2p and call.group == group and _is_recv(call) == recv and call.peer == peer:
+        if _pairs(call) and call.group == group and _is_recv(call) == recv and call.peer == peer:
             return call.seq
     return 0
 
@@ -258,7 +263,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, _Wait]:
             continue
         if call.op == INIT_OP:
             wait = _init_wait(rank, call, ranks)
-        elif call.is_p2p:
+        elif _pairs(call):
             wait = _p2p_wait(rank, call, ranks)
         elif _synchronizes(call):
             wait = _collective_wait(rank, call, ranks)

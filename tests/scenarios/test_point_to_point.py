@@ -57,3 +57,22 @@ def test_fixed_one_side_sends_first(rank):
         dist.recv(received, src=0)
         dist.send(t, dst=0)
     assert t.item() == 1.0
+
+
+def uneven_batches_then_all_reduce(rank: int) -> None:
+    """Pipeline-style: rank 0 batches two sends, rank 1 receives them one by one."""
+    if rank == 0:
+        for _ in range(2):
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1), 1)]):
+                work.wait()
+    else:
+        for _ in range(2):
+            dist.recv(torch.zeros(1), src=0)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_batched_p2p_does_not_shift_the_collective_sequence():
+    result = pytest_ddp.run(uneven_batches_then_all_reduce, world_size=2, timeout=30)
+    assert result.outcome == "passed" and result.collective_differences == []
+    for rank in result.ranks:
+        assert [(c.op, c.seq) for c in rank.collectives if c.op == "all_reduce"] == [("all_reduce", 1)]
