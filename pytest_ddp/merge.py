@@ -46,7 +46,11 @@ def merged_reports(
     rank_failures: dict[int, str] = {}
     for state in run.states:
         for when, event in state.reports.items():
-            rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
+            if "data" in event:
+                rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
+            else:  # a plain pass, sent without its report
+                rep = _report(item, when, "passed", None)
+                rep.duration = event["duration"]
             rank_reports[when][state.rank] = rep
             if rep.failed:
                 label = "" if when == "call" else f" (in {when})"

@@ -221,11 +221,12 @@ class RankSession:
         self._phase("teardown")
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.channel.event(
-            {"e": "report", "when": report.when, "outcome": report.outcome, "data": data},
-            wake=report.failed,
-        )
+        event = {"e": "report", "when": report.when, "outcome": report.outcome, "duration": report.duration}
+        # A plain pass carries nothing beyond outcome and duration: skip serializing
+        # it (a large share of a warm test's cost in the rank).
+        if not (report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")):
+            event["data"] = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.channel.event(event, wake=report.failed)
 
     # pytest-timeout must never fire inside a rank: the controller owns the timeout.
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
