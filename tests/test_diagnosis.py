@@ -173,9 +173,13 @@ def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
     assert result.outcome == "passed", result.diagnosis and result.diagnosis.text
     assert result.values[0] == result.values[1]  # gradients were averaged
     for rank in result.ranks:
-        calls = [(c.op, c.seq, c.group, c.state) for c in rank.collectives]
-        assert calls == [("DistributedDataParallel", 1, "WORLD", "ok"), ("allreduce", 2, "WORLD", "ok")]
-        assert rank.collectives[1].shapes == [[5]]  # the bucket: 4 weights and a bias
+        calls = [(c.op, c.group, c.state, c.extra.get("via")) for c in rank.collectives]
+        # DDP's constructor (parameter check, then broadcasts), then the gradient bucket.
+        assert calls[0] == ("allgather", "WORLD", "ok", "ddp")
+        assert calls[-1] == ("allreduce", "WORLD", "ok", "ddp")
+        assert {op for op, *_ in calls[1:-1]} == {"broadcast"}
+        assert [c.seq for c in rank.collectives] == list(range(1, len(calls) + 1))
+        assert rank.collectives[-1].shapes == [[5]]  # the bucket: 4 weights and a bias
 
 
 SAME_BYTES_OTHER_SHAPE = """

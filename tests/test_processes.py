@@ -116,7 +116,7 @@ def _start_controller(pytester: pytest.Pytester, body: str) -> tuple[subprocess.
         # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    _wait_for(lambda: len(list(pid_dir.glob("*.pid"))) == 2, "both ranks to start")
+    _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
     return controller, pid_dir
 
 
