@@ -103,21 +103,32 @@ def _wait_for(condition, what: str, limit: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _start_controller(pytester: pytest.Pytester, body: str) -> tuple[subprocess.Popen[bytes], Path]:
-    pytester.makepyfile(test_hang=HANGING_TEST.format(body=body))
-    pid_dir = pytester.mkdir("pids")
-    env = dict(os.environ, PID_DIR=str(pid_dir))
-    controller = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
-        cwd=pytester.path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
-    return controller, pid_dir
+@pytest.fixture
+def start_controller(pytester: pytest.Pytester):
+    """Start a pytest controller whose ddp test hangs; it never outlives the test, whatever happens."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(body: str) -> tuple[subprocess.Popen[bytes], Path]:
+        pytester.makepyfile(test_hang=HANGING_TEST.format(body=body))
+        pid_dir = pytester.mkdir("pids")
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+            cwd=pytester.path,
+            env=dict(os.environ, PID_DIR=str(pid_dir)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        started.append(controller)
+        _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
+        return controller, pid_dir
+
+    yield start
+    for controller in started:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
 
 
 def _rank_pids(pid_dir: Path) -> list[int]:
@@ -125,16 +136,16 @@ def _rank_pids(pid_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_ranks_die_with_their_controller(pytester, how) -> None:
-    controller, pid_dir = _start_controller(pytester, "time.sleep(3600)")
+def test_ranks_die_with_their_controller(start_controller, how) -> None:
+    controller, pid_dir = start_controller("time.sleep(3600)")
     ranks = _rank_pids(pid_dir)
     controller.send_signal(how)
     controller.wait(timeout=60)
     _wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
 
 
-def test_ranks_blocked_in_a_collective_die_with_their_controller(pytester) -> None:
-    controller, pid_dir = _start_controller(pytester, "if rank == 0: dist.barrier()\n    time.sleep(3600)")
+def test_ranks_blocked_in_a_collective_die_with_their_controller(start_controller) -> None:
+    controller, pid_dir = start_controller("if rank == 0: dist.barrier()\n    time.sleep(3600)")
     ranks = _rank_pids(pid_dir)
     controller.kill()
     controller.wait(timeout=60)
