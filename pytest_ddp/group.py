@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .state import EventReader, RankState
+from .state import EventReader, RankState, exit_text
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
@@ -82,16 +82,6 @@ class RankProcess:
     stdout_offset: int = 0  # where the current test's output starts
     stderr_offset: int = 0
     dump_offset: int = 0
-
-
-def signal_name(exit_code: int) -> str:
-    """``exit code 1`` or ``killed by SIGABRT`` for a Popen return code."""
-    if exit_code < 0:
-        try:
-            return f"killed by {signal.Signals(-exit_code).name}"
-        except ValueError:
-            return f"killed by signal {-exit_code}"
-    return f"exit code {exit_code}"
 
 
 def loopback_store(world_size: int, timeout: float) -> tuple[Any, socket.socket]:
@@ -243,7 +233,7 @@ class RankGroup:
                         raise GroupStartError(f"rank {rp.rank} could not start:\n{ev['error']}")
                 if rp.rank not in ready and rp.proc.exitcode is not None:
                     raise GroupStartError(
-                        f"rank {rp.rank} exited while starting ({signal_name(rp.proc.exitcode)}):\n"
+                        f"rank {rp.rank} exited while starting ({exit_text(rp.proc.exitcode)}):\n"
                         + self.stderr_tail(rp.rank)
                     )
             if time.monotonic() > deadline:

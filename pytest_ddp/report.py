@@ -16,9 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .group import signal_name
 from .runner import TestRun
-from .state import Call, RankState
+from .state import Call, RankState, exit_text
 from .watchdog import describe_call, rank_list
 
 PHASES = ("setup", "call", "teardown")
@@ -56,7 +55,7 @@ def _rank_state(state: RankState) -> str:
     last = state.calls[-1] if state.calls else None
     where = f"{describe_call(last)}" if last is not None else "no collective yet"
     if not state.alive:
-        return f"rank {state.rank}: died ({signal_name(state.exit_code or 0)}) during {state.phase}; last call {where}"
+        return f"rank {state.rank}: died ({exit_text(state.exit_code)}) during {state.phase}; last call {where}"
     if state.finished:
         outcome = "failed" if state.failed else "passed"
         return f"rank {state.rank}: finished ({outcome}); last call {where}"
@@ -167,7 +166,7 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
         output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
         if not state.alive and output:
             tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
-            lines += ["", _section(f"rank {state.rank}: stderr ({signal_name(state.exit_code or 0)})"), tail]
+            lines += ["", _section(f"rank {state.rank}: stderr ({exit_text(state.exit_code)})"), tail]
     return "\n".join(lines)
 
 

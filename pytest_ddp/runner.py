@@ -131,18 +131,13 @@ class GroupPool:
             self.groups_started += 1
             try:
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
+                if not group.can_run(command["id"]):
+                    group.stop()
+                    raise GroupStartError(f"the ranks did not collect {command['id']}")
             except GroupStartError as exc:
-                return TestRun(
-                    command["id"], spec, [], watchdog.Verdict("done", kind="failed"), 0.0,
-                    start_error=str(exc),
-                )
+                verdict = watchdog.Verdict("done", kind="failed")
+                return TestRun(command["id"], spec, [], verdict, 0.0, start_error=str(exc))
             cold_start = time.monotonic() - begin
-            if not group.can_run(command["id"]):
-                group.stop()
-                return TestRun(
-                    command["id"], spec, [], watchdog.Verdict("done", kind="failed"), 0.0,
-                    start_error=f"the ranks did not collect {command['id']}",
-                )
         try:
             run = supervise(group, command, spec)
         except BaseException:  # Ctrl-C, pytest-timeout in the controller, a bug: no orphans
@@ -152,7 +147,7 @@ class GroupPool:
         if keep and group_is_reusable(run, group):
             self._groups[key] = group
         else:
-            group.stop() if group.alive else group.kill()
+            group.stop()  # returns at once for ranks already dead or killed
             run.exit_codes = group.exit_codes()
         return run
 

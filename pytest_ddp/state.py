@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,16 @@ P2P_OPS = frozenset(
 )
 # Calls that set up or tear down groups rather than move data.
 GROUP_OPS = frozenset({"init_process_group", "new_group", "destroy_process_group"})
+
+
+def exit_text(code: int | None) -> str:
+    """``exit code 1``, or ``killed by SIGABRT`` for a negative (signal) exit code."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 class EventLog:

@@ -30,13 +30,12 @@ Kinds of verdict (``Verdict.kind``):
 
 from __future__ import annotations
 
-import signal
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .state import Call, RankState, Snapshot
+from .state import Call, RankState, Snapshot, exit_text
 
 INIT_OP = "init_process_group"
 # Takes a number in its group's collective sequence, but is point-to-point
@@ -99,16 +98,6 @@ def _verb(ranks: Iterable[int], one: str, many: str) -> str:
     return one if len(set(ranks)) == 1 else many
 
 
-def _exit_text(code: int | None) -> str:
-    """``exit code 1``, or ``killed by SIGABRT`` for a negative code."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def _short_error(state: RankState) -> str:
     """A failed rank's error in one line: from its last call if that raised, else from its
     failed report, else ``failed``.  (A call that raised and was followed by others was handled.)"""
@@ -144,7 +133,7 @@ def _how_it_failed(state: RankState) -> str:
     last = state.calls[-1] if state.calls else None
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
-        return f"died ({_exit_text(state.exit_code)}){inside}"
+        return f"died ({exit_text(state.exit_code)}){inside}"
     if last is not None and last.state == "raised":
         return f"raised {_short_error(state)} in {describe_call(last)}"
     if state.failed:

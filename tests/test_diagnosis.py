@@ -133,8 +133,8 @@ def test_pattern_is_diagnosed(reports, name: str) -> None:
     assert status is None or report["status"] == status, report["summary"]
     if collective is not None:
         assert report["collective"] == collective, report["summary"]
-    # Diagnosed in about a second, not after the 60 s timeout.
-    assert report["elapsed"] < 10, report["elapsed"]
+    # Diagnosed as it happened, not by the 60 s timeout (how fast: benchmarks, not tests).
+    assert report["status"] != "timeout", report["summary"]
 
 
 def test_unpicklable_object_report_names_the_error_and_line(reports) -> None:
