@@ -12,7 +12,12 @@ its own pytest process; the controller's wall time per test is taken from
 ``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then the unique
 memory (USS) of idle warm ranks.  Prints figures and ratios.
 
-    python benchmarks/overhead.py [--tests 10] [--world-size 4]
+Timings on a shared 2-core machine drift by tens of percent from one minute
+to the next, so the warm suite, ``MultiProcContinuousTest`` and the bare spawn
+run in several interleaved rounds; each ratio is taken within a round and the
+median over rounds is the figure.
+
+    python benchmarks/overhead.py [--tests 10] [--world-size 4] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -139,6 +144,7 @@ def run_suite(folder: Path, source: str, *args: str) -> list[float]:
 
 
 def bare_spawn(folder: Path, world_size: int) -> float:
+    folder.mkdir()
     script = folder / "bare_spawn.py"
     script.write_text(BARE_SPAWN)
     result = subprocess.run([sys.executable, str(script), str(world_size)], capture_output=True, text=True, check=True)
@@ -175,40 +181,69 @@ def idle_rank_uss(world_size: int) -> tuple[float, float]:
     return statistics.mean(uss), statistics.mean(rss)
 
 
-def summarize(name: str, times: list[float]) -> dict[str, float]:
-    return {"name": name, "first": times[0], "median_after_first": statistics.median(times[1:])}
+def summarize(times: list[float]) -> dict[str, float]:
+    return {"first": times[0], "after_first": statistics.median(times[1:])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=10)
     parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
     options = parser.parse_args()
     n, ws = options.tests, options.world_size
+    ddp_suite = DDP_SUITE.format(ws=ws, n=n)
+    continuous_suite = CONTINUOUS_SUITE.format(ws=ws, methods=methods(n))
+    rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        spawn = bare_spawn(root, ws)
-        rows = [
-            summarize("pytest-ddp warm", run_suite(root / "warm", DDP_SUITE.format(ws=ws, n=n))),
-            summarize("pytest-ddp isolated", run_suite(root / "isolated", DDP_SUITE.format(ws=ws, n=n), "--ddp-isolate")),
-            summarize("MultiProcessTestCase", run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n)))),
-            summarize("MultiProcContinuousTest", run_suite(root / "mpct", CONTINUOUS_SUITE.format(ws=ws, methods=methods(n)))),
-        ]
+        for r in range(options.rounds):
+            rounds.append(
+                {
+                    "spawn": {"first": bare_spawn(root / f"spawn{r}", ws)},
+                    "warm": summarize(run_suite(root / f"warm{r}", ddp_suite)),
+                    "mpct": summarize(run_suite(root / f"mpct{r}", continuous_suite)),
+                }
+            )
+        isolated = summarize(run_suite(root / "isolated", ddp_suite, "--ddp-isolate"))
+        mptc = summarize(run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n))))
     uss, rss = idle_rank_uss(ws)
-    by_name = {row["name"]: row for row in rows}
-    warm, isolated = by_name["pytest-ddp warm"], by_name["pytest-ddp isolated"]
-    mptc, mpct = by_name["MultiProcessTestCase"], by_name["MultiProcContinuousTest"]
 
+    def median(suite: str, figure: str) -> float:
+        return statistics.median(r[suite][figure] for r in rounds)
+
+    def ratios(a: str, fa: str, b: str, fb: str) -> list[float]:
+        return [r[a][fa] / r[b][fb] for r in rounds]
+
+    warm_vs_mpct = ratios("warm", "after_first", "mpct", "after_first")
+    first_vs_spawn = ratios("warm", "first", "spawn", "first")
     print(f"\n{n} trivial tests on {ws} ranks (Gloo), {os.cpu_count()} cores; seconds per test in the controller")
+    print(f"(median over {options.rounds} rounds where a suite ran in each round)")
     print(f"{'suite':26} {'first test':>11} {'median after first':>19}")
-    for row in rows:
-        print(f"{row['name']:26} {row['first']:11.3f} {row['median_after_first']:19.4f}")
-    print(f"{'bare spawn + Gloo init':26} {spawn:11.3f}")
+    rows = [
+        ("pytest-ddp warm", median("warm", "first"), median("warm", "after_first")),
+        ("pytest-ddp isolated", isolated["first"], isolated["after_first"]),
+        ("MultiProcessTestCase", mptc["first"], mptc["after_first"]),
+        ("MultiProcContinuousTest", median("mpct", "first"), median("mpct", "after_first")),
+    ]
+    for name, first, after in rows:
+        print(f"{name:26} {first:11.3f} {after:19.4f}")
+    print(f"{'bare spawn + Gloo init':26} {median('spawn', 'first'):11.3f}")
+
+    def each(values: list[float]) -> str:
+        return " ".join(f"{v:.2f}" for v in values)
+
     print("\nratios (goal in brackets):")
-    print(f"  warm per test / MultiProcContinuousTest per test: {warm['median_after_first'] / mpct['median_after_first']:.2f}  [<= 1]")
-    print(f"  MultiProcessTestCase per test / warm per test:    {mptc['median_after_first'] / warm['median_after_first']:.0f}x  [>= 500x]")
-    print(f"  warm first test / bare spawn:                     {warm['first'] / spawn:.2f}  [<= 1.3]")
-    print(f"  fresh group per test (isolated, after the first): {isolated['median_after_first']:.3f} s  [<= 1 s]")
+    print(
+        f"  warm per test / MultiProcContinuousTest per test: {statistics.median(warm_vs_mpct):.2f}  [<= 1]"
+        f"  (rounds: {each(warm_vs_mpct)})"
+    )
+    print(f"  MultiProcessTestCase per test / warm per test:    {mptc['after_first'] / median('warm', 'after_first'):.0f}x  [>= 500x]")
+    print(
+        f"  warm first test / bare spawn:                     {statistics.median(first_vs_spawn):.2f}  [<= 1.3]"
+        f"  (rounds: {each(first_vs_spawn)})"
+    )
+    print(f"  fresh group per test (isolated, after the first): {isolated['after_first']:.3f} s  [<= 1 s]")
     print(f"  idle rank memory: USS {uss:.0f} MB, RSS {rss:.0f} MB  [USS <= 100 MB]")
 
 

@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -46,7 +47,7 @@ class GroupStartError(RuntimeError):
 
 
 # Imported once by the forkserver, before it forks any rank.
-PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank"]
+PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank", "pytest_ddp.preload"]
 
 
 def fork_context() -> Any:
@@ -79,6 +80,7 @@ class RankProcess:
     dump_path: Path
     commands: Connection | None
     notify: Connection | None
+    exit_code: int | None = None  # set once the process is seen to have ended
     stdout_offset: int = 0  # where the current test's output starts
     stderr_offset: int = 0
     dump_offset: int = 0
@@ -134,10 +136,13 @@ class RankGroup:
         self.ranks: list[RankProcess] = []
         self.states: list[RankState] = []
         self.tests_run = 0
-        self.started_at = time.monotonic()
+        self.current: str | None = None  # id of the test handed over and not yet judged
+        self.handed_over_at = 0.0  # time.time() of that hand-over
         self._store: Any = None
         self._store_socket: socket.socket | None = None
         self._items: list[str] = []
+        # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
+        self._news: selectors.BaseSelector | None = selectors.DefaultSelector()
         _live_groups.add(self)
 
     # -- life cycle -----------------------------------------------------------
@@ -210,7 +215,7 @@ class RankGroup:
         proc.start()
         command_read.close()
         notify_write.close()
-        return RankProcess(
+        rp = RankProcess(
             rank=rank,
             proc=proc,
             events=EventReader(str(paths["events"])),
@@ -220,20 +225,24 @@ class RankGroup:
             commands=command_write,
             notify=notify_read,
         )
+        assert self._news is not None
+        self._news.register(notify_read, selectors.EVENT_READ, rp)
+        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
+        return rp
 
     def _wait_ready(self, deadline: float) -> None:
         ready: dict[int, list[str]] = {}
         while len(ready) < len(self.ranks):
-            self._wait_for_notify(0.05)
+            self._wait(0.05)
             for rp in self.ranks:
                 for ev in rp.events.read_new():
                     if ev["e"] == "ready":
                         ready[rp.rank] = ev.get("items", [])
                     elif ev["e"] == "fatal":
                         raise GroupStartError(f"rank {rp.rank} could not start:\n{ev['error']}")
-                if rp.rank not in ready and rp.proc.exitcode is not None:
+                if rp.rank not in ready and rp.exit_code is not None:
                     raise GroupStartError(
-                        f"rank {rp.rank} exited while starting ({exit_text(rp.proc.exitcode)}):\n"
+                        f"rank {rp.rank} exited while starting ({exit_text(rp.exit_code)}):\n"
                         + self.stderr_tail(rp.rank)
                     )
             if time.monotonic() > deadline:
@@ -247,10 +256,18 @@ class RankGroup:
 
     @property
     def alive(self) -> bool:
-        return bool(self.ranks) and all(rp.proc.exitcode is None for rp in self.ranks)
+        self._wait(0)
+        return bool(self.ranks) and all(rp.exit_code is None for rp in self.ranks)
 
     def stop(self) -> None:
-        """Ask every rank to finish its session (session fixtures' teardown), then make sure."""
+        """Ask every rank to finish its session (session fixtures' teardown), then make sure.
+
+        Ranks busy with a test handed over ahead, which nobody will now judge,
+        are killed instead: they would read "stop" only after that test.
+        """
+        if self.current is not None:
+            self.kill()
+            return
         for rp in self.ranks:
             self._send(rp, {"cmd": "stop"})
         end = time.monotonic() + STOP_WAIT
@@ -260,6 +277,9 @@ class RankGroup:
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
+        if self._news is not None:
+            self._news.close()
+            self._news = None
         for rp in self.ranks:
             if rp.proc.exitcode is None:
                 rp.proc.kill()
@@ -269,6 +289,7 @@ class RankGroup:
                 if connection is not None:
                     connection.close()
             rp.commands = rp.notify = None
+            rp.events.close()
         self._store = None
         if self._store_socket is not None:
             # The store closed the listening descriptor it was lent when it went.
@@ -281,6 +302,8 @@ class RankGroup:
     def begin(self, command: dict[str, Any]) -> None:
         """Hand the next test to every rank; fresh states start recording it."""
         self.tests_run += 1
+        self.current = command["id"]
+        self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:
             rp.stdout_offset = _size(rp.stdout_path)
@@ -290,16 +313,14 @@ class RankGroup:
 
     def poll(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for news, then fold every new event and exit into the states."""
-        self._wait_for_notify(wait)
+        self._wait(wait)
         now = time.time()
         for rp, state in zip(self.ranks, self.states):
+            # Events first: a rank may have written some just before it died.
             for ev in rp.events.read_new():
                 state.apply(ev)
-            if state.alive and rp.proc.exitcode is not None:
-                # A rank may have written events just before it died.
-                for ev in rp.events.read_new():
-                    state.apply(ev)
-                state.mark_dead(rp.proc.exitcode, now)
+            if state.alive and rp.exit_code is not None:
+                state.mark_dead(rp.exit_code, now)
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         """Make each live rank write every thread's Python stack; return the dumps."""
@@ -363,21 +384,23 @@ class RankGroup:
         except OSError:
             pass  # the rank is gone; its exit shows in poll()
 
-    def _wait_for_notify(self, wait: float) -> None:
-        connections = [rp.notify for rp in self.ranks if rp.notify is not None]
-        if not connections:
-            time.sleep(wait)
+    def _wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a rank's notify byte or its end;
+        drain the notify pipes and note the exit codes of ended ranks."""
+        if self._news is None:  # killed
             return
-        for connection in multiprocessing.connection.wait(connections, wait):
+        for key, _ in self._news.select(timeout):
+            rp = key.data
+            if key.fileobj is not rp.notify:  # the sentinel: the process ended
+                self._news.unregister(key.fileobj)
+                rp.exit_code = rp.proc.exitcode
+                continue
             try:
-                while connection.poll():
-                    connection.recv_bytes()
-            except (EOFError, OSError):
-                # The rank died.  Stop watching its pipe; poll() sees the exit.
-                for rp in self.ranks:
-                    if rp.notify is connection:
-                        connection.close()
-                        rp.notify = None
+                rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
+            except (EOFError, OSError):  # the rank is gone; its sentinel tells how
+                self._news.unregister(rp.notify)
+                rp.notify.close()
+                rp.notify = None
 
 
 def _size(path: Path) -> int:
@@ -388,6 +411,8 @@ def _size(path: Path) -> int:
 
 
 def _read_from(path: Path, offset: int) -> str:
+    if _size(path) <= offset:  # the common case, and a stat is cheaper than a read
+        return ""
     try:
         with open(path, "rb") as f:
             f.seek(offset)

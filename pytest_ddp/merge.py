@@ -65,7 +65,7 @@ def merged_reports(
         if when == "call" and reports[-1].outcome != "passed":
             continue
         outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
-        if outcome == "passed" and when == "call" and run.sequence_differences:
+        if outcome == "passed" and when == "call" and run.collectives_wrong:
             outcome = "failed"
         longrepr: Any = None
         if outcome == "failed":

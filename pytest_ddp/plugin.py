@@ -168,7 +168,7 @@ class Controller:
         if skip_reason is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
-            run = self._run(item, spec)
+            run = self._run(item, spec, nextitem)
             reports, rank_failures = merged_reports(item, run, self.config)
             if self.report_dir and any(r.failed for r in reports):
                 write_json(self.report_dir, run, rank_failures)
@@ -179,17 +179,25 @@ class Controller:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _run(self, item: pytest.Item, spec: RankSpec) -> TestRun:
+    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun:
         later = self._later_items(item, spec)
-        command = {"cmd": "run", "id": item.nodeid, "next": later[0].nodeid if later else None}
+        # The next item this controller runs, if it runs on this group too.
+        follow = self._command(later[0], spec) if later and later[0] is nextitem else None
         run = self.pool.run(
             spec,
-            command,
+            self._command(item, spec),
             make_config=lambda: self._group_config(item, spec, later),
             keep=bool(later),
+            follow=follow,
         )
         self.runs.append(run)
         return run
+
+    def _command(self, item: pytest.Item, spec: RankSpec) -> dict[str, Any]:
+        """What a group's ranks are told to run: the item, and the item after it
+        on the same group, whose fixtures they keep."""
+        later = self._later_items(item, spec)
+        return {"cmd": "run", "id": item.nodeid, "next": later[0].nodeid if later else None}
 
     def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
         """The items after this one that may run on the same warm group, in order."""

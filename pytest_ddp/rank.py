@@ -40,6 +40,9 @@ from .state import EventLog
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+# Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
+# collective nobody waited for) gets to complete once the test is over.
+IN_FLIGHT_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,19 @@ def _group_intact() -> bool:
     return dist.is_initialized()
 
 
+def _done_event() -> dict[str, Any]:
+    """The test is over on this rank: the state it leaves the rank in.  With the
+    other ranks' events, this is the after-test check of the group."""
+    from . import recorder
+
+    return {
+        "e": "done",
+        "group_intact": _group_intact(),
+        "in_flight": recorder.unfinished_work(IN_FLIGHT_WAIT),
+        **_peak_memory(),
+    }
+
+
 def _peak_memory() -> dict[str, int | None]:
     peak_cuda = None
     torch = sys.modules.get("torch")
@@ -206,7 +222,7 @@ class RankSession:
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
         item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
-        self.channel.event({"e": "done", "group_intact": _group_intact(), **_peak_memory()}, wake=True)
+        self.channel.event(_done_event(), wake=True)
 
     def _phase(self, when: str) -> None:
         self.channel.event({"e": "phase", "when": when})
@@ -270,7 +286,7 @@ def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
                 "traceback": traceback.format_exc(),
             }
         channel.event({"e": "report", "when": "call", "outcome": outcome, "data": data}, wake=True)
-        channel.event({"e": "done", **_peak_memory()}, wake=True)
+        channel.event(_done_event(), wake=True)
     return 0
 
 

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import weakref
+from datetime import timedelta
 from types import CodeType, FrameType
 from typing import Any, Callable, NamedTuple
 
@@ -110,6 +111,9 @@ class _Depth(threading.local):
 _local = _Depth()
 _log: EventLog | None = None
 _originals: dict[tuple[Any, str], Any] = {}
+# (call index, work) of the current test's asynchronous calls: isend, irecv,
+# batch_isend_irecv and async_op=True collectives.  Checked when the test ends.
+_works: list[tuple[int, Any]] = []
 
 
 # -- numbering -------------------------------------------------------------------
@@ -156,6 +160,32 @@ _numbers = _Numbers()
 def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
     _numbers.reset()
+    _works.clear()
+
+
+def unfinished_work(wait: float) -> list[dict[str, Any]]:
+    """The current test's asynchronous calls whose work has not completed: each
+    gets up to ``wait`` seconds in all.  ``[{"i": call index, "err": why}]``.
+
+    Work the test waited for is complete already and costs nothing here.
+    Gloo marks send and receive work complete only inside ``wait()``, so the
+    rest is waited for, with a timeout: never without one (a receive nobody
+    sends to would block forever), and never twice (a second wait on a send
+    waits for another send).
+    """
+    deadline = time.monotonic() + wait
+    unfinished = []
+    for index, work in _works:
+        if work.is_completed():
+            continue
+        # c10d reads a zero timeout as "no timeout".
+        remaining = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+        try:
+            work.wait(remaining)
+        except Exception as exc:  # timed out, or the work failed
+            unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
+    _works.clear()
+    return unfinished
 
 
 # -- what a call looks like ----------------------------------------------------
@@ -449,6 +479,10 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 _write_ret(log, index, exc)
                 raise
             log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
+            if result is not None and (spec.kind in ("p2p", "batch") or bound.get("async_op")):
+                for work in result if isinstance(result, list) else [result]:
+                    if isinstance(work, dist.Work):
+                        _works.append((index, work))
             return result
         finally:
             _local.depth = 0

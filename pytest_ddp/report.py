@@ -36,6 +36,10 @@ def headline(run: TestRun) -> str:
         head = f"ddp: deadlock ({verdict.kind}) diagnosed {run.elapsed:.2f} s into the test"
     elif verdict.status == "stopped":
         head = f"ddp: ranks stopped {run.spec.grace:g} s after a rank failed ({verdict.kind})"
+    elif verdict.kind is None and run.unfinished_work:
+        head = "ddp: failed: asynchronous work left in flight"
+    elif verdict.kind is None and run.sequence_differences:
+        head = "ddp: failed: the ranks' collective sequences differ"
     else:
         head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
     return f"{head}: {verdict.summary}" if verdict.summary else head
@@ -159,6 +163,9 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
         lines += ["  " + d for d in run.sequence_differences]
+    if run.unfinished_work:
+        lines += ["", "asynchronous work still in flight after the test:"]
+        lines += ["  " + d for d in run.unfinished_work]
     lines += _grouped_failures(rank_failures)
     for rank, stack in sorted(run.stacks.items()):
         lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
@@ -203,6 +210,7 @@ def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
         "elapsed": round(run.elapsed, 3),
         "start_error": run.start_error,
         "sequence_differences": run.sequence_differences,
+        "unfinished_work": run.unfinished_work,
         "ranks": [
             {
                 "rank": s.rank,

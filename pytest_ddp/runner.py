@@ -37,9 +37,16 @@ class TestRun:
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[str] = field(default_factory=list)
+    unfinished_work: list[str] = field(default_factory=list)  # asynchronous work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     start_error: str | None = None  # the group could not start
+
+    @property
+    def collectives_wrong(self) -> bool:
+        """Fails a test that passed on every rank: the ranks' collective sequences
+        differ, or asynchronous work was left in flight."""
+        return bool(self.sequence_differences or self.unfinished_work)
 
     @property
     def stopped(self) -> bool:
@@ -47,10 +54,9 @@ class TestRun:
         return self.verdict.status not in ("done", "wait")
 
 
-def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> TestRun:
-    """Hand one test to a started group and watch it until a verdict."""
-    group.begin(command)
-    started = time.time()
+def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
+    """Watch the test handed over to the group until a verdict."""
+    started = group.handed_over_at
     certain_since: float | None = None
     while True:
         group.poll(POLL_INTERVAL)
@@ -65,7 +71,8 @@ def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> Test
         if verdict.status != "wait":
             break
     elapsed = time.time() - started
-    run = TestRun(command["id"], spec, group.states, verdict, elapsed)
+    run = TestRun(group.current or "", spec, group.states, verdict, elapsed)
+    group.current = None
     if verdict.status != "done":
         busy = [s for s in group.states if not s.finished]
         for state in busy:  # finished ranks reported theirs
@@ -76,7 +83,14 @@ def supervise(group: RankGroup, command: dict[str, Any], spec: RankSpec) -> Test
         group.kill()
     if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
         run.sequence_differences = watchdog.compare_sequences(group.states)
+        run.unfinished_work = watchdog.unfinished_work(group.states)
     return run
+
+
+def _can_take(group: RankGroup, test_id: str) -> bool:
+    """Whether a warm group can run that test: alive, collected it, and not busy
+    with another test handed over ahead."""
+    return group.alive and group.can_run(test_id) and group.current in (None, test_id)
 
 
 def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
@@ -84,10 +98,10 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
     if run.stopped or not group.alive or run.spec.isolated:
         return False
     # An ordinary failure ("failed": ranks raised, no distributed fault) keeps the group.
-    if run.sequence_differences or run.verdict.kind not in (None, "failed"):
+    if run.collectives_wrong or run.verdict.kind not in (None, "failed"):
         return False
     for state in run.states:
-        if not state.group_intact:
+        if not state.group_intact or state.in_flight:
             return False
         for call in state.calls:
             if call.state != "ok" or call.op == "destroy_process_group":
@@ -109,16 +123,20 @@ class GroupPool:
         command: dict[str, Any],
         make_config: Callable[[], GroupConfig],
         keep: bool,
+        follow: dict[str, Any] | None = None,
     ) -> TestRun:
         """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
 
         ``keep``: whether a later test will want this group; if not, it is
-        stopped after this test.
+        stopped after this test.  ``follow``: the command of the test the
+        controller runs right after this one, on this group.  It is handed over
+        as soon as this test passed, so the ranks start it while the controller
+        still reports this one.
         """
         key = spec.group_key
         # An isolated test gets a group of its own and leaves the warm one be.
         group = None if spec.isolated else self._groups.pop(key, None)
-        if group is not None and (not group.alive or not group.can_run(command["id"])):
+        if group is not None and not _can_take(group, command["id"]):
             group.stop()
             group = None
         cold_start = None
@@ -138,13 +156,19 @@ class GroupPool:
                 verdict = watchdog.Verdict("done", kind="failed")
                 return TestRun(command["id"], spec, [], verdict, 0.0, start_error=str(exc))
             cold_start = time.monotonic() - begin
+        if group.current is None:
+            group.begin(command)
         try:
-            run = supervise(group, command, spec)
+            run = supervise(group, spec)
         except BaseException:  # Ctrl-C, pytest-timeout in the controller, a bug: no orphans
             group.kill()
             raise
         run.cold_start = cold_start
         if keep and group_is_reusable(run, group):
+            # Only after a clean pass: a failure may end the session (-x), and
+            # the ranks must not have started a test nobody will run.
+            if follow is not None and run.verdict.kind is None:
+                group.begin(follow)
             self._groups[key] = group
         else:
             group.stop()  # returns at once for ranks already dead or killed

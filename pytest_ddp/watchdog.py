@@ -728,6 +728,18 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
 # -- after a passing test -----------------------------------------------------
 
 
+def unfinished_work(ranks: list[RankState]) -> list[str]:
+    """The asynchronous calls whose work a rank left unfinished, one line each:
+    ``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
+    lines = []
+    for state in sorted(ranks, key=lambda s: s.rank):
+        for work in state.in_flight:
+            call = state.calls[work["i"]] if work["i"] < len(state.calls) else None
+            what = describe_call(call) if call is not None else f"call {work['i']}"
+            lines.append(f"rank {state.rank}: {what}: {work['err']}")
+    return lines
+
+
 def compare_sequences(ranks: list[RankState]) -> list[str]:
     """How the ranks' collective sequences differ, per group: [] when they agree.
 

@@ -36,7 +36,10 @@ def site(text: str) -> str:
 def read_tests(folder: Path, rank: int) -> list[RankState]:
     """A rank's log so far, folded the way the controller folds it: one state per test."""
     states = [RankState(rank)]
-    for event in EventReader(str(folder / f"rank{rank}.events")).read_new():
+    reader = EventReader(str(folder / f"rank{rank}.events"))
+    events = reader.read_new()
+    reader.close()
+    for event in events:
         if event["e"] == "test":
             states.append(RankState(rank))
         else:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conftest import line_of
+
 
 def test_module_fixture_runs_once_per_rank_and_per_test_state_stays_per_test(
     ddp_pytester, tmp_path, monkeypatch
@@ -101,3 +105,112 @@ def test_a_test_that_destroys_the_group_does_not_poison_the_next(ddp_pytester) -
     )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*2 tests on 2 rank groups started*"])
+
+
+def test_work_left_in_flight_fails_the_test_and_the_next_gets_fresh_ranks(ddp_pytester) -> None:
+    path = ddp_pytester.write(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_leaves_a_receive(rank):
+            if rank == 1:
+                dist.irecv(torch.zeros(1), src=0)  # nobody sends
+
+        @pytest.mark.ddp(world_size=2)
+        def test_after():
+            dist.barrier()
+        """
+    )
+    result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ddp: failed: asynchronous work left in flight*",
+            f"*rank 1: irecv #1 from 0 (test_it.py:{line_of(path, 'dist.irecv')}): *",
+            "*2 tests on 2 rank groups started*",
+        ]
+    )
+
+
+def test_asynchronous_work_that_completed_keeps_the_group(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_never_waits(rank):
+            dist.all_reduce(torch.ones(1), async_op=True)
+            if rank == 0:
+                dist.isend(torch.ones(1), dst=1)
+            else:
+                dist.recv(torch.zeros(1), src=0)
+
+        @pytest.mark.ddp(world_size=2)
+        def test_after():
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*2 tests on 1 rank groups started*"])
+
+
+def test_after_a_failure_the_next_test_is_not_started_ahead(ddp_pytester, tmp_path, monkeypatch) -> None:
+    # The next test goes to the ranks before the controller reports a passing
+    # one; never after a failure, which may end the session (-x).
+    monkeypatch.setenv("LOG_DIR", str(tmp_path))
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_passes():
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_fails():
+            assert False
+
+        @pytest.mark.ddp(world_size=2)
+        def test_never_runs(rank):
+            open(os.path.join(os.environ["LOG_DIR"], f"ran{rank}"), "w").close()
+        """,
+        "-x",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_test_started_ahead_that_the_session_never_reports_is_stopped(ddp_pytester) -> None:
+    ddp_pytester.pytester.makeconftest(
+        """
+        import os
+
+        def pytest_runtest_logreport(report):
+            in_controller = "RANK" not in os.environ
+            if in_controller and report.when == "call" and report.passed:
+                raise KeyboardInterrupt  # Ctrl-C while the next test already runs on the ranks
+        """
+    )
+    ddp_pytester.write(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_passes():
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_started_ahead():
+            time.sleep(3600)
+        """
+    )
+    result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider", no_reraise_ctrlc=True)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+
+
+def test_ranks_do_not_walk_the_forkservers_heap(ddp_pytester) -> None:
+    # Frozen before the fork: the ranks' garbage collector leaves torch's objects
+    # (and the memory pages they live on) alone.
+    ddp_pytester.run(
+        """
+        import gc
+
+        @pytest.mark.ddp(world_size=1)
+        def test_frozen():
+            assert gc.get_freeze_count() > 0
+        """
+    ).assert_outcomes(passed=1)

@@ -87,6 +87,14 @@ def test_batch_isend_irecv_is_not_waited_on_as_a_collective() -> None:
     assert verdict.status == "wait"
 
 
+def test_a_rank_issuing_asynchronous_work_is_not_blocked_in_it() -> None:
+    # The recorder writes an irecv's call before torch returns its work: a rank
+    # caught between the two waits for nobody yet, whatever its peer did.
+    for pending in (call("irecv", 1, peer=0), call("all_reduce", 1, is_async=True)):
+        verdict = judge(snap(rank(0, finished=True), rank(1, pending)))
+        assert verdict.status == "wait", pending.op
+
+
 def test_a_batch_isend_irecv_takes_no_collective_number() -> None:
     # The recorder counts batches apart (they are point-to-point): rank 1's all_reduce is #2.
     batched = [ok("all_reduce", 1), call("batch_isend_irecv", 1, state="ok", shape=None), ok("all_reduce", 2)]
