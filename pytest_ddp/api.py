@@ -33,7 +33,7 @@ from .report import failure_text, format_stack
 from .runner import GroupPool, TestRun
 from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
 from .state import Call
-from .watchdog import compare_sequences
+from .watchdog import compare_sequences, unfinished_work
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -77,6 +77,9 @@ class Result:
     # How the ranks' collective sequences differ (op, shape, dtype, count per
     # group), also when the run passed: Gloo lets some mismatches through.
     collective_differences: list[str] = field(default_factory=list)
+    # Asynchronous work (isend, irecv, async_op=True) a rank issued and left
+    # unfinished when fn returned, one line each; a pytest test fails on it.
+    unfinished_work: list[str] = field(default_factory=list)
 
     @property
     def values(self) -> list[Any]:
@@ -160,7 +163,7 @@ def _result(test_run: TestRun) -> Result:
             text=failure_text(test_run, failures, ""),
         )
     differences = compare_sequences(test_run.states) if test_run.states else []
-    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences)
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished_work(test_run.states))
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

@@ -241,9 +241,13 @@ class Controller:
             return
         costs = [run.elapsed + (run.cold_start or 0.0) for run in self.runs]
         terminalreporter.write_line(
-            f"ddp: {len(self.runs)} tests on {self.pool.groups_started} rank groups started; "
+            f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _timeout_mark(item: pytest.Item) -> float | None:

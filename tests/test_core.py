@@ -25,7 +25,7 @@ def test_plugin_loads_through_its_entry_point() -> None:
 def test_all_reduce_passes_on_n_ranks(ddp_pytester, ws) -> None:
     result = ddp_pytester.run(SUM_TEST.format(ws=ws), "--strict-markers")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*ddp: 1 tests on 1 rank groups started*"])
+    result.stdout.fnmatch_lines(["*ddp: 1 test on 1 rank group started*"])
 
 
 def test_all_reduce_scales_to_8_ranks(ddp_pytester) -> None:

@@ -34,7 +34,7 @@ def test_module_fixture_runs_once_per_rank_and_per_test_state_stays_per_test(
         """
     )
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["*ddp: 3 tests on 1 rank groups started*"])
+    result.stdout.fnmatch_lines(["*ddp: 3 tests on 1 rank group started*"])
     for rank in (0, 1):
         assert (tmp_path / f"setup{rank}").read_text() == "x"
         assert (tmp_path / f"teardown{rank}").read_text() == "x"
@@ -148,7 +148,7 @@ def test_asynchronous_work_that_completed_keeps_the_group(ddp_pytester) -> None:
         """
     )
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*2 tests on 1 rank groups started*"])
+    result.stdout.fnmatch_lines(["*2 tests on 1 rank group started*"])
 
 
 def test_after_a_failure_the_next_test_is_not_started_ahead(ddp_pytester, tmp_path, monkeypatch) -> None:

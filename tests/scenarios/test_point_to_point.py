@@ -1,4 +1,5 @@
-"""send/recv: both ranks receiving first, a recv from the wrong source, recv from any source."""
+"""send/recv: both ranks receiving first, a recv from the wrong source, recv from any source,
+a receive never waited for."""
 
 import pytest
 import torch
@@ -76,3 +77,25 @@ def test_batched_p2p_does_not_shift_the_collective_sequence():
     assert result.outcome == "passed" and result.collective_differences == []
     for rank in result.ranks:
         assert [(c.op, c.seq) for c in rank.collectives if c.op == "all_reduce"] == [("all_reduce", 1)]
+
+
+def receive_never_waited_for(rank: int) -> None:
+    if rank == 1:
+        dist.irecv(torch.zeros(1), src=0)  # rank 0 never sends; nobody calls wait()
+
+
+def test_a_receive_never_waited_for_is_left_in_flight():
+    # Gloo lets both ranks return; the receive is still posted, and the next
+    # message from rank 0 on this group would land in it.
+    result = pytest_ddp.run(receive_never_waited_for, world_size=2, timeout=30)
+    assert result.outcome == "passed"
+    [line] = result.unfinished_work
+    assert line.startswith("rank 1: irecv #1 from 0 (") and "test_point_to_point.py:" in line
+
+
+@pytest.mark.ddp(world_size=2)
+def test_fixed_every_request_is_waited_for(rank):
+    t = torch.zeros(1)
+    work = dist.isend(torch.ones(1), dst=1) if rank == 0 else dist.irecv(t, src=0)
+    work.wait()
+    assert rank == 0 or t.item() == 1.0
