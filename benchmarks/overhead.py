@@ -7,9 +7,11 @@ Ten trivial 4-rank tests (one all_reduce each) through:
 - torch's ``MultiProcContinuousTest`` (ranks kept for the class);
 
 plus a bare 4-rank spawn (``torch.multiprocessing``, import torch, Gloo init,
-one all_reduce, destroy) as the floor for a first test.  Every suite runs in
-its own pytest process; the controller's wall time per test is taken from
-``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then the unique
+one all_reduce, destroy) as the floor for a first test, and a file with a
+test that hangs (one rank asleep until the timeout) between two passing ones,
+whose whole cost should stay within the timeout plus two cold starts.  Every
+suite runs in its own pytest process; the controller's wall time per test is
+taken from ``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then the unique
 memory (USS) of idle warm ranks.  Prints figures and ratios.
 
 Timings on a shared 2-core machine drift by tens of percent from one minute
@@ -55,6 +57,24 @@ def test_all_reduce(i, rank):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == {ws}
+'''
+
+HANG_SUITE = '''
+import time, pytest, torch, torch.distributed as dist
+
+@pytest.mark.ddp(world_size={ws})
+def test_before():
+    dist.all_reduce(torch.ones(1))
+
+@pytest.mark.ddp(world_size={ws}, timeout={timeout})
+def test_hangs(rank):
+    if rank == 1:
+        time.sleep(3600)  # the others wait in the all_reduce until the timeout
+    dist.all_reduce(torch.ones(1))
+
+@pytest.mark.ddp(world_size={ws})
+def test_after():
+    dist.all_reduce(torch.ones(1))
 '''
 
 MULTI_PROCESS_SUITE = '''
@@ -128,8 +148,9 @@ def methods(n: int) -> str:
     return "\n".join(f"    def test_{i:02d}(self):\n        self._one()\n" for i in range(n))
 
 
-def run_suite(folder: Path, source: str, *args: str) -> list[float]:
-    """Run one suite in a fresh pytest process; the controller's time per test."""
+def run_suite(folder: Path, source: str, *args: str, failures: int = 0) -> list[float]:
+    """Run one suite in a fresh pytest process; the controller's time per test.
+    ``failures``: how many of its tests are meant to fail."""
     folder.mkdir()
     (folder / "conftest.py").write_text(TIMING_CONFTEST)
     (folder / "test_suite.py").write_text(source)
@@ -137,7 +158,7 @@ def run_suite(folder: Path, source: str, *args: str) -> list[float]:
     env = dict(os.environ, BENCH_OUT=str(out))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args]
     result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
+    if result.returncode != (1 if failures else 0) or (failures and f"{failures} failed" not in result.stdout):
         print(result.stdout[-3000:], result.stderr[-3000:])
         raise SystemExit(f"suite in {folder.name} failed")
     return json.loads(out.read_text())
@@ -190,6 +211,7 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=10)
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hang-timeout", type=float, default=5.0, help="timeout of the hanging test")
     options = parser.parse_args()
     n, ws = options.tests, options.world_size
     ddp_suite = DDP_SUITE.format(ws=ws, n=n)
@@ -206,6 +228,7 @@ def main() -> None:
                 }
             )
         isolated = summarize(run_suite(root / "isolated", ddp_suite, "--ddp-isolate"))
+        hang_file = run_suite(root / "hang", HANG_SUITE.format(ws=ws, timeout=options.hang_timeout), failures=1)
         mptc = summarize(run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n))))
     uss, rss = idle_rank_uss(ws)
 
@@ -242,6 +265,13 @@ def main() -> None:
     print(
         f"  warm first test / bare spawn:                     {statistics.median(first_vs_spawn):.2f}  [<= 1.3]"
         f"  (rounds: {each(first_vs_spawn)})"
+    )
+    cold_start = median("warm", "first")
+    hang_bound = options.hang_timeout + 2 * cold_start
+    print(
+        f"  a hang between two passing tests, whole file / (timeout + 2 cold starts): "
+        f"{sum(hang_file):.2f} s / ({options.hang_timeout:.0f} + 2 x {cold_start:.2f}) s = "
+        f"{sum(hang_file) / hang_bound:.2f}  [<= 1]  (per test: {each(hang_file)} s)"
     )
     print(f"  fresh group per test (isolated, after the first): {isolated['after_first']:.3f} s  [<= 1 s]")
     print(f"  idle rank memory: USS {uss:.0f} MB, RSS {rss:.0f} MB  [USS <= 100 MB]")
