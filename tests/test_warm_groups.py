@@ -214,3 +214,49 @@ def test_ranks_do_not_walk_the_forkservers_heap(ddp_pytester) -> None:
             assert gc.get_freeze_count() > 0
         """
     ).assert_outcomes(passed=1)
+
+
+GROUPS_ALIVE = """
+def live_ranks():
+    # The pids of this session's live ranks: every group is forked by the same forkserver.
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, fields = stat.split("(", 1)[1].rsplit(")", 1)
+        state, ppid = fields.split()[:2]
+        if name.startswith("ddp-rank") and state != "Z" and int(ppid) == os.getppid():
+            pids.append(int(entry))
+    return sorted(pids)
+
+@pytest.mark.ddp(world_size=2)
+def test_two_ranks():
+    pass
+
+@pytest.mark.ddp(world_size=1)
+def test_one_rank_a():
+    pass
+
+@pytest.mark.ddp(world_size=2)
+def test_two_ranks_again():
+    pass
+
+@pytest.mark.ddp(world_size=1)
+def test_one_rank_b():
+    assert live_ranks() == [os.getpid()], "WHY"
+"""
+
+
+def test_groups_beyond_the_limit_are_stopped_least_recently_used_first(ddp_pytester) -> None:
+    result = ddp_pytester.run(GROUPS_ALIVE.replace("WHY", "one group at most"), "--ddp-max-groups=1")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 tests on 4 rank groups started*"])
+
+
+def test_a_group_no_later_test_needs_is_stopped(ddp_pytester) -> None:
+    result = ddp_pytester.run(GROUPS_ALIVE.replace("WHY", "no 2-rank test is left"))
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 tests on 2 rank groups started*"])
