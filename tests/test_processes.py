@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,6 +109,10 @@ def _wait_for(condition, what: str, limit: float = 60.0) -> None:
 def start_controller(pytester: pytest.Pytester):
     """Start a pytest controller whose ddp test hangs; it never outlives the test, whatever happens."""
     started: list[subprocess.Popen[bytes]] = []
+    # A killed controller cannot remove what multiprocessing put in its TMPDIR
+    # (the forkserver's socket): give it one of its own, removed here. Short,
+    # for the socket's path.
+    tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
 
     def start(body: str) -> tuple[subprocess.Popen[bytes], Path]:
         pytester.makepyfile(test_hang=HANGING_TEST.format(body=body))
@@ -114,7 +120,7 @@ def start_controller(pytester: pytest.Pytester):
         controller = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
             cwd=pytester.path,
-            env=dict(os.environ, PID_DIR=str(pid_dir)),
+            env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
@@ -129,6 +135,7 @@ def start_controller(pytester: pytest.Pytester):
         if controller.poll() is None:
             controller.kill()
             controller.wait()
+    shutil.rmtree(tmpdir)
 
 
 def _rank_pids(pid_dir: Path) -> list[int]:

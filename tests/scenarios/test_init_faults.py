@@ -7,7 +7,6 @@ themselves, by env://, tcp:// or file://.
 """
 
 import os
-import tempfile
 import time
 
 import pytest
@@ -17,7 +16,8 @@ import pytest_ddp
 
 
 def init(rank: int, method: str = "env", rank_as: dict | None = None, size_as: dict | None = None,
-         delay: dict | None = None, skip: int | None = None, shared_file: str | None = None) -> int:
+         delay: dict | None = None, skip: int | None = None, folder: str | None = None,
+         shared: bool = False) -> int:
     if rank == skip:
         return -1
     time.sleep((delay or {}).get(rank, 0))
@@ -28,8 +28,8 @@ def init(rank: int, method: str = "env", rank_as: dict | None = None, size_as: d
     elif method == "tcp":
         address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         dist.init_process_group("gloo", init_method=address, rank=given, world_size=size)
-    else:
-        path = shared_file if shared_file else os.path.join(tempfile.gettempdir(), f"init-{os.getpid()}")
+    else:  # file:// in the test's folder: one file for all, or, wrongly, one per process
+        path = os.path.join(folder, "init" if shared else f"init-{os.getpid()}")
         dist.init_process_group("gloo", init_method=f"file://{path}", rank=given, world_size=size)
     dist.barrier()
     world = dist.get_world_size()
@@ -70,8 +70,8 @@ def test_slow_starter_is_just_waited_for():
     assert result.outcome == "passed" and result.values == [2, 2]
 
 
-def test_file_init_shared_wrongly_hangs_until_the_timeout():
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file"}, timeout=3)
+def test_file_init_shared_wrongly_hangs_until_the_timeout(tmp_path):
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "folder": str(tmp_path)}, timeout=3)
     assert (result.outcome, result.diagnosis.kind) == ("timeout", "timeout")
     assert all(r.collectives[-1].op == "init_process_group" for r in result.ranks)
 
@@ -83,7 +83,8 @@ def test_fixed_init(method):
 
 
 def test_fixed_file_init_shares_one_file(tmp_path):
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "shared_file": str(tmp_path / "init")}, timeout=30)
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "folder": str(tmp_path), "shared": True},
+                            timeout=30)
     assert result.outcome == "passed"
 
 
