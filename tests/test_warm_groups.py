@@ -217,19 +217,26 @@ def test_ranks_do_not_walk_the_forkservers_heap(ddp_pytester) -> None:
 
 
 GROUPS_ALIVE = """
-def live_ranks():
-    # The pids of this session's live ranks: every group is forked by the same forkserver.
+def live_ranks(tmp_path_factory):
+    # This session's live ranks: those with a file open in its groups' folders
+    # (an xdist worker's own session may keep ranks of its own from the same forkserver).
+    session = str(tmp_path_factory.getbasetemp().parent.parent)  # <session>/pytest-ddp-*/rank0.tmp
     pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
+            with open(f"/proc/{pid}/comm") as f:
+                if not f.read().startswith("ddp-rank"):
+                    continue
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # gone
             continue
-        name, fields = stat.split("(", 1)[1].rsplit(")", 1)
-        state, ppid = fields.split()[:2]
-        if name.startswith("ddp-rank") and state != "Z" and int(ppid) == os.getppid():
-            pids.append(int(entry))
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session + "/pytest-ddp-"):
+                    pids.append(int(pid))
+                    break
+            except OSError:
+                pass
     return sorted(pids)
 
 @pytest.mark.ddp(world_size=2)
@@ -245,8 +252,8 @@ def test_two_ranks_again():
     pass
 
 @pytest.mark.ddp(world_size=1)
-def test_one_rank_b():
-    assert live_ranks() == [os.getpid()], "WHY"
+def test_one_rank_b(tmp_path_factory):
+    assert live_ranks(tmp_path_factory) == [os.getpid()], "WHY"
 """
 
 
