@@ -125,16 +125,18 @@ class _Numbers:
     ``RankState.apply`` expects (``ret`` events find their call by index)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified when a late ret is written
         self.generation = 0  # which test: a late ret of an earlier test is dropped
         self.index = 0
         self.seq: dict[tuple[Any, ...], int] = {}
+        self.late: set[int] = set()  # calls of this test whose ret another thread will write
 
     def reset(self) -> None:
         with self.lock:
             self.generation += 1
             self.index = 0
             self.seq = {}
+            self.late = set()
 
     def write_call(self, log: EventLog, body: str, key: tuple[Any, ...] | None) -> tuple[int, int]:
         """Number the call (seq 0 without a key), write it; returns (index, generation)."""
@@ -147,11 +149,23 @@ class _Numbers:
             log.write_line(f'{{"e":"call","i":{index},"seq":{seq},{body}}}')
             return index, self.generation
 
+    def expect_late_ret(self, index: int) -> None:
+        with self.lock:
+            self.late.add(index)
+
     def write_late_ret(self, log: EventLog, index: int, generation: int, error: BaseException | None) -> None:
         """The ret of a call that completed in another thread, unless its test is over."""
         with self.lock:
             if generation == self.generation:
                 _write_ret(log, index, error)
+                self.late.discard(index)
+                self.lock.notify_all()
+
+    def wait_for_late_rets(self, deadline: float) -> list[int]:
+        """Wait until every late ret is written or the deadline passes; the calls still without one."""
+        with self.lock:
+            self.lock.wait_for(lambda: not self.late, max(deadline - time.monotonic(), 0))
+            return sorted(self.late)
 
 
 _numbers = _Numbers()
@@ -168,6 +182,9 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     gets up to ``wait`` seconds in all.  ``[{"i": call index, "err": why}]``.
 
     Work the test waited for is complete already and costs nothing here.
+    DDP's collectives get their ret written by a callback, which may run in
+    Gloo's thread just after DDP's wait returned: those rets are waited for,
+    so that the log is whole before the rank says it is done.
     Gloo marks send and receive work complete only inside ``wait()``, so the
     rest is waited for, with a timeout: never without one (a receive nobody
     sends to would block forever), and never twice (a second wait on a send
@@ -185,6 +202,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         except Exception as exc:  # timed out, or the work failed
             unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
     _works.clear()
+    unfinished += [{"i": index, "err": "still running"} for index in _numbers.wait_for_late_rets(deadline)]
     return unfinished
 
 
@@ -542,6 +560,7 @@ class _RecordingGroup(dist.ProcessGroup):
         except BaseException as exc:
             _write_ret(log, index, exc)
             raise
+        _numbers.expect_late_ret(index)
         work.get_future().add_done_callback(functools.partial(_completed, log, index, generation))
         return work
 

@@ -1,11 +1,21 @@
-"""The recorder, seen through real ranks: what each torch.distributed call leaves in the record."""
+"""The recorder, seen through real ranks: what each torch.distributed call leaves in the record;
+and its numbering, on its own."""
 
 from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import pytest_ddp
+from pytest_ddp import recorder
+from pytest_ddp.state import EventLog
+
+from conftest import line_of
 
 
 def many_calls(rank: int) -> None:
@@ -43,7 +53,7 @@ def test_each_call_is_recorded_once_with_its_details() -> None:
     ]
     first = calls[1]
     assert (first.shapes, first.dtypes, first.devices, first.group_ranks) == ([[2, 3]], ["float64"], ["cpu"], (0, 1))
-    assert first.site == "tests/test_recording.py:14" and first.state == "ok"
+    assert first.site == f"tests/test_recording.py:{line_of(Path(__file__), '# WORLD #1')}" and first.state == "ok"
     assert calls[2].group_ranks == (0, 1) and calls[2].group != "WORLD"
     gather = calls[3]
     assert gather.obj_type == "dict" and gather.obj_size and gather.obj_size > 10
@@ -63,3 +73,19 @@ def test_a_call_that_raises_is_recorded_with_its_error() -> None:
     call = result.ranks[0].collectives[-1]
     assert (call.op, call.state) == ("all_gather_object", "raised")
     assert "pickle" in call.error and call.obj_size is None
+
+
+def test_a_ret_written_by_another_thread_is_waited_for(tmp_path) -> None:
+    # DDP's collectives get their ret from a callback in Gloo's thread, which
+    # may run just after DDP's wait returned; the rank waits for it before it
+    # says the test is done.
+    numbers = recorder._Numbers()
+    log = EventLog(str(tmp_path / "events"))
+    index, generation = numbers.write_call(log, '"op":"allreduce"', ("WORLD",))
+    numbers.expect_late_ret(index)
+    assert numbers.wait_for_late_rets(time.monotonic()) == [index]  # no ret yet
+    gloo_thread = threading.Thread(target=numbers.write_late_ret, args=(log, index, generation, None))
+    gloo_thread.start()
+    assert numbers.wait_for_late_rets(time.monotonic() + 60) == []
+    gloo_thread.join()
+    assert [json.loads(line)["e"] for line in (tmp_path / "events").read_text().splitlines()] == ["call", "ret"]
