@@ -182,13 +182,14 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     gets up to ``wait`` seconds in all.  ``[{"i": call index, "err": why}]``.
 
     Work the test waited for is complete already and costs nothing here.
-    DDP's collectives get their ret written by a callback, which may run in
-    Gloo's thread just after DDP's wait returned: those rets are waited for,
-    so that the log is whole before the rank says it is done.
     Gloo marks send and receive work complete only inside ``wait()``, so the
     rest is waited for, with a timeout: never without one (a receive nobody
     sends to would block forever), and never twice (a second wait on a send
     waits for another send).
+
+    DDP's collectives get their ret written by a callback, which may run in
+    Gloo's thread just after DDP's wait returned: those rets are waited for,
+    so that the log is whole before the rank says it is done.
     """
     deadline = time.monotonic() + wait
     unfinished = []
