@@ -11,8 +11,8 @@ one all_reduce, destroy) as the floor for a first test, and a file with a
 test that hangs (one rank asleep until the timeout) between two passing ones,
 whose whole cost should stay within the timeout plus two cold starts.  Every
 suite runs in its own pytest process; the controller's wall time per test is
-taken from ``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then the unique
-memory (USS) of idle warm ranks.  Prints figures and ratios.
+taken from ``pytest_runtest_logstart`` to ``pytest_runtest_logfinish``.  Then
+the unique memory (USS) of idle warm ranks.  Prints figures and ratios.
 
 Timings on a shared 2-core machine drift by tens of percent from one minute
 to the next, so the warm suite, ``MultiProcContinuousTest`` and the bare spawn

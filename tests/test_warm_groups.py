@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import line_of
+from conftest import line_of, live_pids
 
 
 def test_module_fixture_runs_once_per_rank_and_per_test_state_stays_per_test(
@@ -175,7 +175,10 @@ def test_after_a_failure_the_next_test_is_not_started_ahead(ddp_pytester, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_test_started_ahead_that_the_session_never_reports_is_stopped(ddp_pytester) -> None:
+def test_a_test_started_ahead_that_the_session_never_reports_leaves_no_rank(
+    ddp_pytester, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("LOG_DIR", str(tmp_path))
     ddp_pytester.pytester.makeconftest(
         """
         import os
@@ -189,17 +192,20 @@ def test_a_test_started_ahead_that_the_session_never_reports_is_stopped(ddp_pyte
     ddp_pytester.write(
         """
         @pytest.mark.ddp(world_size=2)
-        def test_passes():
-            dist.barrier()
+        def test_passes(rank):
+            with open(os.path.join(os.environ["LOG_DIR"], f"{rank}.pid"), "w") as f:
+                f.write(str(os.getpid()))
 
         @pytest.mark.ddp(world_size=2)
         def test_started_ahead():
-            time.sleep(3600)
+            time.sleep(3600)  # on the same ranks
         """
     )
     result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider", no_reraise_ctrlc=True)
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.INTERRUPTED
+    ranks = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(ranks) == 2 and live_pids(ranks) == []
 
 
 def test_ranks_do_not_walk_the_forkservers_heap(ddp_pytester) -> None:
