@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import watchdog
+from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
 from .spec import RankSpec
 from .state import RankState, Snapshot
@@ -104,7 +105,7 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
         if not state.group_intact or state.in_flight:
             return False
         for call in state.calls:
-            if call.state != "ok" or call.op == "destroy_process_group":
+            if call.state != "ok" or call.op == DESTROY:
                 return False
     return True
 

@@ -28,17 +28,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-# Point-to-point operations: they pair two ranks and have their own sequence
-# numbers per (group, direction, peer); they never take part in the
-# per-group collective sequence.
-P2P_OPS = frozenset(
-    {"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv"}
-)
-# Calls that return at once and leave their work running in the background.
-NON_BLOCKING_OPS = frozenset({"isend", "irecv", "batch_isend_irecv"})
-# Calls that set up or tear down groups rather than move data.
-GROUP_OPS = frozenset({"init_process_group", "new_group", "destroy_process_group"})
-
+from .ops import Op, op
 
 def exit_text(code: int | None) -> str:
     """``exit code 1``, or ``killed by SIGABRT`` for a negative (signal) exit code."""
@@ -128,32 +118,45 @@ class Call:
         return "raised" if self.error is not None else "ok"
 
     @property
+    def kind(self) -> Op:
+        """What the operation is (see :mod:`pytest_ddp.ops`)."""
+        return op(self.op)
+
+    @property
     def is_p2p(self) -> bool:
-        return self.op in P2P_OPS
+        """A send or receive between two ranks (not batch_isend_irecv, to many at once)."""
+        return self.kind.pairs
+
+    @property
+    def is_recv(self) -> bool:
+        return self.kind.direction == "recv"
 
     @property
     def blocks(self) -> bool:
         """The caller stays inside until the call is done (not so for asynchronous work)."""
-        return not self.is_async and self.op not in NON_BLOCKING_OPS
+        return not self.is_async and self.kind.blocks
 
     @property
     def is_collective(self) -> bool:
-        return not self.is_p2p and self.op not in GROUP_OPS
+        """Every member of its group must enter it: it has a number in the group's sequence."""
+        return self.kind.is_collective
 
     @property
     def label(self) -> str:
         """``all_reduce #3`` or ``recv #1 from 0``: how reports name a call."""
         text = f"{self.op} #{self.seq}" if self.seq else self.op
         if self.is_p2p:
-            direction = "from" if "recv" in self.op else "to"
+            direction = "from" if self.is_recv else "to"
             text += f" {direction} {'any' if self.peer is None else self.peer}"
         if self.group != "WORLD":
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text
 
     def signature(self) -> tuple[Any, ...]:
-        """What must agree between ranks for the same collective."""
-        return (self.op, tuple(tuple(s) for s in self.shapes), tuple(self.dtypes), self.root)
+        """What the ranks should agree on for the same collective to mean the same thing on each:
+        op, shapes, dtypes and root; not the shapes of an operation whose splits may be uneven."""
+        shapes = () if self.kind.uneven else tuple(tuple(s) for s in self.shapes)
+        return (self.op, shapes, tuple(self.dtypes), self.root)
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> Call:

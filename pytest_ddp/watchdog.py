@@ -35,15 +35,9 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from .ops import INIT
 from .state import Call, RankState, Snapshot, exit_text
 
-INIT_OP = "init_process_group"
-# Takes a number in its group's collective sequence, but is point-to-point
-# underneath and called by only the ranks that exchange: it never means "every
-# member must arrive", and a rank's later sequence numbers may be shifted by it.
-NOT_SYNCHRONIZING = frozenset({"batch_isend_irecv"})
-# Collectives whose tensors may legitimately differ in size between ranks (uneven splits).
-UNEVEN_OPS = frozenset({"all_to_all", "all_to_all_single"})
 # Bytes per element, to tell mismatches that cannot complete (different sizes on
 # the wire) from those Gloo lets through (a [2, 5] tensor against a [10] one).
 ELEMENT_SIZES = {
@@ -177,20 +171,6 @@ def _blocked_in(state: RankState) -> Call | None:
     return None if state.finished else state.current_call
 
 
-def _synchronizes(call: Call) -> bool:
-    """A collective every member of its group must enter before any can leave it."""
-    return call.is_collective and call.op not in NOT_SYNCHRONIZING
-
-
-def _is_recv(call: Call) -> bool:
-    return "recv" in call.op
-
-
-def _pairs(call: Call) -> bool:
-    """A send or receive between two ranks (batch_isend_irecv, to many peers at once, is not one)."""
-    return call.is_p2p and call.op not in NOT_SYNCHRONIZING
-
-
 def _took_part(state: RankState, call: Call) -> bool:
     """A call that raised never took part (an unpicklable object raises before any
     communication), and one whose process died inside it will never do its part."""
@@ -215,7 +195,7 @@ def _p2p_count(state: RankState, group: str, recv: bool, peer: int | None) -> in
     """How many receives from (sends to) ``peer`` on ``group`` this rank has entered: the
     number of the latest, as the recorder numbers them per (group, direction, peer)."""
     for call in reversed(state.calls):
-        if _pairs(call) and call.group == group and _is_recv(call) == recv and call.peer == peer:
+        if call.is_p2p and call.group == group and call.is_recv == recv and call.peer == peer:
             return call.seq
     return 0
 
@@ -250,11 +230,11 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, _Wait]:
         call = _blocked_in(state)
         if call is None:
             continue
-        if call.op == INIT_OP:
+        if call.op == INIT:
             wait = _init_wait(rank, call, ranks)
-        elif _pairs(call):
+        elif call.is_p2p:
             wait = _p2p_wait(rank, call, ranks)
-        elif _synchronizes(call):
+        elif call.is_collective:
             wait = _collective_wait(rank, call, ranks)
         else:  # new_group, destroy_process_group, batch_isend_irecv
             wait = None
@@ -270,8 +250,7 @@ def _collective_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wai
     missing = []
     for member in members:
         theirs = _collective_at(ranks[member], call.group, call.seq)
-        # A batch_isend_irecv at this number means the numbering is shifted: no judgement.
-        if theirs is None or (_synchronizes(theirs) and not _took_part(ranks[member], theirs)):
+        if theirs is None or not _took_part(ranks[member], theirs):
             missing.append(member)
     return _Wait(call, missing)
 
@@ -283,7 +262,7 @@ def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wait | Non
     peer = ranks.get(call.peer)
     if peer is None or call.peer == rank:
         return None
-    if _is_recv(call):
+    if call.is_recv:
         entered = _p2p_count(peer, call.group, recv=False, peer=rank)
     else:  # the peer's receives from any source may take my send too
         entered = _p2p_count(peer, call.group, True, rank) + _p2p_count(peer, call.group, True, None)
@@ -293,7 +272,7 @@ def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wait | Non
 def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wait | None:
     """A receive from any source is stuck only if no member can still send: OR semantics."""
     members = _members(rank, call, ranks)
-    mine = [c for c in ranks[rank].calls if c.is_p2p and c.group == call.group and _is_recv(c)]
+    mine = [c for c in ranks[rank].calls if c.is_p2p and c.group == call.group and c.is_recv]
     # An earlier irecv may still be unmatched, so a send cannot be told to be this one's.
     if members is None or any(c.is_async for c in mine):
         return None
@@ -303,10 +282,10 @@ def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wai
 
 def _init_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> _Wait:
     """init_process_group needs every process to have entered init as often as this one."""
-    count = sum(1 for c in ranks[rank].calls if c.op == INIT_OP)
+    count = sum(1 for c in ranks[rank].calls if c.op == INIT)
 
     def joined(state: RankState) -> bool:
-        inits = [c for c in state.calls if c.op == INIT_OP]
+        inits = [c for c in state.calls if c.op == INIT]
         return len(inits) >= count and _took_part(state, inits[count - 1])
 
     return _Wait(call, [m for m, state in ranks.items() if m != rank and not joined(state)])
@@ -411,7 +390,7 @@ def _victims(
     for rank, peers in left.items():
         call = waits[rank].call
         for g in peers:
-            theirs = _collective_at(ranks[g], call.group, call.seq) if _synchronizes(call) else None
+            theirs = _collective_at(ranks[g], call.group, call.seq) if call.is_collective else None
             if theirs is not None and theirs.state == "raised":
                 raised_inside.add(g)
     deaths = [g for g in gone if not ranks[g].alive and g not in raised_inside]
@@ -424,7 +403,7 @@ def _left_reason(state: RankState, waiter: int, waited: Call, plural: bool) -> s
         return _how_it_failed(state)
     test = "their test" if plural else "its test"
     if waited.is_p2p:
-        exchange = "sending to" if _is_recv(waited) else "receiving from"
+        exchange = "sending to" if waited.is_recv else "receiving from"
         return f"returned from {test} without {exchange} rank {waiter}"
     return f"returned from {test} without calling {_call_name(waited)}"
 
@@ -461,26 +440,19 @@ def _wire_size(call: Call) -> tuple[object, ...]:
 
 def _completion_key(call: Call) -> tuple[object, ...]:
     """What two ranks must agree on for Gloo to complete a collective at all."""
-    sizes = () if call.op in UNEVEN_OPS else _wire_size(call)
+    sizes = () if call.kind.uneven else _wire_size(call)
     return call.op, call.root, sizes
-
-
-def _agreement_key(call: Call) -> tuple[object, ...]:
-    """What ranks should agree on for a collective to mean the same thing on each."""
-    if call.op in UNEVEN_OPS:
-        return call.op, tuple(call.dtypes), call.root
-    return call.signature()
 
 
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """A blocked rank whose collective a peer entered in a way that can never complete with it."""
     for rank in sorted(ranks):
         call = _blocked_in(ranks[rank])
-        if call is None or not _synchronizes(call):
+        if call is None or not call.is_collective:
             continue
         for member in _members(rank, call, ranks) or []:
             theirs = _collective_at(ranks[member], call.group, call.seq)
-            if theirs is not None and _synchronizes(theirs) and _completion_key(theirs) != _completion_key(call):
+            if theirs is not None and _completion_key(theirs) != _completion_key(call):
                 return _mismatch_verdict("deadlock", ranks, call, _completion_key)
     return None
 
@@ -490,11 +462,11 @@ def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     by_position: dict[tuple[str, int], dict[int, Call]] = {}
     for rank in sorted(ranks):
         for call in ranks[rank].calls:
-            if _synchronizes(call) and call.group != "?":  # "?": a group the recorder could not name
+            if call.is_collective and call.group != "?":  # "?": a group the recorder could not name
                 by_position.setdefault((call.group, call.seq), {})[rank] = call
     for entered in by_position.values():
-        if len({_agreement_key(c) for c in entered.values()}) > 1:
-            return _mismatch_verdict("done", ranks, entered[min(entered)], _agreement_key)
+        if len({Call.signature(c) for c in entered.values()}) > 1:
+            return _mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
     return None
 
 
@@ -505,7 +477,7 @@ def _mismatch_verdict(
     entered = {}
     for r in members:
         theirs = _collective_at(ranks[r], call.group, call.seq)
-        if theirs is not None and _synchronizes(theirs):
+        if theirs is not None:
             entered[r] = theirs
     culprits, agreeing = _minority(entered, key)
     shown = entered[(agreeing or culprits)[0]]
@@ -549,10 +521,10 @@ class _Inits:
 
 def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
     """Certain faults of init_process_group, in tests that call it themselves."""
-    blocked = sorted(r for r, s in ranks.items() if (c := _blocked_in(s)) is not None and c.op == INIT_OP)
+    blocked = sorted(r for r, s in ranks.items() if (c := _blocked_in(s)) is not None and c.op == INIT)
     if not blocked:
         return None
-    inits = _Inits(ranks, {r: c for r, s in ranks.items() for c in s.calls if c.op == INIT_OP}, blocked)
+    inits = _Inits(ranks, {r: c for r, s in ranks.items() for c in s.calls if c.op == INIT}, blocked)
     for check in (_init_out_of_range, _init_duplicate, _init_world_sizes, _init_raised, _init_never):
         found = check(inits)
         if found is not None:
@@ -561,7 +533,7 @@ def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
             assert call is not None
             waits = f"{rank_list(blocked, 'process')} {_verb(blocked, 'waits', 'wait')} in {describe_call(call)}"
             waiting = [r for r in blocked if r not in culprits]
-            return Verdict("deadlock", "init", sorted(culprits), waiting, INIT_OP, INIT_OP, f"{reason}; {waits}.")
+            return Verdict("deadlock", "init", sorted(culprits), waiting, INIT, INIT, f"{reason}; {waits}.")
     return None
 
 
@@ -751,7 +723,7 @@ def compare_sequences(ranks: list[RankState]) -> list[str]:
     members: dict[str, tuple[int, ...]] = {}
     for state in sorted(ranks, key=lambda s: s.rank):
         for call in state.calls:
-            if _synchronizes(call) and call.group != "?":  # "?": a group the recorder could not name
+            if call.is_collective and call.group != "?":  # "?": a group the recorder could not name
                 sequences.setdefault(call.group, {}).setdefault(state.rank, []).append(call)
                 members.setdefault(call.group, call.group_ranks)
     present = sorted(s.rank for s in ranks)
@@ -771,7 +743,7 @@ def _compare_group(group: str, sequences: dict[int, list[Call]]) -> list[str]:
             for n, group_ranks in _grouped(counts, counts.get)
         ]
         lines.append(f"group {group}: " + ", ".join(made))
-    keys = {r: [_agreement_key(c) for c in calls] for r, calls in sequences.items()}
+    keys = {r: [Call.signature(c) for c in calls] for r, calls in sequences.items()}
     reference, *others = sorted(sequences)
     for rank in others:
         if keys[rank] == keys[reference]:

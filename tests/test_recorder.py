@@ -159,11 +159,15 @@ def test_unpicklable_object_raised_before_communicating(two_ranks: list[list[Ran
 
 
 def test_point_to_point_calls_count_per_direction_and_peer(two_ranks: list[list[RankState]]) -> None:
-    sends = [c for c in two_ranks[0][0].calls if c.is_p2p]
-    recvs = [c for c in two_ranks[1][0].calls if c.is_p2p]
+    def exchanges(calls: list[Call]) -> list[Call]:
+        return [c for c in calls if c.kind.kind in ("p2p", "batch")]
+
+    sends, recvs = exchanges(two_ranks[0][0].calls), exchanges(two_ranks[1][0].calls)
     assert [(c.op, c.seq, c.peer) for c in sends] == [("send", 1, 1), ("send", 2, 1), ("batch_isend_irecv", 1, None)]
     assert [(c.op, c.seq, c.peer) for c in recvs] == [("recv", 1, 0), ("recv", 1, None), ("batch_isend_irecv", 1, None)]
     assert sends[-1].shapes == [[2], [2]]
+    # A batch goes to many peers at once: it pairs with no single call, and has no collective number.
+    assert not sends[-1].is_p2p and not sends[-1].is_collective
 
 
 def test_start_test_restarts_call_and_sequence_numbers(two_ranks: list[list[RankState]]) -> None:
