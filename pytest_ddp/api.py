@@ -33,7 +33,8 @@ from .report import failure_text, format_stack
 from .runner import GroupPool, TestRun
 from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
 from .state import Call
-from .watchdog import compare_sequences, unfinished_work
+from .consistency import compare_sequences, unfinished_work
+from .wording import difference_line, unfinished_line
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -162,8 +163,9 @@ def _result(test_run: TestRun) -> Result:
             collective=verdict.collective,
             text=failure_text(test_run, failures, ""),
         )
-    differences = compare_sequences(test_run.states) if test_run.states else []
-    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished_work(test_run.states))
+    differences = [difference_line(d) for d in compare_sequences(test_run.states)]
+    unfinished = [unfinished_line(w) for w in unfinished_work(test_run.states)]
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

@@ -11,6 +11,7 @@ The failure text follows one order, so that people learn where to look:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from .runner import TestRun
 from .state import Call, RankState, exit_text
-from .watchdog import describe_call, rank_list
+from .wording import describe_call, difference_line, rank_list, unfinished_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
@@ -162,10 +163,10 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
         lines += [""] + table
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
-        lines += ["  " + d for d in run.sequence_differences]
+        lines += ["  " + difference_line(d) for d in run.sequence_differences]
     if run.unfinished_work:
         lines += ["", "asynchronous work still in flight after the test:"]
-        lines += ["  " + d for d in run.unfinished_work]
+        lines += ["  " + unfinished_line(w) for w in run.unfinished_work]
     lines += _grouped_failures(rank_failures)
     for rank, stack in sorted(run.stacks.items()):
         lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
@@ -209,8 +210,10 @@ def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
         "summary": verdict.summary,
         "elapsed": round(run.elapsed, 3),
         "start_error": run.start_error,
-        "sequence_differences": run.sequence_differences,
-        "unfinished_work": run.unfinished_work,
+        "sequence_differences": [
+            {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
+        ],
+        "unfinished_work": [{**dataclasses.asdict(w), "text": unfinished_line(w)} for w in run.unfinished_work],
         "ranks": [
             {
                 "rank": s.rank,

@@ -13,16 +13,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import watchdog
+from . import consistency, watchdog, wording
 from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
-# A certain deadlock is reported at once unless some ranks are still running:
-# they get this long to finish or block too, so the report names every culprit.
-SETTLE = 0.5
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
 
 
@@ -37,8 +34,8 @@ class TestRun:
     elapsed: float  # seconds from hand-over to verdict
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
-    sequence_differences: list[str] = field(default_factory=list)
-    unfinished_work: list[str] = field(default_factory=list)  # asynchronous work left in flight
+    sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
+    unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     start_error: str | None = None  # the group could not start
@@ -58,20 +55,14 @@ class TestRun:
 def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     """Watch the test handed over to the group until a verdict."""
     started = group.handed_over_at
-    certain_since: float | None = None
-    while True:
+    watch = watchdog.Watch()
+    verdict = None
+    while verdict is None:
         group.poll(POLL_INTERVAL)
-        now = time.time()
-        snapshot = Snapshot(now=now, started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
-        verdict = watchdog.judge(snapshot)
-        if verdict.status == "deadlock":
-            certain_since = certain_since or now
-            running = any(not s.finished and s.current_call is None for s in group.states)
-            if running and now - certain_since < SETTLE:
-                continue
-        if verdict.status != "wait":
-            break
+        snapshot = Snapshot(now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
+        verdict = watch.verdict(snapshot)
     elapsed = time.time() - started
+    verdict = wording.worded(verdict, group.states)
     run = TestRun(group.current or "", spec, group.states, verdict, elapsed)
     group.current = None
     if verdict.status != "done":
@@ -83,8 +74,8 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     if verdict.status != "done":
         group.kill()
     if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
-        run.sequence_differences = watchdog.compare_sequences(group.states)
-        run.unfinished_work = watchdog.unfinished_work(group.states)
+        run.sequence_differences = consistency.compare_sequences(group.states)
+        run.unfinished_work = consistency.unfinished_work(group.states)
     return run
 
 
