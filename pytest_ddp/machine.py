@@ -77,13 +77,18 @@ def machine_rank_capacity() -> tuple[int, str]:
         fields = dict(line.split(":", 1) for line in f)
     mem_available = int(fields["MemAvailable"].split()[0]) * 1024
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    nproc_limit = -1 if soft == resource.RLIM_INFINITY else soft
+    if soft == resource.RLIM_INFINITY:
+        return rank_capacity(mem_available, -1, 0)
+    return rank_capacity(mem_available, soft, _user_processes())
+
+
+def _user_processes() -> int:
     uid = os.getuid()
-    processes = 0
+    count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                processes += os.stat(f"/proc/{entry}").st_uid == uid
+                count += os.stat(f"/proc/{entry}").st_uid == uid
             except OSError:
                 continue
-    return rank_capacity(mem_available, nproc_limit, processes)
+    return count
