@@ -116,3 +116,34 @@ def test_capacity_of_a_24_gib_machine_holds_600_ranks() -> None:
     assert rank_capacity(available, limit, processes=500)[0] >= 600
     assert rank_capacity(available, limit, processes=500)[0] < 2000
     assert rank_capacity(2000 * RANK_MEMORY - 1, -1, 0)[0] == 1999
+
+
+def returns_rank(rank: int) -> int:
+    return rank
+
+
+def test_run_with_too_few_gpus_skips_the_calling_test_or_raises_outside_pytest(monkeypatch) -> None:
+    import pytest_ddp
+    from pytest_ddp.machine import GpuShortage, visible_gpus
+
+    needed = len(visible_gpus()) + 1
+    with pytest.raises(pytest.skip.Exception, match=f"pytest_ddp.run\\(\\): nccl test needs {needed} GPUs"):
+        pytest_ddp.run(returns_rank, world_size=needed, backend="nccl")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    with pytest.raises(GpuShortage, match=f"nccl test needs {needed} GPUs"):
+        pytest_ddp.run(returns_rank, world_size=needed, backend="nccl")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"world_size": 1_000_000}, "world_size=1000000: this machine holds at most"),
+        ({"timeout": float("inf")}, "timeout=inf: must be a number of seconds > 0 and <= 1000000"),
+        ({"grace": 0}, "grace=0: must be a number of seconds > 0"),
+    ],
+)
+def test_run_refuses_what_cannot_run(kwargs, message) -> None:
+    import pytest_ddp
+
+    with pytest.raises(ValueError, match=message):
+        pytest_ddp.run(returns_rank, **kwargs)
