@@ -36,7 +36,13 @@ from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .report import failure_text, format_stack
 from .runner import GroupPool, TestRun
 from .settings import DEFAULT_GRACE
-from .spec import RankSpec, parse_backend, parse_timeout, parse_world_sizes, process_group_timeout
+from .spec import (
+    RankSpec,
+    parse_backend,
+    parse_timeout,
+    parse_world_sizes,
+    process_group_timeout,
+)
 from .state import Call
 from .watchdog import compare_sequences, unfinished_work
 

@@ -21,8 +21,19 @@ from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports
 from .report import write_json
 from .runner import GroupPool, TestRun
-from .settings import DEFAULT_BACKEND, DEFAULT_GRACE, DEFAULT_MAX_GROUPS, DEFAULT_TIMEOUT
-from .spec import RankSpec, SpecError, parse_mark, parse_timeout_mark, process_group_timeout
+from .settings import (
+    DEFAULT_BACKEND,
+    DEFAULT_GRACE,
+    DEFAULT_MAX_GROUPS,
+    DEFAULT_TIMEOUT,
+)
+from .spec import (
+    RankSpec,
+    SpecError,
+    parse_mark,
+    parse_timeout_mark,
+    process_group_timeout,
+)
 
 WORLD_SIZE_PARAM = "_ddp_world_size"
 # A ddp item's spec, or why it cannot run (reported as its setup error).

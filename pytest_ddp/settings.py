@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from .spec import MarkArgs, RankSpec, SpecError, parse_backend, parse_count, parse_timeout
+from .spec import (
+    MarkArgs,
+    RankSpec,
+    SpecError,
+    parse_backend,
+    parse_count,
+    parse_timeout,
+)
 
 DEFAULT_BACKEND = "gloo"
 DEFAULT_TIMEOUT = 60.0

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ranks_working_in
 from pytest_ddp.settings import Settings
-from pytest_ddp.spec import MAX_TIMEOUT, MarkArgs, SpecError, parse_mark, parse_timeout_mark, process_group_timeout
+from pytest_ddp.spec import (
+    MAX_TIMEOUT,
+    MarkArgs,
+    SpecError,
+    parse_mark,
+    parse_timeout_mark,
+    process_group_timeout,
+)
 
 BAD_MARKS = [
     ("world_size=0", "world_size=0: must be an int >= 1"),
