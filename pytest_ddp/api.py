@@ -23,15 +23,26 @@ a pytest run) that calls ``run()`` needs the usual ``if __name__ ==
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import pytest
+
 from .group import GroupConfig
+from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .report import failure_text, format_stack
 from .runner import GroupPool, TestRun
-from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
+from .settings import DEFAULT_GRACE
+from .spec import (
+    RankSpec,
+    parse_backend,
+    parse_timeout,
+    parse_world_sizes,
+    process_group_timeout,
+)
 from .state import Call
 from .consistency import compare_sequences, unfinished_work
 from .wording import difference_line, unfinished_line
@@ -102,17 +113,29 @@ def run(
     ``init=False`` gives the ranks the torchrun environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT, ...) but no process group: ``fn`` calls
     ``init_process_group`` itself.  Never raises for what the ranks do.
+
+    ``backend="nccl"`` with fewer GPUs than ranks skips the calling test
+    (``pytest.skip``) inside pytest, and raises GpuShortage elsewhere.
     """
     (size,), _ = parse_world_sizes(world_size)
+    limit, why = machine_rank_capacity()
+    if size > limit:
+        raise ValueError(f"world_size={size}: this machine holds at most {limit} ranks ({why})")
     spec = RankSpec(
         world_size=size,
         backend=parse_backend(backend or "gloo"),
         timeout=parse_timeout(timeout),
+        grace=parse_timeout(grace, "grace"),
         init=init,
         isolated=True,
         check_collectives=False,
-        grace=grace,
     )
+    try:
+        gpus = rank_gpus(size) if spec.backend == "nccl" else []
+    except GpuShortage as exc:
+        if "PYTEST_CURRENT_TEST" in os.environ:
+            pytest.skip(f"pytest_ddp.run(): {exc}")
+        raise
     module = fn.__module__
     if module == "__main__" or "<locals>" in fn.__qualname__:
         raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
@@ -127,10 +150,10 @@ def run(
         world_size=size,
         backend=spec.backend,
         init=init,
-        pg_timeout=max(2 * spec.timeout + 60, 600),
+        pg_timeout=process_group_timeout(spec.timeout),
         mode="function",
         sys_path=list(sys.path),
-        gpus=[str(i) for i in range(size)] if spec.backend == "nccl" else [],
+        gpus=gpus,
     )
     pool = GroupPool(max_groups=1)
     try:
