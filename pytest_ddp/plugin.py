@@ -18,8 +18,9 @@ import pytest
 from . import rank as rank_module
 from .group import GroupConfig, fork_context
 from .merge import merged_reports
+from .protocol import RunItem
 from .report import write_json
-from .runner import GroupPool, TestRun
+from .runner import GroupPool, StartFailure, TestRun
 from .spec import (
     DEFAULT_GRACE,
     DEFAULT_TIMEOUT,
@@ -103,7 +104,7 @@ class Controller:
         self.isolate_all: bool = config.getoption("--ddp-isolate")
         self.report_dir: str | None = config.getoption("--ddp-report-dir")
         self.pool = GroupPool(max_groups)
-        self.runs: list[TestRun] = []
+        self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
 
@@ -179,7 +180,7 @@ class Controller:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun:
+    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
         later = self._later_items(item, spec)
         # The next item this controller runs, if it runs on this group too.
         follow = self._command(later[0], spec) if later and later[0] is nextitem else None
@@ -193,11 +194,11 @@ class Controller:
         self.runs.append(run)
         return run
 
-    def _command(self, item: pytest.Item, spec: RankSpec) -> dict[str, Any]:
+    def _command(self, item: pytest.Item, spec: RankSpec) -> RunItem:
         """What a group's ranks are told to run: the item, and the item after it
         on the same group, whose fixtures they keep."""
         later = self._later_items(item, spec)
-        return {"cmd": "run", "id": item.nodeid, "next": later[0].nodeid if later else None}
+        return RunItem(item.nodeid, later[0].nodeid if later else None)
 
     def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
         """The items after this one that may run on the same warm group, in order."""
@@ -239,7 +240,7 @@ class Controller:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.runs:
             return
-        costs = [run.elapsed + (run.cold_start or 0.0) for run in self.runs]
+        costs = [run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs]
         terminalreporter.write_line(
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"
