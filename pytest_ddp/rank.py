@@ -211,6 +211,7 @@ class RankSession:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.collect_errors: list[str] = []
+        self.ready = False  # the session reached its run loop and said so
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: Any) -> None:
@@ -232,6 +233,7 @@ class RankSession:
     def pytest_runtestloop(self, session: Any) -> bool:
         items = {item.nodeid: item for item in session.items}
         self.channel.event(Ready(list(items), self.collect_errors), wake=True)
+        self.ready = True
         for command in self.channel.commands(RunItem):
             self._run(items, command.id, command.next)
         return True
@@ -281,7 +283,13 @@ class RankSession:
 def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
     session = RankSession(channel)
     args = list(spec["pytest_args"]) + ["--basetemp", spec["basetemp"]]
-    return int(pytest.main(args, plugins=[session]))
+    code = int(pytest.main(args, plugins=[session]))
+    if not session.ready:
+        # Ended before running anything: a named test's module failed to import
+        # ("found no collectors"), a bad option, ...  Its terminal output went nowhere.
+        errors = "".join(f"\n\n{error}" for error in session.collect_errors)
+        _fatal(channel, f"its pytest session ended before running any test (exit code {code}){errors}\n")
+    return code
 
 
 def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:

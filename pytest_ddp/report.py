@@ -149,7 +149,7 @@ def _section(title: str) -> str:
 
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran."""
-    return f"ddp: the ranks could not start: {failure.error.splitlines()[0]}\n\n{failure.error}"
+    return f"ddp: {failure.error.splitlines()[0].rstrip(':')}\n\n{failure.error}"
 
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
