@@ -54,7 +54,7 @@ def _now() -> float:
 # -- commands (controller -> rank) ---------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunItem:
     """Run the pytest item ``id``; ``next`` is the item this group runs after it (fixtures kept for it)."""
 
@@ -63,7 +63,7 @@ class RunItem:
     next: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CallFunction:
     """Call ``module.qualname(rank, *args, **kwargs)``; ``args`` is base64 of pickled ``(args, kwargs)``."""
 
@@ -74,7 +74,7 @@ class CallFunction:
     args: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Stop:
     """End the rank's session (session fixtures are torn down) and exit."""
 
@@ -87,7 +87,7 @@ Command = Union[RunItem, CallFunction, Stop]
 # -- events (rank -> controller) -----------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Ready:
     KIND: ClassVar[Literal["ready"]] = "ready"
     items: list[str] = field(default_factory=list)  # node ids collected (pytest mode)
@@ -95,14 +95,14 @@ class Ready:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Fatal:
     KIND: ClassVar[Literal["fatal"]] = "fatal"
     error: str
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TestStart:
     __test__ = False  # not a pytest test class
     KIND: ClassVar[Literal["test"]] = "test"
@@ -110,14 +110,14 @@ class TestStart:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PhaseStart:
     KIND: ClassVar[Literal["phase"]] = "phase"
     when: str
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Report:
     KIND: ClassVar[Literal["report"]] = "report"
     when: str
@@ -127,7 +127,7 @@ class Report:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Done:
     KIND: ClassVar[Literal["done"]] = "done"
     group_intact: bool = True  # the rank's process group outlived the test
@@ -176,7 +176,7 @@ CALL_KEYS = frozenset(CallWire.__annotations__) | {"async"}
 RET_KEYS = frozenset(RetWire.__annotations__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CallEvent:
     """A torch.distributed call entered: :class:`CallWire` with names that say what things are."""
 
@@ -185,7 +185,7 @@ class CallEvent:
     index: int
     op: str
     group: str = "WORLD"
-    group_ranks: tuple[int, ...] = ()
+    group_ranks: list[int] = field(default_factory=list)
     seq: int = 0
     site: str = "?"
     shapes: list[list[int]] = field(default_factory=list)
@@ -200,7 +200,7 @@ class CallEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RetEvent:
     """Call ``index`` returned (``ok``) or raised (``error``)."""
 
@@ -225,34 +225,40 @@ _EVENTS: dict[str, type[Any]] = {
 
 
 @dataclass(frozen=True)
-class _Field:
-    name: str
-    wire: str
-    required: bool  # no default (every event's time is required on the wire)
-    optional: bool  # defaults to None, and is left off the wire when None
+class _Codec:
+    """How one record class travels: its fields as (name, wire key), the keys it needs."""
+
+    fields: tuple[tuple[str, str], ...]
+    required: frozenset[str]  # wire keys without a default (every event's "t" among them)
+    omitted_when_none: frozenset[str]  # fields that default to None are left off the wire when None
 
 
-def _fields(cls: type[Any]) -> tuple[_Field, ...]:
-    """How each field of a record travels: the event time as "t", others as the class renames them."""
+def _codec(cls: type[Any]) -> _Codec:
     renames = {"time": "t", **getattr(cls, "WIRE_NAMES", {})}
-    out = []
-    for f in dataclasses.fields(cls):
-        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        out.append(_Field(f.name, renames.get(f.name, f.name), no_default or f.name == "time", f.default is None))
-    return tuple(out)
+    fields = dataclasses.fields(cls)
+    return _Codec(
+        fields=tuple((f.name, renames.get(f.name, f.name)) for f in fields),
+        required=frozenset(
+            renames.get(f.name, f.name)
+            for f in fields
+            if f.name == "time" or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        ),
+        omitted_when_none=frozenset(f.name for f in fields if f.default is None),
+    )
 
 
-_FIELDS = {cls: _fields(cls) for cls in (*_COMMANDS.values(), *_EVENTS.values())}
+_CODECS = {cls: _codec(cls) for cls in (*_COMMANDS.values(), *_EVENTS.values())}
 _encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: dumps() builds one per call
 
 
 def to_wire(record: Record) -> dict[str, Any]:
     cls = type(record)
+    codec = _CODECS[cls]
     wire: dict[str, Any] = {"cmd" if _COMMANDS.get(cls.KIND) is cls else "e": cls.KIND}
-    for f in _FIELDS[cls]:
-        value = getattr(record, f.name)
-        if not (f.optional and value is None):
-            wire[f.wire] = list(value) if isinstance(value, tuple) else value
+    for name, key in codec.fields:
+        value = getattr(record, name)
+        if value is not None or name not in codec.omitted_when_none:
+            wire[key] = value
     return wire
 
 
@@ -269,14 +275,10 @@ def from_wire(wire: dict[str, Any]) -> Record:
         raise ProtocolError(f"neither a command nor an event: {wire!r:.200}")
     if cls is None:
         raise ProtocolError(f"unknown kind: {wire!r:.200}")
-    values: dict[str, Any] = {}
-    for f in _FIELDS[cls]:
-        if f.wire in wire:
-            value = wire[f.wire]
-            values[f.name] = tuple(value) if f.name == "group_ranks" else value
-        elif f.required:
-            raise ProtocolError(f"{cls.KIND} without {f.wire!r}: {wire!r:.200}")
-    return cls(**values)
+    codec = _CODECS[cls]
+    if not codec.required <= wire.keys():
+        raise ProtocolError(f"{cls.KIND} without {sorted(codec.required - wire.keys())}: {wire!r:.200}")
+    return cls(**{name: wire[key] for name, key in codec.fields if key in wire})
 
 
 def encode(record: Record | CallWire | RetWire) -> bytes:

@@ -12,8 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-# EventLog and EventReader are imported from here by the recorder.
-from .protocol import (
+from .protocol import (  # EventLog, EventReader: the recorder imports them from here
     CallEvent,
     Done,
     Event,
@@ -27,8 +26,6 @@ from .protocol import (
     TestStart,
     to_wire,
 )
-
-__all__ = ["EventLog", "EventReader"]
 
 # Point-to-point operations: they pair two ranks and have their own sequence
 # numbers per (group, direction, peer); they never take part in the
@@ -116,7 +113,7 @@ class Call:
             index=ev.index,
             op=ev.op,
             group=ev.group,
-            group_ranks=ev.group_ranks,
+            group_ranks=tuple(ev.group_ranks),
             seq=ev.seq,
             site=ev.site,
             enter=ev.time,

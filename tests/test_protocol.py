@@ -45,7 +45,7 @@ RECORDS: list[protocol.Record] = [
     Report("call", "passed", 0.25, time=1.5),
     Done(group_intact=False, in_flight=[{"i": 0, "err": "not complete"}], peak_rss=1 << 20, peak_cuda=None, time=1.5),
     CallEvent(
-        index=3, op="broadcast", group="g1", group_ranks=(0, 2), seq=2, site="t.py:9", shapes=[[2, 3]],
+        index=3, op="broadcast", group="g1", group_ranks=[0, 2], seq=2, site="t.py:9", shapes=[[2, 3]],
         dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True, extra={"via": "ddp"}, time=1.5,
     ),
     CallEvent(index=0, op="recv_object_list", peer=1, obj_type="dict", obj_size=120, time=1.5),
