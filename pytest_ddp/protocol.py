@@ -219,6 +219,7 @@ Record = Union[Command, Event]
 # -- the codec -----------------------------------------------------------------------
 
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
+_COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent)
 }
@@ -254,7 +255,7 @@ _encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: d
 def to_wire(record: Record) -> dict[str, Any]:
     cls = type(record)
     codec = _CODECS[cls]
-    wire: dict[str, Any] = {"cmd" if _COMMANDS.get(cls.KIND) is cls else "e": cls.KIND}
+    wire: dict[str, Any] = {"cmd" if cls in _COMMAND_TYPES else "e": cls.KIND}
     for name, key in codec.fields:
         value = getattr(record, name)
         if value is not None or name not in codec.omitted_when_none:
@@ -300,7 +301,7 @@ def decode(line: bytes | str) -> Record:
 
 def decode_command(line: bytes | str) -> Command:
     record = decode(line)
-    if not isinstance(record, (RunItem, CallFunction, Stop)):
+    if not isinstance(record, _COMMAND_TYPES):
         raise ProtocolError(f"not a command: {record.KIND}")
     return record
 
@@ -361,7 +362,7 @@ class EventReader:
                 return []
         records = self._decoder.feed(self._file.readall())
         for record in records:
-            if isinstance(record, (RunItem, CallFunction, Stop)):
+            if isinstance(record, _COMMAND_TYPES):
                 raise ProtocolError(f"a command in an event log: {record.KIND}")
         return records  # type: ignore[return-value]
 
