@@ -150,3 +150,26 @@ def test_a_test_module_the_ranks_cannot_import_fails_with_their_error(ddp_pytest
     text = result.stdout.str()
     assert "could not start" in text
     assert "RuntimeError: this module refuses to load in a rank" in text
+
+
+def test_an_internal_error_in_one_rank_is_shown(ddp_pytester) -> None:
+    ddp_pytester.pytester.makeconftest(
+        """
+        import os
+
+        def pytest_runtest_logreport(report):
+            if os.environ.get("RANK") == "1" and report.when == "call":
+                raise RuntimeError("a hook broke in rank 1")
+        """
+    )
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_anything(rank):
+            pass
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "rank 1: stderr (exit code 3)" in text
+    assert "RuntimeError: a hook broke in rank 1" in text
