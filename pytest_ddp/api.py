@@ -33,8 +33,9 @@ import pytest
 
 from .group import GroupConfig
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
-from .report import failure_text, format_stack
-from .runner import GroupPool, TestRun
+from .protocol import CallFunction
+from .report import failure_text, format_stack, start_failure_text
+from .runner import GroupPool, StartFailure, TestRun
 from .settings import DEFAULT_GRACE
 from .spec import (
     RankSpec,
@@ -139,13 +140,12 @@ def run(
     module = fn.__module__
     if module == "__main__" or "<locals>" in fn.__qualname__:
         raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
-    command = {
-        "cmd": "call",
-        "id": f"{module}.{fn.__qualname__}",
-        "module": module,
-        "qualname": fn.__qualname__,
-        "args": base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
-    }
+    command = CallFunction(
+        id=f"{module}.{fn.__qualname__}",
+        module=module,
+        qualname=fn.__qualname__,
+        args=base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
+    )
     config = GroupConfig(
         world_size=size,
         backend=spec.backend,
@@ -163,12 +163,13 @@ def run(
     return _result(test_run)
 
 
-def _result(test_run: TestRun) -> Result:
+def _result(test_run: TestRun | StartFailure) -> Result:
+    if isinstance(test_run, StartFailure):  # no rank ran fn
+        diagnosis = Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=start_failure_text(test_run))
+        return Result("failed", diagnosis, [], 0.0)
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
-    if test_run.start_error is not None:
-        outcome = "failed"
-    elif verdict.status == "done":
+    if verdict.status == "done":
         outcome = "failed" if verdict.kind is not None else "passed"
     elif verdict.status == "timeout":
         outcome = "timeout"

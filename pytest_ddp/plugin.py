@@ -19,8 +19,9 @@ from . import settings as settings_module
 from .group import GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports
+from .protocol import RunItem
 from .report import write_json
-from .runner import GroupPool, TestRun
+from .runner import GroupPool, StartFailure, TestRun
 from .settings import (
     DEFAULT_BACKEND,
     DEFAULT_GRACE,
@@ -97,7 +98,7 @@ class Controller:
         self.settings = settings_module.from_config(config)
         self.pool = GroupPool(self.settings.max_groups)
         self._rank_capacity: tuple[int, str] | None = None
-        self.runs: list[TestRun] = []
+        self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
 
@@ -194,7 +195,7 @@ class Controller:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun:
+    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
         later = self._later_items(item, spec)
         # The next item this controller runs, if it runs on this group too.
         follow = self._command(later[0], spec) if later and later[0] is nextitem else None
@@ -208,11 +209,11 @@ class Controller:
         self.runs.append(run)
         return run
 
-    def _command(self, item: pytest.Item, spec: RankSpec) -> dict[str, Any]:
+    def _command(self, item: pytest.Item, spec: RankSpec) -> RunItem:
         """What a group's ranks are told to run: the item, and the item after it
         on the same group, whose fixtures they keep."""
         later = self._later_items(item, spec)
-        return {"cmd": "run", "id": item.nodeid, "next": later[0].nodeid if later else None}
+        return RunItem(item.nodeid, later[0].nodeid if later else None)
 
     def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
         """The items after this one that may run on the same warm group, in order."""
@@ -253,7 +254,7 @@ class Controller:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.runs:
             return
-        costs = [run.elapsed + (run.cold_start or 0.0) for run in self.runs]
+        costs = [run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs]
         terminalreporter.write_line(
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"

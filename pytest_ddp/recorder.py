@@ -35,7 +35,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import ddp_view, describe
 from .ops import OPS
-from .state import EventLog
+from .protocol import EventLog
 
 
 class _Depth(threading.local):

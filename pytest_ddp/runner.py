@@ -16,6 +16,7 @@ from typing import Any, Callable
 from . import consistency, watchdog, wording
 from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
+from .protocol import CallFunction, RunItem
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
@@ -26,6 +27,8 @@ START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's t
 @dataclass
 class TestRun:
     """What happened to one test on every rank."""
+
+    __test__ = False  # not a pytest test class
 
     test_id: str
     spec: RankSpec
@@ -38,7 +41,6 @@ class TestRun:
     unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
-    start_error: str | None = None  # the group could not start
 
     @property
     def collectives_wrong(self) -> bool:
@@ -50,6 +52,16 @@ class TestRun:
     def stopped(self) -> bool:
         """The ranks were stopped before the test ended on all of them."""
         return self.verdict.status not in ("done", "wait")
+
+
+@dataclass
+class StartFailure:
+    """A test no rank ran: its group could not start, or its ranks did not collect it."""
+
+    test_id: str
+    spec: RankSpec
+    error: str  # which rank and why, or the ranks' collection errors
+    elapsed: float  # seconds spent starting the group
 
 
 def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
@@ -101,6 +113,13 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
     return True
 
 
+def _not_collected(test_id: str, collect_errors: list[str]) -> str:
+    text = f"the ranks did not collect {test_id}"
+    if collect_errors:
+        text += "; their collection errors:\n\n" + "\n\n".join(collect_errors)
+    return text
+
+
 class GroupPool:
     """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first."""
 
@@ -112,11 +131,11 @@ class GroupPool:
     def run(
         self,
         spec: RankSpec,
-        command: dict[str, Any],
+        command: RunItem | CallFunction,
         make_config: Callable[[], GroupConfig],
         keep: bool,
-        follow: dict[str, Any] | None = None,
-    ) -> TestRun:
+        follow: RunItem | CallFunction | None = None,
+    ) -> TestRun | StartFailure:
         """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
 
         ``keep``: whether a later test will want this group; if not, it is
@@ -128,7 +147,7 @@ class GroupPool:
         key = spec.group_key
         # An isolated test gets a group of its own and leaves the warm one be.
         group = None if spec.isolated else self._groups.pop(key, None)
-        if group is not None and not _can_take(group, command["id"]):
+        if group is not None and not _can_take(group, command.id):
             group.stop()
             group = None
         cold_start = None
@@ -141,12 +160,11 @@ class GroupPool:
             self.groups_started += 1
             try:
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
-                if not group.can_run(command["id"]):
+                if not group.can_run(command.id):
                     group.stop()
-                    raise GroupStartError(f"the ranks did not collect {command['id']}")
+                    raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
-                verdict = watchdog.Verdict("done", kind="failed")
-                return TestRun(command["id"], spec, [], verdict, 0.0, start_error=str(exc))
+                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin)
             cold_start = time.monotonic() - begin
         if group.current is None:
             group.begin(command)
