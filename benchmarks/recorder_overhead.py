@@ -67,7 +67,7 @@ def own_cost(log: Any) -> float:
 
 def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
     from pytest_ddp import recorder
-    from pytest_ddp.state import EventLog
+    from pytest_ddp.protocol import EventLog
 
     store = dist.FileStore(os.path.join(folder, "store"), 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)

@@ -23,17 +23,30 @@ a pytest run) that calls ``run()`` needs the usual ``if __name__ ==
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import pytest
+
 from .group import GroupConfig
-from .report import failure_text, format_stack
-from .runner import GroupPool, TestRun
-from .spec import DEFAULT_GRACE, RankSpec, parse_backend, parse_timeout, parse_world_sizes
+from .machine import GpuShortage, machine_rank_capacity, rank_gpus
+from .protocol import CallFunction
+from .report import failure_text, format_stack, start_failure_text
+from .runner import GroupPool, StartFailure, TestRun
+from .settings import DEFAULT_GRACE
+from .spec import (
+    RankSpec,
+    parse_backend,
+    parse_timeout,
+    parse_world_sizes,
+    process_group_timeout,
+)
 from .state import Call
-from .watchdog import compare_sequences, unfinished_work
+from .consistency import compare_sequences, unfinished_work
+from .wording import difference_line, unfinished_line
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -101,35 +114,46 @@ def run(
     ``init=False`` gives the ranks the torchrun environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT, ...) but no process group: ``fn`` calls
     ``init_process_group`` itself.  Never raises for what the ranks do.
+
+    ``backend="nccl"`` with fewer GPUs than ranks skips the calling test
+    (``pytest.skip``) inside pytest, and raises GpuShortage elsewhere.
     """
     (size,), _ = parse_world_sizes(world_size)
+    limit, why = machine_rank_capacity()
+    if size > limit:
+        raise ValueError(f"world_size={size}: this machine holds at most {limit} ranks ({why})")
     spec = RankSpec(
         world_size=size,
         backend=parse_backend(backend or "gloo"),
         timeout=parse_timeout(timeout),
+        grace=parse_timeout(grace, "grace"),
         init=init,
         isolated=True,
         check_collectives=False,
-        grace=grace,
     )
+    try:
+        gpus = rank_gpus(size) if spec.backend == "nccl" else []
+    except GpuShortage as exc:
+        if "PYTEST_CURRENT_TEST" in os.environ:
+            pytest.skip(f"pytest_ddp.run(): {exc}")
+        raise
     module = fn.__module__
     if module == "__main__" or "<locals>" in fn.__qualname__:
         raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
-    command = {
-        "cmd": "call",
-        "id": f"{module}.{fn.__qualname__}",
-        "module": module,
-        "qualname": fn.__qualname__,
-        "args": base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
-    }
+    command = CallFunction(
+        id=f"{module}.{fn.__qualname__}",
+        module=module,
+        qualname=fn.__qualname__,
+        args=base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
+    )
     config = GroupConfig(
         world_size=size,
         backend=spec.backend,
         init=init,
-        pg_timeout=max(2 * spec.timeout + 60, 600),
+        pg_timeout=process_group_timeout(spec.timeout),
         mode="function",
         sys_path=list(sys.path),
-        gpus=[str(i) for i in range(size)] if spec.backend == "nccl" else [],
+        gpus=gpus,
     )
     pool = GroupPool(max_groups=1)
     try:
@@ -139,12 +163,13 @@ def run(
     return _result(test_run)
 
 
-def _result(test_run: TestRun) -> Result:
+def _result(test_run: TestRun | StartFailure) -> Result:
+    if isinstance(test_run, StartFailure):  # no rank ran fn
+        diagnosis = Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=start_failure_text(test_run))
+        return Result("failed", diagnosis, [], 0.0)
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
-    if test_run.start_error is not None:
-        outcome = "failed"
-    elif verdict.status == "done":
+    if verdict.status == "done":
         outcome = "failed" if verdict.kind is not None else "passed"
     elif verdict.status == "timeout":
         outcome = "timeout"
@@ -162,8 +187,9 @@ def _result(test_run: TestRun) -> Result:
             collective=verdict.collective,
             text=failure_text(test_run, failures, ""),
         )
-    differences = compare_sequences(test_run.states) if test_run.states else []
-    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished_work(test_run.states))
+    differences = [difference_line(d) for d in compare_sequences(test_run.states)]
+    unfinished = [unfinished_line(w) for w in unfinished_work(test_run.states)]
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

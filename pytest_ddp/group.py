@@ -5,7 +5,7 @@ logs, output files, stack dumps), a TCPStore that listens on 127.0.0.1 only,
 and for each rank a command pipe (controller -> rank) and a notify pipe
 (rank -> controller: one message after each event worth waking up for; end of
 file when the rank dies).  Everything else a rank says goes through its event
-log (see :mod:`pytest_ddp.state`).
+log (see :mod:`pytest_ddp.protocol`).
 
 Ranks are forked from a forkserver that imported torch and pytest once, so a
 fresh group costs no ``import torch`` and idle ranks share torch's pages.
@@ -36,7 +36,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .state import EventReader, RankState, exit_text
+from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, Stop, encode
+from .state import RankState, exit_text
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
@@ -140,7 +141,8 @@ class RankGroup:
         self.handed_over_at = 0.0  # time.time() of that hand-over
         self._store: Any = None
         self._store_socket: socket.socket | None = None
-        self._items: list[str] = []
+        self._items: set[str] = set()  # collected by every rank (pytest mode)
+        self.collect_errors: list[str] = []  # the ranks' collection errors, each once
         # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
         self._news: selectors.BaseSelector | None = selectors.DefaultSelector()
         _live_groups.add(self)
@@ -231,15 +233,15 @@ class RankGroup:
         return rp
 
     def _wait_ready(self, deadline: float) -> None:
-        ready: dict[int, list[str]] = {}
+        ready: dict[int, Ready] = {}
         while len(ready) < len(self.ranks):
             self._wait(0.05)
             for rp in self.ranks:
                 for ev in rp.events.read_new():
-                    if ev["e"] == "ready":
-                        ready[rp.rank] = ev.get("items", [])
-                    elif ev["e"] == "fatal":
-                        raise GroupStartError(f"rank {rp.rank} could not start:\n{ev['error']}")
+                    if isinstance(ev, Ready):
+                        ready[rp.rank] = ev
+                    elif isinstance(ev, Fatal):
+                        raise GroupStartError(f"rank {rp.rank} could not start:\n{ev.error}")
                 if rp.rank not in ready and rp.exit_code is not None:
                     raise GroupStartError(
                         f"rank {rp.rank} exited while starting ({exit_text(rp.exit_code)}):\n"
@@ -248,10 +250,11 @@ class RankGroup:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(len(self.ranks))) - set(ready))
                 raise GroupStartError(f"ranks {missing} were not ready in time")
-        self._items = ready[0]
+        self._items = set.intersection(*(set(ev.items) for ev in ready.values()))
+        self.collect_errors = list(dict.fromkeys(error for ev in ready.values() for error in ev.errors))
 
     def can_run(self, test_id: str) -> bool:
-        """Whether these ranks can run that test (in pytest mode: collected it)."""
+        """Whether these ranks can run that test (in pytest mode: every rank collected it)."""
         return self.config.mode != "pytest" or test_id in self._items
 
     @property
@@ -269,7 +272,7 @@ class RankGroup:
             self.kill()
             return
         for rp in self.ranks:
-            self._send(rp, {"cmd": "stop"})
+            self._send(rp, Stop())
         end = time.monotonic() + STOP_WAIT
         for rp in self.ranks:
             rp.proc.join(max(0.0, end - time.monotonic()))
@@ -299,10 +302,10 @@ class RankGroup:
 
     # -- one test -------------------------------------------------------------
 
-    def begin(self, command: dict[str, Any]) -> None:
+    def begin(self, command: RunItem | CallFunction) -> None:
         """Hand the next test to every rank; fresh states start recording it."""
         self.tests_run += 1
-        self.current = command["id"]
+        self.current = command.id
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:
@@ -376,11 +379,11 @@ class RankGroup:
 
     # -- plumbing -------------------------------------------------------------
 
-    def _send(self, rp: RankProcess, command: dict[str, Any]) -> None:
+    def _send(self, rp: RankProcess, command: Command) -> None:
         if rp.commands is None:
             return
         try:
-            rp.commands.send_bytes(json.dumps(command).encode())
+            rp.commands.send_bytes(encode(command))
         except OSError:
             pass  # the rank is gone; its exit shows in poll()
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from .report import PHASES, failure_text
-from .runner import TestRun
+from .report import PHASES, failure_text, start_failure_text
+from .runner import StartFailure, TestRun
 from .state import RankState
 
 
@@ -35,11 +35,11 @@ def _stuck_phase(state: RankState) -> str | None:
 
 
 def merged_reports(
-    item: pytest.Item, run: TestRun, config: pytest.Config
+    item: pytest.Item, run: TestRun | StartFailure, config: pytest.Config
 ) -> tuple[list[pytest.TestReport], dict[int, str]]:
     """The controller's reports for ``item``, and each failing rank's failure text."""
-    if run.start_error is not None:
-        text = failure_text(run, {}, str(item.path))
+    if isinstance(run, StartFailure):  # no rank ran it: its setup failed
+        text = start_failure_text(run)
         return [_report(item, "setup", "failed", text), _report(item, "teardown", "passed", None)], {}
 
     rank_reports: dict[str, dict[int, pytest.TestReport]] = {when: {} for when in PHASES}

@@ -8,7 +8,6 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from typing import Any
@@ -16,37 +15,45 @@ from typing import Any
 import pytest
 
 from . import rank as rank_module
+from . import settings as settings_module
 from .group import GroupConfig, fork_context
+from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports
+from .protocol import RunItem
 from .report import write_json
-from .runner import GroupPool, TestRun
-from .spec import (
+from .runner import GroupPool, StartFailure, TestRun
+from .settings import (
+    DEFAULT_BACKEND,
     DEFAULT_GRACE,
+    DEFAULT_MAX_GROUPS,
     DEFAULT_TIMEOUT,
+)
+from .spec import (
     RankSpec,
     SpecError,
-    parse_backend,
     parse_mark,
-    parse_timeout,
-    resolve,
+    parse_timeout_mark,
+    process_group_timeout,
 )
 
 WORLD_SIZE_PARAM = "_ddp_world_size"
-spec_key = pytest.StashKey[RankSpec]()
+# A ddp item's spec, or why it cannot run (reported as its setup error).
+spec_key = pytest.StashKey["RankSpec | SpecError"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddp", "distributed tests (pytest-ddp)")
-    group.addoption("--ddp-backend", default=None, help="backend of ddp tests whose mark names none: gloo (default) or nccl")
+    group.addoption("--ddp-backend", default=None, help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})")
     group.addoption("--ddp-timeout", default=None, help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})")
     group.addoption("--ddp-grace", default=None, help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
     group.addoption("--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes")
-    group.addoption("--ddp-max-groups", type=int, default=None, help="rank groups kept warm at once (default 2)")
+    group.addoption("--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
     group.addoption("--ddp-report-dir", default=None, metavar="DIR", help="write a JSON report of each failing ddp test into DIR")
-    parser.addini("ddp_backend", "default backend of ddp tests", default="gloo")
-    parser.addini("ddp_timeout", "default timeout of ddp tests, in seconds", default=str(DEFAULT_TIMEOUT))
-    parser.addini("ddp_grace", "seconds a failed rank's peers get before they are stopped", default=str(DEFAULT_GRACE))
-    parser.addini("ddp_max_groups", "rank groups kept warm at once", default="2")
+    group.addoption("--ddp-max-world-size", default=None, metavar="N", help="largest world size accepted (default: what this machine's memory and process limit hold)")
+    parser.addini("ddp_backend", f"default backend of ddp tests (default {DEFAULT_BACKEND})")
+    parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
+    parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
+    parser.addini("ddp_max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,19 +68,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Check the ddp mark; a list of world sizes makes one test per size.
+    """A list of world sizes makes one test per size.
 
-    It runs in the ranks too, so that they collect the very same items.
+    It runs in the ranks too, so that they collect the very same items.  A bad
+    mark leaves the test as it is: the controller reports it as that test's
+    error, and the file's other tests still run.
     """
     marker = metafunc.definition.get_closest_marker("ddp")
     if marker is None:
         return
     try:
         mark = parse_mark(marker.args, marker.kwargs)
-    except SpecError as exc:
-        raise pytest.Collector.CollectError(
-            f"{metafunc.definition.nodeid}: @pytest.mark.ddp: {exc}"
-        ) from None
+    except SpecError:
+        return
     if mark.parametrized:
         # Parametrize on a name the test need not request.
         if WORLD_SIZE_PARAM not in metafunc.fixturenames:
@@ -83,27 +90,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-def _option(config: pytest.Config, name: str) -> Any:
-    value = config.getoption(f"--ddp-{name.replace('_', '-')}")
-    return value if value is not None else config.getini(f"ddp_{name}")
-
-
 class Controller:
     """The controller side: resolves specs, runs ddp items on rank groups, reports."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        try:
-            self.backend = parse_backend(_option(config, "backend"), "--ddp-backend")
-            self.timeout = parse_timeout(_option(config, "timeout"), "--ddp-timeout")
-            self.grace = parse_timeout(_option(config, "grace"), "--ddp-grace")
-            max_groups = int(_option(config, "max_groups"))
-        except (SpecError, ValueError) as exc:
-            raise pytest.UsageError(f"pytest-ddp: {exc}") from None
-        self.isolate_all: bool = config.getoption("--ddp-isolate")
-        self.report_dir: str | None = config.getoption("--ddp-report-dir")
-        self.pool = GroupPool(max_groups)
-        self.runs: list[TestRun] = []
+        self.settings = settings_module.from_config(config)
+        self.pool = GroupPool(self.settings.max_groups)
+        self._rank_capacity: tuple[int, str] | None = None
+        self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
 
@@ -113,65 +108,86 @@ class Controller:
         # The ddp items each warm group may serve, in session order, and where each stands.
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
-        for item in session.items:
-            spec = self.spec(item)
-            if spec is not None and not spec.isolated:
+        specs = [(item, spec) for item in session.items if (spec := self.spec(item)) is not None]
+        for item, spec in specs:
+            if not spec.isolated:
                 queue = self.shared.setdefault(spec.group_key, [])
                 self.position[item.nodeid] = len(queue)
                 queue.append(item)
-        if any(self.spec(item) is not None for item in session.items):
+        if specs:
             fork_context()  # the forkserver imports torch while pytest gets going
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
-        """The resolved spec of a ddp item, or None for an ordinary one."""
-        cached = item.stash.get(spec_key, None)
-        if cached is not None:
-            return cached
+        """The spec of a ddp item that can run; None for an ordinary item or a bad one."""
+        resolved = self._resolve(item)
+        return resolved if isinstance(resolved, RankSpec) else None
+
+    def _resolve(self, item: pytest.Item) -> RankSpec | SpecError | None:
+        """A ddp item's spec, or why it cannot run; None for an ordinary item."""
+        if spec_key in item.stash:
+            return item.stash[spec_key]
         marker = item.get_closest_marker("ddp")
         if marker is None or not isinstance(item, pytest.Function):
             return None
-        mark = parse_mark(marker.args, marker.kwargs)  # checked at collection already
+        try:
+            resolved: RankSpec | SpecError = self._spec_of(item, marker)
+        except SpecError as exc:
+            resolved = SpecError(f"{item.nodeid}: {exc}")
+        item.stash[spec_key] = resolved
+        return resolved
+
+    def _spec_of(self, item: pytest.Function, marker: pytest.Mark) -> RankSpec:
+        try:
+            mark = parse_mark(marker.args, marker.kwargs)
+        except SpecError as exc:
+            raise SpecError(f"@pytest.mark.ddp: {exc}") from None
+        timeout_marker = item.get_closest_marker("timeout")
+        try:
+            timeout_mark = None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
+        except SpecError as exc:
+            # pytest-timeout reads the mark again around the test, and a value it
+            # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
+            item.add_marker(pytest.mark.timeout(0), append=False)
+            raise SpecError(f"@pytest.mark.timeout: {exc}") from None
         callspec = getattr(item, "callspec", None)
         parametrized = callspec is not None and WORLD_SIZE_PARAM in callspec.params
-        spec = resolve(
-            mark,
-            callspec.params[WORLD_SIZE_PARAM] if parametrized else mark.world_sizes[0],
-            default_backend=self.backend,
-            default_timeout=self._default_timeout(),
-            timeout_mark=_timeout_mark(item),
-            isolate_all=self.isolate_all,
-            grace=self.grace,
-        )
-        item.stash[spec_key] = spec
-        return spec
+        world_size = callspec.params[WORLD_SIZE_PARAM] if parametrized else mark.world_sizes[0]
+        self._check_capacity(world_size)
+        return self.settings.spec(mark, world_size, timeout_mark)
 
-    def _default_timeout(self) -> float:
-        """``--ddp-timeout``, lowered to pytest-timeout's global ``--timeout`` if that is smaller."""
-        try:
-            global_timeout = float(self.config.getoption("timeout", None) or self.config.getini("timeout") or 0)
-        except (ValueError, KeyError):
-            global_timeout = 0.0
-        if global_timeout > 0:
-            return min(self.timeout, global_timeout)
-        return self.timeout
+    def _check_capacity(self, world_size: int) -> None:
+        """Refuse a world size this machine cannot hold, before anything is started."""
+        if self.settings.max_world_size is not None:
+            if world_size > self.settings.max_world_size:
+                raise SpecError(f"world_size={world_size}: above --ddp-max-world-size={self.settings.max_world_size}")
+            return
+        if self._rank_capacity is None:
+            self._rank_capacity = machine_rank_capacity()
+        limit, why = self._rank_capacity
+        if world_size > limit:
+            raise SpecError(
+                f"world_size={world_size}: this machine holds at most {limit} ranks ({why}); "
+                f"--ddp-max-world-size=N overrides this check"
+            )
 
     # -- running ----------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        spec = self.spec(item)
+        spec = self._resolve(item)
         if spec is None:
             return None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        skip_reason = _gpu_shortage(spec)
-        if skip_reason is not None:
+        if isinstance(spec, SpecError):
+            reports = [_setup_error_report(item, str(spec))]
+        elif (skip_reason := _gpu_shortage(spec)) is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
             reports, rank_failures = merged_reports(item, run, self.config)
-            if self.report_dir and any(r.failed for r in reports):
-                write_json(self.report_dir, run, rank_failures)
+            if self.settings.report_dir and any(r.failed for r in reports):
+                write_json(self.settings.report_dir, run, rank_failures)
         # Fixtures this controller set up for ordinary tests before this one.
         item.session._setupstate.teardown_exact(nextitem)
         for report in reports:
@@ -179,7 +195,7 @@ class Controller:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun:
+    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
         later = self._later_items(item, spec)
         # The next item this controller runs, if it runs on this group too.
         follow = self._command(later[0], spec) if later and later[0] is nextitem else None
@@ -193,11 +209,11 @@ class Controller:
         self.runs.append(run)
         return run
 
-    def _command(self, item: pytest.Item, spec: RankSpec) -> dict[str, Any]:
+    def _command(self, item: pytest.Item, spec: RankSpec) -> RunItem:
         """What a group's ranks are told to run: the item, and the item after it
         on the same group, whose fixtures they keep."""
         later = self._later_items(item, spec)
-        return {"cmd": "run", "id": item.nodeid, "next": later[0].nodeid if later else None}
+        return RunItem(item.nodeid, later[0].nodeid if later else None)
 
     def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
         """The items after this one that may run on the same warm group, in order."""
@@ -212,23 +228,22 @@ class Controller:
             world_size=spec.world_size,
             backend=spec.backend,
             init=spec.init,
-            # Above every test's timeout, so that the plugin sees a hang before Gloo does.
-            pg_timeout=max(2 * longest + 60, 600),
+            pg_timeout=process_group_timeout(longest),
             pytest_args=rank_pytest_args(self.config, items),
             sys_path=list(sys.path),
             workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),
-            gpus=_my_gpus()[: spec.world_size] if spec.backend == "nccl" else [],
+            gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" else [],
         )
 
     # pytest-timeout must not fire in the controller while the ranks run: the
     # ddp timeout includes its value, and the controller reports the hang.
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
-        return True if self.spec(item) is not None else None
+        return True if self._resolve(item) is not None else None
 
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self.spec(item) is not None else None
+        return True if self._resolve(item) is not None else None
 
     def pytest_sessionfinish(self) -> None:
         self.pool.close()
@@ -239,7 +254,7 @@ class Controller:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.runs:
             return
-        costs = [run.elapsed + (run.cold_start or 0.0) for run in self.runs]
+        costs = [run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs]
         terminalreporter.write_line(
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"
@@ -248,20 +263,6 @@ class Controller:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _timeout_mark(item: pytest.Item) -> float | None:
-    """pytest-timeout's ``@pytest.mark.timeout(N)`` on the item, if any."""
-    marker = item.get_closest_marker("timeout")
-    if marker is None:
-        return None
-    value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
-    if value is None:
-        return None
-    try:
-        return parse_timeout(value, "timeout mark")
-    except SpecError:
-        return None
 
 
 def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
@@ -293,43 +294,20 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
     return args
 
 
-def worker_gpus(visible: list[str], worker: str | None, workers: int) -> list[str]:
-    """This controller's share of the visible GPUs: all of them, or under xdist a
-    disjoint slice per worker (gw0 gets 0, N, 2N, ...), so workers never share a GPU."""
-    if worker is None or workers <= 1:
-        return visible
-    index = int(worker.lstrip("gw") or 0)
-    return visible[index::workers]
-
-
-def _visible_gpus() -> list[str]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [g.strip() for g in listed.split(",") if g.strip()] if listed else []
-    return ids[: torch.cuda.device_count()] if ids else [str(i) for i in range(torch.cuda.device_count())]
-
-
-def _my_gpus() -> list[str]:
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return worker_gpus(_visible_gpus(), os.environ.get("PYTEST_XDIST_WORKER"), workers)
-
-
 def _gpu_shortage(spec: RankSpec) -> str | None:
     if spec.backend != "nccl":
         return None
-    mine = _my_gpus()
-    if len(mine) >= spec.world_size:
-        return None
-    visible = len(_visible_gpus())
-    if len(mine) == visible:
-        return f"nccl test needs {spec.world_size} GPUs, {visible} visible"
-    return (
-        f"nccl test needs {spec.world_size} GPUs, this xdist worker has {len(mine)} "
-        f"({visible} visible, shared between {os.environ.get('PYTEST_XDIST_WORKER_COUNT')} workers)"
-    )
+    try:
+        rank_gpus(spec.world_size)
+    except GpuShortage as exc:
+        return str(exc)
+    return None
+
+
+def _setup_error_report(item: pytest.Item, message: str) -> pytest.TestReport:
+    """An error at the setup of ``item``, with ``message`` and no traceback."""
+    call = pytest.CallInfo.from_call(lambda: pytest.fail(message, pytrace=False), "setup")
+    return pytest.TestReport.from_item_and_call(item, call)
 
 
 def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:

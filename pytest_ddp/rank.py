@@ -25,18 +25,31 @@ import pickle
 import resource
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, TypeVar
 
 import _pytest.config
 import pytest
 
-from .state import EventLog
+from .protocol import (
+    CallFunction,
+    Done,
+    Event,
+    EventLog,
+    Fatal,
+    PhaseStart,
+    ProtocolError,
+    Ready,
+    Report,
+    RunItem,
+    Stop,
+    TestStart,
+    decode_command,
+)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -60,6 +73,7 @@ class RankContext:
 
 
 _context: RankContext | None = None
+WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
 
 
 def current() -> RankContext | None:
@@ -75,8 +89,7 @@ class Channel:
         self._commands = commands
         self._notify = notify
 
-    def event(self, event: dict[str, Any], wake: bool = False) -> None:
-        event["t"] = time.time()
+    def event(self, event: Event, wake: bool = False) -> None:
         self.log.write(event)
         if wake:
             try:
@@ -84,12 +97,23 @@ class Channel:
             except OSError:
                 pass  # the controller is gone; the next command read ends this rank
 
-    def next_command(self) -> dict[str, Any] | None:
-        """The controller's next command; None when it closed the pipe (it is gone)."""
-        try:
-            return json.loads(self._commands.recv_bytes())
-        except (EOFError, OSError):
-            return None
+    def commands(self, accepted: type[WorkCommand]) -> Iterator[WorkCommand]:
+        """The controller's commands for this rank's mode (``RunItem`` in a pytest session,
+        ``CallFunction`` in function mode), until "stop" or until it closes the pipe (it is gone).
+
+        Any other command is the controller's bug: :class:`ProtocolError`.
+        """
+        while True:
+            try:
+                message = self._commands.recv_bytes()
+            except (EOFError, OSError):
+                return
+            command = decode_command(message)
+            if isinstance(command, Stop):
+                return
+            if not isinstance(command, accepted):
+                raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
+            yield command
 
 
 def _become_rank(rank: int, parent_pid: int) -> None:
@@ -159,26 +183,26 @@ def _group_intact() -> bool:
     return dist.is_initialized()
 
 
-def _done_event() -> dict[str, Any]:
+def _done_event() -> Done:
     """The test is over on this rank: the state it leaves the rank in.  With the
     other ranks' events, this is the after-test check of the group."""
     from . import recorder
 
-    return {
-        "e": "done",
-        "group_intact": _group_intact(),
-        "in_flight": recorder.unfinished_work(IN_FLIGHT_WAIT),
-        **_peak_memory(),
-    }
-
-
-def _peak_memory() -> dict[str, int | None]:
+    in_flight = recorder.unfinished_work(IN_FLIGHT_WAIT)
     peak_cuda = None
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         peak_cuda = int(torch.cuda.max_memory_allocated())
     # ru_maxrss is in KiB on Linux.
-    return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_cuda": peak_cuda}
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return Done(group_intact=_group_intact(), in_flight=in_flight, peak_rss=peak_rss, peak_cuda=peak_cuda)
+
+
+def _fatal(channel: Channel, error: str) -> None:
+    """The rank cannot go on: tell the controller, and say why on stderr, which the
+    controller shows for a rank that died."""
+    channel.event(Fatal(error), wake=True)
+    sys.stderr.write(error)
 
 
 class RankSession:
@@ -187,6 +211,7 @@ class RankSession:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.collect_errors: list[str] = []
+        self.ready = False  # the session reached its run loop and said so
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: Any) -> None:
@@ -200,23 +225,24 @@ class RankSession:
         if report.failed:
             self.collect_errors.append(f"{report.nodeid}: {report.longreprtext}")
 
+    def pytest_internalerror(self, excrepr: Any) -> None:
+        # The terminal reporter writes it to /dev/null here (see pytest_configure).
+        _fatal(self.channel, f"INTERNALERROR\n{excrepr}\n")
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: Any) -> bool:
         items = {item.nodeid: item for item in session.items}
-        self.channel.event(
-            {"e": "ready", "items": list(items), "errors": self.collect_errors}, wake=True
-        )
-        while (command := self.channel.next_command()) is not None:
-            if command["cmd"] == "stop":
-                break
-            self._run(items, command["id"], command.get("next"))
+        self.channel.event(Ready(list(items), self.collect_errors), wake=True)
+        self.ready = True
+        for command in self.channel.commands(RunItem):
+            self._run(items, command.id, command.next)
         return True
 
     def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:
         from . import recorder
 
         recorder.start_test()
-        self.channel.event({"e": "test", "id": nodeid})
+        self.channel.event(TestStart(nodeid))
         item = items[nodeid]
         # Fixtures kept for a next item that this group did not get after all
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
@@ -225,7 +251,7 @@ class RankSession:
         self.channel.event(_done_event(), wake=True)
 
     def _phase(self, when: str) -> None:
-        self.channel.event({"e": "phase", "when": when})
+        self.channel.event(PhaseStart(when))
 
     def pytest_runtest_setup(self, item: Any) -> None:
         self._phase("setup")
@@ -237,12 +263,12 @@ class RankSession:
         self._phase("teardown")
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        event = {"e": "report", "when": report.when, "outcome": report.outcome, "duration": report.duration}
+        data = None
         # A plain pass carries nothing beyond outcome and duration: skip serializing
         # it (a large share of a warm test's cost in the rank).
         if not (report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")):
-            event["data"] = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.channel.event(event, wake=report.failed)
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.channel.event(Report(report.when, report.outcome, report.duration, data), wake=report.failed)
 
     # pytest-timeout must never fire inside a rank: the controller owns the timeout.
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -257,26 +283,30 @@ class RankSession:
 def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
     session = RankSession(channel)
     args = list(spec["pytest_args"]) + ["--basetemp", spec["basetemp"]]
-    return int(pytest.main(args, plugins=[session]))
+    code = int(pytest.main(args, plugins=[session]))
+    if not session.ready:
+        # Ended before running anything: a named test's module failed to import
+        # ("found no collectors"), a bad option, ...  Its terminal output went nowhere.
+        errors = "".join(f"\n\n{error}" for error in session.collect_errors)
+        _fatal(channel, f"its pytest session ended before running any test (exit code {code}){errors}\n")
+    return code
 
 
 def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
     """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
     from . import recorder
 
-    channel.event({"e": "ready"}, wake=True)
-    while (command := channel.next_command()) is not None:
-        if command["cmd"] == "stop":
-            break
+    channel.event(Ready(), wake=True)
+    for command in channel.commands(CallFunction):
         recorder.start_test()
-        channel.event({"e": "test", "id": command["id"]})
-        channel.event({"e": "phase", "when": "call"})
+        channel.event(TestStart(command.id))
+        channel.event(PhaseStart("call"))
         data: dict[str, Any]
         try:
-            fn: Any = importlib.import_module(command["module"])
-            for part in command["qualname"].split("."):
+            fn: Any = importlib.import_module(command.module)
+            for part in command.qualname.split("."):
                 fn = getattr(fn, part)
-            args, kwargs = pickle.loads(base64.b64decode(command["args"]))
+            args, kwargs = pickle.loads(base64.b64decode(command.args))
             value = fn(spec["rank"], *args, **kwargs)
             outcome, data = "passed", {"value": _encode(value)}
         except BaseException as exc:  # the function's failure is the result, whatever it is
@@ -285,7 +315,7 @@ def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
                 "exception": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(),
             }
-        channel.event({"e": "report", "when": "call", "outcome": outcome, "data": data}, wake=True)
+        channel.event(Report("call", outcome, data=data), wake=True)
         channel.event(_done_event(), wake=True)
     return 0
 
@@ -324,7 +354,7 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection) -> Non
         run = _run_pytest if spec["mode"] == "pytest" else _serve_functions
         code = run(spec, channel)
     except BaseException:
-        channel.event({"e": "fatal", "error": traceback.format_exc()}, wake=True)
+        _fatal(channel, traceback.format_exc())
         code = 3
     sys.stdout.flush()
     sys.stderr.flush()

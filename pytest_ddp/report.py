@@ -11,14 +11,15 @@ The failure text follows one order, so that people learn where to look:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-from .runner import TestRun
+from .runner import StartFailure, TestRun
 from .state import Call, RankState, exit_text
-from .watchdog import describe_call, rank_list
+from .wording import describe_call, difference_line, rank_list, unfinished_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
@@ -28,8 +29,6 @@ SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 def headline(run: TestRun) -> str:
     """The first line of a failure: verdict, kind, time, diagnosis."""
     verdict = run.verdict
-    if run.start_error is not None:
-        return f"ddp: the ranks could not start: {run.start_error.splitlines()[0]}"
     if verdict.status == "timeout":
         head = "ddp"  # the summary starts "timed out after N s"
     elif verdict.status == "deadlock":
@@ -149,23 +148,24 @@ def _section(title: str) -> str:
     return f"{'-' * 20} {title} {'-' * 20}"
 
 
+def start_failure_text(failure: StartFailure) -> str:
+    """The whole text of a test no rank ran."""
+    return f"ddp: {failure.error.splitlines()[0].rstrip(':')}\n\n{failure.error}"
+
+
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
-    lines = [headline(run)]
-    if run.start_error is not None:
-        lines += ["", run.start_error]
-        return "\n".join(lines)
-    lines.append("")
+    lines = [headline(run), ""]
     lines += [rank_line(s) for s in run.states]
     table = sequence_table(run.states)
     if table:
         lines += [""] + table
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
-        lines += ["  " + d for d in run.sequence_differences]
+        lines += ["  " + difference_line(d) for d in run.sequence_differences]
     if run.unfinished_work:
         lines += ["", "asynchronous work still in flight after the test:"]
-        lines += ["  " + d for d in run.unfinished_work]
+        lines += ["  " + unfinished_line(w) for w in run.unfinished_work]
     lines += _grouped_failures(rank_failures)
     for rank, stack in sorted(run.stacks.items()):
         lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
@@ -193,7 +193,18 @@ def sanitize(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:200] or "test"
 
 
-def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
+def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> dict[str, Any]:
+    if isinstance(run, StartFailure):
+        return {
+            "test": run.test_id,
+            "world_size": run.spec.world_size,
+            "backend": run.spec.backend,
+            "timeout": run.spec.timeout,
+            "status": "not_started",
+            "start_error": run.error,
+            "elapsed": round(run.elapsed, 3),
+            "ranks": [],
+        }
     verdict = run.verdict
     return {
         "test": run.test_id,
@@ -208,9 +219,10 @@ def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
         "call": verdict.call,
         "summary": verdict.summary,
         "elapsed": round(run.elapsed, 3),
-        "start_error": run.start_error,
-        "sequence_differences": run.sequence_differences,
-        "unfinished_work": run.unfinished_work,
+        "sequence_differences": [
+            {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
+        ],
+        "unfinished_work": [{**dataclasses.asdict(w), "text": unfinished_line(w)} for w in run.unfinished_work],
         "ranks": [
             {
                 "rank": s.rank,
@@ -229,7 +241,7 @@ def run_to_json(run: TestRun, rank_failures: dict[int, str]) -> dict[str, Any]:
     }
 
 
-def write_json(directory: str, run: TestRun, rank_failures: dict[int, str]) -> Path:
+def write_json(directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str]) -> Path:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     target = path / f"{sanitize(run.test_id)}.json"

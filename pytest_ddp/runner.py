@@ -13,21 +13,22 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import watchdog
+from . import consistency, watchdog, wording
+from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
+from .protocol import CallFunction, RunItem
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
-# A certain deadlock is reported at once unless some ranks are still running:
-# they get this long to finish or block too, so the report names every culprit.
-SETTLE = 0.5
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
 
 
 @dataclass
 class TestRun:
     """What happened to one test on every rank."""
+
+    __test__ = False  # not a pytest test class
 
     test_id: str
     spec: RankSpec
@@ -36,11 +37,10 @@ class TestRun:
     elapsed: float  # seconds from hand-over to verdict
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
-    sequence_differences: list[str] = field(default_factory=list)
-    unfinished_work: list[str] = field(default_factory=list)  # asynchronous work left in flight
+    sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
+    unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
-    start_error: str | None = None  # the group could not start
 
     @property
     def collectives_wrong(self) -> bool:
@@ -54,23 +54,27 @@ class TestRun:
         return self.verdict.status not in ("done", "wait")
 
 
+@dataclass
+class StartFailure:
+    """A test no rank ran: its group could not start, or its ranks did not collect it."""
+
+    test_id: str
+    spec: RankSpec
+    error: str  # which rank and why, or the ranks' collection errors
+    elapsed: float  # seconds spent starting the group
+
+
 def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     """Watch the test handed over to the group until a verdict."""
     started = group.handed_over_at
-    certain_since: float | None = None
-    while True:
+    watch = watchdog.Watch()
+    verdict = None
+    while verdict is None:
         group.poll(POLL_INTERVAL)
-        now = time.time()
-        snapshot = Snapshot(now=now, started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
-        verdict = watchdog.judge(snapshot)
-        if verdict.status == "deadlock":
-            certain_since = certain_since or now
-            running = any(not s.finished and s.current_call is None for s in group.states)
-            if running and now - certain_since < SETTLE:
-                continue
-        if verdict.status != "wait":
-            break
+        snapshot = Snapshot(now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
+        verdict = watch.verdict(snapshot)
     elapsed = time.time() - started
+    verdict = wording.worded(verdict, group.states)
     run = TestRun(group.current or "", spec, group.states, verdict, elapsed)
     group.current = None
     if verdict.status != "done":
@@ -82,8 +86,8 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     if verdict.status != "done":
         group.kill()
     if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
-        run.sequence_differences = watchdog.compare_sequences(group.states)
-        run.unfinished_work = watchdog.unfinished_work(group.states)
+        run.sequence_differences = consistency.compare_sequences(group.states)
+        run.unfinished_work = consistency.unfinished_work(group.states)
     return run
 
 
@@ -104,9 +108,16 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
         if not state.group_intact or state.in_flight:
             return False
         for call in state.calls:
-            if call.state != "ok" or call.op == "destroy_process_group":
+            if call.state != "ok" or call.op == DESTROY:
                 return False
     return True
+
+
+def _not_collected(test_id: str, collect_errors: list[str]) -> str:
+    text = f"the ranks did not collect {test_id}"
+    if collect_errors:
+        text += "; their collection errors:\n\n" + "\n\n".join(collect_errors)
+    return text
 
 
 class GroupPool:
@@ -120,11 +131,11 @@ class GroupPool:
     def run(
         self,
         spec: RankSpec,
-        command: dict[str, Any],
+        command: RunItem | CallFunction,
         make_config: Callable[[], GroupConfig],
         keep: bool,
-        follow: dict[str, Any] | None = None,
-    ) -> TestRun:
+        follow: RunItem | CallFunction | None = None,
+    ) -> TestRun | StartFailure:
         """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
 
         ``keep``: whether a later test will want this group; if not, it is
@@ -136,7 +147,7 @@ class GroupPool:
         key = spec.group_key
         # An isolated test gets a group of its own and leaves the warm one be.
         group = None if spec.isolated else self._groups.pop(key, None)
-        if group is not None and not _can_take(group, command["id"]):
+        if group is not None and not _can_take(group, command.id):
             group.stop()
             group = None
         cold_start = None
@@ -149,12 +160,11 @@ class GroupPool:
             self.groups_started += 1
             try:
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
-                if not group.can_run(command["id"]):
+                if not group.can_run(command.id):
                     group.stop()
-                    raise GroupStartError(f"the ranks did not collect {command['id']}")
+                    raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
-                verdict = watchdog.Verdict("done", kind="failed")
-                return TestRun(command["id"], spec, [], verdict, 0.0, start_error=str(exc))
+                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin)
             cold_start = time.monotonic() - begin
         if group.current is None:
             group.begin(command)

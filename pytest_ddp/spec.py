@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 BACKENDS = ("gloo", "nccl")
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_GRACE = 2.0
+# The longest timeout (or grace) accepted, about 11.6 days: the process
+# group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
+# epoll/poll and some store calls take (2**31 ms is about 24.8 days).
+MAX_TIMEOUT = 1_000_000
 MARK_ARGUMENTS = ("world_size", "backend", "timeout", "init", "isolated", "check_collectives")
 
 
@@ -39,10 +41,10 @@ class RankSpec:
     world_size: int
     backend: str
     timeout: float
+    grace: float
     init: bool = True
     isolated: bool = False
     check_collectives: bool = True
-    grace: float = DEFAULT_GRACE
 
     @property
     def group_key(self) -> tuple[int, str, bool]:
@@ -82,18 +84,54 @@ def parse_backend(value: Any, name: str = "backend") -> str:
     return value.lower()
 
 
-def parse_timeout(value: Any, name: str = "timeout") -> float:
-    """Seconds > 0, given as a number (or, from ini files and the command line, a string)."""
-    error = SpecError(f"{name}={value!r}: must be a number of seconds > 0")
-    seconds = value
+def _number(value: Any) -> float | None:
+    """A number, given as one (or, from ini files and the command line, as a string); else None."""
     if isinstance(value, str):
         try:
-            seconds = float(value)
+            return float(value)
         except ValueError:
-            raise error from None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise error
-    return float(seconds)
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def parse_timeout(value: Any, name: str = "timeout") -> float:
+    """Seconds, finite, > 0 and at most MAX_TIMEOUT."""
+    seconds = _number(value)
+    if seconds is None or not (0 < seconds <= MAX_TIMEOUT):  # also refuses nan and inf
+        raise SpecError(f"{name}={value!r}: must be a number of seconds > 0 and <= {MAX_TIMEOUT}")
+    return seconds
+
+
+def parse_count(value: Any, name: str) -> int:
+    """An int >= 1, given as one or as a string."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            pass
+    if not _is_int(number) or number < 1:
+        raise SpecError(f"{name}={value!r}: must be an int >= 1")
+    return number
+
+
+def parse_timeout_mark(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+    """The timeout of pytest-timeout's ``@pytest.mark.timeout(N)``; None where N <= 0,
+    which pytest-timeout reads as "no timeout of its own"."""
+    value = args[0] if args else kwargs.get("timeout")
+    if value is None:
+        return None
+    seconds = _number(value)
+    if seconds is not None and seconds <= 0:
+        return None
+    return parse_timeout(value)
+
+
+def process_group_timeout(longest_test_timeout: float) -> float:
+    """The process group's own timeout: above every test's, so that the plugin sees a hang first."""
+    return max(2 * longest_test_timeout + 60, 600)
 
 
 def _flag(kwargs: dict[str, Any], name: str, default: bool) -> bool:
@@ -126,26 +164,4 @@ def parse_mark(args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkArgs:
         init=_flag(kwargs, "init", True),
         isolated=_flag(kwargs, "isolated", False),
         check_collectives=_flag(kwargs, "check_collectives", True),
-    )
-
-
-def resolve(
-    mark: MarkArgs,
-    world_size: int,
-    default_backend: str,
-    default_timeout: float,
-    timeout_mark: float | None = None,
-    isolate_all: bool = False,
-    grace: float = DEFAULT_GRACE,
-) -> RankSpec:
-    """The spec of one test: the mark's values, else pytest-timeout's mark, else the options."""
-    timeout = mark.timeout if mark.timeout is not None else timeout_mark
-    return RankSpec(
-        world_size=world_size,
-        backend=mark.backend or default_backend,
-        timeout=timeout if timeout is not None else default_timeout,
-        init=mark.init,
-        isolated=mark.isolated or isolate_all or not mark.init,
-        check_collectives=mark.check_collectives,
-        grace=grace,
     )

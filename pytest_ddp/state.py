@@ -1,43 +1,30 @@
-"""What the controller knows about each rank: the event log and the states built from it.
+"""What the controller knows about each rank: the states built from its events.
 
-A rank tells its controller everything through one append-only file of JSON
-lines, written with one unbuffered ``os.write`` per event.  A line is whole
-even if the rank dies right after writing it, and the controller can read the
-file while the rank is blocked inside a C++ collective or after it died.  No
-pipe, no thread in the rank that could itself be stuck.
-
-Events (``"e"`` names the kind; ``"t"`` is ``time.time()`` in the rank):
-
-``test``    a new test starts on this rank: ``id`` (node id or function name)
-``phase``   a test phase starts: ``when`` (setup/call/teardown)
-``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped),
-            ``data`` (the serialized pytest report, or for ``run()`` the result)
-``done``    the test is over on this rank (after teardown)
-``call``    a torch.distributed call was entered: see :class:`Call`
-``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
-
-The controller folds the events of the current test into a :class:`RankState`;
-the watchdog judges a :class:`Snapshot` of all of them.
+A rank tells its controller everything through its event log (the format and
+the log itself are in :mod:`pytest_ddp.protocol`).  The controller folds the
+events of the current test into a :class:`RankState`; the watchdog judges a
+:class:`Snapshot` of all of them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-# Point-to-point operations: they pair two ranks and have their own sequence
-# numbers per (group, direction, peer); they never take part in the
-# per-group collective sequence.
-P2P_OPS = frozenset(
-    {"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv"}
+from .ops import Op, op
+from .protocol import (
+    CallEvent,
+    Done,
+    Event,
+    Fatal,
+    PhaseStart,
+    ProtocolError,
+    Report,
+    RetEvent,
+    TestStart,
+    to_wire,
 )
-# Calls that return at once and leave their work running in the background.
-NON_BLOCKING_OPS = frozenset({"isend", "irecv", "batch_isend_irecv"})
-# Calls that set up or tear down groups rather than move data.
-GROUP_OPS = frozenset({"init_process_group", "new_group", "destroy_process_group"})
 
 
 def exit_text(code: int | None) -> str:
@@ -48,53 +35,6 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-class EventLog:
-    """The rank side: appends one JSON line per event, unbuffered."""
-
-    _encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: dumps() builds one per call
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    def write(self, event: dict[str, Any]) -> None:
-        self.write_line(self._encoder.encode(event))
-
-    def write_line(self, line: str) -> None:
-        """A line already in the event format (the recorder's hot path)."""
-        os.write(self._fd, (line + "\n").encode())
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-class EventReader:
-    """The controller side: returns the whole lines appended since the last read."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: Any = None  # opened once the rank has created it
-        self._partial = b""
-
-    def read_new(self) -> list[dict[str, Any]]:
-        if self._file is None:
-            try:
-                self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 - read for the group's life
-            except FileNotFoundError:
-                return []
-        data = self._partial + self._file.readall()
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # b"" when data ended with a newline
-        lines = [line for line in lines if line.strip()]
-        # One parse for all of them: much cheaper than one per line.
-        return json.loads(b"[" + b",".join(lines) + b"]") if lines else []
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 @dataclass
@@ -128,52 +68,65 @@ class Call:
         return "raised" if self.error is not None else "ok"
 
     @property
+    def kind(self) -> Op:
+        """What the operation is (see :mod:`pytest_ddp.ops`)."""
+        return op(self.op)
+
+    @property
     def is_p2p(self) -> bool:
-        return self.op in P2P_OPS
+        """A send or receive between two ranks (not batch_isend_irecv, to many at once)."""
+        return self.kind.pairs
+
+    @property
+    def is_recv(self) -> bool:
+        return self.kind.direction == "recv"
 
     @property
     def blocks(self) -> bool:
         """The caller stays inside until the call is done (not so for asynchronous work)."""
-        return not self.is_async and self.op not in NON_BLOCKING_OPS
+        return not self.is_async and self.kind.blocks
 
     @property
     def is_collective(self) -> bool:
-        return not self.is_p2p and self.op not in GROUP_OPS
+        """Every member of its group must enter it: it has a number in the group's sequence."""
+        return self.kind.is_collective
 
     @property
     def label(self) -> str:
         """``all_reduce #3`` or ``recv #1 from 0``: how reports name a call."""
         text = f"{self.op} #{self.seq}" if self.seq else self.op
         if self.is_p2p:
-            direction = "from" if "recv" in self.op else "to"
+            direction = "from" if self.is_recv else "to"
             text += f" {direction} {'any' if self.peer is None else self.peer}"
         if self.group != "WORLD":
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text
 
     def signature(self) -> tuple[Any, ...]:
-        """What must agree between ranks for the same collective."""
-        return (self.op, tuple(tuple(s) for s in self.shapes), tuple(self.dtypes), self.root)
+        """What the ranks should agree on for the same collective to mean the same thing on each:
+        op, shapes, dtypes and root; not the shapes of an operation whose splits may be uneven."""
+        shapes = () if self.kind.uneven else tuple(tuple(s) for s in self.shapes)
+        return (self.op, shapes, tuple(self.dtypes), self.root)
 
     @classmethod
-    def from_event(cls, ev: dict[str, Any]) -> Call:
+    def from_event(cls, ev: CallEvent) -> Call:
         return cls(
-            index=ev["i"],
-            op=ev["op"],
-            group=ev.get("group", "WORLD"),
-            group_ranks=tuple(ev.get("ranks", ())),
-            seq=ev.get("seq", 0),
-            site=ev.get("site", "?"),
-            enter=ev["t"],
-            shapes=ev.get("shapes", []),
-            dtypes=ev.get("dtypes", []),
-            devices=ev.get("devices", []),
-            peer=ev.get("peer"),
-            root=ev.get("root"),
-            is_async=ev.get("async", False),
-            obj_type=ev.get("obj_type"),
-            obj_size=ev.get("obj_size"),
-            extra=ev.get("extra", {}),
+            index=ev.index,
+            op=ev.op,
+            group=ev.group,
+            group_ranks=tuple(ev.group_ranks),
+            seq=ev.seq,
+            site=ev.site,
+            enter=ev.time,
+            shapes=ev.shapes,
+            dtypes=ev.dtypes,
+            devices=ev.devices,
+            peer=ev.peer,
+            root=ev.root,
+            is_async=ev.is_async,
+            obj_type=ev.obj_type,
+            obj_size=ev.obj_size,
+            extra=ev.extra,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +161,8 @@ class RankState:
     alive: bool = True
     exit_code: int | None = None  # negative: killed by that signal
     phase: str = "starting"  # starting, setup, call, teardown, finished
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # when -> report event
+    # when -> the report event in its wire form (watchdog and merge read it so).
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     finished_at: float | None = None  # the test ended on this rank (done event)
     failed_at: float | None = None  # first failing report, or death
@@ -237,30 +191,38 @@ class RankState:
             return self.calls[-1]
         return None
 
-    def apply(self, ev: dict[str, Any]) -> None:
-        """Fold one event of the current test into this state."""
-        kind = ev["e"]
-        if kind == "call":
-            self.calls.append(Call.from_event(ev))
-        elif kind == "ret":
-            call = self.calls[ev["i"]] if ev["i"] < len(self.calls) else None
-            if call is not None:
-                call.exit = ev["t"]
-                if not ev.get("ok", True):
-                    call.error = ev.get("err", "error")
-        elif kind == "phase":
-            self.phase = ev["when"]
-        elif kind == "report":
-            self.reports[ev["when"]] = ev
-            if ev["outcome"] == "failed" and self.failed_at is None:
-                self.failed_at = ev["t"]
-        elif kind == "done":
-            self.phase = "finished"
-            self.finished_at = ev["t"]
-            self.peak_rss = ev.get("peak_rss")
-            self.peak_cuda = ev.get("peak_cuda")
-            self.group_intact = ev.get("group_intact", True)
-            self.in_flight = ev.get("in_flight", [])
+    def apply(self, ev: Event) -> None:
+        """Fold one event of the current test into this state; :class:`ProtocolError` for an
+        event that has no place in a test."""
+        match ev:
+            case CallEvent():
+                self.calls.append(Call.from_event(ev))
+            case RetEvent():
+                if ev.index < len(self.calls):
+                    call = self.calls[ev.index]
+                    call.exit = ev.time
+                    if not ev.ok:
+                        call.error = ev.error or "error"
+            case PhaseStart():
+                self.phase = ev.when
+            case Report():
+                self.reports[ev.when] = to_wire(ev)
+                if ev.outcome == "failed" and self.failed_at is None:
+                    self.failed_at = ev.time
+            case Done():
+                self.phase = "finished"
+                self.finished_at = ev.time
+                self.peak_rss = ev.peak_rss
+                self.peak_cuda = ev.peak_cuda
+                self.group_intact = ev.group_intact
+                self.in_flight = ev.in_flight
+            case TestStart():
+                pass  # the controller knows which test it handed over
+            case Fatal():  # the rank exits next; its stderr says why
+                if self.failed_at is None:
+                    self.failed_at = ev.time
+            case _:
+                raise ProtocolError(f"{type(ev).__name__} event during a test")
 
     def mark_dead(self, exit_code: int, when: float) -> None:
         self.alive = False

@@ -113,3 +113,16 @@ def test_local_functions_are_refused() -> None:
 
     with pytest.raises(ValueError, match="module-level function"):
         pytest_ddp.run(local)
+
+
+def test_ranks_that_could_not_start_are_a_failed_result_that_says_why() -> None:
+    from pytest_ddp.api import _result
+    from pytest_ddp.runner import StartFailure
+    from pytest_ddp.spec import RankSpec
+
+    failure = StartFailure("m.f", RankSpec(2, "gloo", 10.0, grace=2.0), "rank 1 could not start:\nOSError: no route", 0.5)
+    result = _result(failure)
+    assert (result.outcome, result.ranks, result.values) == ("failed", [], [])
+    assert result.diagnosis is not None
+    assert result.diagnosis.text.splitlines()[0] == "ddp: rank 1 could not start"
+    assert "OSError: no route" in result.diagnosis.text

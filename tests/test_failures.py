@@ -133,3 +133,43 @@ def test_native_output_of_a_crashed_rank_is_shown(ddp_pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "terminate called after throwing an instance of 'demo'"]
     )
+
+
+def test_a_test_module_the_ranks_cannot_import_fails_with_their_error(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        if os.environ.get("RANK") is not None:  # only inside the ranks
+            raise RuntimeError("this module refuses to load in a rank")
+
+        @pytest.mark.ddp(world_size=2)
+        def test_anything(rank):
+            pass
+        """
+    )
+    result.assert_outcomes(errors=1)
+    text = result.stdout.str()
+    assert "could not start" in text
+    assert "RuntimeError: this module refuses to load in a rank" in text
+
+
+def test_an_internal_error_in_one_rank_is_shown(ddp_pytester) -> None:
+    ddp_pytester.pytester.makeconftest(
+        """
+        import os
+
+        def pytest_runtest_logreport(report):
+            if os.environ.get("RANK") == "1" and report.when == "call":
+                raise RuntimeError("a hook broke in rank 1")
+        """
+    )
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_anything(rank):
+            pass
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "rank 1: stderr (exit code 3)" in text
+    assert "RuntimeError: a hook broke in rank 1" in text

@@ -23,7 +23,9 @@ from conftest import line_of
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp import recorder
-from pytest_ddp.state import Call, EventLog, EventReader, RankState
+from pytest_ddp.protocol import Done, TestStart
+from pytest_ddp.protocol import EventLog, EventReader
+from pytest_ddp.state import Call, RankState
 
 HERE = Path(__file__)
 
@@ -40,7 +42,7 @@ def read_tests(folder: Path, rank: int) -> list[RankState]:
     events = reader.read_new()
     reader.close()
     for event in events:
-        if event["e"] == "test":
+        if isinstance(event, TestStart):
             states.append(RankState(rank))
         else:
             states[-1].apply(event)
@@ -61,7 +63,7 @@ def rank_main(rank: int, body: Callable[[int, EventLog], None], world_size: int,
     store = dist.FileStore(os.path.join(folder, "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     body(rank, log)
-    log.write({"e": "done", "t": time.time()})
+    log.write(Done())
     dist.destroy_process_group()
 
 
@@ -94,7 +96,7 @@ def many_calls(rank: int, log: EventLog) -> None:
     if rank == 0:  # raises before communicating: rank 1 need not take part
         with pytest.raises((AttributeError, pickle.PicklingError)):
             dist.all_gather_object(gathered, lambda: rank)
-    log.write({"e": "test", "t": time.time()})
+    log.write(TestStart("the next test"))
     recorder.start_test()
     dist.barrier()
 
@@ -159,11 +161,15 @@ def test_unpicklable_object_raised_before_communicating(two_ranks: list[list[Ran
 
 
 def test_point_to_point_calls_count_per_direction_and_peer(two_ranks: list[list[RankState]]) -> None:
-    sends = [c for c in two_ranks[0][0].calls if c.is_p2p]
-    recvs = [c for c in two_ranks[1][0].calls if c.is_p2p]
+    def exchanges(calls: list[Call]) -> list[Call]:
+        return [c for c in calls if c.kind.kind in ("p2p", "batch")]
+
+    sends, recvs = exchanges(two_ranks[0][0].calls), exchanges(two_ranks[1][0].calls)
     assert [(c.op, c.seq, c.peer) for c in sends] == [("send", 1, 1), ("send", 2, 1), ("batch_isend_irecv", 1, None)]
     assert [(c.op, c.seq, c.peer) for c in recvs] == [("recv", 1, 0), ("recv", 1, None), ("batch_isend_irecv", 1, None)]
     assert sends[-1].shapes == [[2], [2]]
+    # A batch goes to many peers at once: it pairs with no single call, and has no collective number.
+    assert not sends[-1].is_p2p and not sends[-1].is_collective
 
 
 def test_start_test_restarts_call_and_sequence_numbers(two_ranks: list[list[RankState]]) -> None:
@@ -183,7 +189,7 @@ def ddp_rank_skips_backward(rank: int, log: EventLog) -> None:
     if rank == 0:
         loss.backward()  # blocks: rank 1 never sends its gradients
     else:
-        log.write({"e": "done", "t": time.time()})
+        log.write(Done())
         time.sleep(120)  # alive, so rank 0 stays blocked rather than failing; the test kills it
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import pytest_ddp
 from pytest_ddp import recorder
-from pytest_ddp.state import EventLog
+from pytest_ddp.protocol import EventLog
 
 from conftest import line_of
 

@@ -5,7 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_ddp.state import Call, RankState, Snapshot
-from pytest_ddp.watchdog import Verdict, compare_sequences, describe_call, judge, rank_list
+from pytest_ddp import watchdog
+from pytest_ddp.consistency import compare_sequences as compare_data
+from pytest_ddp.verdicts import Verdict
+from pytest_ddp.wording import describe_call, difference_line, rank_list, worded
+
+
+def judge(snapshot: Snapshot) -> Verdict:
+    """The watchdog's verdict, worded as the controller words it."""
+    return worded(watchdog.judge(snapshot), snapshot.ranks)
+
+
+def compare_sequences(ranks: list[RankState]) -> list[str]:
+    return [difference_line(d) for d in compare_data(ranks)]
 
 NOW = 1000.0
 R2, R3, R4 = (0, 1), (0, 1, 2), (0, 1, 2, 3)

@@ -1,0 +1,288 @@
+"""What one torch.distributed call looks like in the event log: its call site, its
+group, its tensors, objects, root or peer, as fragments of the ``call`` event's
+JSON (see :mod:`pytest_ddp.protocol`).
+
+Built on the recorder's hot path, so the usual cases are cached: a frame's site
+per instruction, a group's name and ranks, a tensor's shape, dtype and device.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import sys
+import weakref
+from types import CodeType, FrameType
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .ops import INIT, NEW_GROUP, Op
+
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(module.__file__) + os.sep
+    for module in (torch, sys.modules[__package__ or "pytest_ddp"], __import__("pluggy"), __import__("_pytest"))
+)
+
+
+_DDP_FILE = torch.nn.parallel.distributed.__file__
+
+
+_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_UNSEEN = object()
+_site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal
+
+
+def _site_file(filename: str) -> str | None:
+    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen "):
+        return None
+    if os.path.isabs(filename):
+        relative = os.path.relpath(filename)
+        if not relative.startswith(".."):
+            filename = relative
+    return _json(filename)[1:-1]
+
+
+def _shown(filename: str) -> str | None:
+    """How a call site shows a frame's file (JSON-escaped); None for internal files (cached)."""
+    shown = _site_files.get(filename, _UNSEEN)
+    if shown is _UNSEEN:
+        shown = _site_files[filename] = _site_file(filename)
+    return shown  # type: ignore[return-value]
+
+
+_sites: dict[tuple[int, int], tuple[CodeType, str]] = {}  # (id(code), f_lasti) -> (code, site)
+
+
+def site(frame: FrameType | None) -> str:
+    """``"site":"tests/test_x.py:12"``: the first frame outside torch, pytest and this plugin.
+
+    Cached per instruction: ``f_lineno`` scans the code's line table, which costs
+    microseconds in a long function.  The cache holds the code object, so its id
+    cannot be reused by another while cached."""
+    while frame is not None:
+        code = frame.f_code
+        key = (id(code), frame.f_lasti)
+        cached = _sites.get(key)
+        if cached is not None and cached[0] is code:
+            return cached[1]
+        shown = _shown(code.co_filename)
+        if shown is not None:
+            if len(_sites) > 10000:
+                _sites.clear()
+            site = f'"site":"{shown}:{frame.f_lineno}"'
+            _sites[key] = (code, site)
+            return site
+        frame = frame.f_back
+    return '"site":"?"'
+
+
+def called_by_ddp(frame: FrameType | None) -> bool:
+    """Whether DDP's module is among the internal frames above the user's call site."""
+    while frame is not None and _shown(frame.f_code.co_filename) is None:
+        if frame.f_code.co_filename == _DDP_FILE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Group(NamedTuple):
+    name: str  # "WORLD" for the default group, else its group_name (the same on every rank)
+    ranks: list[int]  # global ranks, in group rank order
+    text: str  # '"group":"WORLD","ranks":[0,1]'
+
+
+NO_GROUP = Group("WORLD", [], '"group":"WORLD"')  # before init_process_group
+_groups: dict[int, tuple[weakref.ref[Any], Group]] = {}  # id(group) -> (group, description)
+
+
+def group_of(group: Any) -> Group:
+    """A group argument described; cached, as its name and ranks never change."""
+    world = c10d.GroupMember.WORLD
+    if group is None:
+        group = world
+    cached = _groups.get(id(group))
+    if cached is not None and cached[0]() is group:
+        return cached[1]
+    if group is None:  # before init_process_group
+        return NO_GROUP
+    try:
+        name = "WORLD" if group is world else str(group.group_name)
+        ranks = dist.get_process_group_ranks(group)
+    except Exception:  # not a member (NON_GROUP_MEMBER), or destroyed
+        return Group("?", [], '"group":"?"')
+    described = Group(name, ranks, f'"group":{_json(name)},"ranks":{_json(ranks)}')
+    _groups[id(group)] = (weakref.ref(group), described)
+    return described
+
+
+@functools.lru_cache(maxsize=64)
+def _type_name(thing: Any) -> str:
+    """``"float32"`` for torch.float32, ``"cpu"`` for a device: few, and hashable."""
+    return '"' + str(thing).replace("torch.", "") + '"'
+
+
+def _describe_tensors(tensors: list[torch.Tensor]) -> str:
+    shapes = ",".join(f"[{','.join(map(str, t.shape))}]" for t in tensors)
+    dtypes = ",".join(_type_name(t.dtype) for t in tensors)
+    devices = ",".join(_type_name(t.device) for t in tensors)
+    return f',"shapes":[{shapes}],"dtypes":[{dtypes}],"devices":[{devices}]'
+
+
+_single_tensors: dict[tuple[Any, ...], str] = {}  # (shape, dtype, device) -> description
+
+
+def tensors(value: Any) -> str:
+    """``,"shapes":...,"dtypes":...,"devices":...`` for a tensor or a list of them, else ""."""
+    if isinstance(value, torch.Tensor):  # the usual case: cached
+        key = (value.shape, value.dtype, value.device)
+        text = _single_tensors.get(key)
+        if text is None:
+            if len(_single_tensors) > 4096:
+                _single_tensors.clear()
+            text = _single_tensors[key] = _describe_tensors([value])
+        return text
+    if isinstance(value, (list, tuple)):
+        tensors = [v for v in value if isinstance(v, torch.Tensor)]
+        if tensors:
+            return _describe_tensors(tensors)
+    return ""
+
+
+class _ByteCounter:
+    """A file that only counts what is written: a pickled size without a second copy."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+
+
+def _pickled_size(objects: list[Any]) -> int | None:
+    """Bytes pickle.dumps makes of each object (as torch sends them); None if one cannot be pickled."""
+    counter = _ByteCounter()
+    try:
+        for obj in objects:
+            pickle.Pickler(counter).dump(obj)
+    except Exception:  # the real call raises the same, and that is recorded
+        return None
+    return counter.size
+
+
+def _objects(value: Any, is_list: bool) -> str:
+    """``,"obj_type":...,"obj_size":...`` of what a *_object call sends."""
+    objects = list(value) if is_list else [value]
+    name = type(value).__name__
+    if is_list:
+        name = "list[" + ",".join(dict.fromkeys(type(v).__name__ for v in objects)) + "]"
+    return _optional({"obj_type": name, "obj_size": _pickled_size(objects)})
+
+
+def _given_or_env(value: Any, env: str) -> int | None:
+    if value is not None and value != -1:
+        return int(value)
+    text = os.environ.get(env, "")
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    """What init_process_group and new_group will use: their arguments, else the environment."""
+    if op == INIT:
+        method = args.get("init_method") or ("store" if args.get("store") is not None else "env://")
+        extra = {
+            "rank": _given_or_env(args.get("rank"), "RANK"),
+            "world_size": _given_or_env(args.get("world_size"), "WORLD_SIZE"),
+            "init_method": method,
+            "backend": args.get("backend"),  # None: torch's default for the devices
+        }
+        return {k: v for k, v in extra.items() if v is not None}
+    if op == NEW_GROUP:
+        ranks = args.get("ranks")
+        if not ranks:  # None or []: every rank
+            return {"ranks": list(range(dist.get_world_size()))}
+        # Sorted, as torch sorts them by default; an iterator is left for the real call to consume.
+        return {"ranks": sorted(ranks)} if isinstance(ranks, (list, tuple, range, set)) else None
+    return None
+
+
+def _optional(fields: dict[str, Any]) -> str:
+    """``,"key":value`` for each field that is not None or empty."""
+    return "".join(f',"{k}":{_json(v)}' for k, v in fields.items() if v not in (None, [], {}))
+
+
+def _root(spec: Op, args: dict[str, Any], group: Group) -> int | None:
+    """The root or peer as a global rank, however it was given; None if not given."""
+    root = args.get(spec.rank) if spec.rank else None
+    group_rank = args.get(spec.group_rank) if spec.group_rank else None
+    if root is None and group_rank is not None and 0 <= group_rank < len(group.ranks):
+        return group.ranks[group_rank]
+    return root
+
+
+def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
+    obj = args.get(spec.obj) if spec.obj else None
+    if obj is None or (spec.obj_from_root and root != dist.get_rank()):
+        return ""
+    return _objects(obj, spec.obj.endswith("_list"))  # type: ignore[union-attr]
+
+
+# What a describer returns: the group, the event's fields after "t", the key of the
+# sequence counter the call advances (None: it advances none).
+Described = tuple[Group, str, "tuple[Any, ...] | None"]
+
+
+def _describe_collective(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    group = group_of(args.get("group"))
+    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    root = None
+    if spec.rank:
+        root = _root(spec, args, group)
+        root = 0 if root is None else root  # torch's default root
+        fields += f',"root":{root}'
+    if spec.obj:
+        fields += _object_fields(spec, args, root)
+    if args.get("async_op"):
+        fields += ',"async":true'
+    return group, fields, (group.name,)
+
+
+def _describe_p2p(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    group = group_of(args.get("group"))
+    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    peer = _root(spec, args, group)  # None: a receive from any source
+    if peer is not None:
+        fields += f',"peer":{peer}'
+    if spec.obj:
+        fields += _object_fields(spec, args, peer)
+    return group, fields, (group.name, spec.direction, peer)
+
+
+def _describe_batch(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    """batch_isend_irecv: many peers at once, so a count of its own and no peer."""
+    ops = args.get("p2p_op_list") or []
+    group = group_of(ops[0].group if ops else None)
+    return group, tensors([p.tensor for p in ops]), (group.name, "batch")
+
+
+def _describe_group_op(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    """init_process_group, new_group, destroy_process_group: set up or tear down, in no sequence."""
+    group = NO_GROUP if op == INIT else group_of(None)
+    return group, _optional({"extra": _extra(op, args)}), None
+
+
+DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {
+    "collective": _describe_collective,
+    "p2p": _describe_p2p,
+    "batch": _describe_batch,
+    "group": _describe_group_op,
+}
+
+
+def forget_groups() -> None:
+    """Drop the cached group descriptions (for tests that install the recorder again)."""
+    _groups.clear()

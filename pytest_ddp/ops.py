@@ -1,0 +1,99 @@
+"""What each recorded operation is: the one table that the recorder, the event
+model, the watchdog and the report read.  No torch import: the controller and
+the pure tests use it too.
+
+An operation's *kind* decides how the watchdog pairs it:
+
+``collective``  every member of its group enters it; numbered per group
+``p2p``         one send pairs with one receive; numbered per (group, direction, peer)
+``batch``       ``batch_isend_irecv``: sends and receives to many peers at once;
+                a count of its own per group, in no collective sequence
+``group``       sets up or tears down groups (``init_process_group``, ...); not numbered
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["collective", "p2p", "batch", "group"]
+Direction = Literal["send", "recv"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation, and where a call of it keeps what the recorder describes."""
+
+    name: str
+    kind: Kind
+    tensors: str | None = None  # parameter holding the tensor(s) described
+    rank: str | None = None  # parameter holding the root (collectives) or peer (p2p), a global rank
+    group_rank: str | None = None  # the same given as a rank in the group (group_src, group_dst)
+    obj: str | None = None  # *_object calls: parameter holding the object(s) sent
+    obj_from_root: bool = False  # only the root's objects mean anything (broadcast, scatter)
+    direction: Direction | None = None  # p2p: which end of the exchange
+    blocks: bool = True  # the caller stays inside until the work is done
+    uneven: bool = False  # its tensors may differ in size between ranks (uneven splits)
+    python: bool = True  # a torch.distributed function; False: a C++ entry reached through DDP
+
+    @property
+    def is_collective(self) -> bool:
+        """Every member of its group must enter it before any can leave it."""
+        return self.kind == "collective"
+
+    @property
+    def pairs(self) -> bool:
+        """A send or receive between two ranks."""
+        return self.kind == "p2p"
+
+    @property
+    def numbered(self) -> bool:
+        return self.kind != "group"
+
+
+def _table(*ops: Op) -> dict[str, Op]:
+    return {op.name: op for op in ops}
+
+
+OPS: dict[str, Op] = _table(
+    Op("all_reduce", "collective", "tensor"),
+    Op("all_gather", "collective", "tensor"),
+    Op("all_gather_into_tensor", "collective", "input_tensor"),
+    Op("all_gather_object", "collective", obj="obj"),
+    Op("reduce_scatter", "collective", "output"),
+    Op("reduce_scatter_tensor", "collective", "input"),
+    Op("all_to_all", "collective", "input_tensor_list", uneven=True),
+    Op("all_to_all_single", "collective", "input", uneven=True),
+    Op("broadcast", "collective", "tensor", "src", "group_src"),
+    Op("broadcast_object_list", "collective", None, "src", "group_src", "object_list", obj_from_root=True),
+    Op("reduce", "collective", "tensor", "dst", "group_dst"),
+    Op("gather", "collective", "tensor", "dst", "group_dst"),
+    Op("gather_object", "collective", None, "dst", "group_dst", "obj"),
+    Op("scatter", "collective", "tensor", "src", "group_src"),
+    Op("scatter_object_list", "collective", None, "src", "group_src", "scatter_object_input_list", obj_from_root=True),
+    Op("barrier", "collective"),
+    Op("monitored_barrier", "collective"),
+    Op("send", "p2p", "tensor", "dst", "group_dst", direction="send"),
+    Op("recv", "p2p", "tensor", "src", "group_src", direction="recv"),
+    Op("isend", "p2p", "tensor", "dst", "group_dst", direction="send", blocks=False),
+    Op("irecv", "p2p", "tensor", "src", "group_src", direction="recv", blocks=False),
+    Op("send_object_list", "p2p", None, "dst", "group_dst", "object_list", direction="send"),
+    Op("recv_object_list", "p2p", None, "src", "group_src", direction="recv"),
+    Op("batch_isend_irecv", "batch", blocks=False),
+    Op("init_process_group", "group"),
+    Op("new_group", "group"),
+    Op("destroy_process_group", "group"),
+    # What DDP calls from C++ on its process group, recorded through a view of the group
+    # (its broadcast is recorded as "broadcast", above).
+    Op("allreduce", "collective", python=False),
+    Op("allgather", "collective", python=False),
+)
+
+INIT = "init_process_group"
+NEW_GROUP = "new_group"
+DESTROY = "destroy_process_group"
+
+
+def op(name: str) -> Op:
+    """The operation of that name; every name the recorder writes is in the table."""
+    return OPS[name]

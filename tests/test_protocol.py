@@ -1,0 +1,187 @@
+"""The rank protocol: every record survives the wire, unknown kinds are refused, the
+recorder's hand-built lines decode into the calls it meant."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from pytest_ddp import protocol, recorder
+from pytest_ddp.protocol import (
+    CALL_KEYS,
+    CallEvent,
+    CallFunction,
+    Done,
+    EventLog,
+    EventReader,
+    Fatal,
+    LineDecoder,
+    PhaseStart,
+    ProtocolError,
+    Ready,
+    Report,
+    RetEvent,
+    RunItem,
+    Stop,
+    TestStart,
+)
+from pytest_ddp.rank import Channel
+from pytest_ddp.state import Call, RankState
+
+RECORDS: list[protocol.Record] = [
+    RunItem("t.py::test_a", next="t.py::test_b"),
+    RunItem("t.py::test_b"),
+    CallFunction("m.f", module="m", qualname="f", args="gASVAAAAAAAAAAA="),
+    Stop(),
+    Ready(["t.py::test_a"], ["t.py: ImportError"], time=1.5),
+    Fatal("Traceback ...", time=1.5),
+    TestStart("t.py::test_a", time=1.5),
+    PhaseStart("setup", time=1.5),
+    Report("call", "failed", 0.25, {"longrepr": "boom"}, time=1.5),
+    Report("call", "passed", 0.25, time=1.5),
+    Done(group_intact=False, in_flight=[{"i": 0, "err": "not complete"}], peak_rss=1 << 20, peak_cuda=None, time=1.5),
+    CallEvent(
+        index=3, op="broadcast", group="g1", group_ranks=[0, 2], seq=2, site="t.py:9", shapes=[[2, 3]],
+        dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True, extra={"via": "ddp"}, time=1.5,
+    ),
+    CallEvent(index=0, op="recv_object_list", peer=1, obj_type="dict", obj_size=120, time=1.5),
+    RetEvent(3, time=2.5),
+    RetEvent(4, ok=False, error="RuntimeError: closed", time=2.5),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_every_record_survives_the_wire(record: protocol.Record) -> None:
+    line = protocol.encode(record)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert protocol.decode(line) == record
+
+
+def test_a_stream_cut_anywhere_decodes_to_the_same_records() -> None:
+    stream = b"".join(protocol.encode(r) for r in RECORDS)
+    decoder = LineDecoder()
+    decoded: list[protocol.Record] = []
+    for start in range(0, len(stream), 7):  # chunks that cut lines in the middle
+        decoded += decoder.feed(stream[start : start + 7])
+    assert decoded == RECORDS
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"e":"gossip","t":1.0}', b'{"cmd":"reboot"}', b'{"id":"t.py::test_a"}', b'{"e":"test","t":1.0}', b"[1]"],
+    ids=["unknown event", "unknown command", "no kind", "missing key", "not an object"],
+)
+def test_what_is_not_a_known_record_is_refused(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        protocol.decode(line)
+
+
+def test_an_event_log_reads_back_what_was_written(tmp_path: Path) -> None:
+    log = EventLog(str(tmp_path / "events"))
+    reader = EventReader(str(tmp_path / "events"))
+    events = [r for r in RECORDS if not isinstance(r, (RunItem, CallFunction, Stop))]
+    for event in events[:3]:
+        log.write(event)
+    assert reader.read_new() == events[:3]
+    for event in events[3:]:
+        log.write(event)
+    assert reader.read_new() == events[3:]
+    assert reader.read_new() == []
+    log.close()
+    reader.close()
+
+
+# -- the recorder's hand-built lines ---------------------------------------------------
+
+
+def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -> None:
+    log = EventLog(str(tmp_path / "events"))
+    numbers = recorder._Numbers()
+    # The body as the recorder builds it for an async broadcast on a subgroup.
+    body = (
+        '"op":"broadcast","group":"g1","ranks":[0,2],"site":"t.py:9","t":1.5,'
+        '"shapes":[[2,3]],"dtypes":["torch.float32"],"devices":["cpu"],"root":2,"async":true,"extra":{"via":"ddp"}'
+    )
+    numbers.write_call(log, body, ("g1",))
+    numbers.write_call(log, '"op":"send_object_list","group":"WORLD","ranks":[0,1],"site":"t.py:12","t":1.75,'
+                       '"peer":1,"obj_type":"dict","obj_size":120', ("WORLD", "send", 1))
+    recorder._write_ret(log, 0, None)
+    recorder._write_ret(log, 1, TypeError("cannot pickle"))
+    log.close()
+
+    lines = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
+    assert all(set(line) <= CALL_KEYS for line in lines if line["e"] == "call")
+    assert all(set(line) <= protocol.RET_KEYS for line in lines if line["e"] == "ret")
+
+    state = RankState(0)
+    for event in EventReader(str(tmp_path / "events")).read_new():
+        state.apply(event)
+    broadcast = Call(
+        index=0, op="broadcast", group="g1", group_ranks=(0, 2), seq=1, site="t.py:9", enter=1.5, shapes=[[2, 3]],
+        dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True, extra={"via": "ddp"},
+    )
+    send = Call(
+        index=1, op="send_object_list", group="WORLD", group_ranks=(0, 1), seq=1, site="t.py:12", enter=1.75,
+        peer=1, obj_type="dict", obj_size=120, error="TypeError: cannot pickle",
+    )
+    assert state.calls[0].exit is not None and state.calls[1].exit is not None
+    broadcast.exit, send.exit = state.calls[0].exit, state.calls[1].exit
+    assert state.calls == [broadcast, send]
+    assert [c.state for c in state.calls] == ["ok", "raised"]
+
+
+# -- who accepts what ------------------------------------------------------------------
+
+
+def test_an_event_with_no_place_in_a_test_is_refused() -> None:
+    with pytest.raises(ProtocolError):
+        RankState(0).apply(Ready(["t.py::test_a"]))
+
+
+@pytest.fixture
+def rank_channel(tmp_path: Path) -> Iterator[tuple[Channel, Any]]:
+    """A rank's channel in this process, and the controller's end of its command pipe."""
+    read, write = multiprocessing.Pipe(duplex=False)
+    notify_read, notify_write = multiprocessing.Pipe(duplex=False)
+    channel = Channel(str(tmp_path / "events"), read, notify_write)
+    yield channel, write
+    channel.log.close()
+    for end in (read, write, notify_read, notify_write):
+        end.close()
+
+
+def test_a_rank_runs_the_commands_of_its_mode_until_stop(rank_channel: tuple[Channel, Any]) -> None:
+    channel, controller = rank_channel
+    for command in (RunItem("t.py::test_a", "t.py::test_b"), RunItem("t.py::test_b"), Stop()):
+        controller.send_bytes(protocol.encode(command))
+    assert list(channel.commands(RunItem)) == [RunItem("t.py::test_a", "t.py::test_b"), RunItem("t.py::test_b")]
+
+
+def test_a_rank_ends_when_the_controller_closes_the_pipe(rank_channel: tuple[Channel, Any]) -> None:
+    channel, controller = rank_channel
+    controller.send_bytes(protocol.encode(CallFunction("m.f", "m", "f", "")))
+    controller.close()
+    assert list(channel.commands(CallFunction)) == [CallFunction("m.f", "m", "f", "")]
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        (RunItem, protocol.encode(CallFunction("m.f", "m", "f", ""))),
+        (CallFunction, protocol.encode(RunItem("t.py::test_a"))),
+        (RunItem, b'{"cmd":"reboot"}'),
+        (RunItem, protocol.encode(Ready())),
+    ],
+    ids=["call to a pytest rank", "run to a function rank", "unknown command", "an event"],
+)
+def test_a_command_a_rank_cannot_run_is_an_error(
+    rank_channel: tuple[Channel, Any], mode: type[Any], message: bytes
+) -> None:
+    channel, controller = rank_channel
+    controller.send_bytes(message)
+    with pytest.raises(ProtocolError):
+        next(channel.commands(mode))

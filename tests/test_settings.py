@@ -1,0 +1,146 @@
+"""The plugin's settings, resolved once at configure: precedence, and bad values
+refused before any test runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ranks_working_in
+from pytest_ddp.machine import RANK_MEMORY, rank_capacity
+from pytest_ddp.settings import Settings
+
+
+def settings_of(pytester: pytest.Pytester, *args: str) -> Settings:
+    config = pytester.parseconfigure(*args)
+    return config.pluginmanager.get_plugin("ddp_controller").settings
+
+
+@pytest.mark.parametrize(
+    "args, environment, ini, timeout",
+    [
+        ((), None, "", 60.0),
+        (("--ddp-timeout=30",), None, "ddp_timeout = 40\n", 30.0),
+        ((), None, "ddp_timeout = 40\n", 40.0),
+        # pytest-timeout's global value lowers the default: --timeout, else PYTEST_TIMEOUT, else its ini value
+        (("--ddp-timeout=30",), "10", "", 10.0),
+        (("--timeout=20",), "10", "", 20.0),
+        ((), "10", "timeout = 5\n", 10.0),
+        ((), None, "timeout = 5\n", 5.0),
+        ((), "0", "", 60.0),  # 0: no pytest-timeout timeout
+    ],
+)
+def test_default_timeout_precedence(pytester, monkeypatch, args, environment, ini, timeout) -> None:
+    if environment is None:
+        monkeypatch.delenv("PYTEST_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_TIMEOUT", environment)
+    pytester.makeini("[pytest]\n" + ini)
+    assert settings_of(pytester, *args).timeout == timeout
+
+
+def test_defaults_and_options(pytester, monkeypatch) -> None:
+    monkeypatch.delenv("PYTEST_TIMEOUT", raising=False)
+    assert settings_of(pytester) == Settings(
+        backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None
+    )
+    report_dir = pytester.path / "reports" / "new"
+    chosen = settings_of(
+        pytester, "--ddp-backend=NCCL", "--ddp-grace=0.5", "--ddp-isolate", "--ddp-max-groups=3",
+        f"--ddp-report-dir={report_dir}", "--ddp-max-world-size=4",
+    )
+    assert chosen == Settings(
+        backend="nccl", timeout=60.0, grace=0.5, isolate_all=True, max_groups=3,
+        report_dir=str(report_dir), max_world_size=4,
+    )
+    assert report_dir.is_dir()  # created at start, checked once
+
+
+@pytest.mark.parametrize(
+    "make_dir, message",
+    [
+        (lambda base: base / "a_file", "is a file, not a directory"),
+        (lambda base: base / "a_file" / "reports", "cannot be created: Not a directory"),
+    ],
+)
+def test_bad_report_dir_is_a_usage_error_before_any_test(ddp_pytester, make_dir, message) -> None:
+    base = ddp_pytester.pytester.path
+    (base / "a_file").write_text("")
+    report_dir = make_dir(base)
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=1)
+        def test_fails():
+            assert False
+        """,
+        f"--ddp-report-dir={report_dir}",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*pytest-ddp: --ddp-report-dir='{report_dir}': {message}*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+def test_world_size_above_the_option_is_refused_naming_it(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=[1, 3])
+        def test_sizes():
+            pass
+        """,
+        "--ddp-max-world-size=2",
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_it.py::test_sizes?ws3?: world_size=3: above --ddp-max-world-size=2*"])
+
+
+def test_world_size_the_machine_cannot_hold_is_refused_before_any_process_starts(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=1_000_000)
+        def test_huge():
+            pass
+        """
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_it.py::test_huge: world_size=1000000: this machine holds at most * ranks (*); --ddp-max-world-size=N*"]
+    )
+    result.stdout.no_fnmatch_line("*rank group* started*")
+    assert not ranks_working_in(ddp_pytester.pytester.path)
+
+
+def test_capacity_of_a_24_gib_machine_holds_600_ranks() -> None:
+    available, limit = 20 * 2**30, 96365  # this project's machine, with 4 GiB in use
+    assert rank_capacity(available, limit, processes=500)[0] >= 600
+    assert rank_capacity(available, limit, processes=500)[0] < 2000
+    assert rank_capacity(2000 * RANK_MEMORY - 1, -1, 0)[0] == 1999
+
+
+def returns_rank(rank: int) -> int:
+    return rank
+
+
+def test_run_with_too_few_gpus_skips_the_calling_test_or_raises_outside_pytest(monkeypatch) -> None:
+    import pytest_ddp
+    from pytest_ddp.machine import GpuShortage, visible_gpus
+
+    needed = len(visible_gpus()) + 1
+    with pytest.raises(pytest.skip.Exception, match=f"pytest_ddp.run\\(\\): nccl test needs {needed} GPUs"):
+        pytest_ddp.run(returns_rank, world_size=needed, backend="nccl")
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    with pytest.raises(GpuShortage, match=f"nccl test needs {needed} GPUs"):
+        pytest_ddp.run(returns_rank, world_size=needed, backend="nccl")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"world_size": 1_000_000}, "world_size=1000000: this machine holds at most"),
+        ({"timeout": float("inf")}, "timeout=inf: must be a number of seconds > 0 and <= 1000000"),
+        ({"grace": 0}, "grace=0: must be a number of seconds > 0"),
+    ],
+)
+def test_run_refuses_what_cannot_run(kwargs, message) -> None:
+    import pytest_ddp
+
+    with pytest.raises(ValueError, match=message):
+        pytest_ddp.run(returns_rank, **kwargs)
