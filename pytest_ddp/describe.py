@@ -29,7 +29,6 @@ _INTERNAL_DIRS = tuple(
 )
 
 
-_DDP_FILE = torch.nn.parallel.distributed.__file__
 
 
 _json = json.JSONEncoder(separators=(",", ":"), default=str).encode
@@ -79,15 +78,6 @@ def site(frame: FrameType | None) -> str:
             return site
         frame = frame.f_back
     return '"site":"?"'
-
-
-def called_by_ddp(frame: FrameType | None) -> bool:
-    """Whether DDP's module is among the internal frames above the user's call site."""
-    while frame is not None and _shown(frame.f_code.co_filename) is None:
-        if frame.f_code.co_filename == _DDP_FILE:
-            return True
-        frame = frame.f_back
-    return False
 
 
 class Group(NamedTuple):

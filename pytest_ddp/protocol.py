@@ -212,7 +212,19 @@ class RetEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent]
+@dataclass(slots=True)
+class WaitEvent:
+    """The rank waits for call ``index``'s work (``work.wait()``, ``wait_tensor``): it is blocked
+    in that call until the call's ``ret``.  Written by the recorder's hot path as
+    ``{"e":"wait","i":index,"t":time}``."""
+
+    KIND: ClassVar[Literal["wait"]] = "wait"
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
+    index: int
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent, WaitEvent]
 Record = Union[Command, Event]
 
 
@@ -221,7 +233,7 @@ Record = Union[Command, Event]
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
-    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent)
+    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent, WaitEvent)
 }
 
 

@@ -23,6 +23,7 @@ from .protocol import (
     Report,
     RetEvent,
     TestStart,
+    WaitEvent,
     to_wire,
 )
 
@@ -173,6 +174,7 @@ class RankState:
     # Asynchronous calls whose work had not completed shortly after the test
     # ended: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    waiting_on: int | None = None  # index of the asynchronous call whose work the rank waits for
 
     @property
     def failed(self) -> bool:
@@ -185,9 +187,14 @@ class RankState:
 
     @property
     def current_call(self) -> Call | None:
-        """The call this rank is blocked in, if any (the last one, still running, and one that
-        blocks: issuing asynchronous work takes a moment, but waits for nobody)."""
-        if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks and self.alive:
+        """The call this rank is blocked in, if any: the asynchronous call whose work it waits
+        for, else its last call if that is still running and blocks (issuing asynchronous work
+        takes a moment, but waits for nobody)."""
+        if not self.alive:
+            return None
+        if self.waiting_on is not None and self.calls[self.waiting_on].state == "running":
+            return self.calls[self.waiting_on]
+        if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks:
             return self.calls[-1]
         return None
 
@@ -197,6 +204,7 @@ class RankState:
         match ev:
             case CallEvent():
                 self.calls.append(Call.from_event(ev))
+                self.waiting_on = None  # a wait before it has returned
             case RetEvent():
                 if ev.index < len(self.calls):
                     call = self.calls[ev.index]
@@ -216,6 +224,9 @@ class RankState:
                 self.peak_cuda = ev.peak_cuda
                 self.group_intact = ev.group_intact
                 self.in_flight = ev.in_flight
+            case WaitEvent():
+                if ev.index < len(self.calls):
+                    self.waiting_on = ev.index
             case TestStart():
                 pass  # the controller knows which test it handed over
             case Fatal():  # the rank exits next; its stderr says why

@@ -99,7 +99,7 @@ EXPECTED = {
     "test_return_early_skipping_the_last_collective": ("deadlock", "partial", [1], "all_reduce"),
     # Seen while rank 0 still waits (deadlock), or after Gloo woke it with an error (done).
     "test_os_exit_inside_the_test": (None, "rank_exited", [1], None),
-    "test_ddp_rank_skips_backward": ("deadlock", "partial", [1], "allreduce"),
+    "test_ddp_rank_skips_backward": ("deadlock", "partial", [1], "all_reduce"),
 }
 
 
@@ -175,8 +175,8 @@ def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
     for rank in result.ranks:
         calls = [(c.op, c.group, c.state, c.extra.get("via")) for c in rank.collectives]
         # DDP's constructor (parameter check, then broadcasts), then the gradient bucket.
-        assert calls[0] == ("allgather", "WORLD", "ok", "ddp")
-        assert calls[-1] == ("allreduce", "WORLD", "ok", "ddp")
+        assert calls[0] == ("all_gather", "WORLD", "ok", "backend")
+        assert calls[-1] == ("all_reduce", "WORLD", "ok", "backend")
         assert {op for op, *_ in calls[1:-1]} == {"broadcast"}
         assert [c.seq for c in rank.collectives] == list(range(1, len(calls) + 1))
         assert rank.collectives[-1].shapes == [[5]]  # the bucket: 4 weights and a bias
