@@ -28,13 +28,15 @@ from .ops import BACKEND_OPS, BackendOp
 
 # record(operation, its arguments by schema name, submit) -> what submit() returns
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
+# Whether a call should be handed to ``record`` now (False inside a recorded function's call)
+Recording = Callable[[], bool]
 # wait(tensor): the caller blocks until the collective that produces ``tensor`` is done
 Wait = Callable[[torch.Tensor], None]
 
 _libraries: list[Any] = []  # the registrations live as long as these objects
 
 
-def install(record: Record, wait: Wait) -> bool:
+def install(record: Record, wait: Wait, recording: Recording) -> bool:
     """Hook every c10d operation; False (and nothing hooked) where this torch cannot."""
     if _libraries:
         return True
@@ -44,7 +46,7 @@ def install(record: Record, wait: Wait) -> bool:
             if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
                 continue
             overload = getattr(torch.ops.c10d, name).default
-            collectives.impl(name, _kernel(overload, spec, record), "BackendSelect")
+            collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
         functional = torch.library.Library("_c10d_functional", "IMPL")
         functional.impl("wait_tensor", _wait_kernel(torch.ops._c10d_functional.wait_tensor.default, wait), "BackendSelect")
     except Exception:  # a torch without these operations, keys or registration API
@@ -69,21 +71,31 @@ def tensors_in(values: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(value)
 
 
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
 def _below_backend_select(args: tuple[Any, ...]) -> Any:
     """The dispatch keys that reach the tensors' backend kernel, past this hook."""
-    tensor = next(tensors_in(args), None)
-    if tensor is None:
-        return torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    first = args[0]  # every c10d operation takes its tensors first
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0] or args[1]  # gather_'s outputs are empty on non-roots
+    tensor = first[0] if isinstance(first, list) and first else first
+    if not isinstance(tensor, torch.Tensor):
+        tensor = next(tensors_in(args), None)
+        if tensor is None:
+            return _CPU
     return torch._C._dispatch_keys(tensor) & torch._C._after_ADInplaceOrView_keyset
 
 
-def _kernel(overload: Any, spec: BackendOp, record: Record) -> Callable[..., Any]:
+def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
     names = [argument.name for argument in overload._schema.arguments]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        keys = _below_backend_select(args)
+        if not recording():  # the common case: the torch.distributed function recorded it
+            return overload.redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        keys = _below_backend_select(args)
         return record(spec, bound, lambda: overload.redispatch(keys, *args, **kwargs))
 
     return kernel

@@ -218,11 +218,15 @@ def _ret_when_done(log: EventLog, index: int, work: Any) -> bool:
     return True
 
 
+def _recording() -> bool:
+    return _log is not None and not _local.depth
+
+
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A c10d operation that no recorded function issued: write the call, submit it, and have
     its ret written when its work completes."""
     log = _log
-    if log is None or _local.depth:  # a torch.distributed function's call, recorded already
+    if log is None:
         return submit()
     try:
         group = describe.group_of(backend_hook.process_group(args))
@@ -310,7 +314,7 @@ def install(log: EventLog) -> None:
         if getattr(dist, op, None) is original:
             _patch(dist, op, wrapped)
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
-    backend_hook.install(_record_backend, _record_wait_tensor)
+    backend_hook.install(_record_backend, _record_wait_tensor, _recording)
 
 
 def uninstall() -> None:
