@@ -18,6 +18,7 @@ torch.distributed functions are recorded.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -26,14 +27,25 @@ import torch.distributed as dist
 
 from .ops import BACKEND_OPS, BackendOp
 
-# record(operation, its arguments by schema name, submit) -> what submit() returns
-Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
+# record(operation, its arguments by schema name, issued by a functional collective, submit)
+# -> what submit() returns
+Record = Callable[[BackendOp, "dict[str, Any]", bool, Callable[[], Any]], Any]
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
 # wait(tensor): the caller blocks until the collective that produces ``tensor`` is done
 Wait = Callable[[torch.Tensor], None]
 
 _libraries: list[Any] = []  # the registrations live as long as these objects
+# Functional collectives (``_c10d_functional::``) return before their work is done: the
+# caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
+_NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+class _Functional(threading.local):
+    depth = 0  # > 0 while this thread runs a functional collective
+
+
+_functional = _Functional()
 
 
 def install(record: Record, wait: Wait, recording: Recording) -> bool:
@@ -49,6 +61,14 @@ def install(record: Record, wait: Wait, recording: Recording) -> bool:
             collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
         functional = torch.library.Library("_c10d_functional", "IMPL")
         functional.impl("wait_tensor", _wait_kernel(torch.ops._c10d_functional.wait_tensor.default, wait), "BackendSelect")
+        for qualified in torch._C._dispatch_get_all_op_names():
+            namespace, _, name = qualified.partition("::")
+            if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
+                continue
+            packet = getattr(torch.ops._c10d_functional, name)
+            for overload in packet.overloads():
+                registered = name if overload == "default" else f"{name}.{overload}"
+                functional.impl(registered, _functional_kernel(getattr(packet, overload)), "BackendSelect")
     except Exception:  # a torch without these operations, keys or registration API
         return False
     _libraries[:] = [collectives, functional]
@@ -96,7 +116,19 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
             return overload.redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        return record(spec, bound, lambda: overload.redispatch(keys, *args, **kwargs))
+        issued_async = _functional.depth > 0
+        return record(spec, bound, issued_async, lambda: overload.redispatch(keys, *args, **kwargs))
+
+    return kernel
+
+
+def _functional_kernel(overload: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _functional.depth += 1
+        try:
+            return overload.redispatch(_below_backend_select(args), *args, **kwargs)
+        finally:
+            _functional.depth -= 1
 
     return kernel
 

@@ -222,7 +222,7 @@ def _recording() -> bool:
     return _log is not None and not _local.depth
 
 
-def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
+def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, submit: Callable[[], Any]) -> Any:
     """A c10d operation that no recorded function issued: write the call, submit it, and have
     its ret written when its work completes."""
     log = _log
@@ -240,6 +240,8 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
             fields += f',"{"peer" if op.pairs else "root"}":{peer}'
         if op.pairs:
             key = (group.name, op.direction, peer)
+        if issued_async:  # a functional collective: its caller blocks later, in wait_tensor
+            fields += ',"async":true'
         site = describe.site(sys._getframe(1))
         body = f'"op":"{spec.op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"backend"}}'
     except Exception:  # describing must never break the call
