@@ -148,6 +148,7 @@ class CallWire(TypedDict):
     group: str  # group name, "WORLD" for the default group
     ranks: NotRequired[list[int]]  # global ranks of the group
     site: str  # "file.py:12"
+    caller: NotRequired[str]  # the site is in an installed library: the first frame outside libraries
     t: float
     shapes: NotRequired[list[list[int]]]
     dtypes: NotRequired[list[str]]
@@ -188,6 +189,7 @@ class CallEvent:
     group_ranks: list[int] = field(default_factory=list)
     seq: int = 0
     site: str = "?"
+    caller: str | None = None
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)

@@ -58,6 +58,7 @@ class Call:
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
+    caller: str | None = None  # the site is in an installed library: the user's frame that led there
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
 
@@ -128,6 +129,7 @@ class Call:
             obj_type=ev.obj_type,
             obj_size=ev.obj_size,
             extra=ev.extra,
+            caller=ev.caller,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +140,7 @@ class Call:
             "group_ranks": list(self.group_ranks),
             "seq": self.seq,
             "site": self.site,
+            "caller": self.caller,
             "state": self.state,
             "enter": self.enter,
             "exit": self.exit,

@@ -19,6 +19,7 @@ from .verdicts import (
     Failures,
     GraceOver,
     InitFault,
+    SlowRanks,
     TimedOut,
     Verdict,
     Wait,
@@ -55,7 +56,8 @@ def _short_error(state: RankState) -> str:
     """A failed rank's error in one line: from its last call if that raised, else from its
     failed report, else ``failed``.  (A call that raised and was followed by others was handled.)"""
     if state.calls and state.calls[-1].state == "raised":
-        return state.calls[-1].error or "error"
+        error = state.calls[-1].error or "error"
+        return error.strip().splitlines()[0]  # C++ messages run over many lines
     for report in state.reports.values():
         if report.get("outcome") == "failed":
             message = _report_message(report.get("data"))
@@ -238,6 +240,15 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
     return f"{reason}; {waits}."
 
 
+def _slow_ranks(f: SlowRanks, ranks: dict[int, RankState]) -> str:
+    waited = "; ".join(
+        f"rank {r}'s {describe_call(call)} timed out" for r, call in sorted(f.reporters.items())
+    )
+    late = [r for r in f.slow if r not in f.reporters]
+    how = f"; {_failures(late, ranks)}" if any(ranks[r].failed for r in late) else ""
+    return f"{waited}: torch names {rank_list(f.slow)} as not arriving in time{how}."
+
+
 def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
     return f"timed out after {f.seconds:g} s: {_activity(f.described, ranks, f.waits)}."
 
@@ -258,6 +269,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     Cycle: _cycle,
     Disagreement: _disagreement,
     InitFault: _init_fault,
+    SlowRanks: _slow_ranks,
     TimedOut: _timed_out,
     GraceOver: _grace_over,
     Failures: _failures_text,

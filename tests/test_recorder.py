@@ -286,3 +286,19 @@ def test_install_is_idempotent_and_uninstall_restores_torch(tmp_path: Path) -> N
         recorder.uninstall()
         log.close()
     assert (dist.all_reduce, c10d.all_reduce, dist.Work.wait) == originals
+
+
+def test_a_call_made_inside_a_library_names_the_users_line_that_led_there(alone: Path) -> None:
+    """torchmetrics' compute() calls all_gather from its own file: the site is there, the
+    caller is the test's line."""
+    library = alone / "site-packages" / "fakemetrics.py"
+    library.parent.mkdir()
+    library.write_text("import torch, torch.distributed as dist\n\ndef compute():\n    dist.barrier()\n")
+    namespace: dict[str, object] = {}
+    exec(compile(library.read_text(), str(library), "exec"), namespace)
+    namespace["compute"]()  # the user's line
+    dist.barrier()  # the test's own barrier
+    library_call, own_call = read_tests(alone, 0)[0].calls[1:]
+    assert library_call.site.endswith("fakemetrics.py:4")
+    assert library_call.caller == site("namespace[\"compute\"]()  # the user's line")
+    assert (own_call.site, own_call.caller) == (site("dist.barrier()  # the test's own barrier"), None)
