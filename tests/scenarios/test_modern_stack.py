@@ -12,7 +12,7 @@ import torch.distributed._functional_collectives as funcol
 import pytest_ddp
 
 
-def fsdp2_step(rank: int, skipping_rank: int | None) -> None:
+def fsdp2_step(rank: int, skipping_rank: int | None, steps: int = 1) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -20,9 +20,10 @@ def fsdp2_step(rank: int, skipping_rank: int | None) -> None:
     for layer in model:
         fully_shard(layer)
     fully_shard(model)
-    loss = model(torch.ones(3, 4)).sum()
-    if rank != skipping_rank:
-        loss.backward()
+    for _ in range(steps):
+        loss = model(torch.ones(3, 4)).sum()
+        if rank != skipping_rank:
+            loss.backward()
 
 
 def test_fsdp2_step_passes() -> None:
@@ -39,6 +40,13 @@ def test_fsdp2_rank_that_skips_backward() -> None:
     # Rank 0 is inside FSDP2's all-gather of the backward pass, waiting on its work.
     assert result.diagnosis.collective == "all_gather_single"
     assert "rank 0: waiting in all_gather_single #3" in result.diagnosis.text
+
+
+def test_fsdp2_rank_that_skips_backward_and_goes_on() -> None:
+    """The next forward's all-gather on rank 1 meets the backward's on rank 0: sizes differ."""
+    result = pytest_ddp.run(fsdp2_step, world_size=2, args=(1, 2), timeout=30)
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch")
+    assert result.diagnosis.collective == "all_gather_single"
 
 
 def full_tensor_on_one_rank(rank: int) -> None:
