@@ -23,6 +23,7 @@ from .protocol import (
     Report,
     RetEvent,
     TestStart,
+    WarningRecorded,
     to_wire,
 )
 
@@ -173,6 +174,9 @@ class RankState:
     # Asynchronous calls whose work had not completed shortly after the test
     # ended: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
+    interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
+    warnings: list[WarningRecorded] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -216,6 +220,10 @@ class RankState:
                 self.peak_cuda = ev.peak_cuda
                 self.group_intact = ev.group_intact
                 self.in_flight = ev.in_flight
+                self.threads_left = ev.threads_left
+                self.interrupted = ev.interrupted
+            case WarningRecorded():
+                self.warnings.append(ev)
             case TestStart():
                 pass  # the controller knows which test it handed over
             case Fatal():  # the rank exits next; its stderr says why
