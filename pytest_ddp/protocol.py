@@ -20,7 +20,10 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``phase``   a test phase starts: ``when`` (setup/call/teardown)
 ``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
             (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
-``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``peak_rss``, ``peak_cuda``
+``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``threads_left``,
+            ``interrupted``, ``peak_rss``, ``peak_cuda``
+``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
+            :mod:`pytest_ddp.rank_warnings`), ``id`` (the test's node id)
 ``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
 ``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
 
@@ -133,8 +136,21 @@ class Done:
     group_intact: bool = True  # the rank's process group outlived the test
     # Asynchronous calls whose work had not completed: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    # Threads the test started that still ran after it: [{"name": ..., "stack": ...}].
+    threads_left: list[dict[str, str]] = field(default_factory=list)
+    # pytest.exit() or KeyboardInterrupt in the test: {"kind": "exit" or "KeyboardInterrupt",
+    # "reason": ..., "returncode": ...}; the controller ends its session.
+    interrupted: dict[str, Any] | None = None
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class WarningRecorded:
+    KIND: ClassVar[Literal["warning"]] = "warning"
+    warning: dict[str, Any]  # message, category, filename, lineno
+    id: str  # the node id pytest recorded it for
     time: float = field(default_factory=_now, kw_only=True)
 
 
@@ -226,7 +242,7 @@ class WaitEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent, WaitEvent]
+Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, CallEvent, RetEvent, WaitEvent]
 Record = Union[Command, Event]
 
 
@@ -235,7 +251,8 @@ Record = Union[Command, Event]
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
-    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent, WaitEvent)
+    cls.KIND: cls
+    for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, CallEvent, RetEvent, WaitEvent)
 }
 
 

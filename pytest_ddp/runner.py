@@ -129,7 +129,7 @@ def group_is_reusable(run: TestRun, group: Group) -> bool:
     if run.collectives_wrong or run.verdict.kind not in (None, "failed"):
         return False
     for state in run.states:
-        if not state.group_intact or state.in_flight:
+        if not state.group_intact or state.in_flight or state.threads_left:
             return False
         for call in state.calls:
             if call.state != "ok" or call.op == DESTROY:

@@ -24,6 +24,7 @@ from .protocol import (
     RetEvent,
     TestStart,
     WaitEvent,
+    WarningRecorded,
     to_wire,
 )
 
@@ -178,6 +179,9 @@ class RankState:
     # ended: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
     waiting_on: int | None = None  # index of the asynchronous call whose work the rank waits for
+    threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
+    interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
+    warnings: list[WarningRecorded] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -227,6 +231,10 @@ class RankState:
                 self.peak_cuda = ev.peak_cuda
                 self.group_intact = ev.group_intact
                 self.in_flight = ev.in_flight
+                self.threads_left = ev.threads_left
+                self.interrupted = ev.interrupted
+            case WarningRecorded():
+                self.warnings.append(ev)
             case WaitEvent():
                 if ev.index < len(self.calls):
                     self.waiting_on = ev.index

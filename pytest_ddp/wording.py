@@ -77,8 +77,12 @@ def _report_message(data: object) -> str | None:
     for text in candidates:
         if isinstance(text, str) and text.strip():
             lines = [line for line in text.splitlines() if line.strip()]
-            # A plain-text longrepr ends with its error; a message starts with it.
-            return (lines[-1] if text is longrepr else lines[0]).strip()
+            if text is not longrepr:  # a message starts with its error
+                return lines[0].strip()
+            # A plain-text longrepr marks its error lines "E   " (a missing fixture's ends with
+            # its location); else it ends with its error.
+            marked = [line[1:].strip() for line in lines if line.startswith("E ")]
+            return marked[0] if marked else lines[-1].strip()
     return None
 
 
@@ -307,3 +311,16 @@ def difference_line(difference: SequenceDifference) -> str:
         for n, group_ranks in _grouped(d.counts, d.counts.get)
     ]
     return f"group {d.group}: " + ", ".join(made)
+
+
+def threads_left_text(threads: list[dict[str, str]], waited: float) -> str:
+    """The failure of a test that left threads running: what to fix first, then each stack."""
+    names = ", ".join(repr(t["name"]) for t in threads)
+    noun = "thread" if len(threads) == 1 else "threads"
+    lines = [
+        f"{noun} {names} started by the test still running {waited:g} s after it ended "
+        f"(it could take part in a later test's collectives; join it before the test returns)"
+    ]
+    for thread in threads:
+        lines += ["", f"thread {thread['name']!r}:", thread["stack"].rstrip()]
+    return "\n".join(lines)
