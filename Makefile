@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean matrix matrix-venvs clean-matrix
+.PHONY: venv demo test bench torture clean matrix matrix-venvs clean-matrix
 
 venv: $(STAMP)
 
@@ -58,6 +58,11 @@ bench: venv
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,bench]'
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/recorder_overhead.py
+
+# The hostile run of "Nothing lost at the edges": prints what it left behind
+# (nothing, or it fails). LOCK as for matrix, e.g. LOCK='flock /tmp/ddp-heavy.lock'.
+torture: venv
+	$(LOCK) $(PY) benchmarks/torture.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
