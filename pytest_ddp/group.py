@@ -29,6 +29,7 @@ import signal
 import socket
 import tempfile
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -41,6 +42,9 @@ from .state import RankState, exit_text
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
+# The environment variable that tells a rank where the directories shared by
+# all ranks of a test live (the ``ddp_shared_path`` fixture).
+SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
 
 
 class GroupStartError(RuntimeError):
@@ -134,6 +138,7 @@ class RankGroup:
     def __init__(self, config: GroupConfig) -> None:
         self.config = config
         self.workdir = Path(tempfile.mkdtemp(prefix="pytest-ddp-", dir=config.workdir_parent))
+        self.run_id = uuid.uuid4().hex  # TORCHELASTIC_RUN_ID, the same on every rank
         self.ranks: list[RankProcess] = []
         self.states: list[RankState] = []
         self.tests_run = 0
@@ -171,20 +176,33 @@ class RankGroup:
             name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")
         }
         env = dict(os.environ)
+        # torchrun's environment for one node running every rank (torch's
+        # LocalElasticAgent._start_workers), so that is_torchelastic_launched()
+        # is true; the controller hosts the store.
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(cfg.world_size),
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE=str(cfg.world_size),
             GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            ROLE_NAME="default",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(cfg.world_size),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
+            TORCHELASTIC_RUN_ID=self.run_id,
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
             # As under torchrun: every rank, rank 0 included, is a client of the
             # store the controller hosts, so a test's own init_process_group
             # (init=False) opens no listening socket either.
             TORCHELASTIC_USE_AGENT_STORE="True",
             PYTHONUNBUFFERED="1",
         )
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if cfg.workdir_parent is not None:
+            env[SHARED_ROOT_ENV] = str(Path(cfg.workdir_parent) / "ddp_shared")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.pop("PYTEST_ADDOPTS", None)
         if cfg.gpus:

@@ -8,19 +8,22 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from . import rank as rank_module
 from . import settings as settings_module
-from .group import GroupConfig, fork_context
+from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports
 from .protocol import RunItem
-from .report import write_json
+from .report import sanitize, write_json
 from .runner import GroupPool, StartFailure, TestRun
 from .settings import (
     DEFAULT_BACKEND,
@@ -359,3 +362,19 @@ def process_group() -> Any:
             "process_group: no process group here (init=False test that has not called init_process_group)"
         )
     return dist.group.WORLD
+
+
+@pytest.fixture
+def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
+    """A directory for this test, the same path on every rank (checkpoints, files one rank
+    writes and another reads); under the controller's basetemp, which pytest rotates."""
+    _context("ddp_shared_path")
+    root = os.environ.get(SHARED_ROOT_ENV)
+    if root is None:
+        raise pytest.UsageError("ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)")
+    nodeid = request.node.nodeid
+    # Every rank derives the same name; the hash keeps node ids that sanitize alike apart.
+    name = f"{sanitize(nodeid)[:60]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
+    path = Path(root) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
