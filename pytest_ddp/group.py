@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, Stop, encode
+from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, SessionEnd, Stop, encode
 from .state import RankState, exit_text
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
@@ -143,6 +143,7 @@ class RankGroup:
         self.states: list[RankState] = []
         self.tests_run = 0
         self.current: str | None = None  # id of the test handed over and not yet judged
+        self.last_test: str | None = None  # id of the last test handed over
         self.handed_over_at = 0.0  # time.time() of that hand-over
         self._store: Any = None
         self._store_socket: socket.socket | None = None
@@ -271,6 +272,12 @@ class RankGroup:
         self._items = set.intersection(*(set(ev.items) for ev in ready.values()))
         self.collect_errors = list(dict.fromkeys(error for ev in ready.values() for error in ev.errors))
 
+    @property
+    def name(self) -> str:
+        """``world_size=2, gloo`` (``, init=False`` for such groups)."""
+        cfg = self.config
+        return f"world_size={cfg.world_size}, {cfg.backend}" + ("" if cfg.init else ", init=False")
+
     def can_run(self, test_id: str) -> bool:
         """Whether these ranks can run that test (in pytest mode: every rank collected it)."""
         return self.config.mode != "pytest" or test_id in self._items
@@ -280,21 +287,29 @@ class RankGroup:
         self._wait(0)
         return bool(self.ranks) and all(rp.exit_code is None for rp in self.ranks)
 
-    def stop(self) -> None:
+    def stop(self) -> dict[int, SessionEnd]:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure.
 
-        Ranks busy with a test handed over ahead, which nobody will now judge,
-        are killed instead: they would read "stop" only after that test.
+        Returns each rank's report of that teardown (ranks that sent none are
+        left out).  Ranks busy with a test handed over ahead, which nobody will
+        now judge, are killed instead: they would read "stop" only after that test.
         """
         if self.current is not None:
             self.kill()
-            return
+            return {}
         for rp in self.ranks:
             self._send(rp, Stop())
         end = time.monotonic() + STOP_WAIT
         for rp in self.ranks:
             rp.proc.join(max(0.0, end - time.monotonic()))
+        ends = {}
+        for rp in self.ranks:
+            if rp.commands is not None:  # not already killed
+                for ev in rp.events.read_new():
+                    if isinstance(ev, SessionEnd):
+                        ends[rp.rank] = ev
         self.kill()
+        return ends
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
@@ -323,7 +338,7 @@ class RankGroup:
     def begin(self, command: RunItem | CallFunction) -> None:
         """Hand the next test to every rank; fresh states start recording it."""
         self.tests_run += 1
-        self.current = command.id
+        self.current = self.last_test = command.id
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:

@@ -21,10 +21,10 @@ from . import rank as rank_module
 from . import settings as settings_module
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
-from .merge import merged_reports
+from .merge import merged_reports, stopped_group_report
 from .protocol import RunItem
 from .report import sanitize, write_json
-from .runner import GroupPool, StartFailure, TestRun
+from .runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
 from .settings import (
     DEFAULT_BACKEND,
     DEFAULT_GRACE,
@@ -104,6 +104,7 @@ class Controller:
         self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
+        self._last_item: tuple[str, tuple[str, int | None, str]] = ("", ("", None, ""))  # logged last
 
     # -- collection -------------------------------------------------------------
 
@@ -182,12 +183,14 @@ class Controller:
             return None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
         if isinstance(spec, SpecError):
             reports = [_setup_error_report(item, str(spec))]
         elif (skip_reason := _gpu_shortage(spec)) is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
+            stopped = run.stopped_groups
             reports, rank_failures = merged_reports(item, run, self.config)
             if self.settings.report_dir and any(r.failed for r in reports):
                 write_json(self.settings.report_dir, run, rank_failures)
@@ -196,7 +199,18 @@ class Controller:
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        self._report_stopped_groups(stopped)
         return True
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self._last_item = (nodeid, location)
+
+    def _report_stopped_groups(self, failures: list[StoppedGroupFailure]) -> None:
+        """Errors at teardown of groups stopped after their last test was reported: extra
+        teardown reports of the item reported last."""
+        for failure in failures:
+            report = stopped_group_report(failure, self._last_item, self.config)
+            self.config.hook.pytest_runtest_logreport(report=report)
 
     def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
         later = self._later_items(item, spec)
@@ -248,8 +262,20 @@ class Controller:
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
         return True if self._resolve(item) is not None else None
 
-    def pytest_sessionfinish(self) -> None:
-        self.pool.close()
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        result = yield
+        # Stopped here, not at session finish: their teardown errors still count
+        # for the exit status, and an xdist worker still sends them to the controller.
+        self._report_stopped_groups(self.pool.close())
+        return result
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Groups still warm when the test loop was cut short (-x, an interrupt).
+        failures = self.pool.close()
+        self._report_stopped_groups(failures)
+        if failures and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_unconfigure(self) -> None:
         self.pool.close()

@@ -21,6 +21,8 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
             (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
 ``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``peak_rss``, ``peak_cuda``
+``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
+            (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
 ``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
 
@@ -138,6 +140,18 @@ class Done:
     time: float = field(default_factory=_now, kw_only=True)
 
 
+@dataclass(slots=True)
+class SessionEnd:
+    """After "stop": the teardown of the fixtures the rank still held (module, session),
+    reported as pytest reports it at the teardown of the last item it ran."""
+
+    KIND: ClassVar[Literal["session_end"]] = "session_end"
+    outcome: str  # passed, failed
+    duration: float = 0.0
+    data: dict[str, Any] | None = None  # the serialized teardown report; None for a pass
+    time: float = field(default_factory=_now, kw_only=True)
+
+
 class CallWire(TypedDict):
     """The ``call`` event as the recorder writes it (its keys are the wire format)."""
 
@@ -212,7 +226,7 @@ class RetEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent]
+Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, SessionEnd, CallEvent, RetEvent]
 Record = Union[Command, Event]
 
 
@@ -221,7 +235,7 @@ Record = Union[Command, Event]
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
-    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, CallEvent, RetEvent)
+    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, SessionEnd, CallEvent, RetEvent)
 }
 
 

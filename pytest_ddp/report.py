@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .runner import StartFailure, TestRun
+from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import Call, RankState, exit_text
 from .wording import describe_call, difference_line, rank_list, unfinished_line
 
@@ -39,6 +39,8 @@ def headline(run: TestRun) -> str:
         head = "ddp: failed: asynchronous work left in flight"
     elif verdict.kind is None and run.sequence_differences:
         head = "ddp: failed: the ranks' collective sequences differ"
+    elif verdict.kind is None and run.stop_teardown:
+        head = "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped"
     else:
         head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
     return f"{head}: {verdict.summary}" if verdict.summary else head
@@ -151,6 +153,15 @@ def _section(title: str) -> str:
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran."""
     return f"ddp: {failure.error.splitlines()[0].rstrip(':')}\n\n{failure.error}"
+
+
+def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, str]) -> str:
+    """The text of a stopped group's failed teardown (module or session fixtures)."""
+    head = (
+        f"ddp: when the rank group ({failure.group}) was stopped after {failure.last_test}, "
+        "the teardown of the fixtures its ranks still held failed"
+    )
+    return "\n".join([head] + _grouped_failures(rank_failures))
 
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:

@@ -16,12 +16,30 @@ from typing import Any, Callable
 from . import consistency, watchdog, wording
 from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
-from .protocol import CallFunction, RunItem
+from .protocol import CallFunction, RunItem, SessionEnd
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
+
+
+@dataclass
+class StoppedGroupFailure:
+    """A warm group stopped after its last test was reported, whose ranks failed to tear
+    down the fixtures they still held (module, session): an error of no test left to report."""
+
+    group: str  # RankGroup.name
+    last_test: str  # node id of the last test the group ran
+    failures: dict[int, SessionEnd]  # rank -> its failed teardown
+
+
+def _stop(group: RankGroup) -> list[StoppedGroupFailure]:
+    """Stop a group whose last test was already reported; its teardown failure, if any."""
+    failed = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
+    if not failed or group.last_test is None:
+        return []
+    return [StoppedGroupFailure(group.name, group.last_test, failed)]
 
 
 @dataclass
@@ -41,6 +59,11 @@ class TestRun:
     unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
+    # The group was stopped right after this test: each rank's failed teardown of
+    # the fixtures it still held, part of this test's teardown.
+    stop_teardown: dict[int, SessionEnd] = field(default_factory=dict)
+    # Other groups stopped to make room for this test, whose teardown failed.
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
 
     @property
     def collectives_wrong(self) -> bool:
@@ -62,6 +85,7 @@ class StartFailure:
     spec: RankSpec
     error: str  # which rank and why, or the ranks' collection errors
     elapsed: float  # seconds spent starting the group
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
 
 
 def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
@@ -145,16 +169,17 @@ class GroupPool:
         still reports this one.
         """
         key = spec.group_key
+        stopped: list[StoppedGroupFailure] = []
         # An isolated test gets a group of its own and leaves the warm one be.
         group = None if spec.isolated else self._groups.pop(key, None)
         if group is not None and not _can_take(group, command.id):
-            group.stop()
+            stopped += _stop(group)
             group = None
         cold_start = None
         if group is None:
             while len(self._groups) >= max(1, self.max_groups):
                 _, oldest = self._groups.popitem(last=False)
-                oldest.stop()
+                stopped += _stop(oldest)
             begin = time.monotonic()
             group = RankGroup(make_config())
             self.groups_started += 1
@@ -164,7 +189,7 @@ class GroupPool:
                     group.stop()
                     raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
-                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin)
+                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
             cold_start = time.monotonic() - begin
         if group.current is None:
             group.begin(command)
@@ -174,6 +199,7 @@ class GroupPool:
             group.kill()
             raise
         run.cold_start = cold_start
+        run.stopped_groups = stopped
         if keep and group_is_reusable(run, group):
             # Only after a clean pass: a failure may end the session (-x), and
             # the ranks must not have started a test nobody will run.
@@ -181,7 +207,9 @@ class GroupPool:
                 group.begin(follow)
             self._groups[key] = group
         else:
-            group.stop()  # returns at once for ranks already dead or killed
+            # Returns at once for ranks already dead or killed.  This test is not
+            # reported yet: a failed teardown of what its ranks still held is its own.
+            run.stop_teardown = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
             run.exit_codes = group.exit_codes()
         return run
 
@@ -189,7 +217,10 @@ class GroupPool:
         """The rank processes of the warm groups."""
         return [pid for group in self._groups.values() for pid in group.pids()]
 
-    def close(self) -> None:
+    def close(self) -> list[StoppedGroupFailure]:
+        """Stop every warm group; the teardown failures of their ranks."""
+        stopped = []
         while self._groups:
             _, group = self._groups.popitem()
-            group.stop()
+            stopped += _stop(group)
+        return [s for s in stopped if s]

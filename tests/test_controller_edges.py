@@ -85,3 +85,102 @@ def test_ddp_shared_path_outside_a_ddp_test_says_so(ddp_pytester) -> None:
     )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*"])
+
+
+BROKEN_MODULE_FIXTURE = """
+@pytest.fixture(scope="module")
+def resource():
+    yield 1
+    raise RuntimeError("module teardown broke")
+"""
+
+
+def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
+    # ws2's group is evicted (--ddp-max-groups=1) for test_b, after test_a was
+    # reported: its ranks tear `resource` down only then.
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    pass
+
+@pytest.mark.ddp(world_size=1)
+def test_b():
+    pass
+
+@pytest.mark.ddp(world_size=2)
+def test_c():
+    pass
+""",
+        "--ddp-max-groups=1", "--junitxml=junit.xml",
+    )
+    result.assert_outcomes(passed=3, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of ddp group world_size=2, gloo (stopped after test_a)*",
+        "ddp: when the rank group (world_size=2, gloo) was stopped after test_it.py::test_a, *",
+        "*ranks 0, 1: failed*",
+        "*RuntimeError: module teardown broke",
+        "ERROR test_it.py::test_b*",
+    ])
+    # junit: an extra test case for test_b, the test reported when the group was stopped.
+    cases = list(ET.parse(ddp_pytester.pytester.path / "junit.xml").getroot().iter("testcase"))
+    errors = [(case.get("name"), case.find("error")) for case in cases if case.find("error") is not None]
+    assert [name for name, _ in errors] == ["test_b"]
+    assert "module teardown broke" in errors[0][1].get("message")
+
+
+def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pytester) -> None:
+    # test_a destroys the process group: its group is stopped right after it,
+    # before it is reported, and `resource` is torn down then.
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    dist.destroy_process_group()
+
+@pytest.mark.ddp(world_size=2)
+def test_b():
+    pass
+""",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_a*",
+        "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped",
+        "*ranks 0, 1: failed*",
+        "E       RuntimeError: module teardown broke",
+        "*RuntimeError (in teardown)",
+    ])
+
+
+def test_a_stopped_groups_failed_teardown_is_reported_under_xdist(ddp_pytester) -> None:
+    # Each test goes to its own worker; test_a's worker keeps its group for
+    # test_b, which it never gets, and stops it at its session's end.
+    result = ddp_pytester.run_subprocess(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.xdist_group("a")
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    pass
+
+@pytest.mark.xdist_group("b")
+@pytest.mark.ddp(world_size=2)
+def test_b():
+    pass
+""",
+        "-n", "2", "--dist", "loadgroup",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*RuntimeError: module teardown broke*"])
+
+
+def test_session_end_survives_the_wire() -> None:
+    from pytest_ddp.protocol import SessionEnd, decode, encode
+
+    for event in (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5)):
+        assert decode(encode(event)) == event
