@@ -34,6 +34,14 @@ def _stuck_phase(state: RankState) -> str | None:
     return None
 
 
+def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
+    """Seconds a rank spent in the phase it was stopped or died in: from the end of
+    its previous phase (or the hand-over) to its death or the verdict."""
+    earlier = PHASES[: PHASES.index(when)]
+    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=run.ended - run.elapsed)
+    return max(0.0, (state.died_at or run.ended) - began)
+
+
 def merged_reports(
     item: pytest.Item, run: TestRun | StartFailure, config: pytest.Config
 ) -> tuple[list[pytest.TestReport], dict[int, str]]:
@@ -66,6 +74,7 @@ def merged_reports(
         rank_reports["teardown"][rank] = rep
         rank_failures.setdefault(rank, rep.longreprtext + " (in teardown)")
     stuck = {state.rank: _stuck_phase(state) for state in run.states}
+    states = {state.rank: state for state in run.states}
 
     reports: list[pytest.TestReport] = []
     diagnosed = False
@@ -91,7 +100,12 @@ def merged_reports(
         report = _report(item, when, outcome, longrepr)
         if wasxfail is not None:
             report.wasxfail = wasxfail  # type: ignore[attr-defined]
-        report.duration = max((rep.duration for rep in per_rank.values()), default=run.elapsed)
+        # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
+        report.duration = max(
+            [rep.duration for rep in per_rank.values()]
+            + [_stuck_duration(states[rank], when, run) for rank in stuck_here],
+            default=0.0,
+        )
         for rank, rep in sorted(per_rank.items()):
             for name, content in rep.sections:
                 report.sections.append((f"{name} (rank {rank})", content))

@@ -53,6 +53,7 @@ class TestRun:
     states: list[RankState]
     verdict: watchdog.Verdict
     elapsed: float  # seconds from hand-over to verdict
+    ended: float  # time.time() of the verdict
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
@@ -97,9 +98,9 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
         group.poll(POLL_INTERVAL)
         snapshot = Snapshot(now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
         verdict = watch.verdict(snapshot)
-    elapsed = time.time() - started
+    ended = time.time()
     verdict = wording.worded(verdict, group.states)
-    run = TestRun(group.current or "", spec, group.states, verdict, elapsed)
+    run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
     group.current = None
     if verdict.status != "done":
         busy = [s for s in group.states if not s.finished]

@@ -184,3 +184,36 @@ def test_session_end_survives_the_wire() -> None:
 
     for event in (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5)):
         assert decode(encode(event)) == event
+
+
+def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(ddp_pytester, tmp_path) -> None:
+    ddp_pytester.pytester.makeconftest(
+        """
+        import json
+
+        def pytest_runtest_logreport(report):
+            with open("durations.jsonl", "a") as f:
+                f.write(json.dumps([report.when, report.outcome, report.duration]) + "\\n")
+        """
+    )
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=1)
+        def test_hangs(rank):
+            if rank == 0:
+                dist.barrier()
+            else:
+                time.sleep(60)
+        """,
+        f"--ddp-report-dir={tmp_path}", "--junitxml=junit.xml",
+    )
+    result.assert_outcomes(failed=1)
+    lines = (ddp_pytester.pytester.path / "durations.jsonl").read_text().splitlines()
+    durations = {when: duration for when, _, duration in map(json.loads, lines)}
+    elapsed = json.loads(next(tmp_path.iterdir()).read_text())["elapsed"]
+    assert durations["teardown"] == 0.0  # never ran: every rank was stopped in call
+    # The call ran from the end of setup to the verdict: within the run, and counted once
+    # (junit's time is the sum of the phases; it and the JSON's elapsed are rounded to the ms).
+    assert 0 < durations["call"] <= elapsed + 0.001
+    case = next(ET.parse(ddp_pytester.pytester.path / "junit.xml").getroot().iter("testcase"))
+    assert float(case.get("time")) <= elapsed + 0.002
