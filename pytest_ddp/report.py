@@ -23,11 +23,26 @@ from .wording import describe_call, difference_line, rank_list, unfinished_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
+HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
 SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 
 
+def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
+    """``text`` on one line (its whitespace runs, newlines included, as one space),
+    cut at ``limit`` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+def _head(full: str) -> list[str]:
+    """A failure's first lines: its headline capped, and the whole of it below when cut."""
+    line = capped(full)
+    return [line, ""] if line == full else [line, "", full, ""]
+
+
 def headline(run: TestRun) -> str:
-    """The first line of a failure: verdict, kind, time, diagnosis."""
+    """The whole headline of a failure: verdict, kind, time, diagnosis (long or several
+    lines when a rank's exception message is)."""
     verdict = run.verdict
     if verdict.status == "timeout":
         head = "ddp"  # the summary starts "timed out after N s"
@@ -152,7 +167,7 @@ def _section(title: str) -> str:
 
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran."""
-    return f"ddp: {failure.error.splitlines()[0].rstrip(':')}\n\n{failure.error}"
+    return "\n".join([capped(f"ddp: {failure.error.splitlines()[0].rstrip(':')}"), "", failure.error])
 
 
 def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, str]) -> str:
@@ -161,12 +176,12 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
         f"ddp: when the rank group ({failure.group}) was stopped after {failure.last_test}, "
         "the teardown of the fixtures its ranks still held failed"
     )
-    return "\n".join([head] + _grouped_failures(rank_failures))
+    return "\n".join(_head(head)[:-1] + _grouped_failures(rank_failures))
 
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
-    lines = [headline(run), ""]
+    lines = _head(headline(run))
     lines += [rank_line(s) for s in run.states]
     table = sequence_table(run.states)
     if table:

@@ -217,3 +217,32 @@ def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(
     assert 0 < durations["call"] <= elapsed + 0.001
     case = next(ET.parse(ddp_pytester.pytester.path / "junit.xml").getroot().iter("testcase"))
     assert float(case.get("time")) <= elapsed + 0.002
+
+
+def _failed_run(summary: str):
+    from pytest_ddp.runner import TestRun
+    from pytest_ddp.spec import RankSpec
+    from pytest_ddp.state import RankState
+    from pytest_ddp.verdicts import Verdict
+
+    verdict = Verdict("done", "failed", culprits=[0, 1], summary=summary)
+    return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), [RankState(0), RankState(1)], verdict, 1.0, 1.0)
+
+
+def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
+    from pytest_ddp.report import HEADLINE_LIMIT, failure_text
+
+    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
+    text = failure_text(_failed_run(summary), {}, "t.py")
+    first, blank, *rest = text.splitlines()
+    assert len(first) <= HEADLINE_LIMIT and first.endswith("...") and first.startswith("ddp: failed: ranks 0, 1 raised: rank 0: RuntimeError")
+    assert blank == ""
+    assert "\n".join(rest).startswith("ddp: failed: " + summary)  # the whole headline, as it was
+
+
+def test_a_short_headline_is_shown_once() -> None:
+    from pytest_ddp.report import failure_text
+
+    text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
+    assert text.splitlines()[:3] == ["ddp: failed: rank 1 raised ValueError: boom", "", "rank 0: running (starting), outside any collective; last call no collective yet"]
