@@ -161,6 +161,30 @@ def format_stack(stack: str, test_file: str) -> str:
     return "\n".join(out)
 
 
+FATAL_CONTEXT = 5  # lines kept before "Fatal Python error" (what C++ printed, e.g. "terminate called ...")
+
+
+def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> str:
+    """The end of a dead rank's stderr, readable: faulthandler's harness frames collapsed
+    and the test file's lines marked (:func:`format_stack`); if still longer than ``limit``
+    lines, the last ones, or those around the last ``Fatal Python error`` if that is
+    further up (the test's frames follow it)."""
+    lines = format_stack(stderr, test_file).splitlines()
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
+    start = len(lines) - limit
+    if fatal is not None and fatal - FATAL_CONTEXT < start:
+        start = max(0, fatal - FATAL_CONTEXT)
+    end = start + limit
+    kept = lines[start:end]
+    if start:
+        kept.insert(0, f"({start} earlier lines left out)")
+    if end < len(lines):
+        kept.append(f"({len(lines) - end} later lines left out)")
+    return "\n".join(kept)
+
+
 def _section(title: str) -> str:
     return f"{'-' * 20} {title} {'-' * 20}"
 
@@ -198,7 +222,7 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     for state in run.states:
         output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
         if not state.alive and output:
-            tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
+            tail = stderr_tail(output, test_file)
             lines += ["", _section(f"rank {state.rank}: stderr ({exit_text(state.exit_code)})"), tail]
     return "\n".join(lines)
 

@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from pathlib import Path
 
+from conftest import line_of
+
 
 def test_ranks_get_torchruns_environment(ddp_pytester) -> None:
     result = ddp_pytester.run(
@@ -246,3 +248,56 @@ def test_a_short_headline_is_shown_once() -> None:
 
     text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
     assert text.splitlines()[:3] == ["ddp: failed: rank 1 raised ValueError: boom", "", "rank 0: running (starting), outside any collective; last call no collective yet"]
+
+
+HARNESS = '  File "/venv/lib/python3.11/site-packages/{}.py", line 1 in f'
+
+
+def test_a_dead_ranks_stderr_keeps_the_fatal_error_and_the_tests_frames() -> None:
+    from pytest_ddp.report import stderr_tail
+
+    stderr = "\n".join(
+        [f"warning {i}" for i in range(50)]
+        + ["terminate called after throwing an instance of 'gloo::IoException'", "Fatal Python error: Aborted", "",
+           "Current thread 0x00007f53ff842b80 (most recent call first):",
+           '  File "/src/test_ab.py", line 3 in helper', '  File "/src/test_ab.py", line 7 in test_abort']
+        + [HARNESS.format(name) for name in ["_pytest/python", "pluggy/_execution"] * 30]
+        + ["", "Extension modules: torch._C (total: 1)"]
+    )
+    tail = stderr_tail(stderr, "/src/test_ab.py").splitlines()
+    assert len(tail) <= 42  # 40 lines, and a line saying what was left out on each side
+    assert "Fatal Python error: Aborted" in tail
+    assert "terminate called after throwing an instance of 'gloo::IoException'" in tail
+    assert '> File "/src/test_ab.py", line 7 in test_abort' in tail
+    assert "  (60 pytest and pytest-ddp frames hidden)" in tail
+    assert tail[-1] == "Extension modules: torch._C (total: 1)"
+    assert tail[0].endswith("earlier lines left out)")
+
+
+def test_a_dead_ranks_stderr_tail_without_a_fatal_error_is_its_last_lines() -> None:
+    from pytest_ddp.report import stderr_tail
+
+    tail = stderr_tail("\n".join(f"line {i}" for i in range(100)), "/src/test_x.py").splitlines()
+    assert tail == ["(60 earlier lines left out)"] + [f"line {i}" for i in range(60, 100)]
+
+
+def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        def helper():
+            os.abort()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_abort(rank):
+            if rank == 1:
+                helper()
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    tail = text[text.index("rank 1: stderr (killed by SIGABRT)") : text.index("Captured stderr (rank 1)")]
+    assert "Fatal Python error: Aborted" in tail
+    line = line_of(ddp_pytester.pytester.path / "test_it.py", "        helper()")
+    assert f'> File "{ddp_pytester.pytester.path / "test_it.py"}", line {line} in test_abort' in tail
+    assert "pytest and pytest-ddp frames hidden" in tail and "/pluggy/" not in tail
