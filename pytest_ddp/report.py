@@ -35,9 +35,9 @@ def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
 
 
 def _head(full: str) -> list[str]:
-    """A failure's first lines: its headline capped, and the whole of it below when cut."""
+    """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
     line = capped(full)
-    return [line, ""] if line == full else [line, "", full, ""]
+    return [line, ""] if len(" ".join(full.split())) <= HEADLINE_LIMIT else [line, "", full, ""]
 
 
 def headline(run: TestRun) -> str:

@@ -301,3 +301,11 @@ def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_p
     line = line_of(ddp_pytester.pytester.path / "test_it.py", "        helper()")
     assert f'> File "{ddp_pytester.pytester.path / "test_it.py"}", line {line} in test_abort' in tail
     assert "pytest and pytest-ddp frames hidden" in tail and "/pluggy/" not in tail
+
+
+def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
+    from pytest_ddp.report import failure_text
+
+    text = failure_text(_failed_run("rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"), {}, "t.py")
+    assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier in 1000 ms", ""]
+    assert "monitoredBarrier\n" not in text
