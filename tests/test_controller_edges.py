@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-
-import pytest
 from pathlib import Path
 
 from conftest import line_of
