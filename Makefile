@@ -3,14 +3,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean matrix matrix-venvs clean-matrix
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs]'
 	touch $(STAMP)
 
 # The example suite: passing distributed tests and diagnosed failures.
@@ -21,8 +21,41 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
+# The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv
+# (.venv-torch<version>): the oldest release pyproject.toml's `torch>=` admits
+# and the newest one tested (docs/torch-versions.md). constraints.txt's pin
+# stays for `make test`; here a copy with the torch line replaced overrides it.
+# Every version runs even if one fails; the target fails if any did.
+# LOCK prefixes each suite run, e.g. make matrix LOCK='flock /tmp/ddp-heavy.lock'.
+TORCH_MIN := $(shell sed -n 's/^ *"torch>=\([0-9.]*\).*/\1/p' pyproject.toml | awk -F. '{print $$1"."($$2==""?0:$$2)"."($$3==""?0:$$3)}')
+MATRIX_TORCH ?= $(TORCH_MIN) 2.14.1
+MATRIX_VENVS := $(foreach v,$(MATRIX_TORCH),.venv-torch$(v)/.installed)
+LOCK ?=
+
+matrix-venvs: $(MATRIX_VENVS)
+
+.venv-torch%/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv .venv-torch$*
+	.venv-torch$*/bin/python -m pip install -q --upgrade pip
+	grep -v '^torch[=<>~! ]' constraints.txt > .venv-torch$*/constraints.txt
+	echo 'torch==$*' >> .venv-torch$*/constraints.txt
+	.venv-torch$*/bin/python -m pip install -q -c .venv-torch$*/constraints.txt -e '.[test]'
+	.venv-torch$*/bin/python -c 'import torch, sys; v = torch.__version__.split("+")[0]; sys.exit(0 if v == "$*" else "torch " + v + " installed, not $*")'
+	touch $@
+
+matrix: $(MATRIX_VENVS)
+	@failed=; for v in $(MATRIX_TORCH); do \
+	    echo "== torch $$v"; \
+	    $(LOCK) .venv-torch$$v/bin/python -m pytest -q -p no:cacheprovider || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== failed on torch$$failed"; exit 1; fi; \
+	echo "== passed on torch $(MATRIX_TORCH)"
+
+clean-matrix:
+	rm -rf .venv-torch*
+
 bench: venv
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,bench]'
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/recorder_overhead.py
 

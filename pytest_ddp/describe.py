@@ -29,7 +29,6 @@ _INTERNAL_DIRS = tuple(
 )
 
 
-_DDP_FILE = torch.nn.parallel.distributed.__file__
 
 
 _json = json.JSONEncoder(separators=(",", ":"), default=str).encode
@@ -55,11 +54,15 @@ def _shown(filename: str) -> str | None:
     return shown  # type: ignore[return-value]
 
 
-_sites: dict[tuple[int, int], tuple[CodeType, str]] = {}  # (id(code), f_lasti) -> (code, site)
+_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# (id(code), f_lasti) -> (code, site, whether the site is in an installed library)
+_sites: dict[tuple[int, int], tuple[CodeType, str, bool]] = {}
 
 
 def site(frame: FrameType | None) -> str:
-    """``"site":"tests/test_x.py:12"``: the first frame outside torch, pytest and this plugin.
+    """``"site":"tests/test_x.py:12"``: the first frame outside torch, pytest and this plugin;
+    where that frame is in an installed library (torchmetrics, Lightning, ...), also
+    ``"caller":"tests/test_x.py:30"``: the first frame outside libraries that led there.
 
     Cached per instruction: ``f_lineno`` scans the code's line table, which costs
     microseconds in a long function.  The cache holds the code object, so its id
@@ -68,26 +71,31 @@ def site(frame: FrameType | None) -> str:
         code = frame.f_code
         key = (id(code), frame.f_lasti)
         cached = _sites.get(key)
-        if cached is not None and cached[0] is code:
-            return cached[1]
-        shown = _shown(code.co_filename)
-        if shown is not None:
+        if cached is None or cached[0] is not code:
+            shown = _shown(code.co_filename)
+            if shown is None:
+                frame = frame.f_back
+                continue
             if len(_sites) > 10000:
                 _sites.clear()
-            site = f'"site":"{shown}:{frame.f_lineno}"'
-            _sites[key] = (code, site)
-            return site
-        frame = frame.f_back
+            cached = _sites[key] = (code, f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename))
+        return cached[1] + (_caller(frame.f_back) if cached[2] else "")
     return '"site":"?"'
 
 
-def called_by_ddp(frame: FrameType | None) -> bool:
-    """Whether DDP's module is among the internal frames above the user's call site."""
-    while frame is not None and _shown(frame.f_code.co_filename) is None:
-        if frame.f_code.co_filename == _DDP_FILE:
-            return True
+def _in_library(filename: str) -> bool:
+    return any(part in filename for part in _LIBRARY_DIRS)
+
+
+def _caller(frame: FrameType | None) -> str:
+    """``,"caller":"t.py:30"``: the first frame outside torch, pytest, this plugin and libraries."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        shown = _shown(filename)
+        if shown is not None and not _in_library(filename):
+            return f',"caller":"{shown}:{frame.f_lineno}"'
         frame = frame.f_back
-    return False
+    return ""
 
 
 class Group(NamedTuple):

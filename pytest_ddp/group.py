@@ -61,7 +61,13 @@ def fork_context() -> Any:
     context.set_forkserver_preload(PRELOAD)
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    # Started with SIGINT ignored, the forkserver ignores it while it imports torch too
+    # (it ignores it itself only after): Ctrl-C then printed its KeyboardInterrupt traceback.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return context
 
 

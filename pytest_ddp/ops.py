@@ -34,7 +34,7 @@ class Op:
     direction: Direction | None = None  # p2p: which end of the exchange
     blocks: bool = True  # the caller stays inside until the work is done
     uneven: bool = False  # its tensors may differ in size between ranks (uneven splits)
-    python: bool = True  # a torch.distributed function; False: a C++ entry reached through DDP
+    python: bool = True  # a torch.distributed function the recorder wraps (where this torch has it)
 
     @property
     def is_collective(self) -> bool:
@@ -83,10 +83,13 @@ OPS: dict[str, Op] = _table(
     Op("init_process_group", "group"),
     Op("new_group", "group"),
     Op("destroy_process_group", "group"),
-    # What DDP calls from C++ on its process group, recorded through a view of the group
-    # (its broadcast is recorded as "broadcast", above).
-    Op("allreduce", "collective", python=False),
-    Op("allgather", "collective", python=False),
+    Op("all_gather_single", "collective", "input_tensor"),
+    Op("reduce_scatter_single", "collective", "input"),
+    Op("all_gather_coalesced", "collective", "input_tensor_list"),
+    Op("all_reduce_coalesced", "collective", "tensors"),
+    # Reached only through the backend (functional collectives, coalescing managers).
+    Op("all_gather_into_tensor_coalesced", "collective", python=False),
+    Op("reduce_scatter_tensor_coalesced", "collective", python=False),
 )
 
 INIT = "init_process_group"
@@ -97,3 +100,38 @@ DESTROY = "destroy_process_group"
 def op(name: str) -> Op:
     """The operation of that name; every name the recorder writes is in the table."""
     return OPS[name]
+
+
+@dataclass(frozen=True)
+class BackendOp:
+    """One of torch's ``c10d::`` dispatcher operations, through which every collective reaches a
+    process group's backend, whoever issued it (a torch.distributed function, DDP's reducer, a
+    functional collective).  Parameters are named as in the operation's schema."""
+
+    op: str  # the table's name for what it does
+    tensors: str | None  # the tensors described
+    rank: str | None = None  # the root or peer, as a rank in the group; None: a receive from any source
+
+
+BACKEND_OPS: dict[str, BackendOp] = {
+    "allreduce_": BackendOp("all_reduce", "tensors"),
+    "allreduce_coalesced_": BackendOp("all_reduce_coalesced", "tensors"),
+    "allgather_": BackendOp("all_gather", "input_tensors"),
+    "_allgather_base_": BackendOp("all_gather_into_tensor", "input_tensor"),
+    "allgather_coalesced_": BackendOp("all_gather_coalesced", "input_list"),
+    "allgather_into_tensor_coalesced_": BackendOp("all_gather_into_tensor_coalesced", "inputs"),
+    "reduce_scatter_": BackendOp("reduce_scatter", "output_tensors"),
+    "_reduce_scatter_base_": BackendOp("reduce_scatter_tensor", "input_tensor"),
+    "reduce_scatter_tensor_coalesced_": BackendOp("reduce_scatter_tensor_coalesced", "inputs"),
+    "alltoall_": BackendOp("all_to_all", "input_tensors"),
+    "alltoall_base_": BackendOp("all_to_all_single", "input"),
+    "broadcast_": BackendOp("broadcast", "tensors", "root_rank"),
+    "reduce_": BackendOp("reduce", "tensors", "root_rank"),
+    "gather_": BackendOp("gather", "input_tensors", "root_rank"),
+    "scatter_": BackendOp("scatter", "output_tensors", "root_rank"),
+    "barrier": BackendOp("barrier", None),
+    "monitored_barrier_": BackendOp("monitored_barrier", None),
+    "send": BackendOp("send", "tensors", "dst"),
+    "recv_": BackendOp("recv", "tensors", "src"),
+    "recv_any_source_": BackendOp("recv", "tensors"),
+}

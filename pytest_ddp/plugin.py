@@ -19,6 +19,7 @@ import pytest
 
 from . import rank as rank_module
 from . import settings as settings_module
+from . import rank_warnings
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports, stopped_group_report
@@ -183,6 +184,7 @@ class Controller:
             return None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        run = None
         stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
         if isinstance(spec, SpecError):
             reports = [_setup_error_report(item, str(spec))]
@@ -198,8 +200,14 @@ class Controller:
         item.session._setupstate.teardown_exact(nextitem)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
+        if isinstance(run, TestRun):
+            for warning, nodeid in rank_warnings.merged(run.states):
+                kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
+                self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         self._report_stopped_groups(stopped)
+        if isinstance(run, TestRun):
+            _end_session_if_interrupted(run)
         return True
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
@@ -288,6 +296,17 @@ class Controller:
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"
         )
+
+
+def _end_session_if_interrupted(run: TestRun) -> None:
+    """A rank's test called ``pytest.exit()`` or raised KeyboardInterrupt: end this session
+    as plain pytest would, with its reason (the ranks are stopped as the session ends)."""
+    for state in run.states:
+        if state.interrupted is None:
+            continue
+        if state.interrupted["kind"] == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        pytest.exit(state.interrupted["reason"], returncode=state.interrupted["returncode"])
 
 
 def _count(n: int, noun: str) -> str:

@@ -20,7 +20,10 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``phase``   a test phase starts: ``when`` (setup/call/teardown)
 ``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
             (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
-``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``peak_rss``, ``peak_cuda``
+``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``threads_left``,
+            ``interrupted``, ``peak_rss``, ``peak_cuda``
+``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
+            :mod:`pytest_ddp.rank_warnings`), ``id`` (the test's node id)
 ``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
             (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
@@ -135,8 +138,21 @@ class Done:
     group_intact: bool = True  # the rank's process group outlived the test
     # Asynchronous calls whose work had not completed: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    # Threads the test started that still ran after it: [{"name": ..., "stack": ...}].
+    threads_left: list[dict[str, str]] = field(default_factory=list)
+    # pytest.exit() or KeyboardInterrupt in the test: {"kind": "exit" or "KeyboardInterrupt",
+    # "reason": ..., "returncode": ...}; the controller ends its session.
+    interrupted: dict[str, Any] | None = None
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class WarningRecorded:
+    KIND: ClassVar[Literal["warning"]] = "warning"
+    warning: dict[str, Any]  # message, category, filename, lineno
+    id: str  # the node id pytest recorded it for
     time: float = field(default_factory=_now, kw_only=True)
 
 
@@ -162,6 +178,7 @@ class CallWire(TypedDict):
     group: str  # group name, "WORLD" for the default group
     ranks: NotRequired[list[int]]  # global ranks of the group
     site: str  # "file.py:12"
+    caller: NotRequired[str]  # the site is in an installed library: the first frame outside libraries
     t: float
     shapes: NotRequired[list[list[int]]]
     dtypes: NotRequired[list[str]]
@@ -202,6 +219,7 @@ class CallEvent:
     group_ranks: list[int] = field(default_factory=list)
     seq: int = 0
     site: str = "?"
+    caller: str | None = None
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
@@ -226,7 +244,19 @@ class RetEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, SessionEnd, CallEvent, RetEvent]
+@dataclass(slots=True)
+class WaitEvent:
+    """The rank waits for call ``index``'s work (``work.wait()``, ``wait_tensor``): it is blocked
+    in that call until the call's ``ret``.  Written by the recorder's hot path as
+    ``{"e":"wait","i":index,"t":time}``."""
+
+    KIND: ClassVar[Literal["wait"]] = "wait"
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
+    index: int
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent]
 Record = Union[Command, Event]
 
 
@@ -235,7 +265,8 @@ Record = Union[Command, Event]
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
-    cls.KIND: cls for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, SessionEnd, CallEvent, RetEvent)
+    cls.KIND: cls
+    for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent)
 }
 
 

@@ -25,7 +25,9 @@ import pickle
 import resource
 import signal
 import sys
+import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -35,6 +37,7 @@ from typing import Any, Iterator, TypeVar
 import _pytest.config
 import pytest
 
+from . import leftovers, rank_warnings
 from .protocol import (
     CallFunction,
     Done,
@@ -49,6 +52,7 @@ from .protocol import (
     SessionEnd,
     Stop,
     TestStart,
+    WarningRecorded,
     decode_command,
 )
 
@@ -57,6 +61,8 @@ PR_SET_NAME = 15
 # Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
 # collective nobody waited for) gets to complete once the test is over.
 IN_FLIGHT_WAIT = 1.0
+# Seconds in all that threads a test started get to end once the test is over.
+THREAD_JOIN_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,11 @@ def _group_intact() -> bool:
     return dist.is_initialized()
 
 
-def _done_event() -> Done:
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """A test left processes running in its rank; the rank ended them."""
+
+
+def _done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
     """The test is over on this rank: the state it leaves the rank in.  With the
     other ranks' events, this is the after-test check of the group."""
     from . import recorder
@@ -196,7 +206,23 @@ def _done_event() -> Done:
         peak_cuda = int(torch.cuda.max_memory_allocated())
     # ru_maxrss is in KiB on Linux.
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Done(group_intact=_group_intact(), in_flight=in_flight, peak_rss=peak_rss, peak_cuda=peak_cuda)
+    return Done(
+        group_intact=_group_intact(),
+        in_flight=in_flight,
+        threads_left=threads_left,
+        interrupted=interrupted,
+        peak_rss=peak_rss,
+        peak_cuda=peak_cuda,
+    )
+
+
+def _restore_environment(saved: dict[str, str]) -> None:
+    """os.environ as it was when the rank was ready: what a test added is removed."""
+    for key in [key for key in os.environ if key not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _fatal(channel: Channel, error: str) -> None:
@@ -213,6 +239,14 @@ class RankSession:
         self.channel = channel
         self.collect_errors: list[str] = []
         self.ready = False  # the session reached its run loop and said so
+        self.environment: dict[str, str] = {}  # os.environ when the rank was ready
+        self.processes = leftovers.ProcessLedger()
+        # Per test: what was there before it, and what it left.
+        self.threads_before: set[threading.Thread] = set()
+        self.processes_before: set[int] = set()
+        self.finalizers_before: dict[Any, int] = {}
+        self.threads_left: list[dict[str, str]] = []
+        self.interrupted: dict[str, Any] | None = None
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: Any) -> None:
@@ -233,6 +267,8 @@ class RankSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: Any) -> bool:
         items = {item.nodeid: item for item in session.items}
+        self.environment = dict(os.environ)
+        self.processes.start()
         self.channel.event(Ready(list(items), self.collect_errors), wake=True)
         self.ready = True
         last = None
@@ -250,25 +286,87 @@ class RankSession:
         from . import recorder
 
         recorder.start_test()
+        _restore_environment(self.environment)
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
         # Fixtures kept for a next item that this group did not get after all
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
+        self.threads_before = set(threading.enumerate())
+        self.processes_before = set(leftovers.descendants())
+        self.threads_left, self.interrupted = [], None
         item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
-        self.channel.event(_done_event(), wake=True)
+        self.channel.event(_done_event(self.threads_left, self.interrupted), wake=True)
 
     def _phase(self, when: str) -> None:
         self.channel.event(PhaseStart(when))
 
-    def pytest_runtest_setup(self, item: Any) -> None:
+    def _finalizers(self, item: Any) -> dict[Any, int]:
+        """How many finalizers each node set up holds: a fixture set up adds one to its scope's node."""
+        return {node: len(finalizers) for node, (finalizers, _) in item.session._setupstate.stack.items()}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: Any) -> Any:
         self._phase("setup")
+        self.finalizers_before = self._finalizers(item)
+        try:
+            return (yield)
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._interrupt(exc)
+        finally:
+            grown = frozenset(
+                node for node, n in self._finalizers(item).items() if n > self.finalizers_before.get(node, -1)
+            )
+            self.processes.after_setup(self.processes_before, grown | {item})
 
-    def pytest_runtest_call(self, item: Any) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: Any) -> Any:
         self._phase("call")
+        try:
+            return (yield)
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._interrupt(exc)
 
-    def pytest_runtest_teardown(self, item: Any) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: Any) -> Any:
         self._phase("teardown")
+        try:
+            result = yield
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._end_leftovers(item)
+            self._interrupt(exc)
+        except BaseException:
+            self._end_leftovers(item)
+            raise
+        self._end_leftovers(item)
+        if self.threads_left:
+            from .wording import threads_left_text
+
+            pytest.fail(threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
+        return result
+
+    def _interrupt(self, exc: BaseException) -> None:
+        """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
+        controller, told in the done event, ends the session as plain pytest would."""
+        if isinstance(exc, KeyboardInterrupt):
+            self.interrupted = {"kind": "KeyboardInterrupt", "reason": "KeyboardInterrupt", "returncode": None}
+            pytest.fail("KeyboardInterrupt", pytrace=False)
+        self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
+        pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)
+
+    def _end_leftovers(self, item: Any) -> None:
+        """After the test's teardown: wait for its threads a little, and end the processes it left."""
+        self.threads_left = leftovers.threads_left(self.threads_before, THREAD_JOIN_WAIT)
+        ending = self.processes.to_end(set(item.session._setupstate.stack))
+        if ending:
+            described = ", ".join(leftovers.describe(pid) for pid in ending)
+            leftovers.end_processes(ending)
+            message = LeftoverProcessWarning(f"processes the test left running were ended: {described}")
+            warnings.warn_explicit(message, LeftoverProcessWarning, str(item.path), item.location[1] + 1)
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
+        if when == "runtest":  # collection and configuration warnings: the controller has its own
+            self.channel.event(WarningRecorded(rank_warnings.serialized(warning_message), nodeid))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         data = None
@@ -307,6 +405,7 @@ def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
     channel.event(Ready(), wake=True)
     for command in channel.commands(CallFunction):
         recorder.start_test()
+        threads_before = set(threading.enumerate())
         channel.event(TestStart(command.id))
         channel.event(PhaseStart("call"))
         data: dict[str, Any]
@@ -323,8 +422,13 @@ def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
                 "exception": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(),
             }
+        threads_left = leftovers.threads_left(threads_before, THREAD_JOIN_WAIT)
+        if threads_left and outcome == "passed":
+            from .wording import threads_left_text
+
+            outcome, data = "failed", {"exception": threads_left_text(threads_left, THREAD_JOIN_WAIT)}
         channel.event(Report("call", outcome, data=data), wake=True)
-        channel.event(_done_event(), wake=True)
+        channel.event(_done_event(threads_left), wake=True)
     return 0
 
 
@@ -341,9 +445,17 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection) -> Non
     parent = os.getppid()
     _release_forkserver()
     os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us
-    spec = json.loads(Path(spec_path).read_text())
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver's SIG_IGN is not the test's
+    try:
+        spec = json.loads(Path(spec_path).read_text())
+        _redirect_output(spec)
+    except FileNotFoundError:
+        # The controller gave the group up (Ctrl-C while it started) and removed its folder
+        # while this rank was being forked; stderr is still the user's terminal here.
+        os._exit(1)
     _become_rank(spec["rank"], parent)
-    _redirect_output(spec)
+    leftovers.become_subreaper()
+    keeper = leftovers.start_keeper(spec["rank"])
     os.environ.clear()
     os.environ.update(spec["env"])
     os.chdir(spec["cwd"])
@@ -364,6 +476,7 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection) -> Non
     except BaseException:
         _fatal(channel, traceback.format_exc())
         code = 3
+    leftovers.end_processes([pid for pid in leftovers.descendants() if pid != keeper])
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: torch's atexit work can block on a broken group.

@@ -12,11 +12,14 @@ Only the outermost call is recorded: ``all_gather_object`` calls
 ``all_gather`` inside, through the module's globals, which are wrapped too; a
 per-thread depth counter keeps the inner calls out.
 
-DDP's collectives, made from C++, are recorded through a view of its process
-group (:mod:`pytest_ddp.ddp_view`) in the group's own sequence, marked
-``"extra": {"via": "ddp"}``.  Those calls are asynchronous in C++; each one's
-``ret`` is written when its work completes, so a rank waiting for a gradient
-bucket shows as inside ``allreduce #k``.
+Collectives that reach a process group's backend without passing through one
+of those functions (DDP's reducer in C++, the functional collectives of DTensor
+and compiled code) are recorded there (:mod:`pytest_ddp.backend_hook`), in the
+group's own sequence, marked ``"extra": {"via": "backend"}``.  They and the
+functions' ``async_op=True`` collectives are asynchronous: each one's ``ret`` is
+written when its work completes, and a ``wait`` event when the caller waits for
+it (``work.wait()``, ``wait_tensor``), so a rank waiting for a gradient bucket
+shows as inside ``all_reduce #k``.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import ddp_view, describe
-from .ops import OPS
+from . import backend_hook, describe
+from .ops import OPS, BackendOp
 from .protocol import EventLog
 
 
@@ -45,9 +48,13 @@ class _Depth(threading.local):
 _local = _Depth()
 _log: EventLog | None = None
 _originals: dict[tuple[Any, str], Any] = {}
-# (call index, work) of the current test's asynchronous calls: isend, irecv,
-# batch_isend_irecv and async_op=True collectives.  Checked when the test ends.
-_works: list[tuple[int, Any]] = []
+# id(work) -> (call index, work) of the current test's asynchronous calls: isend,
+# irecv, batch_isend_irecv and async_op=True collectives.  Checked when the test ends;
+# a wait() on one of them is recorded.
+_works: dict[int, tuple[int, Any]] = {}
+# The current test's calls recorded at the backend, by the data pointer of their tensors:
+# where a functional collective's wait_tensor finds the call it waits for.
+_backend_tensors: dict[int, int] = {}
 
 
 # -- numbering -------------------------------------------------------------------
@@ -109,6 +116,7 @@ def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
     _numbers.reset()
     _works.clear()
+    _backend_tensors.clear()
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
@@ -127,13 +135,14 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     """
     deadline = time.monotonic() + wait
     unfinished = []
-    for index, work in _works:
+    wait_unrecorded = _originals.get((dist.Work, "wait"), dist.Work.wait)
+    for index, work in _works.values():
         if work.is_completed():
             continue
         # c10d reads a zero timeout as "no timeout".
         remaining = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
-            work.wait(remaining)
+            wait_unrecorded(work, remaining)
         except Exception as exc:  # timed out, or the work failed
             unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
     _works.clear()
@@ -178,11 +187,14 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except BaseException as exc:
                 _write_ret(log, index, exc)
                 raise
-            log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
             if result is not None and (spec.kind in ("p2p", "batch") or bound.get("async_op")):
-                for work in result if isinstance(result, list) else [result]:
-                    if isinstance(work, dist.Work):
-                        _works.append((index, work))
+                works = [w for w in (result if isinstance(result, list) else [result]) if isinstance(w, dist.Work)]
+                for work in works:
+                    _works[id(work)] = (index, work)
+                # An asynchronous collective runs until its work completes, however long after the call.
+                if spec.is_collective and len(works) == 1 and _ret_when_done(log, index, works[0]):
+                    return result
+            log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
             return result
         finally:
             _local.depth = 0
@@ -190,35 +202,62 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return recorded
 
 
-# -- DDP's C++ calls, through the view of its group ---------------------------------
+# -- at the backend: what no wrapped function issued (DDP, functional collectives, ...) --
 
 
-def _record_cpp(
-    view: ddp_view.RecordingGroup, op: str, tensors: list[torch.Tensor], root: int | None, submit: ddp_view.Submit
-) -> Any:
-    """Write the call, submit it, and have its ``ret`` written when its work completes (in the
-    backend's thread: the caller waits on the work's future, not on this code)."""
+def _ret_when_done(log: EventLog, index: int, work: Any) -> bool:
+    """Have the call's ret written when its work completes, in the backend's thread (the
+    caller waits on the work, not on this code); False where the work has no future
+    (Gloo's send and receive work)."""
+    try:
+        future = work.get_future()
+    except Exception:
+        return False
+    _numbers.expect_late_ret(index)
+    future.add_done_callback(functools.partial(_completed, log, index, _numbers.generation))
+    return True
+
+
+def _recording() -> bool:
+    return _log is not None and not _local.depth
+
+
+def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, submit: Callable[[], Any]) -> Any:
+    """A c10d operation that no recorded function issued: write the call, submit it, and have
+    its ret written when its work completes."""
     log = _log
-    if log is None or _local.depth:  # a Python function's call, recorded already
+    if log is None:
         return submit()
     try:
-        group = describe.group_of(view.inner)
-        fields = describe.tensors(tensors)
-        if root is not None:
-            fields += f',"root":{group.ranks[root] if root < len(group.ranks) else root}'
+        group = describe.group_of(backend_hook.process_group(args))
+        op = OPS[spec.op]
+        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
+        key: tuple[Any, ...] = (group.name,)
+        peer = None
+        if spec.rank is not None:
+            given = args[spec.rank]
+            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
+            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
+        if op.pairs:
+            key = (group.name, op.direction, peer)
+        if issued_async:  # a functional collective: its caller blocks later, in wait_tensor
+            fields += ',"async":true'
         site = describe.site(sys._getframe(1))
-        body = f'"op":"{op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"{view.via}"}}'
+        body = f'"op":"{spec.op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"backend"}}'
     except Exception:  # describing must never break the call
         return submit()
-    index, generation = _numbers.write_call(log, body, (group.name,))
+    index, _ = _numbers.write_call(log, body, key)
     try:
-        work = submit()
+        result = submit()
     except BaseException as exc:
         _write_ret(log, index, exc)
         raise
-    _numbers.expect_late_ret(index)
-    work.get_future().add_done_callback(functools.partial(_completed, log, index, generation))
-    return work
+    work = backend_hook.work_of(result)
+    if work is None or not _ret_when_done(log, index, work):
+        log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
+    for tensor in backend_hook.tensors_in(args.values()):
+        _backend_tensors[tensor.data_ptr()] = index
+    return result
 
 
 def _completed(log: EventLog, index: int, generation: int, future: Any) -> None:
@@ -228,6 +267,29 @@ def _completed(log: EventLog, index: int, generation: int, future: Any) -> None:
     except Exception as exc:
         error = exc
     _numbers.write_late_ret(log, index, generation, error)
+
+
+def _write_wait(index: int | None) -> None:
+    log = _log
+    if log is not None and index is not None:
+        log.write_line(f'{{"e":"wait","i":{index},"t":{time.time()!r}}}')
+
+
+def _record_wait_tensor(tensor: torch.Tensor) -> None:
+    """A functional collective's caller blocks on its result."""
+    _write_wait(_backend_tensors.get(tensor.data_ptr()))
+
+
+def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Work.wait`` that records which asynchronous call the caller now waits for."""
+
+    @functools.wraps(original)
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        recorded = _works.get(id(work))
+        _write_wait(recorded[0] if recorded is not None and recorded[1] is work else None)
+        return original(work, *args, **kwargs)
+
+    return wait
 
 
 # -- install -------------------------------------------------------------------
@@ -253,8 +315,8 @@ def install(log: EventLog) -> None:
         _patch(c10d, op, wrapped)
         if getattr(dist, op, None) is original:
             _patch(dist, op, wrapped)
-    for name, replacement in ddp_view.entry_points(dist, _record_cpp, describe.called_by_ddp).items():
-        _patch(dist, name, replacement)
+    _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
+    backend_hook.install(_record_backend, _record_wait_tensor, _recording)
 
 
 def uninstall() -> None:
@@ -263,5 +325,6 @@ def uninstall() -> None:
     for (owner, name), original in _originals.items():
         setattr(owner, name, original)
     _originals.clear()
+    backend_hook.uninstall()
     describe.forget_groups()
     _log = None

@@ -84,7 +84,7 @@ def _rank_state(state: RankState) -> str:
     return f"rank {state.rank}: running ({state.phase}), outside any collective; last call {where}"
 
 
-def _cell(call: Call | None) -> str:
+def _cell(call: Call | None, with_site: bool = False) -> str:
     if call is None:
         return "-"
     shapes = ",".join("x".join(str(d) for d in shape) or "scalar" for shape in call.shapes)
@@ -93,6 +93,8 @@ def _cell(call: Call | None) -> str:
         text += " " + ",".join(sorted(set(call.dtypes)))
     if call.root is not None:
         text += f" root={call.root}"
+    if with_site:  # ranks met in this collective from different lines: say where each came from
+        text += f" at {call.site}" + (f" from {call.caller}" if call.caller else "")
     if call.state == "running":
         text += " (waiting)"
     elif call.state == "raised":
@@ -129,7 +131,9 @@ def sequence_table(states: list[RankState]) -> list[str]:
         ranks = sorted(by_rank)
         rows = [["#"] + [f"rank {r}" for r in ranks]]
         for seq in range(first, end + 1):
-            rows.append([str(seq)] + [_cell(by_rank[r].get(seq)) for r in ranks])
+            calls = [by_rank[r].get(seq) for r in ranks]
+            sites = {(c.site, c.caller) for c in calls if c is not None}
+            rows.append([str(seq)] + [_cell(c, len(sites) > 1) for c in calls])
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         title = f"collectives on group {name}" + ("" if name == "WORLD" else f" {list(members)}")
         lines.append(title + ":")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from . import consistency, watchdog, wording
 from .ops import DESTROY
@@ -24,17 +24,44 @@ POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
 
 
+class Group(Protocol):
+    """What the pool and :func:`supervise` use of a rank group: :class:`RankGroup`, or in
+    tests/test_controller.py a fake that replays scripted rank states."""
+
+    states: list[RankState]  # one per rank, of the test handed over last
+    current: str | None  # id of the test handed over and not yet judged
+    last_test: str | None  # id of the last test handed over
+    handed_over_at: float  # time.time() of that hand-over
+    collect_errors: list[str]
+
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def name(self) -> str: ...
+    def start(self, deadline: float) -> None: ...
+    def can_run(self, test_id: str) -> bool: ...
+    def begin(self, command: RunItem | CallFunction) -> None: ...
+    def poll(self, wait: float) -> None: ...
+    def dump_stacks(self, ranks: list[int]) -> dict[int, str]: ...
+    def peak_rss(self, rank: int) -> int | None: ...
+    def test_output(self, rank: int) -> dict[str, str]: ...
+    def exit_codes(self) -> dict[int, int | None]: ...
+    def pids(self) -> list[int]: ...
+    def stop(self) -> dict[int, SessionEnd]: ...  # each rank's teardown of what it still held
+    def kill(self) -> None: ...
+
+
 @dataclass
 class StoppedGroupFailure:
     """A warm group stopped after its last test was reported, whose ranks failed to tear
     down the fixtures they still held (module, session): an error of no test left to report."""
 
-    group: str  # RankGroup.name
+    group: str  # Group.name
     last_test: str  # node id of the last test the group ran
     failures: dict[int, SessionEnd]  # rank -> its failed teardown
 
 
-def _stop(group: RankGroup) -> list[StoppedGroupFailure]:
+def _stop(group: Group) -> list[StoppedGroupFailure]:
     """Stop a group whose last test was already reported; its teardown failure, if any."""
     failed = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
     if not failed or group.last_test is None:
@@ -89,7 +116,7 @@ class StartFailure:
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
 
 
-def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
+def supervise(group: Group, spec: RankSpec) -> TestRun:
     """Watch the test handed over to the group until a verdict."""
     started = group.handed_over_at
     watch = watchdog.Watch()
@@ -107,7 +134,7 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
         for state in busy:  # finished ranks reported theirs
             state.peak_rss = group.peak_rss(state.rank)
         run.stacks = group.dump_stacks([s.rank for s in busy])
-    run.outputs = {rank: group.test_output(rank) for rank in range(len(group.ranks))}
+    run.outputs = {state.rank: group.test_output(state.rank) for state in group.states}
     if verdict.status != "done":
         group.kill()
     if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
@@ -116,13 +143,13 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     return run
 
 
-def _can_take(group: RankGroup, test_id: str) -> bool:
+def _can_take(group: Group, test_id: str) -> bool:
     """Whether a warm group can run that test: alive, collected it, and not busy
     with another test handed over ahead."""
     return group.alive and group.can_run(test_id) and group.current in (None, test_id)
 
 
-def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
+def group_is_reusable(run: TestRun, group: Group) -> bool:
     """A group may serve the next test only if nothing about it is in doubt."""
     if run.stopped or not group.alive or run.spec.isolated:
         return False
@@ -130,7 +157,7 @@ def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
     if run.collectives_wrong or run.verdict.kind not in (None, "failed"):
         return False
     for state in run.states:
-        if not state.group_intact or state.in_flight:
+        if not state.group_intact or state.in_flight or state.threads_left:
             return False
         for call in state.calls:
             if call.state != "ok" or call.op == DESTROY:
@@ -146,11 +173,15 @@ def _not_collected(test_id: str, collect_errors: list[str]) -> str:
 
 
 class GroupPool:
-    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first."""
+    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first.
 
-    def __init__(self, max_groups: int) -> None:
+    ``make_group`` makes a group, not yet started, of a config.
+    """
+
+    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = RankGroup) -> None:
         self.max_groups = max_groups
-        self._groups: OrderedDict[tuple[Any, ...], RankGroup] = OrderedDict()
+        self._make_group = make_group
+        self._groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
         self.groups_started = 0
 
     def run(
@@ -182,7 +213,7 @@ class GroupPool:
                 _, oldest = self._groups.popitem(last=False)
                 stopped += _stop(oldest)
             begin = time.monotonic()
-            group = RankGroup(make_config())
+            group = self._make_group(make_config())
             self.groups_started += 1
             try:
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)

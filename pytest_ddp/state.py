@@ -23,6 +23,8 @@ from .protocol import (
     Report,
     RetEvent,
     TestStart,
+    WaitEvent,
+    WarningRecorded,
     to_wire,
 )
 
@@ -57,6 +59,7 @@ class Call:
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
+    caller: str | None = None  # the site is in an installed library: the user's frame that led there
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
 
@@ -127,6 +130,7 @@ class Call:
             obj_type=ev.obj_type,
             obj_size=ev.obj_size,
             extra=ev.extra,
+            caller=ev.caller,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,6 +141,7 @@ class Call:
             "group_ranks": list(self.group_ranks),
             "seq": self.seq,
             "site": self.site,
+            "caller": self.caller,
             "state": self.state,
             "enter": self.enter,
             "exit": self.exit,
@@ -173,6 +178,10 @@ class RankState:
     # Asynchronous calls whose work had not completed shortly after the test
     # ended: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
+    waiting_on: int | None = None  # index of the asynchronous call whose work the rank waits for
+    threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
+    interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
+    warnings: list[WarningRecorded] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -185,9 +194,14 @@ class RankState:
 
     @property
     def current_call(self) -> Call | None:
-        """The call this rank is blocked in, if any (the last one, still running, and one that
-        blocks: issuing asynchronous work takes a moment, but waits for nobody)."""
-        if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks and self.alive:
+        """The call this rank is blocked in, if any: the asynchronous call whose work it waits
+        for, else its last call if that is still running and blocks (issuing asynchronous work
+        takes a moment, but waits for nobody)."""
+        if not self.alive:
+            return None
+        if self.waiting_on is not None and self.calls[self.waiting_on].state == "running":
+            return self.calls[self.waiting_on]
+        if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks:
             return self.calls[-1]
         return None
 
@@ -197,6 +211,7 @@ class RankState:
         match ev:
             case CallEvent():
                 self.calls.append(Call.from_event(ev))
+                self.waiting_on = None  # a wait before it has returned
             case RetEvent():
                 if ev.index < len(self.calls):
                     call = self.calls[ev.index]
@@ -216,6 +231,13 @@ class RankState:
                 self.peak_cuda = ev.peak_cuda
                 self.group_intact = ev.group_intact
                 self.in_flight = ev.in_flight
+                self.threads_left = ev.threads_left
+                self.interrupted = ev.interrupted
+            case WarningRecorded():
+                self.warnings.append(ev)
+            case WaitEvent():
+                if ev.index < len(self.calls):
+                    self.waiting_on = ev.index
             case TestStart():
                 pass  # the controller knows which test it handed over
             case Fatal():  # the rank exits next; its stderr says why

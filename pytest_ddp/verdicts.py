@@ -10,7 +10,8 @@ Kinds of verdict (``Verdict.kind``):
 ``p2p_cycle``    point-to-point calls wait for each other in a cycle
 ``init``         ``init_process_group`` cannot complete (duplicate rank, rank
                  out of range, world sizes differ, a process never arrives)
-``timeout``      the test ran out of time without a certain deadlock
+``timeout``      the test ran out of time without a certain deadlock, or a
+                 ``monitored_barrier`` did, naming the ranks that never came
 ``failed``       every rank finished, some failed, no distributed fault seen
 """
 
@@ -80,6 +81,14 @@ class InitFault:
 
 
 @dataclass(frozen=True)
+class SlowRanks:
+    """A ``monitored_barrier`` timed out, and torch's message names the ranks that never came."""
+
+    slow: list[int]
+    reporters: dict[int, Call]  # rank -> its monitored_barrier that raised, naming them
+
+
+@dataclass(frozen=True)
 class TimedOut:
     seconds: float
     described: list[int]  # the ranks whose activity the summary tells
@@ -104,7 +113,7 @@ class Failures:
     woken: list[int] = field(default_factory=list)
 
 
-Finding = Departed | Cycle | Disagreement | InitFault | TimedOut | GraceOver | Failures
+Finding = Departed | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures
 
 
 @dataclass

@@ -20,6 +20,7 @@ The verdict and its findings are data (:mod:`pytest_ddp.verdicts`);
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from .verdicts import (
     Failures,
     GraceOver,
     InitFault,
+    SlowRanks,
     TimedOut,
     Verdict,
     Wait,
@@ -309,18 +311,24 @@ def _mismatch_verdict(
         if theirs is not None:
             entered[r] = theirs
     culprits, agreeing = _minority(entered, key)
-    shown = entered[(agreeing or culprits)[0]]
-    return Verdict(status, "mismatch", culprits, agreeing, shown.op, shown.label, Disagreement(call, entered))
+    ops = {entered[r].op for r in culprits}
+    odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
+    return Verdict(
+        status, "mismatch", culprits, agreeing,
+        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered),
+    )
 
 
 def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:
-    """(culprits, the rest): the ranks whose call differs from the most common one.  On a tie the
-    lowest rank's call counts as the expected one, so the culprits never include the lowest rank."""
+    """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
+    is more common than every other (two ranks that disagree, say), that is a tie: every rank is
+    named, none is taken for the norm."""
     counts = Counter(key(c) for c in entered.values())
-    lowest = key(entered[min(entered)])
     best = max(counts.values())
-    expected = lowest if counts[lowest] == best else next(k for k, n in counts.items() if n == best)
-    culprits = sorted(r for r, c in entered.items() if key(c) != expected)
+    common = [k for k, n in counts.items() if n == best]
+    if len(common) > 1:
+        return sorted(entered), []
+    culprits = sorted(r for r, c in entered.items() if key(c) != common[0])
     return culprits, sorted(r for r in entered if r not in culprits)
 
 
@@ -475,6 +483,31 @@ def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     )
 
 
+# torch's message when a monitored_barrier times out: "Rank 1 failed to pass monitoredBarrier
+# in 1000 ms", or with wait_all_ranks=True "Ranks 1, 2 failed to pass monitoredBarrier ...".
+_SLOW_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def _monitored_barrier_timeout(status: str, ranks: dict[int, RankState]) -> Verdict | None:
+    """Ranks whose monitored_barrier raised, naming the ranks that did not arrive in time: those
+    are the culprits (they are slow, or elsewhere), the ranks that waited for them are not."""
+    reporters: dict[int, Call] = {}
+    slow: set[int] = set()
+    for rank, state in sorted(ranks.items()):
+        last = state.calls[-1] if state.calls else None
+        found = _SLOW_RANKS.search(last.error or "") if last and last.op == "monitored_barrier" else None
+        if found and last is not None:
+            reporters[rank] = last
+            slow.update(int(r) for r in found.group(1).replace(",", " ").split())
+    named = sorted(slow & set(ranks))
+    if not named:
+        return None
+    call = reporters[min(reporters)]
+    return Verdict(
+        status, "timeout", named, sorted(reporters), call.op, call.label, SlowRanks(named, reporters)
+    )
+
+
 def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | None:
     """A rank failed, nothing is certain about the others, and the grace period is over."""
     culprits = [r for r in sorted(ranks) if _faulty(ranks[r])]
@@ -484,6 +517,9 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     times = [t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None]
     if snap.now - min(times, default=snap.now) < snap.grace:
         return None
+    slow = _monitored_barrier_timeout("stopped", ranks)
+    if slow is not None:
+        return slow
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
     return Verdict("stopped", "rank_exited", culprits, waiting, finding=GraceOver(culprits, snap.grace, unfinished, waits))
 
@@ -493,9 +529,9 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     failed = [r for r in sorted(ranks) if _faulty(ranks[r])]
     if not failed:
         return Verdict("done")
-    mismatch = _finished_mismatch(ranks)
-    if mismatch is not None:
-        return mismatch
+    found = _finished_mismatch(ranks) or _monitored_barrier_timeout("done", ranks)
+    if found is not None:
+        return found
     dead = [r for r in failed if not ranks[r].alive]
     if not dead:
         return Verdict("done", "failed", failed, [], finding=Failures(failed))

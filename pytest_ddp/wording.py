@@ -19,6 +19,7 @@ from .verdicts import (
     Failures,
     GraceOver,
     InitFault,
+    SlowRanks,
     TimedOut,
     Verdict,
     Wait,
@@ -55,7 +56,8 @@ def _short_error(state: RankState) -> str:
     """A failed rank's error in one line: from its last call if that raised, else from its
     failed report, else ``failed``.  (A call that raised and was followed by others was handled.)"""
     if state.calls and state.calls[-1].state == "raised":
-        return state.calls[-1].error or "error"
+        error = state.calls[-1].error or "error"
+        return error.strip().splitlines()[0]  # C++ messages run over many lines
     for report in state.reports.values():
         if report.get("outcome") == "failed":
             message = _report_message(report.get("data"))
@@ -75,8 +77,12 @@ def _report_message(data: object) -> str | None:
     for text in candidates:
         if isinstance(text, str) and text.strip():
             lines = [line for line in text.splitlines() if line.strip()]
-            # A plain-text longrepr ends with its error; a message starts with it.
-            return (lines[-1] if text is longrepr else lines[0]).strip()
+            if text is not longrepr:  # a message starts with its error
+                return lines[0].strip()
+            # A plain-text longrepr marks its error lines "E   " (a missing fixture's ends with
+            # its location); else it ends with its error.
+            marked = [line[1:].strip() for line in lines if line.startswith("E ")]
+            return marked[0] if marked else lines[-1].strip()
     return None
 
 
@@ -238,6 +244,15 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
     return f"{reason}; {waits}."
 
 
+def _slow_ranks(f: SlowRanks, ranks: dict[int, RankState]) -> str:
+    waited = "; ".join(
+        f"rank {r}'s {describe_call(call)} timed out" for r, call in sorted(f.reporters.items())
+    )
+    late = [r for r in f.slow if r not in f.reporters]
+    how = f"; {_failures(late, ranks)}" if any(ranks[r].failed for r in late) else ""
+    return f"{waited}: torch names {rank_list(f.slow)} as not arriving in time{how}."
+
+
 def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
     return f"timed out after {f.seconds:g} s: {_activity(f.described, ranks, f.waits)}."
 
@@ -258,6 +273,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     Cycle: _cycle,
     Disagreement: _disagreement,
     InitFault: _init_fault,
+    SlowRanks: _slow_ranks,
     TimedOut: _timed_out,
     GraceOver: _grace_over,
     Failures: _failures_text,
@@ -295,3 +311,16 @@ def difference_line(difference: SequenceDifference) -> str:
         for n, group_ranks in _grouped(d.counts, d.counts.get)
     ]
     return f"group {d.group}: " + ", ".join(made)
+
+
+def threads_left_text(threads: list[dict[str, str]], waited: float) -> str:
+    """The failure of a test that left threads running: what to fix first, then each stack."""
+    names = ", ".join(repr(t["name"]) for t in threads)
+    noun = "thread" if len(threads) == 1 else "threads"
+    lines = [
+        f"{noun} {names} started by the test still running {waited:g} s after it ended "
+        f"(it could take part in a later test's collectives; join it before the test returns)"
+    ]
+    for thread in threads:
+        lines += ["", f"thread {thread['name']!r}:", thread["stack"].rstrip()]
+    return "\n".join(lines)

@@ -87,19 +87,21 @@ def test_ddp_rank_skips_backward(rank):
         loss.backward()
 '''
 
-# test name -> (status, kind, culprits, collective); None: not checked
+# test name -> (status, kind, culprits, collective); ANY: not checked
+ANY = object()
 EXPECTED = {
     "test_raise_before_barrier": ("deadlock", "rank_exited", [0], "barrier"),
     "test_unpicklable_object": ("deadlock", "rank_exited", [0], "all_gather_object"),
     "test_half_the_ranks_all_reduce": ("deadlock", "partial", [2, 3], "all_reduce"),
-    "test_all_reduce_against_broadcast": ("deadlock", "mismatch", [1], "all_reduce"),
+    # Two ranks, two operations: a tie, both named, no operation singled out.
+    "test_all_reduce_against_broadcast": ("deadlock", "mismatch", [0, 1], None),
     # Seen while both wait (deadlock), or after Gloo's size check aborted rank 0 (done).
-    "test_shapes_10_against_20": (None, "mismatch", [1], "all_reduce"),
+    "test_shapes_10_against_20": (ANY, "mismatch", [0, 1], "all_reduce"),
     "test_both_recv_first": ("deadlock", "p2p_cycle", [0, 1], "recv"),
     "test_return_early_skipping_the_last_collective": ("deadlock", "partial", [1], "all_reduce"),
     # Seen while rank 0 still waits (deadlock), or after Gloo woke it with an error (done).
-    "test_os_exit_inside_the_test": (None, "rank_exited", [1], None),
-    "test_ddp_rank_skips_backward": ("deadlock", "partial", [1], "allreduce"),
+    "test_os_exit_inside_the_test": (ANY, "rank_exited", [1], ANY),
+    "test_ddp_rank_skips_backward": ("deadlock", "partial", [1], "all_reduce"),
 }
 
 
@@ -130,9 +132,8 @@ def test_pattern_is_diagnosed(reports, name: str) -> None:
     status, kind, culprits, collective = EXPECTED[name]
     report = reports[name]
     assert (report["kind"], report["culprits"]) == (kind, culprits), report["summary"]
-    assert status is None or report["status"] == status, report["summary"]
-    if collective is not None:
-        assert report["collective"] == collective, report["summary"]
+    assert status is ANY or report["status"] == status, report["summary"]
+    assert collective is ANY or report["collective"] == collective, report["summary"]
     # Diagnosed as it happened, not by the 60 s timeout (how fast: benchmarks, not tests).
     assert report["status"] != "timeout", report["summary"]
 
@@ -175,8 +176,8 @@ def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
     for rank in result.ranks:
         calls = [(c.op, c.group, c.state, c.extra.get("via")) for c in rank.collectives]
         # DDP's constructor (parameter check, then broadcasts), then the gradient bucket.
-        assert calls[0] == ("allgather", "WORLD", "ok", "ddp")
-        assert calls[-1] == ("allreduce", "WORLD", "ok", "ddp")
+        assert calls[0] == ("all_gather", "WORLD", "ok", "backend")
+        assert calls[-1] == ("all_reduce", "WORLD", "ok", "backend")
         assert {op for op, *_ in calls[1:-1]} == {"broadcast"}
         assert [c.seq for c in rank.collectives] == list(range(1, len(calls) + 1))
         assert rank.collectives[-1].shapes == [[5]]  # the bucket: 4 weights and a bias

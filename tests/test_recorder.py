@@ -201,7 +201,7 @@ def test_ddp_gradient_allreduce_is_recorded_and_shows_a_blocked_rank(tmp_path: P
         while True:
             ranks = [read_tests(tmp_path, rank)[0] for rank in range(2)]
             blocked = ranks[0].current_call
-            if ranks[1].finished and blocked is not None and blocked.op == "allreduce":
+            if ranks[1].finished and blocked is not None and blocked.op == "all_reduce":
                 break
             assert time.monotonic() < deadline, [summary(r.calls) for r in ranks]
             assert all(p.is_alive() for p in context.processes)
@@ -210,13 +210,13 @@ def test_ddp_gradient_allreduce_is_recorded_and_shows_a_blocked_rank(tmp_path: P
         for process in context.processes:
             process.kill()
             process.join()
-    ddp = [c for c in ranks[0].calls if c.extra.get("via") == "ddp"]
-    assert {c.op for c in ddp} == {"allgather", "broadcast", "allreduce"}  # constructor, then buckets
+    ddp = [c for c in ranks[0].calls if c.extra.get("via") == "backend"]
+    assert {c.op for c in ddp} == {"all_gather", "broadcast", "all_reduce"}  # constructor, then buckets
     assert summary(ranks[0].calls[:-1]) == summary(ranks[1].calls)  # in step until rank 1 stopped
     world = [c for c in ranks[0].calls if c.is_collective]
     assert [c.seq for c in world] == list(range(1, len(world) + 1))  # DDP's calls in the group's count
-    step = [c for c in ranks[1].calls if c.op == "allreduce"]
-    assert [(c.state, c.shapes, c.extra) for c in step] == [("ok", [[10]], {"via": "ddp"})]
+    step = [c for c in ranks[1].calls if c.op == "all_reduce"]
+    assert [(c.state, c.shapes, c.extra) for c in step] == [("ok", [[10]], {"via": "backend"})]
     assert (blocked.seq, blocked.shapes, blocked.state) == (ranks[1].calls[-1].seq + 1, [[10]], "running")
     assert blocked.site == site("loss.backward()  # blocks")
 
@@ -267,22 +267,38 @@ def test_c10d_calls_past_the_python_functions_are_recorded_in_the_group_sequence
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert [(c.op, c.seq, c.extra) for c in calls] == [
-        ("all_reduce", 1, {}), ("broadcast", 2, {"via": "c10d"}), ("all_reduce", 3, {}),
+        ("all_reduce", 1, {}), ("broadcast", 2, {"via": "backend"}), ("all_reduce", 3, {}),
     ]
     assert (calls[1].shapes, calls[1].root, calls[1].state) == ([[5]], 0, "ok")
     assert calls[1].site == site("dist._broadcast_coalesced(world")
 
 
 def test_install_is_idempotent_and_uninstall_restores_torch(tmp_path: Path) -> None:
-    originals = (dist.all_reduce, c10d.all_reduce, dist.Reducer, dist._broadcast_coalesced)
+    originals = (dist.all_reduce, c10d.all_reduce, dist.Work.wait)
     log = EventLog(str(tmp_path / "events"))
     recorder.install(log)
     try:
         wrapped = dist.all_reduce
         recorder.install(log)
         assert dist.all_reduce is wrapped is c10d.all_reduce and wrapped is not originals[0]
-        assert issubclass(dist.Reducer, originals[2])
+        assert dist.Work.wait is not originals[2]
     finally:
         recorder.uninstall()
         log.close()
-    assert (dist.all_reduce, c10d.all_reduce, dist.Reducer, dist._broadcast_coalesced) == originals
+    assert (dist.all_reduce, c10d.all_reduce, dist.Work.wait) == originals
+
+
+def test_a_call_made_inside_a_library_names_the_users_line_that_led_there(alone: Path) -> None:
+    """torchmetrics' compute() calls all_gather from its own file: the site is there, the
+    caller is the test's line."""
+    library = alone / "site-packages" / "fakemetrics.py"
+    library.parent.mkdir()
+    library.write_text("import torch, torch.distributed as dist\n\ndef compute():\n    dist.barrier()\n")
+    namespace: dict[str, object] = {}
+    exec(compile(library.read_text(), str(library), "exec"), namespace)
+    namespace["compute"]()  # the user's line
+    dist.barrier()  # the test's own barrier
+    library_call, own_call = read_tests(alone, 0)[0].calls[1:]
+    assert library_call.site.endswith("fakemetrics.py:4")
+    assert library_call.caller == site("namespace[\"compute\"]()  # the user's line")
+    assert (own_call.site, own_call.caller) == (site("dist.barrier()  # the test's own barrier"), None)

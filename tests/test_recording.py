@@ -81,7 +81,7 @@ def test_a_ret_written_by_another_thread_is_waited_for(tmp_path) -> None:
     # says the test is done.
     numbers = recorder._Numbers()
     log = EventLog(str(tmp_path / "events"))
-    index, generation = numbers.write_call(log, '"op":"allreduce"', ("WORLD",))
+    index, generation = numbers.write_call(log, '"op":"all_reduce"', ("WORLD",))
     numbers.expect_late_ret(index)
     assert numbers.wait_for_late_rets(time.monotonic()) == [index]  # no ret yet
     gloo_thread = threading.Thread(target=numbers.write_late_ret, args=(log, index, generation, None))

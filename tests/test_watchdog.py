@@ -213,9 +213,10 @@ def test_a_rank_waiting_on_a_doomed_rank_is_doomed_too() -> None:
 
 
 def test_different_ops_at_the_same_sequence_number_are_a_mismatch() -> None:
+    """Two ranks, two operations: a tie, both named; no operation is taken for the norm."""
     verdict = judge(snap(rank(0, call("all_reduce", 1)), rank(1, call("broadcast", 1, root=0))))
-    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
-    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #1")
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert (verdict.collective, verdict.call) == (None, None)
     assert verdict.summary == (
         "ranks 0, 1 disagree on collective #1: rank 0 all_reduce shapes [[4]] float32, "
         "rank 1 broadcast shapes [[4]] float32 root 0."
@@ -224,7 +225,8 @@ def test_different_ops_at_the_same_sequence_number_are_a_mismatch() -> None:
 
 def test_different_sizes_are_a_mismatch_naming_both() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,))), rank(1, call("all_reduce", 1, shape=(20,)))))
-    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #1")
     assert verdict.summary == (
         "ranks 0, 1 disagree on all_reduce #1: rank 0 all_reduce shapes [[10]] float32, "
         "rank 1 all_reduce shapes [[20]] float32."
@@ -245,6 +247,14 @@ def test_uneven_all_to_all_splits_are_not_a_mismatch() -> None:
     verdict = judge(snap(rank(0, call("all_to_all_single", 1, shape=(3,))),
                          rank(1, call("all_to_all_single", 1, shape=(5,)))))
     assert verdict.status == "wait"
+
+
+def test_the_odd_call_is_the_culprit_named_by_collective() -> None:
+    """Rank 0 alone calls a barrier the others do not: the culprit, and its operation."""
+    verdict = judge(snap(rank(0, barrier(ranks=R3)), rank(1, call("all_reduce", 1, ranks=R3)),
+                         rank(2, call("all_reduce", 1, ranks=R3))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1, 2])
+    assert (verdict.collective, verdict.call) == ("barrier", "barrier #1")
 
 
 def test_the_majority_decides_who_mismatches() -> None:
@@ -445,7 +455,7 @@ def test_finished_ranks_that_disagreed_on_a_collective_are_a_mismatch() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,)), exit_code=-6),
                          rank(1, call("all_reduce", 1, shape=(20,), state="raised", error="RuntimeError: reset"),
                               finished=True, failed="RuntimeError: reset")))
-    assert outline(verdict) == ("done", "mismatch", [1], [0])
+    assert outline(verdict) == ("done", "mismatch", [0, 1], [])
 
 
 def test_a_dead_rank_after_the_test_is_rank_exited_with_the_ranks_it_woke() -> None:
@@ -530,3 +540,35 @@ def test_rank_list() -> None:
 def test_describe_call() -> None:
     assert describe_call(call("all_reduce", 3, site="test_x.py:12")) == "all_reduce #3 (test_x.py:12)"
     assert describe_call(init(0)) == "init_process_group (t.py:5)"
+
+
+# -- monitored_barrier ----------------------------------------------------------
+
+SLOW_RANK_1 = (
+    "RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms\n Original exception: \n"
+    "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete"
+)
+
+
+def test_a_monitored_barrier_timeout_names_the_slow_rank_not_the_one_that_waited() -> None:
+    """Rank 1 slept past rank 0's monitored_barrier timeout; torch's message names rank 1."""
+    waited = call("monitored_barrier", 1, shape=None, state="raised", error=SLOW_RANK_1)
+    verdict = judge(snap(rank(0, waited, finished=True, failed=SLOW_RANK_1, failed_at=NOW - 3), rank(1), grace=2,
+                         started=NOW - 10))
+    assert outline(verdict) == ("stopped", "timeout", [1], [0])
+    assert (verdict.collective, verdict.call) == ("monitored_barrier", "monitored_barrier #1")
+    assert verdict.summary == (
+        "rank 0's monitored_barrier #1 (t.py:11) timed out: torch names rank 1 as not arriving in time."
+    )
+
+
+def test_a_monitored_barrier_timeout_once_every_rank_finished() -> None:
+    late = call("monitored_barrier", 1, shape=None, state="raised", error="RuntimeError: Connection closed by peer")
+    verdict = judge(snap(
+        rank(0, call("monitored_barrier", 1, shape=None, state="raised", error=SLOW_RANK_1), finished=True,
+             failed=SLOW_RANK_1),
+        rank(1, late, finished=True, failed="RuntimeError: Connection closed by peer"),
+    ))
+    assert outline(verdict) == ("done", "timeout", [1], [0])
+    assert "\n" not in verdict.summary
+    assert verdict.summary.endswith("rank 1 raised RuntimeError: Connection closed by peer in monitored_barrier #1 (t.py:11).")

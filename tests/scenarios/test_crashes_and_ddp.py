@@ -28,7 +28,7 @@ def train_step(rank: int, batch: int, crash: str | None = None, skip_backward: b
 def test_rank_out_of_memory_during_training():
     result = pytest_ddp.run(train_step, world_size=2, args=(8, "oom"), timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "rank_exited", [1])
-    assert result.diagnosis.collective == "allreduce"  # DDP's gradient bucket
+    assert result.diagnosis.collective == "all_reduce"  # DDP's gradient bucket
     assert "OutOfMemoryError" in result.ranks[1].exception
 
 
@@ -41,7 +41,7 @@ def test_rank_process_crash_during_training():
 def test_rank_skipping_backward():
     result = pytest_ddp.run(train_step, world_size=2, args=(8, None, True), timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "partial", [1])
-    assert result.diagnosis.collective == "allreduce"
+    assert result.diagnosis.collective == "all_reduce"
 
 
 def test_ddp_with_different_batch_sizes_per_rank_trains_fine():

@@ -1,0 +1,154 @@
+"""Every collective that reaches a process group's backend, whoever issued it.
+
+torch routes each collective of a ProcessGroup through a ``c10d::`` dispatcher
+operation (``c10d::allreduce_``, ``c10d::_allgather_base_``, ...): the
+torch.distributed functions, DDP's C++ reducer, the functional collectives of
+DTensor and compiled code, FSDP2.  This module registers a Python kernel for
+each of them under the dispatcher's BackendSelect key, which every call passes
+through, also under inference mode and from inside other operations' kernels,
+where the autograd keys are excluded.  The kernel hands the call to the
+recorder, which runs it by redispatching to the tensors' backend kernel.
+``_c10d_functional::wait_tensor``, where the caller of a functional collective
+blocks, is hooked the same way.
+
+Every private torch name the plugin relies on is used here and nowhere else.
+Where this torch lacks one, :func:`install` returns False and only the
+torch.distributed functions are recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .ops import BACKEND_OPS, BackendOp
+
+# record(operation, its arguments by schema name, issued by a functional collective, submit)
+# -> what submit() returns
+Record = Callable[[BackendOp, "dict[str, Any]", bool, Callable[[], Any]], Any]
+# Whether a call should be handed to ``record`` now (False inside a recorded function's call)
+Recording = Callable[[], bool]
+# wait(tensor): the caller blocks until the collective that produces ``tensor`` is done
+Wait = Callable[[torch.Tensor], None]
+
+_libraries: list[Any] = []  # the registrations live as long as these objects
+# Functional collectives (``_c10d_functional::``) return before their work is done: the
+# caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
+_NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+class _Functional(threading.local):
+    depth = 0  # > 0 while this thread runs a functional collective
+
+
+_functional = _Functional()
+
+
+def install(record: Record, wait: Wait, recording: Recording) -> bool:
+    """Hook every c10d operation; False (and nothing hooked) where this torch cannot."""
+    if _libraries:
+        return True
+    try:
+        collectives = torch.library.Library("c10d", "IMPL")
+        for name, spec in BACKEND_OPS.items():
+            if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
+                continue
+            overload = getattr(torch.ops.c10d, name).default
+            collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
+        functional = torch.library.Library("_c10d_functional", "IMPL")
+        functional.impl("wait_tensor", _wait_kernel(torch.ops._c10d_functional.wait_tensor.default, wait), "BackendSelect")
+        for qualified in torch._C._dispatch_get_all_op_names():
+            namespace, _, name = qualified.partition("::")
+            if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
+                continue
+            packet = getattr(torch.ops._c10d_functional, name)
+            for overload in packet.overloads():
+                registered = name if overload == "default" else f"{name}.{overload}"
+                functional.impl(registered, _functional_kernel(getattr(packet, overload)), "BackendSelect")
+    except Exception:  # a torch without these operations, keys or registration API
+        return False
+    _libraries[:] = [collectives, functional]
+    return True
+
+
+def uninstall() -> None:
+    """Remove the kernels (dropping the libraries deregisters them)."""
+    for library in _libraries:
+        library._destroy()
+    _libraries.clear()
+
+
+def tensors_in(values: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in an operation's arguments (tensors, lists of them, lists of lists)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from tensors_in(value)
+
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _below_backend_select(args: tuple[Any, ...]) -> Any:
+    """The dispatch keys that reach the tensors' backend kernel, past this hook."""
+    first = args[0]  # every c10d operation takes its tensors first
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0] or args[1]  # gather_'s outputs are empty on non-roots
+    tensor = first[0] if isinstance(first, list) and first else first
+    if not isinstance(tensor, torch.Tensor):
+        tensor = next(tensors_in(args), None)
+        if tensor is None:
+            return _CPU
+    return torch._C._dispatch_keys(tensor) & torch._C._after_ADInplaceOrView_keyset
+
+
+def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
+    names = [argument.name for argument in overload._schema.arguments]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        keys = _below_backend_select(args)
+        if not recording():  # the common case: the torch.distributed function recorded it
+            return overload.redispatch(keys, *args, **kwargs)
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        issued_async = _functional.depth > 0
+        return record(spec, bound, issued_async, lambda: overload.redispatch(keys, *args, **kwargs))
+
+    return kernel
+
+
+def _functional_kernel(overload: Any) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _functional.depth += 1
+        try:
+            return overload.redispatch(_below_backend_select(args), *args, **kwargs)
+        finally:
+            _functional.depth -= 1
+
+    return kernel
+
+
+def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
+    def kernel(tensor: torch.Tensor) -> Any:
+        wait(tensor)
+        return overload.redispatch(_below_backend_select((tensor,)), tensor)
+
+    return kernel
+
+
+def process_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
+    """The ProcessGroup a c10d operation was called on (its argument is a script object)."""
+    return dist.ProcessGroup.unbox(arguments["process_group"])
+
+
+def work_of(result: Any) -> dist.Work | None:
+    """The Work a c10d operation returned (alone, or after its tensors); None if it returns none."""
+    boxed = result[-1] if isinstance(result, tuple) and result else result
+    if isinstance(boxed, torch.ScriptObject):
+        return dist.Work.unbox(boxed)
+    return None

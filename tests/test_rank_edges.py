@@ -1,0 +1,283 @@
+"""What happens inside a rank process at its edges: what a test leaves behind (threads,
+processes, environment variables, warnings), and how it stops a session."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pytest_ddp import leftovers, rank_warnings, wording
+from pytest_ddp.protocol import WarningRecorded
+from pytest_ddp.state import RankState
+
+from conftest import live_pids
+
+
+def _wait_gone(pids: list[int], limit: float = 60.0) -> list[int]:
+    """The pids still alive once they are gone or ``limit`` seconds passed (a liveness bound)."""
+    end = time.monotonic() + limit
+    while live_pids(pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    return live_pids(pids)
+
+
+SPAWN = """
+import multiprocessing, subprocess
+def serve():
+    import socket, time
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); time.sleep(600)
+
+def spawn(path):
+    child = multiprocessing.get_context("fork").Process(target=serve, daemon=False)
+    child.start()
+    grandchild = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    with open(path, "a") as f:
+        f.write(f"{child.pid} {grandchild.pid}\\n")
+"""
+
+
+def test_processes_a_test_left_are_ended_after_it_and_named(ddp_pytester, pytester):
+    pids = pytester.path / "pids"
+    result = ddp_pytester.run_subprocess(
+        SPAWN
+        + f"""
+@pytest.mark.ddp(world_size=2)
+def test_spawns(rank):
+    if rank == 1:
+        spawn({str(pids)!r})
+    dist.barrier()
+
+@pytest.mark.ddp(world_size=2)
+def test_next(rank):
+    dist.barrier()
+"""
+    )
+    result.assert_outcomes(passed=2, warnings=1)
+    left = [int(pid) for pid in pids.read_text().split()]
+    assert live_pids(left) == []  # ended and reaped before the next test
+    result.stdout.fnmatch_lines(
+        [
+            "test_it.py::test_spawns",
+            "*LeftoverProcessWarning: processes the test left running were ended: "
+            f"pid {left[0]} (a fork of the rank), pid {left[1]} (sleep 600) [[]rank 1[]]",
+        ]
+    )
+
+
+def test_processes_of_a_killed_rank_die_with_it(ddp_pytester, pytester):
+    pids = pytester.path / "pids"
+    result = ddp_pytester.run_subprocess(
+        SPAWN.replace("start_new_session=True", "")
+        + f"""
+@pytest.mark.ddp(world_size=2)
+def test_dies(rank):
+    if rank == 1:
+        spawn({str(pids)!r})
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+"""
+    )
+    result.assert_outcomes(failed=1)
+    left = [int(pid) for pid in pids.read_text().split()]
+    assert _wait_gone(left) == []
+
+
+def test_a_thread_left_running_fails_its_test_not_the_next(ddp_pytester):
+    result = ddp_pytester.run(
+        """
+import threading
+stop = threading.Event()
+
+@pytest.mark.ddp(world_size=2)
+def test_culprit(rank):
+    def lingers():
+        stop.wait()
+        dist.all_reduce(torch.tensor([100.0]))
+    if rank == 1:
+        threading.Thread(target=lingers, name="lingerer", daemon=True).start()
+
+@pytest.mark.ddp(world_size=2)
+def test_victim(rank):
+    t = torch.tensor([1.0 if rank == 0 else 0.0])
+    dist.all_reduce(t)
+    assert t.item() == 1
+"""
+    )
+    result.assert_outcomes(passed=2, errors=1)  # the culprit's call passed; its teardown did not
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_culprit*",
+            "ddp: failed: rank 1 failed (*thread 'lingerer' started by the test still running 1 s after it ended*",
+            "thread 'lingerer':",
+            "*in lingers",
+            "*stop.wait()",
+            "*2 rank groups started*",  # the culprit's group was dropped
+        ]
+    )
+
+
+def test_threads_left_lists_only_the_tests_threads_with_their_stacks():
+    before = set(threading.enumerate())
+    release = threading.Event()
+    ended = threading.Thread(target=lambda: None, name="ended")
+    lingering = threading.Thread(target=release.wait, name="lingering")
+    ended.start()
+    lingering.start()
+    try:
+        left = leftovers.threads_left(before, wait=0.0)
+    finally:
+        release.set()
+        lingering.join()
+    assert [t["name"] for t in left] == ["lingering"]
+    assert "release.wait" in left[0]["stack"] or "wait" in left[0]["stack"]
+    assert leftovers.threads_left(before, wait=0.0) == []
+
+
+@pytest.mark.parametrize(
+    ("raise_it", "expected"),
+    [
+        ('pytest.exit("enough for today", returncode=3)', ["*Exit: enough for today*"]),
+        ("raise KeyboardInterrupt", ["*KeyboardInterrupt*"]),
+    ],
+)
+def test_exit_or_keyboard_interrupt_in_a_rank_stops_the_session(ddp_pytester, raise_it, expected):
+    result = ddp_pytester.run_subprocess(
+        f"""
+@pytest.mark.ddp(world_size=2)
+def test_stops(rank):
+    if rank == 1:
+        {raise_it}
+
+@pytest.mark.ddp(world_size=2)
+def test_never_runs(rank):
+    pass
+"""
+    )
+    assert result.ret == (3 if "exit" in raise_it else pytest.ExitCode.INTERRUPTED)
+    result.stdout.fnmatch_lines(expected)
+    result.stdout.no_fnmatch_line("*died*")
+    result.stdout.no_fnmatch_line("*test_never_runs*PASSED*")
+    assert "1 failed" in result.stdout.str() and "passed" not in result.stdout.lines[-1]
+
+
+def test_a_missing_fixture_is_named_in_the_headline(ddp_pytester):
+    result = ddp_pytester.run(
+        """
+@pytest.mark.ddp(world_size=2)
+def test_it(rank, nosuch):
+    pass
+"""
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["ddp: failed: ranks 0, 1 failed (fixture 'nosuch' not found)."])
+
+
+def test_report_message_prefers_the_error_line_of_a_plain_text_longrepr():
+    longrepr = "file t.py, line 3\n  def test_it(rank, nosuch):\nE       fixture 'nosuch' not found\n>       available\n\nt.py:3"
+    assert wording._report_message({"longrepr": longrepr}) == "fixture 'nosuch' not found"
+    assert wording._report_message({"longrepr": "Skipped\nValueError: boom"}) == "ValueError: boom"
+
+
+def test_each_test_gets_the_environment_the_rank_started_with(ddp_pytester):
+    result = ddp_pytester.run(
+        """
+@pytest.mark.ddp(world_size=2)
+def test_changes(rank):
+    os.environ["WORLD_SIZE"] = "1"
+    os.environ["ADDED_BY_A_TEST"] = "x"
+    del os.environ["RANK"]
+
+@pytest.mark.ddp(world_size=2)
+def test_sees_the_original(rank):
+    assert os.environ["WORLD_SIZE"] == "2"
+    assert os.environ["RANK"] == str(rank)
+    assert "ADDED_BY_A_TEST" not in os.environ
+"""
+    )
+    result.assert_outcomes(passed=2)
+
+
+WARNS = """
+import warnings
+
+@pytest.mark.ddp(world_size=2)
+def test_warns(rank):
+    warnings.warn("from every rank")
+    if rank == 1:
+        warnings.warn(DeprecationWarning("from rank one"))
+"""
+
+
+def test_warnings_of_the_ranks_reach_the_summary_once_with_their_ranks(ddp_pytester):
+    result = ddp_pytester.run(WARNS)
+    result.assert_outcomes(passed=1, warnings=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*warnings summary*",
+            "test_it.py::test_warns",
+            "*UserWarning: from every rank [[]ranks 0, 1[]]",
+            "*DeprecationWarning: from rank one [[]rank 1[]]",
+        ]
+    )
+
+
+def test_a_warning_made_an_error_fails_the_test_in_the_rank(ddp_pytester):
+    result = ddp_pytester.run(WARNS, "-W", "error::DeprecationWarning")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["ddp: failed: rank 1 failed (DeprecationWarning: from rank one)*"])
+
+
+def test_merged_warnings_group_by_text_place_and_test():
+    def state(rank: int, *messages: str) -> RankState:
+        s = RankState(rank)
+        s.warnings = [
+            WarningRecorded(
+                {"message": m, "category": "builtins:UserWarning", "filename": "t.py", "lineno": 3, "line": None}, "t.py::a"
+            )
+            for m in messages
+        ]
+        return s
+
+    merged = rank_warnings.merged([state(0, "same"), state(1, "same", "own"), state(2, "same")])
+    assert [(str(w.message), w.category, nodeid) for w, nodeid in merged] == [
+        ("same [ranks 0-2]", UserWarning, "t.py::a"),
+        ("own [rank 1]", UserWarning, "t.py::a"),
+    ]
+
+
+def test_a_rank_forked_after_its_group_was_given_up_exits_quietly(tmp_path):
+    """Ctrl-C while a group starts: the controller removes the folder while a rank is forked."""
+    from pytest_ddp.rank import forked_main
+
+    script = (
+        "import multiprocessing, sys\n"
+        "from pytest_ddp.rank import forked_main\n"
+        "a, b = multiprocessing.Pipe(False)\n"
+        f"forked_main({str(tmp_path / 'gone' / 'rank0.json')!r}, a, b)\n"
+    )
+    assert forked_main  # the function the script calls
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == ""
+
+
+def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
+    script = (
+        "import os, signal\n"
+        "from multiprocessing import forkserver\n"
+        "from pytest_ddp.group import fork_context\n"
+        "fork_context()\n"
+        "os.kill(forkserver._forkserver._forkserver_pid, signal.SIGINT)  # while it imports torch\n"
+        "ctx = fork_context()\n"
+        "p = ctx.Process(target=os.getpid); p.start(); p.join()\n"
+        "print('exit', p.exitcode)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "KeyboardInterrupt" not in done.stderr
+    assert done.stdout == "exit 0\n"
