@@ -119,7 +119,7 @@ def group_of(group: Any) -> Group:
     if group is None:  # before init_process_group
         return NO_GROUP
     try:
-        name = "WORLD" if group is world else str(group.group_name)
+        name = "WORLD" if group is world else _name_in_test(str(group.group_name))
         ranks = dist.get_process_group_ranks(group)
     except Exception:  # not a member (NON_GROUP_MEMBER), or destroyed
         return Group("?", [], '"group":"?"')
@@ -289,6 +289,27 @@ DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {
     "batch": _describe_batch,
     "group": _describe_group_op,
 }
+
+
+_groups_before_test = 0  # torch's count of groups made when the current test began
+
+
+def _name_in_test(torch_name: str) -> str:
+    """A group's name in reports: torch numbers groups for the life of the process, so on warm
+    ranks a test's first subgroup could be group 7 after one test and group 9 after another.
+    Groups made during the test are numbered from 1 in the order made (the same on every member:
+    making a group is collective); groups made before it are ``before-<torch's name>``."""
+    if not torch_name.isdigit():  # named by the user (group_desc) or hashed: as torch names it
+        return torch_name
+    number = int(torch_name) - _groups_before_test + 1  # torch names a group by the count before it
+    return str(number) if number > 0 else f"before-{torch_name}"
+
+
+def start_test() -> None:
+    """A new test begins: groups are named from here on (see :func:`_name_in_test`)."""
+    global _groups_before_test
+    _groups_before_test = c10d._world.group_count
+    _groups.clear()
 
 
 def forget_groups() -> None:

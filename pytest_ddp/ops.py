@@ -94,6 +94,7 @@ OPS: dict[str, Op] = _table(
 
 INIT = "init_process_group"
 NEW_GROUP = "new_group"
+MONITORED_BARRIER = "monitored_barrier"
 DESTROY = "destroy_process_group"
 
 

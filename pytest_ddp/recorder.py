@@ -115,6 +115,7 @@ _numbers = _Numbers()
 def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
     _numbers.reset()
+    describe.start_test()
     _works.clear()
     _backend_tensors.clear()
 

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .ops import INIT
+from .ops import INIT, MONITORED_BARRIER
 from .state import Call, RankState, Snapshot
 from .verdicts import (
     Cycle,
@@ -495,7 +495,7 @@ def _monitored_barrier_timeout(status: str, ranks: dict[int, RankState]) -> Verd
     slow: set[int] = set()
     for rank, state in sorted(ranks.items()):
         last = state.calls[-1] if state.calls else None
-        found = _SLOW_RANKS.search(last.error or "") if last and last.op == "monitored_barrier" else None
+        found = _SLOW_RANKS.search(last.error or "") if last and last.op == MONITORED_BARRIER else None
         if found and last is not None:
             reporters[rank] = last
             slow.update(int(r) for r in found.group(1).replace(",", " ").split())

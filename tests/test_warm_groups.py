@@ -273,3 +273,29 @@ def test_a_group_no_later_test_needs_is_stopped(ddp_pytester) -> None:
     result = ddp_pytester.run(GROUPS_ALIVE.replace("WHY", "no 2-rank test is left"))
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*4 tests on 2 rank groups started*"])
+
+
+def test_a_tests_subgroups_are_named_the_same_whatever_ran_before(ddp_pytester, tmp_path) -> None:
+    """torch numbers groups for the life of a process; on warm ranks the report must not."""
+    report_dir = tmp_path / "reports"
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_makes_a_subgroup():
+            dist.all_reduce(torch.ones(1), group=dist.new_group([0, 1]))
+
+        @pytest.mark.ddp(world_size=2, timeout=30)
+        def test_makes_another_and_hangs(rank):
+            subgroup = dist.new_group([0, 1])
+            if rank == 0:
+                dist.all_reduce(torch.ones(1), group=subgroup)
+        """,
+        f"--ddp-report-dir={report_dir}",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    import json
+
+    [report] = [json.loads(p.read_text()) for p in report_dir.glob("*.json")]
+    waiting = report["ranks"][0]["calls"][-1]
+    assert (waiting["op"], waiting["group"], waiting["seq"]) == ("all_reduce", "1", 1)
+    assert "all_reduce #1 on group 1 [0, 1]" in report["summary"]
