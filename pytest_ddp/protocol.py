@@ -256,7 +256,9 @@ class WaitEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent]
+Event = Union[
+    Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
+]
 Record = Union[Command, Event]
 
 
@@ -266,7 +268,9 @@ _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFuncti
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
-    for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent)
+    for cls in (
+        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
+    )
 }
 
 

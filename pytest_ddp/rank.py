@@ -278,7 +278,8 @@ class RankSession:
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
             call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
             report = last.ihook.pytest_runtest_makereport(item=last, call=call)
-            data = None if report.passed else self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            hook = self.config.hook
+            data = None if report.passed else hook.pytest_report_to_serializable(config=self.config, report=report)
             self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)
         return True
 

@@ -232,11 +232,12 @@ def _failed_run(summary: str):
 def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
     from pytest_ddp.report import HEADLINE_LIMIT, failure_text
 
-    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:29500"
     summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
     text = failure_text(_failed_run(summary), {}, "t.py")
     first, blank, *rest = text.splitlines()
-    assert len(first) <= HEADLINE_LIMIT and first.endswith("...") and first.startswith("ddp: failed: ranks 0, 1 raised: rank 0: RuntimeError")
+    assert len(first) <= HEADLINE_LIMIT and first.endswith("...")
+    assert first.startswith("ddp: failed: ranks 0, 1 raised: rank 0: RuntimeError")
     assert blank == ""
     assert "\n".join(rest).startswith("ddp: failed: " + summary)  # the whole headline, as it was
 
@@ -245,7 +246,8 @@ def test_a_short_headline_is_shown_once() -> None:
     from pytest_ddp.report import failure_text
 
     text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
-    assert text.splitlines()[:3] == ["ddp: failed: rank 1 raised ValueError: boom", "", "rank 0: running (starting), outside any collective; last call no collective yet"]
+    assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised ValueError: boom", ""]
+    assert text.splitlines()[2].startswith("rank 0: ")
 
 
 HARNESS = '  File "/venv/lib/python3.11/site-packages/{}.py", line 1 in f'
@@ -304,6 +306,7 @@ def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_p
 def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
     from pytest_ddp.report import failure_text
 
-    text = failure_text(_failed_run("rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"), {}, "t.py")
-    assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier in 1000 ms", ""]
+    summary = "rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"
+    text = failure_text(_failed_run(summary), {}, "t.py")
+    assert text.splitlines()[:2] == [f"ddp: failed: {' '.join(summary.split())}", ""]
     assert "monitoredBarrier\n" not in text
