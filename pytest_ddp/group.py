@@ -29,6 +29,7 @@ import signal
 import socket
 import tempfile
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,11 +37,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, Stop, encode
+from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, SessionEnd, Stop, encode
 from .state import RankState, exit_text
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
+# The environment variable that tells a rank where the directories shared by
+# all ranks of a test live (the ``ddp_shared_path`` fixture).
+SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
 
 
 class GroupStartError(RuntimeError):
@@ -140,10 +144,12 @@ class RankGroup:
     def __init__(self, config: GroupConfig) -> None:
         self.config = config
         self.workdir = Path(tempfile.mkdtemp(prefix="pytest-ddp-", dir=config.workdir_parent))
+        self.run_id = uuid.uuid4().hex  # TORCHELASTIC_RUN_ID, the same on every rank
         self.ranks: list[RankProcess] = []
         self.states: list[RankState] = []
         self.tests_run = 0
         self.current: str | None = None  # id of the test handed over and not yet judged
+        self.last_test: str | None = None  # id of the last test handed over
         self.handed_over_at = 0.0  # time.time() of that hand-over
         self._store: Any = None
         self._store_socket: socket.socket | None = None
@@ -177,20 +183,33 @@ class RankGroup:
             name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")
         }
         env = dict(os.environ)
+        # torchrun's environment for one node running every rank (torch's
+        # LocalElasticAgent._start_workers), so that is_torchelastic_launched()
+        # is true; the controller hosts the store.
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(cfg.world_size),
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE=str(cfg.world_size),
             GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            ROLE_NAME="default",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(cfg.world_size),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
+            TORCHELASTIC_RUN_ID=self.run_id,
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
             # As under torchrun: every rank, rank 0 included, is a client of the
             # store the controller hosts, so a test's own init_process_group
             # (init=False) opens no listening socket either.
             TORCHELASTIC_USE_AGENT_STORE="True",
             PYTHONUNBUFFERED="1",
         )
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if cfg.workdir_parent is not None:
+            env[SHARED_ROOT_ENV] = str(Path(cfg.workdir_parent) / "ddp_shared")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.pop("PYTEST_ADDOPTS", None)
         if cfg.gpus:
@@ -259,6 +278,12 @@ class RankGroup:
         self._items = set.intersection(*(set(ev.items) for ev in ready.values()))
         self.collect_errors = list(dict.fromkeys(error for ev in ready.values() for error in ev.errors))
 
+    @property
+    def name(self) -> str:
+        """``world_size=2, gloo`` (``, init=False`` for such groups)."""
+        cfg = self.config
+        return f"world_size={cfg.world_size}, {cfg.backend}" + ("" if cfg.init else ", init=False")
+
     def can_run(self, test_id: str) -> bool:
         """Whether these ranks can run that test (in pytest mode: every rank collected it)."""
         return self.config.mode != "pytest" or test_id in self._items
@@ -268,21 +293,29 @@ class RankGroup:
         self._wait(0)
         return bool(self.ranks) and all(rp.exit_code is None for rp in self.ranks)
 
-    def stop(self) -> None:
+    def stop(self) -> dict[int, SessionEnd]:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure.
 
-        Ranks busy with a test handed over ahead, which nobody will now judge,
-        are killed instead: they would read "stop" only after that test.
+        Returns each rank's report of that teardown (ranks that sent none are
+        left out).  Ranks busy with a test handed over ahead, which nobody will
+        now judge, are killed instead: they would read "stop" only after that test.
         """
         if self.current is not None:
             self.kill()
-            return
+            return {}
         for rp in self.ranks:
             self._send(rp, Stop())
         end = time.monotonic() + STOP_WAIT
         for rp in self.ranks:
             rp.proc.join(max(0.0, end - time.monotonic()))
+        ends = {}
+        for rp in self.ranks:
+            if rp.commands is not None:  # not already killed
+                for ev in rp.events.read_new():
+                    if isinstance(ev, SessionEnd):
+                        ends[rp.rank] = ev
         self.kill()
+        return ends
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
@@ -311,7 +344,7 @@ class RankGroup:
     def begin(self, command: RunItem | CallFunction) -> None:
         """Hand the next test to every rank; fresh states start recording it."""
         self.tests_run += 1
-        self.current = command.id
+        self.current = self.last_test = command.id
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from .report import PHASES, failure_text, start_failure_text
-from .runner import StartFailure, TestRun
+from .report import PHASES, failure_text, start_failure_text, stopped_group_text
+from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import RankState
 
 
@@ -32,6 +32,14 @@ def _stuck_phase(state: RankState) -> str | None:
         if when not in state.reports:
             return when
     return None
+
+
+def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
+    """Seconds a rank spent in the phase it was stopped or died in: from the end of
+    its previous phase (or the hand-over) to its death or the verdict."""
+    earlier = PHASES[: PHASES.index(when)]
+    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=run.ended - run.elapsed)
+    return max(0.0, (state.died_at or run.ended) - began)
 
 
 def merged_reports(
@@ -55,7 +63,18 @@ def merged_reports(
             if rep.failed:
                 label = "" if when == "call" else f" (in {when})"
                 rank_failures.setdefault(state.rank, rep.longreprtext + label)
+    # The group was stopped right after this test: the ranks tore down the
+    # fixtures they still held then, and a failure there is this test's teardown error.
+    for rank, end in run.stop_teardown.items():
+        teardown = rank_reports["teardown"].get(rank)
+        if end.data is None or (teardown is not None and teardown.failed):
+            continue
+        rep = config.hook.pytest_report_from_serializable(config=config, data=end.data)
+        rep.duration += teardown.duration if teardown is not None else 0.0
+        rank_reports["teardown"][rank] = rep
+        rank_failures.setdefault(rank, rep.longreprtext + " (in teardown)")
     stuck = {state.rank: _stuck_phase(state) for state in run.states}
+    states = {state.rank: state for state in run.states}
 
     reports: list[pytest.TestReport] = []
     diagnosed = False
@@ -81,7 +100,12 @@ def merged_reports(
         report = _report(item, when, outcome, longrepr)
         if wasxfail is not None:
             report.wasxfail = wasxfail  # type: ignore[attr-defined]
-        report.duration = max((rep.duration for rep in per_rank.values()), default=run.elapsed)
+        # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
+        report.duration = max(
+            [rep.duration for rep in per_rank.values()]
+            + [_stuck_duration(states[rank], when, run) for rank in stuck_here],
+            default=0.0,
+        )
         for rank, rep in sorted(per_rank.items()):
             for name, content in rep.sections:
                 report.sections.append((f"{name} (rank {rank})", content))
@@ -89,6 +113,34 @@ def merged_reports(
         reports.append(report)
     _attach_output(reports, run)
     return reports, rank_failures
+
+
+def stopped_group_report(
+    failure: StoppedGroupFailure, last_item: tuple[str, tuple[str, int | None, str]], config: pytest.Config
+) -> pytest.TestReport:
+    """An error at teardown of a stopped group, reported after ``last_item`` (node id and
+    location of the item the controller reported last; xdist accepts a worker's reports
+    only under its current item's node id): the test that used the fixtures was reported
+    already.  The location's headline names the group."""
+    reps = {
+        rank: config.hook.pytest_report_from_serializable(config=config, data=end.data)
+        for rank, end in failure.failures.items()
+        if end.data is not None
+    }
+    nodeid, (path, _, _) = last_item
+    test = failure.last_test.partition("::")[2]
+    report = pytest.TestReport(
+        nodeid=nodeid,
+        location=(path, None, f"ddp group {failure.group} (stopped after {test})"),
+        keywords={},
+        outcome="failed",
+        longrepr=stopped_group_text(failure, {rank: rep.longreprtext for rank, rep in reps.items()}),
+        when="teardown",
+        sections=[],
+        user_properties=[],
+    )
+    report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
+    return report
 
 
 def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:

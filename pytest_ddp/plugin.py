@@ -8,8 +8,11 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +20,12 @@ import pytest
 from . import rank as rank_module
 from . import settings as settings_module
 from . import rank_warnings
-from .group import GroupConfig, fork_context
+from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
-from .merge import merged_reports
+from .merge import merged_reports, stopped_group_report
 from .protocol import RunItem
-from .report import write_json
-from .runner import GroupPool, StartFailure, TestRun
+from .report import sanitize, write_json
+from .runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
 from .settings import (
     DEFAULT_BACKEND,
     DEFAULT_GRACE,
@@ -102,6 +105,7 @@ class Controller:
         self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
+        self._last_item: tuple[str, tuple[str, int | None, str]] = ("", ("", None, ""))  # logged last
 
     # -- collection -------------------------------------------------------------
 
@@ -181,12 +185,14 @@ class Controller:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         run = None
+        stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
         if isinstance(spec, SpecError):
             reports = [_setup_error_report(item, str(spec))]
         elif (skip_reason := _gpu_shortage(spec)) is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
+            stopped = run.stopped_groups
             reports, rank_failures = merged_reports(item, run, self.config)
             if self.settings.report_dir and any(r.failed for r in reports):
                 write_json(self.settings.report_dir, run, rank_failures)
@@ -199,9 +205,20 @@ class Controller:
                 kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
                 self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        self._report_stopped_groups(stopped)
         if isinstance(run, TestRun):
             _end_session_if_interrupted(run)
         return True
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self._last_item = (nodeid, location)
+
+    def _report_stopped_groups(self, failures: list[StoppedGroupFailure]) -> None:
+        """Errors at teardown of groups stopped after their last test was reported: extra
+        teardown reports of the item reported last."""
+        for failure in failures:
+            report = stopped_group_report(failure, self._last_item, self.config)
+            self.config.hook.pytest_runtest_logreport(report=report)
 
     def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
         later = self._later_items(item, spec)
@@ -253,8 +270,20 @@ class Controller:
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
         return True if self._resolve(item) is not None else None
 
-    def pytest_sessionfinish(self) -> None:
-        self.pool.close()
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        result = yield
+        # Stopped here, not at session finish: their teardown errors still count
+        # for the exit status, and an xdist worker still sends them to the controller.
+        self._report_stopped_groups(self.pool.close())
+        return result
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Groups still warm when the test loop was cut short (-x, an interrupt).
+        failures = self.pool.close()
+        self._report_stopped_groups(failures)
+        if failures and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_unconfigure(self) -> None:
         self.pool.close()
@@ -378,3 +407,19 @@ def process_group() -> Any:
             "process_group: no process group here (init=False test that has not called init_process_group)"
         )
     return dist.group.WORLD
+
+
+@pytest.fixture
+def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
+    """A directory for this test, the same path on every rank (checkpoints, files one rank
+    writes and another reads); under the controller's basetemp, which pytest rotates."""
+    _context("ddp_shared_path")
+    root = os.environ.get(SHARED_ROOT_ENV)
+    if root is None:
+        raise pytest.UsageError("ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)")
+    nodeid = request.node.nodeid
+    # Every rank derives the same name; the hash keeps node ids that sanitize alike apart.
+    name = f"{sanitize(nodeid)[:60]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
+    path = Path(root) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -24,6 +24,8 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
             ``interrupted``, ``peak_rss``, ``peak_cuda``
 ``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
             :mod:`pytest_ddp.rank_warnings`), ``id`` (the test's node id)
+``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
+            (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
 ``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
 
@@ -154,6 +156,18 @@ class WarningRecorded:
     time: float = field(default_factory=_now, kw_only=True)
 
 
+@dataclass(slots=True)
+class SessionEnd:
+    """After "stop": the teardown of the fixtures the rank still held (module, session),
+    reported as pytest reports it at the teardown of the last item it ran."""
+
+    KIND: ClassVar[Literal["session_end"]] = "session_end"
+    outcome: str  # passed, failed
+    duration: float = 0.0
+    data: dict[str, Any] | None = None  # the serialized teardown report; None for a pass
+    time: float = field(default_factory=_now, kw_only=True)
+
+
 class CallWire(TypedDict):
     """The ``call`` event as the recorder writes it (its keys are the wire format)."""
 
@@ -242,7 +256,9 @@ class WaitEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, CallEvent, RetEvent, WaitEvent]
+Event = Union[
+    Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
+]
 Record = Union[Command, Event]
 
 
@@ -252,7 +268,9 @@ _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFuncti
 _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
-    for cls in (Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, CallEvent, RetEvent, WaitEvent)
+    for cls in (
+        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
+    )
 }
 
 

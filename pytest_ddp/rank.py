@@ -49,6 +49,7 @@ from .protocol import (
     Ready,
     Report,
     RunItem,
+    SessionEnd,
     Stop,
     TestStart,
     WarningRecorded,
@@ -270,8 +271,16 @@ class RankSession:
         self.processes.start()
         self.channel.event(Ready(list(items), self.collect_errors), wake=True)
         self.ready = True
+        last = None
         for command in self.channel.commands(RunItem):
             self._run(items, command.id, command.next)
+            last = items[command.id]
+        if last is not None:  # "stop": tear down what the last item left set up, and say how it went
+            call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
+            report = last.ihook.pytest_runtest_makereport(item=last, call=call)
+            hook = self.config.hook
+            data = None if report.passed else hook.pytest_report_to_serializable(config=self.config, report=report)
+            self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)
         return True
 
     def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:

@@ -17,17 +17,32 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .runner import StartFailure, TestRun
+from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import Call, RankState, exit_text
 from .wording import describe_call, difference_line, rank_list, unfinished_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
+HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
 SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 
 
+def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
+    """``text`` on one line (its whitespace runs, newlines included, as one space),
+    cut at ``limit`` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+def _head(full: str) -> list[str]:
+    """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
+    line = capped(full)
+    return [line, ""] if len(" ".join(full.split())) <= HEADLINE_LIMIT else [line, "", full, ""]
+
+
 def headline(run: TestRun) -> str:
-    """The first line of a failure: verdict, kind, time, diagnosis."""
+    """The whole headline of a failure: verdict, kind, time, diagnosis (long or several
+    lines when a rank's exception message is)."""
     verdict = run.verdict
     if verdict.status == "timeout":
         head = "ddp"  # the summary starts "timed out after N s"
@@ -39,6 +54,8 @@ def headline(run: TestRun) -> str:
         head = "ddp: failed: asynchronous work left in flight"
     elif verdict.kind is None and run.sequence_differences:
         head = "ddp: failed: the ranks' collective sequences differ"
+    elif verdict.kind is None and run.stop_teardown:
+        head = "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped"
     else:
         head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
     return f"{head}: {verdict.summary}" if verdict.summary else head
@@ -148,18 +165,51 @@ def format_stack(stack: str, test_file: str) -> str:
     return "\n".join(out)
 
 
+FATAL_CONTEXT = 5  # lines kept before "Fatal Python error" (what C++ printed, e.g. "terminate called ...")
+
+
+def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> str:
+    """The end of a dead rank's stderr, readable: faulthandler's harness frames collapsed
+    and the test file's lines marked (:func:`format_stack`); if still longer than ``limit``
+    lines, the last ones, or those around the last ``Fatal Python error`` if that is
+    further up (the test's frames follow it)."""
+    lines = format_stack(stderr, test_file).splitlines()
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
+    start = len(lines) - limit
+    if fatal is not None and fatal - FATAL_CONTEXT < start:
+        start = max(0, fatal - FATAL_CONTEXT)
+    end = start + limit
+    kept = lines[start:end]
+    if start:
+        kept.insert(0, f"({start} earlier lines left out)")
+    if end < len(lines):
+        kept.append(f"({len(lines) - end} later lines left out)")
+    return "\n".join(kept)
+
+
 def _section(title: str) -> str:
     return f"{'-' * 20} {title} {'-' * 20}"
 
 
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran."""
-    return f"ddp: {failure.error.splitlines()[0].rstrip(':')}\n\n{failure.error}"
+    return "\n".join([capped(f"ddp: {failure.error.splitlines()[0].rstrip(':')}"), "", failure.error])
+
+
+def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, str]) -> str:
+    """The text of a stopped group's failed teardown (module or session fixtures)."""
+    head = (
+        f"ddp: when the rank group ({failure.group}) was stopped after {failure.last_test}, "
+        "the teardown of the fixtures its ranks still held failed"
+    )
+    return "\n".join(_head(head)[:-1] + _grouped_failures(rank_failures))
 
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
-    lines = [headline(run), ""]
+    lines = _head(headline(run))
     lines += [rank_line(s) for s in run.states]
     table = sequence_table(run.states)
     if table:
@@ -176,7 +226,7 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     for state in run.states:
         output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
         if not state.alive and output:
-            tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
+            tail = stderr_tail(output, test_file)
             lines += ["", _section(f"rank {state.rank}: stderr ({exit_text(state.exit_code)})"), tail]
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 from . import consistency, watchdog, wording
 from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
-from .protocol import CallFunction, RunItem
+from .protocol import CallFunction, RunItem, SessionEnd
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
@@ -30,11 +30,14 @@ class Group(Protocol):
 
     states: list[RankState]  # one per rank, of the test handed over last
     current: str | None  # id of the test handed over and not yet judged
+    last_test: str | None  # id of the last test handed over
     handed_over_at: float  # time.time() of that hand-over
     collect_errors: list[str]
 
     @property
     def alive(self) -> bool: ...
+    @property
+    def name(self) -> str: ...
     def start(self, deadline: float) -> None: ...
     def can_run(self, test_id: str) -> bool: ...
     def begin(self, command: RunItem | CallFunction) -> None: ...
@@ -44,8 +47,26 @@ class Group(Protocol):
     def test_output(self, rank: int) -> dict[str, str]: ...
     def exit_codes(self) -> dict[int, int | None]: ...
     def pids(self) -> list[int]: ...
-    def stop(self) -> None: ...
+    def stop(self) -> dict[int, SessionEnd]: ...  # each rank's teardown of what it still held
     def kill(self) -> None: ...
+
+
+@dataclass
+class StoppedGroupFailure:
+    """A warm group stopped after its last test was reported, whose ranks failed to tear
+    down the fixtures they still held (module, session): an error of no test left to report."""
+
+    group: str  # Group.name
+    last_test: str  # node id of the last test the group ran
+    failures: dict[int, SessionEnd]  # rank -> its failed teardown
+
+
+def _stop(group: Group) -> list[StoppedGroupFailure]:
+    """Stop a group whose last test was already reported; its teardown failure, if any."""
+    failed = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
+    if not failed or group.last_test is None:
+        return []
+    return [StoppedGroupFailure(group.name, group.last_test, failed)]
 
 
 @dataclass
@@ -59,12 +80,18 @@ class TestRun:
     states: list[RankState]
     verdict: watchdog.Verdict
     elapsed: float  # seconds from hand-over to verdict
+    ended: float  # time.time() of the verdict
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
     unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
+    # The group was stopped right after this test: each rank's failed teardown of
+    # the fixtures it still held, part of this test's teardown.
+    stop_teardown: dict[int, SessionEnd] = field(default_factory=dict)
+    # Other groups stopped to make room for this test, whose teardown failed.
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
 
     @property
     def collectives_wrong(self) -> bool:
@@ -86,6 +113,7 @@ class StartFailure:
     spec: RankSpec
     error: str  # which rank and why, or the ranks' collection errors
     elapsed: float  # seconds spent starting the group
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
 
 
 def supervise(group: Group, spec: RankSpec) -> TestRun:
@@ -97,9 +125,9 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
         group.poll(POLL_INTERVAL)
         snapshot = Snapshot(now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
         verdict = watch.verdict(snapshot)
-    elapsed = time.time() - started
+    ended = time.time()
     verdict = wording.worded(verdict, group.states)
-    run = TestRun(group.current or "", spec, group.states, verdict, elapsed)
+    run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
     group.current = None
     if verdict.status != "done":
         busy = [s for s in group.states if not s.finished]
@@ -173,16 +201,17 @@ class GroupPool:
         still reports this one.
         """
         key = spec.group_key
+        stopped: list[StoppedGroupFailure] = []
         # An isolated test gets a group of its own and leaves the warm one be.
         group = None if spec.isolated else self._groups.pop(key, None)
         if group is not None and not _can_take(group, command.id):
-            group.stop()
+            stopped += _stop(group)
             group = None
         cold_start = None
         if group is None:
             while len(self._groups) >= max(1, self.max_groups):
                 _, oldest = self._groups.popitem(last=False)
-                oldest.stop()
+                stopped += _stop(oldest)
             begin = time.monotonic()
             group = self._make_group(make_config())
             self.groups_started += 1
@@ -192,7 +221,7 @@ class GroupPool:
                     group.stop()
                     raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
-                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin)
+                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
             cold_start = time.monotonic() - begin
         if group.current is None:
             group.begin(command)
@@ -202,6 +231,7 @@ class GroupPool:
             group.kill()
             raise
         run.cold_start = cold_start
+        run.stopped_groups = stopped
         if keep and group_is_reusable(run, group):
             # Only after a clean pass: a failure may end the session (-x), and
             # the ranks must not have started a test nobody will run.
@@ -209,7 +239,9 @@ class GroupPool:
                 group.begin(follow)
             self._groups[key] = group
         else:
-            group.stop()  # returns at once for ranks already dead or killed
+            # Returns at once for ranks already dead or killed.  This test is not
+            # reported yet: a failed teardown of what its ranks still held is its own.
+            run.stop_teardown = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
             run.exit_codes = group.exit_codes()
         return run
 
@@ -217,7 +249,10 @@ class GroupPool:
         """The rank processes of the warm groups."""
         return [pid for group in self._groups.values() for pid in group.pids()]
 
-    def close(self) -> None:
+    def close(self) -> list[StoppedGroupFailure]:
+        """Stop every warm group; the teardown failures of their ranks."""
+        stopped = []
         while self._groups:
             _, group = self._groups.popitem()
-            group.stop()
+            stopped += _stop(group)
+        return [s for s in stopped if s]

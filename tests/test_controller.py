@@ -32,6 +32,7 @@ from pytest_ddp.protocol import (
     Report,
     RetEvent,
     RunItem,
+    SessionEnd,
     TestStart,
 )
 from pytest_ddp.runner import GroupPool, StartFailure, TestRun, group_is_reusable
@@ -130,6 +131,8 @@ class FakeGroup:
         self.log: list[str] = []  # "start", "begin <id>", "stop", "kill", in order
         self.states: list[RankState] = []
         self.current: str | None = None
+        self.last_test: str | None = None
+        self.name = f"world_size={config.world_size}, {config.backend}"
         self.handed_over_at = 0.0
         self.collect_errors: list[str] = list(fleet.collect_errors)
         self.collected = fleet.collected  # None: every test
@@ -147,7 +150,7 @@ class FakeGroup:
 
     def begin(self, command: RunItem | CallFunction) -> None:
         self.log.append(f"begin {command.id}")
-        self.current = command.id
+        self.current = self.last_test = command.id
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rank) for rank in range(self.config.world_size)]
         script = self.fleet.endings.get(command.id, passes)
@@ -177,9 +180,10 @@ class FakeGroup:
     def pids(self) -> list[int]:
         return []
 
-    def stop(self) -> None:
+    def stop(self) -> dict[int, SessionEnd]:
         self.log.append("stop")
         self.alive = False
+        return {}
 
     def kill(self) -> None:
         self.log.append("kill")
@@ -389,7 +393,7 @@ def made_run(states: list[RankState], verdict: Verdict | None = None, spec: Rank
     if verdict is None:
         snapshot = Snapshot(now=time.time(), started=time.time(), timeout=60, grace=2, ranks=states)
         verdict = watchdog.judge(snapshot)
-    return TestRun(test_id="t", spec=spec, states=states, verdict=verdict, elapsed=0.1, **fields)
+    return TestRun(test_id="t", spec=spec, states=states, verdict=verdict, elapsed=0.1, ended=time.time(), **fields)
 
 
 

@@ -52,26 +52,20 @@ def fit(rank, misuse=None):
     return trainer, model
 
 
-@pytest.fixture
-def restore_world_size(monkeypatch):
-    """Lightning's teardown deletes WORLD_SIZE (LightningEnvironment.teardown);
-    monkeypatch puts it back after the test, for the next test on these warm ranks."""
-    monkeypatch.setenv("WORLD_SIZE", os.environ["WORLD_SIZE"])
-
-
 @pytest.mark.ddp(world_size=2)
-def test_trainer_fit_uses_the_existing_group(rank, restore_world_size):
+def test_trainer_fit_uses_the_existing_group(rank):
     world = dist.group.WORLD
     trainer, model = fit(rank)
 
     assert dist.group.WORLD is world  # not re-initialised, not destroyed
-    assert type(trainer.strategy.cluster_environment).__name__ == "LightningEnvironment"
+    # The ranks have torchrun's environment: Lightning sees a torchelastic launch.
+    assert type(trainer.strategy.cluster_environment).__name__ == "TorchElasticEnvironment"
     assert (trainer.global_rank, trainer.world_size) == (rank, 2)
     assert trainer.global_step == 4  # 64 samples / 2 ranks (DistributedSampler) / 8 per batch
     weights = [torch.empty_like(model.layer.weight) for _ in range(2)]
     dist.all_gather(weights, model.layer.weight.detach())
     assert torch.equal(weights[0], weights[1])
-    assert "WORLD_SIZE" not in os.environ
+    assert os.environ["WORLD_SIZE"] == "2"  # TorchElasticEnvironment's teardown leaves it
 
 
 def barrier_on_rank_0(rank):

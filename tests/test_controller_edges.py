@@ -1,0 +1,312 @@
+"""The controller's edges: the ranks' environment and shared directory, teardown
+errors of stopped groups, durations, headlines and stderr tails."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from conftest import line_of
+
+
+def test_ranks_get_torchruns_environment(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_env(rank):
+            env = os.environ
+            assert dist.is_torchelastic_launched()
+            expected = {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank),
+                "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "2",
+                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            }
+            assert {k: env.get(k) for k in expected} == expected
+            run_ids = [None, None]
+            dist.all_gather_object(run_ids, env["TORCHELASTIC_RUN_ID"])
+            assert run_ids[0] == run_ids[1] != ""
+        """
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_ddp_shared_path_is_one_directory_for_all_ranks_of_a_test(ddp_pytester) -> None:
+    basetemp = ddp_pytester.pytester.path / "basetemp"
+    result = ddp_pytester.run(
+        """
+        import torch.distributed.checkpoint as dcp
+
+        seen = []
+
+        @pytest.mark.ddp(world_size=2)
+        def test_files(rank, ddp_shared_path):
+            if rank == 0:
+                (ddp_shared_path / "note.txt").write_text("from rank 0")
+            dist.barrier()
+            assert (ddp_shared_path / "note.txt").read_text() == "from rank 0"
+            paths = [None, None]
+            dist.all_gather_object(paths, str(ddp_shared_path))
+            assert paths[0] == paths[1]
+            seen.append(ddp_shared_path)
+            if rank == 0:
+                open("shared.txt", "w").write(str(ddp_shared_path))
+
+        @pytest.mark.ddp(world_size=2)
+        def test_checkpoint_round_trip(rank, ddp_shared_path):
+            state = {"w": torch.full((4,), float(rank + 1)), "step": torch.tensor(7)}
+            dcp.save(state, checkpoint_id=str(ddp_shared_path / "ckpt"))
+            loaded = {"w": torch.zeros(4), "step": torch.tensor(0)}
+            dcp.load(loaded, checkpoint_id=str(ddp_shared_path / "ckpt"))
+            assert int(loaded["step"]) == 7
+            # Replicated tensors are saved once, by rank 0: every rank reads rank 0's values.
+            assert torch.equal(loaded["w"], torch.full((4,), 1.0))
+            seen.append(ddp_shared_path)
+            assert seen[0] != seen[1], "each test gets its own directory"
+        """,
+        f"--basetemp={basetemp}",
+    )
+    result.assert_outcomes(passed=2)
+    shared = Path((ddp_pytester.pytester.path / "shared.txt").read_text())
+    # In the session's basetemp, kept after it like tmp_path (pytest's rotation removes it).
+    assert shared.parent == basetemp / "ddp_shared"
+    assert (shared / "note.txt").read_text() == "from rank 0"
+
+
+def test_ddp_shared_path_outside_a_ddp_test_says_so(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        def test_plain(ddp_shared_path):
+            pass
+        """
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*"])
+
+
+BROKEN_MODULE_FIXTURE = """
+@pytest.fixture(scope="module")
+def resource():
+    yield 1
+    raise RuntimeError("module teardown broke")
+"""
+
+
+def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
+    # ws2's group is evicted (--ddp-max-groups=1) for test_b, after test_a was
+    # reported: its ranks tear `resource` down only then.
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    pass
+
+@pytest.mark.ddp(world_size=1)
+def test_b():
+    pass
+
+@pytest.mark.ddp(world_size=2)
+def test_c():
+    pass
+""",
+        "--ddp-max-groups=1", "--junitxml=junit.xml",
+    )
+    result.assert_outcomes(passed=3, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of ddp group world_size=2, gloo (stopped after test_a)*",
+        "ddp: when the rank group (world_size=2, gloo) was stopped after test_it.py::test_a, *",
+        "*ranks 0, 1: failed*",
+        "*RuntimeError: module teardown broke",
+        "ERROR test_it.py::test_b*",
+    ])
+    # junit: an extra test case for test_b, the test reported when the group was stopped.
+    cases = list(ET.parse(ddp_pytester.pytester.path / "junit.xml").getroot().iter("testcase"))
+    errors = [(case.get("name"), case.find("error")) for case in cases if case.find("error") is not None]
+    assert [name for name, _ in errors] == ["test_b"]
+    assert "module teardown broke" in errors[0][1].get("message")
+
+
+def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pytester) -> None:
+    # test_a destroys the process group: its group is stopped right after it,
+    # before it is reported, and `resource` is torn down then.
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    dist.destroy_process_group()
+
+@pytest.mark.ddp(world_size=2)
+def test_b():
+    pass
+""",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_a*",
+        "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped",
+        "*ranks 0, 1: failed*",
+        "E       RuntimeError: module teardown broke",
+        "*RuntimeError (in teardown)",
+    ])
+
+
+def test_a_stopped_groups_failed_teardown_is_reported_under_xdist(ddp_pytester) -> None:
+    # Each test goes to its own worker; test_a's worker keeps its group for
+    # test_b, which it never gets, and stops it at its session's end.
+    result = ddp_pytester.run_subprocess(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.xdist_group("a")
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    pass
+
+@pytest.mark.xdist_group("b")
+@pytest.mark.ddp(world_size=2)
+def test_b():
+    pass
+""",
+        "-n", "2", "--dist", "loadgroup",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*RuntimeError: module teardown broke*"])
+
+
+def test_session_end_survives_the_wire() -> None:
+    from pytest_ddp.protocol import SessionEnd, decode, encode
+
+    for event in (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5)):
+        assert decode(encode(event)) == event
+
+
+def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(ddp_pytester, tmp_path) -> None:
+    ddp_pytester.pytester.makeconftest(
+        """
+        import json
+
+        def pytest_runtest_logreport(report):
+            with open("durations.jsonl", "a") as f:
+                f.write(json.dumps([report.when, report.outcome, report.duration]) + "\\n")
+        """
+    )
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, timeout=1)
+        def test_hangs(rank):
+            if rank == 0:
+                dist.barrier()
+            else:
+                time.sleep(60)
+        """,
+        f"--ddp-report-dir={tmp_path}", "--junitxml=junit.xml",
+    )
+    result.assert_outcomes(failed=1)
+    lines = (ddp_pytester.pytester.path / "durations.jsonl").read_text().splitlines()
+    durations = {when: duration for when, _, duration in map(json.loads, lines)}
+    elapsed = json.loads(next(tmp_path.iterdir()).read_text())["elapsed"]
+    assert durations["teardown"] == 0.0  # never ran: every rank was stopped in call
+    # The call ran from the end of setup to the verdict: within the run, and counted once
+    # (junit's time is the sum of the phases; it and the JSON's elapsed are rounded to the ms).
+    assert 0 < durations["call"] <= elapsed + 0.001
+    case = next(ET.parse(ddp_pytester.pytester.path / "junit.xml").getroot().iter("testcase"))
+    assert float(case.get("time")) <= elapsed + 0.002
+
+
+def _failed_run(summary: str):
+    from pytest_ddp.runner import TestRun
+    from pytest_ddp.spec import RankSpec
+    from pytest_ddp.state import RankState
+    from pytest_ddp.verdicts import Verdict
+
+    verdict = Verdict("done", "failed", culprits=[0, 1], summary=summary)
+    return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), [RankState(0), RankState(1)], verdict, 1.0, 1.0)
+
+
+def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
+    from pytest_ddp.report import HEADLINE_LIMIT, failure_text
+
+    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:29500"
+    summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
+    text = failure_text(_failed_run(summary), {}, "t.py")
+    first, blank, *rest = text.splitlines()
+    assert len(first) <= HEADLINE_LIMIT and first.endswith("...")
+    assert first.startswith("ddp: failed: ranks 0, 1 raised: rank 0: RuntimeError")
+    assert blank == ""
+    assert "\n".join(rest).startswith("ddp: failed: " + summary)  # the whole headline, as it was
+
+
+def test_a_short_headline_is_shown_once() -> None:
+    from pytest_ddp.report import failure_text
+
+    text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
+    assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised ValueError: boom", ""]
+    assert text.splitlines()[2].startswith("rank 0: ")
+
+
+HARNESS = '  File "/venv/lib/python3.11/site-packages/{}.py", line 1 in f'
+
+
+def test_a_dead_ranks_stderr_keeps_the_fatal_error_and_the_tests_frames() -> None:
+    from pytest_ddp.report import stderr_tail
+
+    stderr = "\n".join(
+        [f"warning {i}" for i in range(50)]
+        + ["terminate called after throwing an instance of 'gloo::IoException'", "Fatal Python error: Aborted", "",
+           "Current thread 0x00007f53ff842b80 (most recent call first):",
+           '  File "/src/test_ab.py", line 3 in helper', '  File "/src/test_ab.py", line 7 in test_abort']
+        + [HARNESS.format(name) for name in ["_pytest/python", "pluggy/_execution"] * 30]
+        + ["", "Extension modules: torch._C (total: 1)"]
+    )
+    tail = stderr_tail(stderr, "/src/test_ab.py").splitlines()
+    assert len(tail) <= 42  # 40 lines, and a line saying what was left out on each side
+    assert "Fatal Python error: Aborted" in tail
+    assert "terminate called after throwing an instance of 'gloo::IoException'" in tail
+    assert '> File "/src/test_ab.py", line 7 in test_abort' in tail
+    assert "  (60 pytest and pytest-ddp frames hidden)" in tail
+    assert tail[-1] == "Extension modules: torch._C (total: 1)"
+    assert tail[0].endswith("earlier lines left out)")
+
+
+def test_a_dead_ranks_stderr_tail_without_a_fatal_error_is_its_last_lines() -> None:
+    from pytest_ddp.report import stderr_tail
+
+    tail = stderr_tail("\n".join(f"line {i}" for i in range(100)), "/src/test_x.py").splitlines()
+    assert tail == ["(60 earlier lines left out)"] + [f"line {i}" for i in range(60, 100)]
+
+
+def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        def helper():
+            os.abort()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_abort(rank):
+            if rank == 1:
+                helper()
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    tail = text[text.index("rank 1: stderr (killed by SIGABRT)") : text.index("Captured stderr (rank 1)")]
+    assert "Fatal Python error: Aborted" in tail
+    line = line_of(ddp_pytester.pytester.path / "test_it.py", "        helper()")
+    assert f'> File "{ddp_pytester.pytester.path / "test_it.py"}", line {line} in test_abort' in tail
+    assert "pytest and pytest-ddp frames hidden" in tail and "/pluggy/" not in tail
+
+
+def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
+    from pytest_ddp.report import failure_text
+
+    summary = "rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"
+    text = failure_text(_failed_run(summary), {}, "t.py")
+    assert text.splitlines()[:2] == [f"ddp: failed: {' '.join(summary.split())}", ""]
+    assert "monitoredBarrier\n" not in text
