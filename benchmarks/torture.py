@@ -232,8 +232,8 @@ class Census:
             if (
                 pid in self.own
                 or (pid, p["start"]) in self.before
-                or p["state"] == "Z"
-                and not self.ours(pid, p)
+                or (p["state"] == "Z"
+                and not self.ours(pid, p))
             ):
                 continue
             looks = (
@@ -557,7 +557,7 @@ def part_signals(root: Path, census: Census, args) -> bool:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (no threads here)
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
             ranks: list[int] = []
             while (

@@ -26,11 +26,13 @@ import base64
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
+from .consistency import compare_sequences, unfinished_work
 from .group import GroupConfig
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .protocol import CallFunction
@@ -45,7 +47,6 @@ from .spec import (
     process_group_timeout,
 )
 from .state import Call
-from .consistency import compare_sequences, unfinished_work
 from .wording import difference_line, unfinished_line
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")

@@ -19,8 +19,8 @@ torch.distributed functions are recorded.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -14,8 +14,9 @@ import os
 import pickle
 import sys
 import weakref
+from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from . import rank as rank_module
-from . import settings as settings_module
 from . import rank_warnings
+from . import settings as settings_module
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports, stopped_group_report

@@ -28,11 +28,12 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import _pytest.config
 import pytest

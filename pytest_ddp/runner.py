@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from . import consistency, watchdog, wording
-from .ops import DESTROY
 from .group import GroupConfig, GroupStartError, RankGroup
+from .ops import DESTROY
 from .protocol import CallFunction, RunItem, SessionEnd
 from .spec import RankSpec
 from .state import RankState, Snapshot

@@ -26,6 +26,7 @@ from .verdicts import (
 )
 from .watchdog import blocked_in, given, latest_init
 
+
 def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
     """``rank 2``, ``ranks 0, 3``, ``ranks 0-3, 6``; ``processes 1, 2`` with ``noun="process"``."""
     ordered = sorted(set(ranks))

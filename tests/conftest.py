@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 # Imported here, before any in-process inner session: pytester restores
 # sys.modules after each run, and torch imported twice in one process crashes.
 import torch.distributed  # noqa: F401

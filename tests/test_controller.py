@@ -598,7 +598,7 @@ def test_the_rank_command_line_repeats_the_set_up_and_clears_addopts(
         "--import-mode=importlib", "--tb=line", "--strict-markers",
     )
     args = rank_pytest_args(config, [request.node])
-    assert ["-o", "addopts="] == args[args.index("addopts=") - 1 : args.index("addopts=") + 1]
+    assert args[args.index("addopts=") - 1 : args.index("addopts=") + 1] == ["-o", "addopts="]
     assert args[-1] == f"{rootdir / request.node.nodeid.split('::')[0]}::{request.node.name}"
     # The rank's pytest reads its command line as this session's set-up, without the addopts.
     rank_config = pytester.parseconfig(*args)

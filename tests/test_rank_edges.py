@@ -3,8 +3,6 @@ processes, environment variables, warnings), and how it stops a session."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import subprocess
 import sys
 import threading
@@ -12,11 +10,10 @@ import time
 
 import pytest
 
+from conftest import live_pids
 from pytest_ddp import leftovers, rank_warnings, wording
 from pytest_ddp.protocol import WarningRecorded
 from pytest_ddp.state import RankState
-
-from conftest import live_pids
 
 
 def _wait_gone(pids: list[int], limit: float = 60.0) -> list[int]:

@@ -10,21 +10,20 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.multiprocessing as mp
-from conftest import line_of
 from torch.nn.parallel import DistributedDataParallel
 
+from conftest import line_of
 from pytest_ddp import recorder
-from pytest_ddp.protocol import Done, TestStart
-from pytest_ddp.protocol import EventLog, EventReader
+from pytest_ddp.protocol import Done, EventLog, EventReader, TestStart
 from pytest_ddp.state import Call, RankState
 
 HERE = Path(__file__)

@@ -12,10 +12,9 @@ import torch
 import torch.distributed as dist
 
 import pytest_ddp
+from conftest import line_of
 from pytest_ddp import recorder
 from pytest_ddp.protocol import EventLog
-
-from conftest import line_of
 
 
 def many_calls(rank: int) -> None:

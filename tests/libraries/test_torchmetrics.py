@@ -3,7 +3,6 @@ batches, and ``compute()`` syncs the states across ranks (a barrier, then ``all_
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import pytest_ddp
 
