@@ -166,7 +166,9 @@ def run(
 
 def _result(test_run: TestRun | StartFailure) -> Result:
     if isinstance(test_run, StartFailure):  # no rank ran fn
-        diagnosis = Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=start_failure_text(test_run))
+        diagnosis = Diagnosis(
+            kind="failed", culprits=[], waiting=[], collective=None, text=start_failure_text(test_run)
+        )
         return Result("failed", diagnosis, [], 0.0)
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]

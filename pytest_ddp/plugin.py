@@ -47,13 +47,39 @@ spec_key = pytest.StashKey["RankSpec | SpecError"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddp", "distributed tests (pytest-ddp)")
-    group.addoption("--ddp-backend", default=None, help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})")
-    group.addoption("--ddp-timeout", default=None, help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})")
-    group.addoption("--ddp-grace", default=None, help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
-    group.addoption("--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes")
-    group.addoption("--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
-    group.addoption("--ddp-report-dir", default=None, metavar="DIR", help="write a JSON report of each failing ddp test into DIR")
-    group.addoption("--ddp-max-world-size", default=None, metavar="N", help="largest world size accepted (default: what this machine's memory and process limit hold)")
+    group.addoption(
+        "--ddp-backend",
+        default=None,
+        help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})",
+    )
+    group.addoption(
+        "--ddp-timeout",
+        default=None,
+        help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})",
+    )
+    group.addoption(
+        "--ddp-grace",
+        default=None,
+        help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})",
+    )
+    group.addoption(
+        "--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes"
+    )
+    group.addoption(
+        "--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})"
+    )
+    group.addoption(
+        "--ddp-report-dir",
+        default=None,
+        metavar="DIR",
+        help="write a JSON report of each failing ddp test into DIR",
+    )
+    group.addoption(
+        "--ddp-max-world-size",
+        default=None,
+        metavar="N",
+        help="largest world size accepted (default: what this machine's memory and process limit hold)",
+    )
     parser.addini("ddp_backend", f"default backend of ddp tests (default {DEFAULT_BACKEND})")
     parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
     parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
@@ -148,7 +174,9 @@ class Controller:
             raise SpecError(f"@pytest.mark.ddp: {exc}") from None
         timeout_marker = item.get_closest_marker("timeout")
         try:
-            timeout_mark = None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
+            timeout_mark = (
+                None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
+            )
         except SpecError as exc:
             # pytest-timeout reads the mark again around the test, and a value it
             # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
@@ -247,7 +275,7 @@ class Controller:
         return self.shared[spec.group_key][self.position[item.nodeid] + 1 :]
 
     def _group_config(self, item: pytest.Item, spec: RankSpec, later: list[pytest.Item]) -> GroupConfig:
-        items = [item] + later
+        items = [item, *later]
         longest = max(self.spec(i).timeout for i in items)  # type: ignore[union-attr]
         return GroupConfig(
             world_size=spec.world_size,
@@ -291,7 +319,9 @@ class Controller:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.runs:
             return
-        costs = [run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs]
+        costs = [
+            run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs
+        ]
         terminalreporter.write_line(
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"

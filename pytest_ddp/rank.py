@@ -1,9 +1,10 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
 Forked by :class:`pytest_ddp.group.RankGroup` from a forkserver that already
-imported torch and pytest; :func:`forked_main` is where a rank begins.  In "pytest" mode the rank is a pytest session of its own that
-collected the group's tests (like an xdist worker) and runs each one, with its
-own fixtures, when the controller says so.  In "function" mode it calls
+imported torch and pytest; :func:`forked_main` is where a rank begins.  In
+"pytest" mode the rank is a pytest session of its own that collected the
+group's tests (like an xdist worker) and runs each one, with its own fixtures,
+when the controller says so.  In "function" mode it calls
 module-level functions for :func:`pytest_ddp.run`.
 
 Everything the rank has to say goes into its event log; a byte on the notify
@@ -255,7 +256,9 @@ class RankSession:
         # The rank's stdout is the test's output: keep pytest's own progress out of it.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter._tw = _pytest.config.create_terminal_writer(config, open(os.devnull, "w"))
+            # The writer keeps /dev/null open for the rank's whole life: no `with`.
+            devnull = open(os.devnull, "w")  # noqa: SIM115
+            reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -374,7 +377,10 @@ class RankSession:
         data = None
         # A plain pass carries nothing beyond outcome and duration: skip serializing
         # it (a large share of a warm test's cost in the rank).
-        if not (report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")):
+        plain_pass = (
+            report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")
+        )
+        if not plain_pass:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.channel.event(Report(report.when, report.outcome, report.duration, data), wake=report.failed)
 
@@ -390,7 +396,7 @@ class RankSession:
 
 def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
     session = RankSession(channel)
-    args = list(spec["pytest_args"]) + ["--basetemp", spec["basetemp"]]
+    args = [*spec["pytest_args"], "--basetemp", spec["basetemp"]]
     code = int(pytest.main(args, plugins=[session]))
     if not session.ready:
         # Ended before running anything: a named test's module failed to import
