@@ -137,8 +137,8 @@ class Controller:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # The ddp items each warm group may serve, in session order, and where each stands.
-        self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
-        self.position: dict[str, int] = {}
+        self.shared = {}
+        self.position = {}
         specs = [(item, spec) for item in session.items if (spec := self.spec(item)) is not None]
         for item, spec in specs:
             if not spec.isolated:
@@ -183,8 +183,10 @@ class Controller:
             item.add_marker(pytest.mark.timeout(0), append=False)
             raise SpecError(f"@pytest.mark.timeout: {exc}") from None
         callspec = getattr(item, "callspec", None)
-        parametrized = callspec is not None and WORLD_SIZE_PARAM in callspec.params
-        world_size = callspec.params[WORLD_SIZE_PARAM] if parametrized else mark.world_sizes[0]
+        if callspec is not None and WORLD_SIZE_PARAM in callspec.params:
+            world_size = callspec.params[WORLD_SIZE_PARAM]
+        else:
+            world_size = mark.world_sizes[0]
         self._check_capacity(world_size)
         return self.settings.spec(mark, world_size, timeout_mark)
 
@@ -284,7 +286,8 @@ class Controller:
             pg_timeout=process_group_timeout(longest),
             pytest_args=rank_pytest_args(self.config, items),
             sys_path=list(sys.path),
-            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),
+            # pytest's own basetemp (tmp_path's root); it has no public accessor.
+            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
             gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" else [],
         )
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import _pytest.config
 import pytest
@@ -57,6 +57,9 @@ from .protocol import (
     WarningRecorded,
     decode_command,
 )
+
+if TYPE_CHECKING:
+    from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -145,9 +148,11 @@ def _release_forkserver() -> None:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    if getattr(server, "_forkserver_alive_fd", None) is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        os.close(alive_fd)
+        # multiprocessing's private attribute, untyped: nothing public closes it.
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _redirect_output(spec: dict[str, Any]) -> None:
@@ -300,7 +305,8 @@ class RankSession:
         self.threads_before = set(threading.enumerate())
         self.processes_before = set(leftovers.descendants())
         self.threads_left, self.interrupted = [], None
-        item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
+        nextitem = None if next_nodeid is None else items.get(next_nodeid)
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self.channel.event(_done_event(self.threads_left, self.interrupted), wake=True)
 
     def _phase(self, when: str) -> None:
@@ -350,7 +356,7 @@ class RankSession:
             pytest.fail(threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
         return result
 
-    def _interrupt(self, exc: BaseException) -> None:
+    def _interrupt(self, exc: Exit | KeyboardInterrupt) -> None:
         """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
         controller, told in the done event, ends the session as plain pytest would."""
         if isinstance(exc, KeyboardInterrupt):

@@ -106,6 +106,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
         call = blocked_in(state)
         if call is None:
             continue
+        wait: Wait | None
         if call.op == INIT:
             wait = _init_wait(rank, call, ranks)
         elif call.is_p2p:
