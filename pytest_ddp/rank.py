@@ -261,8 +261,7 @@ class RankSession:
         # The rank's stdout is the test's output: keep pytest's own progress out of it.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            # The writer keeps /dev/null open for the rank's whole life: no `with`.
-            devnull = open(os.devnull, "w")  # noqa: SIM115
+            devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
             reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
 
     def pytest_collectreport(self, report: Any) -> None:
