@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench torture clean matrix matrix-venvs clean-matrix
+.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix
 
 venv: $(STAMP)
 
@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: venv
 	$(PY) examples/run_demo.py
 
-# The plugin's own tests.
-test: venv
+# ruff and mypy, configured in pyproject.toml; both must be clean.
+lint: venv
+	$(PY) -m ruff check . && $(PY) -m mypy
+
+# The plugin's own tests, after the lint.
+test: lint
 	$(PY) -m pytest -q
 
 # The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv

@@ -182,9 +182,8 @@ def idle_rank_uss(world_size: int) -> tuple[float, float]:
             "import pytest, torch, torch.distributed as dist\n\n"
             f"@pytest.mark.ddp(world_size={world_size})\ndef test_idle():\n    dist.barrier()\n"
         )
-        group = RankGroup(
-            GroupConfig(world_size, "gloo", True, pg_timeout=600, pytest_args=["-q", "-p", "no:cacheprovider", str(test)])
-        )
+        pytest_args = ["-q", "-p", "no:cacheprovider", str(test)]
+        group = RankGroup(GroupConfig(world_size, "gloo", True, pg_timeout=600, pytest_args=pytest_args))
         group.start(deadline=time.monotonic() + 120)
         try:
             uss, rss = [], []
@@ -261,7 +260,8 @@ def main() -> None:
         f"  warm per test / MultiProcContinuousTest per test: {statistics.median(warm_vs_mpct):.2f}  [<= 1]"
         f"  (rounds: {each(warm_vs_mpct)})"
     )
-    print(f"  MultiProcessTestCase per test / warm per test:    {mptc['after_first'] / median('warm', 'after_first'):.0f}x  [>= 500x]")
+    mptc_vs_warm = mptc["after_first"] / median("warm", "after_first")
+    print(f"  MultiProcessTestCase per test / warm per test:    {mptc_vs_warm:.0f}x  [>= 500x]")
     print(
         f"  warm first test / bare spawn:                     {statistics.median(first_vs_spawn):.2f}  [<= 1.3]"
         f"  (rounds: {each(first_vs_spawn)})"

@@ -166,8 +166,8 @@ def run(
 
 def _result(test_run: TestRun | StartFailure) -> Result:
     if isinstance(test_run, StartFailure):  # no rank ran fn
-        diagnosis = Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=start_failure_text(test_run))
-        return Result("failed", diagnosis, [], 0.0)
+        text = start_failure_text(test_run)
+        return Result("failed", Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=text), [], 0.0)
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
     if verdict.status == "done":
@@ -178,7 +178,7 @@ def _result(test_run: TestRun | StartFailure) -> Result:
         outcome = "deadlock"
     else:  # "stopped": a rank failed and the others were stopped after the grace
         outcome = "failed"
-    diagnosis = None
+    diagnosis: Diagnosis | None = None
     if outcome != "passed":
         failures = {r.rank: r.traceback or "" for r in ranks if r.outcome == "failed" and r.traceback}
         diagnosis = Diagnosis(

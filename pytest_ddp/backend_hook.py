@@ -60,7 +60,8 @@ def install(record: Record, wait: Wait, recording: Recording) -> bool:
             overload = getattr(torch.ops.c10d, name).default
             collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
         functional = torch.library.Library("_c10d_functional", "IMPL")
-        functional.impl("wait_tensor", _wait_kernel(torch.ops._c10d_functional.wait_tensor.default, wait), "BackendSelect")
+        wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
         for qualified in torch._C._dispatch_get_all_op_names():
             namespace, _, name = qualified.partition("::")
             if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:

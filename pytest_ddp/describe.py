@@ -15,7 +15,7 @@ import pickle
 import sys
 import weakref
 from collections.abc import Callable
-from types import CodeType, FrameType
+from types import CodeType, FrameType, ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -24,8 +24,14 @@ import torch.distributed.distributed_c10d as c10d
 
 from .ops import INIT, NEW_GROUP, Op
 
+
+def _package_dir(module: ModuleType) -> str:
+    assert module.__file__ is not None  # a regular package, never a namespace one
+    return os.path.dirname(module.__file__) + os.sep
+
+
 _INTERNAL_DIRS = tuple(
-    os.path.dirname(module.__file__) + os.sep
+    _package_dir(module)
     for module in (torch, sys.modules[__package__ or "pytest_ddp"], __import__("pluggy"), __import__("_pytest"))
 )
 

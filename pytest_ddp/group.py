@@ -432,7 +432,7 @@ class RankGroup:
         if self._news is None:  # killed
             return
         for key, _ in self._news.select(timeout):
-            rp = key.data
+            rp: RankProcess = key.data
             if key.fileobj is not rp.notify:  # the sentinel: the process ended
                 self._news.unregister(key.fileobj)
                 rp.exit_code = rp.proc.exitcode

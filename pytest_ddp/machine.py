@@ -65,7 +65,8 @@ def rank_capacity(mem_available: int, nproc_limit: int, processes: int) -> tuple
     """How many idle ranks fit, and why: ``mem_available`` bytes at RANK_MEMORY
     each, and the ``nproc_limit`` (RLIMIT_NPROC, -1 for none) less the
     ``processes`` this user already runs."""
-    limits = [(mem_available // RANK_MEMORY, f"{mem_available // 2**20} MiB available at about {RANK_MEMORY // 2**20} MiB per rank")]
+    memory = f"{mem_available // 2**20} MiB available at about {RANK_MEMORY // 2**20} MiB per rank"
+    limits = [(mem_available // RANK_MEMORY, memory)]
     if nproc_limit >= 0:
         limits.append((nproc_limit - processes, f"RLIMIT_NPROC {nproc_limit} with {processes} processes running"))
     return min(limits)

@@ -99,7 +99,7 @@ def merged_reports(
             longrepr = _skip_longrepr(item, per_rank)
         report = _report(item, when, outcome, longrepr)
         if wasxfail is not None:
-            report.wasxfail = wasxfail  # type: ignore[attr-defined]
+            report.wasxfail = wasxfail
         # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
         report.duration = max(
             [rep.duration for rep in per_rank.values()]

@@ -47,13 +47,39 @@ spec_key = pytest.StashKey["RankSpec | SpecError"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddp", "distributed tests (pytest-ddp)")
-    group.addoption("--ddp-backend", default=None, help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})")
-    group.addoption("--ddp-timeout", default=None, help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})")
-    group.addoption("--ddp-grace", default=None, help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
-    group.addoption("--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes")
-    group.addoption("--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
-    group.addoption("--ddp-report-dir", default=None, metavar="DIR", help="write a JSON report of each failing ddp test into DIR")
-    group.addoption("--ddp-max-world-size", default=None, metavar="N", help="largest world size accepted (default: what this machine's memory and process limit hold)")
+    group.addoption(
+        "--ddp-backend",
+        default=None,
+        help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})",
+    )
+    group.addoption(
+        "--ddp-timeout",
+        default=None,
+        help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})",
+    )
+    group.addoption(
+        "--ddp-grace",
+        default=None,
+        help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})",
+    )
+    group.addoption(
+        "--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes"
+    )
+    group.addoption(
+        "--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})"
+    )
+    group.addoption(
+        "--ddp-report-dir",
+        default=None,
+        metavar="DIR",
+        help="write a JSON report of each failing ddp test into DIR",
+    )
+    group.addoption(
+        "--ddp-max-world-size",
+        default=None,
+        metavar="N",
+        help="largest world size accepted (default: what this machine's memory and process limit hold)",
+    )
     parser.addini("ddp_backend", f"default backend of ddp tests (default {DEFAULT_BACKEND})")
     parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
     parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
@@ -111,8 +137,8 @@ class Controller:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # The ddp items each warm group may serve, in session order, and where each stands.
-        self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
-        self.position: dict[str, int] = {}
+        self.shared = {}
+        self.position = {}
         specs = [(item, spec) for item in session.items if (spec := self.spec(item)) is not None]
         for item, spec in specs:
             if not spec.isolated:
@@ -148,15 +174,19 @@ class Controller:
             raise SpecError(f"@pytest.mark.ddp: {exc}") from None
         timeout_marker = item.get_closest_marker("timeout")
         try:
-            timeout_mark = None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
+            timeout_mark = (
+                None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
+            )
         except SpecError as exc:
             # pytest-timeout reads the mark again around the test, and a value it
             # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
             item.add_marker(pytest.mark.timeout(0), append=False)
             raise SpecError(f"@pytest.mark.timeout: {exc}") from None
         callspec = getattr(item, "callspec", None)
-        parametrized = callspec is not None and WORLD_SIZE_PARAM in callspec.params
-        world_size = callspec.params[WORLD_SIZE_PARAM] if parametrized else mark.world_sizes[0]
+        if callspec is not None and WORLD_SIZE_PARAM in callspec.params:
+            world_size = callspec.params[WORLD_SIZE_PARAM]
+        else:
+            world_size = mark.world_sizes[0]
         self._check_capacity(world_size)
         return self.settings.spec(mark, world_size, timeout_mark)
 
@@ -247,7 +277,7 @@ class Controller:
         return self.shared[spec.group_key][self.position[item.nodeid] + 1 :]
 
     def _group_config(self, item: pytest.Item, spec: RankSpec, later: list[pytest.Item]) -> GroupConfig:
-        items = [item] + later
+        items = [item, *later]
         longest = max(self.spec(i).timeout for i in items)  # type: ignore[union-attr]
         return GroupConfig(
             world_size=spec.world_size,
@@ -256,7 +286,8 @@ class Controller:
             pg_timeout=process_group_timeout(longest),
             pytest_args=rank_pytest_args(self.config, items),
             sys_path=list(sys.path),
-            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),
+            # pytest's own basetemp (tmp_path's root); it has no public accessor.
+            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
             gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" else [],
         )
 
@@ -291,7 +322,9 @@ class Controller:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.runs:
             return
-        costs = [run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs]
+        costs = [
+            run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs
+        ]
         terminalreporter.write_line(
             f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
             f"median {statistics.median(costs) * 1000:.0f} ms per test"

@@ -45,7 +45,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NotRequired, TypedDict, Union
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
 
 class ProtocolError(ValueError):
@@ -86,7 +86,7 @@ class Stop:
     KIND: ClassVar[Literal["stop"]] = "stop"
 
 
-Command = Union[RunItem, CallFunction, Stop]
+Command = RunItem | CallFunction | Stop
 
 
 # -- events (rank -> controller) -----------------------------------------------------
@@ -256,10 +256,11 @@ class WaitEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
-Event = Union[
-    Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
-]
-Record = Union[Command, Event]
+Event = (
+    Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | SessionEnd
+    | CallEvent | RetEvent | WaitEvent
+)
+Record = Command | Event
 
 
 # -- the codec -----------------------------------------------------------------------

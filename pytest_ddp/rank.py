@@ -1,9 +1,10 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
 Forked by :class:`pytest_ddp.group.RankGroup` from a forkserver that already
-imported torch and pytest; :func:`forked_main` is where a rank begins.  In "pytest" mode the rank is a pytest session of its own that
-collected the group's tests (like an xdist worker) and runs each one, with its
-own fixtures, when the controller says so.  In "function" mode it calls
+imported torch and pytest; :func:`forked_main` is where a rank begins.  In
+"pytest" mode the rank is a pytest session of its own that collected the
+group's tests (like an xdist worker) and runs each one, with its own fixtures,
+when the controller says so.  In "function" mode it calls
 module-level functions for :func:`pytest_ddp.run`.
 
 Everything the rank has to say goes into its event log; a byte on the notify
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import _pytest.config
 import pytest
@@ -56,6 +57,9 @@ from .protocol import (
     WarningRecorded,
     decode_command,
 )
+
+if TYPE_CHECKING:
+    from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -144,9 +148,11 @@ def _release_forkserver() -> None:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    if getattr(server, "_forkserver_alive_fd", None) is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        os.close(alive_fd)
+        # multiprocessing's private attribute, untyped: nothing public closes it.
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _redirect_output(spec: dict[str, Any]) -> None:
@@ -255,7 +261,8 @@ class RankSession:
         # The rank's stdout is the test's output: keep pytest's own progress out of it.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter._tw = _pytest.config.create_terminal_writer(config, open(os.devnull, "w"))
+            devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
+            reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -297,7 +304,8 @@ class RankSession:
         self.threads_before = set(threading.enumerate())
         self.processes_before = set(leftovers.descendants())
         self.threads_left, self.interrupted = [], None
-        item.ihook.pytest_runtest_protocol(item=item, nextitem=items.get(next_nodeid))
+        nextitem = None if next_nodeid is None else items.get(next_nodeid)
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self.channel.event(_done_event(self.threads_left, self.interrupted), wake=True)
 
     def _phase(self, when: str) -> None:
@@ -347,7 +355,7 @@ class RankSession:
             pytest.fail(threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
         return result
 
-    def _interrupt(self, exc: BaseException) -> None:
+    def _interrupt(self, exc: Exit | KeyboardInterrupt) -> None:
         """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
         controller, told in the done event, ends the session as plain pytest would."""
         if isinstance(exc, KeyboardInterrupt):
@@ -374,7 +382,10 @@ class RankSession:
         data = None
         # A plain pass carries nothing beyond outcome and duration: skip serializing
         # it (a large share of a warm test's cost in the rank).
-        if not (report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")):
+        plain_pass = (
+            report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")
+        )
+        if not plain_pass:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.channel.event(Report(report.when, report.outcome, report.duration, data), wake=report.failed)
 
@@ -390,7 +401,7 @@ class RankSession:
 
 def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
     session = RankSession(channel)
-    args = list(spec["pytest_args"]) + ["--basetemp", spec["basetemp"]]
+    args = [*spec["pytest_args"], "--basetemp", spec["basetemp"]]
     code = int(pytest.main(args, plugins=[session]))
     if not session.ready:
         # Ended before running anything: a named test's module failed to import

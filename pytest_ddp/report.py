@@ -137,9 +137,9 @@ def sequence_table(states: list[RankState]) -> list[str]:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         title = f"collectives on group {name}" + ("" if name == "WORLD" else f" {list(members)}")
         lines.append(title + ":")
-        for row, seq in zip(rows, [None] + list(range(first, end + 1))):
+        for row, row_seq in zip(rows, [None, *range(first, end + 1)]):
             text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-            mark = "  <-- ranks differ" if seq is not None and seq == diverges else ""
+            mark = "  <-- ranks differ" if row_seq is not None and row_seq == diverges else ""
             lines.append("  " + text + mark)
     return lines
 
@@ -213,7 +213,7 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     lines += [rank_line(s) for s in run.states]
     table = sequence_table(run.states)
     if table:
-        lines += [""] + table
+        lines += ["", *table]
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
         lines += ["  " + difference_line(d) for d in run.sequence_differences]

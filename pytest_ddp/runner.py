@@ -124,7 +124,9 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
     verdict = None
     while verdict is None:
         group.poll(POLL_INTERVAL)
-        snapshot = Snapshot(now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states)
+        snapshot = Snapshot(
+            now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states
+        )
         verdict = watch.verdict(snapshot)
     ended = time.time()
     verdict = wording.worded(verdict, group.states)

@@ -6,6 +6,7 @@ message that names the argument; nothing is spawned for a bad test.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,7 @@ def parse_count(value: Any, name: str) -> int:
     return number
 
 
-def parse_timeout_mark(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float | None:
+def parse_timeout_mark(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> float | None:
     """The timeout of pytest-timeout's ``@pytest.mark.timeout(N)``; None where N <= 0,
     which pytest-timeout reads as "no timeout of its own"."""
     value = args[0] if args else kwargs.get("timeout")
@@ -134,14 +135,14 @@ def process_group_timeout(longest_test_timeout: float) -> float:
     return max(2 * longest_test_timeout + 60, 600)
 
 
-def _flag(kwargs: dict[str, Any], name: str, default: bool) -> bool:
+def _flag(kwargs: Mapping[str, Any], name: str, default: bool) -> bool:
     value = kwargs.get(name, default)
     if not isinstance(value, bool):
         raise SpecError(f"{name}={value!r}: must be True or False")
     return value
 
 
-def parse_mark(args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkArgs:
+def parse_mark(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkArgs:
     """Check the arguments of one ``ddp`` marker."""
     if args:
         raise SpecError(

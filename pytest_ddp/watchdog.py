@@ -106,6 +106,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
         call = blocked_in(state)
         if call is None:
             continue
+        wait: Wait | None
         if call.op == INIT:
             wait = _init_wait(rank, call, ranks)
         elif call.is_p2p:
@@ -252,7 +253,8 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     p2p = any(waits[r].call.is_p2p for r in culprits)
     first = waits[(waiting or culprits)[0]].call
     kind = "p2p_cycle" if p2p else "mismatch"
-    return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, Cycle(culprits, waiting, needs, waits, p2p))
+    cycle = Cycle(culprits, waiting, needs, waits, p2p)
+    return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
 
 # -- mismatches ---------------------------------------------------------------
@@ -521,7 +523,8 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     if slow is not None:
         return slow
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
-    return Verdict("stopped", "rank_exited", culprits, waiting, finding=GraceOver(culprits, snap.grace, unfinished, waits))
+    finding = GraceOver(culprits, snap.grace, unfinished, waits)
+    return Verdict("stopped", "rank_exited", culprits, waiting, finding=finding)
 
 
 def _done(ranks: dict[int, RankState]) -> Verdict:

@@ -120,7 +120,8 @@ def test_ranks_that_could_not_start_are_a_failed_result_that_says_why() -> None:
     from pytest_ddp.runner import StartFailure
     from pytest_ddp.spec import RankSpec
 
-    failure = StartFailure("m.f", RankSpec(2, "gloo", 10.0, grace=2.0), "rank 1 could not start:\nOSError: no route", 0.5)
+    spec = RankSpec(2, "gloo", 10.0, grace=2.0)
+    failure = StartFailure("m.f", spec, "rank 1 could not start:\nOSError: no route", 0.5)
     result = _result(failure)
     assert (result.outcome, result.ranks, result.values) == ("failed", [], [])
     assert result.diagnosis is not None

@@ -57,9 +57,8 @@ class Ending:
 
 def collective(index: int, op: str = "all_reduce", outcome: str = "ok", seq: int | None = None) -> list[Event]:
     """A call on the default group of two ranks: ``outcome`` ok, raised or running."""
-    events: list[Event] = [
-        CallEvent(index, op, group_ranks=[0, 1], seq=index + 1 if seq is None else seq, shapes=[[4]], dtypes=["float32"])
-    ]
+    seq = index + 1 if seq is None else seq
+    events: list[Event] = [CallEvent(index, op, group_ranks=[0, 1], seq=seq, shapes=[[4]], dtypes=["float32"])]
     if outcome != "running":
         events.append(RetEvent(index, ok=outcome == "ok", error=None if outcome == "ok" else "RuntimeError: x"))
     return events
@@ -235,7 +234,10 @@ def test_a_group_is_reused_for_later_tests_with_the_same_key() -> None:
     assert len(fleet.groups) == pool.groups_started == 1
     assert fleet.groups[0].log == ["start", "begin t1", "begin t2"]
     assert first.cold_start is not None and second.cold_start is None
-    assert second.outputs == {0: {"stdout": "out of rank 0\n", "stderr": ""}, 1: {"stdout": "out of rank 1\n", "stderr": ""}}
+    assert second.outputs == {
+        0: {"stdout": "out of rank 0\n", "stderr": ""},
+        1: {"stdout": "out of rank 1\n", "stderr": ""},
+    }
 
 
 def test_max_groups_stops_the_least_recently_used_group() -> None:
@@ -427,12 +429,21 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
         (lambda: made_run(states_of(rank1_dies)), standing()),
         (lambda: made_run(states_of(passes)), standing(alive=False)),
         (lambda: made_run(states_of(passes), spec=dataclasses.replace(SPEC, isolated=True)), standing()),
-        (lambda: made_run(states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]), standing()),
-        (lambda: made_run(states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]), standing()),
+        (
+            lambda: made_run(states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]),
+            standing(),
+        ),
+        (
+            lambda: made_run(states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]),
+            standing(),
+        ),
         (lambda: made_run(states_of(with_done(group_intact=False))), standing()),
         (lambda: made_run(states_of(with_done(in_flight=[{"i": 0, "err": "Timed out"}]))), standing()),
         (lambda: made_run(states_of(with_calls(collective(0, outcome="raised")))), standing()),
-        (lambda: made_run(states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")), standing()),
+        (
+            lambda: made_run(states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")),
+            standing(),
+        ),
         (lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0)))), standing()),
     ],
     ids=[
@@ -594,8 +605,8 @@ def test_the_rank_command_line_repeats_the_set_up_and_clears_addopts(
     inifile.write_text("[pytest]\naddopts = -x --showlocals\n")
     rootdir = pytester.mkdir("root")
     config = pytester.parseconfig(
-        "-c", str(inifile), "--rootdir", str(rootdir), "-p", "no:doctest", "-o", "xfail_strict=true", "-W", "error::UserWarning",
-        "--import-mode=importlib", "--tb=line", "--strict-markers",
+        "-c", str(inifile), "--rootdir", str(rootdir), "-p", "no:doctest", "-o", "xfail_strict=true",
+        "-W", "error::UserWarning", "--import-mode=importlib", "--tb=line", "--strict-markers",
     )
     args = rank_pytest_args(config, [request.node])
     assert args[args.index("addopts=") - 1 : args.index("addopts=") + 1] == ["-o", "addopts="]

@@ -196,7 +196,8 @@ def test_passing_test_whose_collectives_differ_fails(ddp_pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*the ranks' collective sequences differ:*",
-            "*group WORLD, collective #1: rank 0 all_reduce shapes *2, 5* float32 * vs rank 1 all_reduce shapes *10* float32*",
+            "*group WORLD, collective #1: rank 0 all_reduce shapes *2, 5* float32 *"
+            " vs rank 1 all_reduce shapes *10* float32*",
         ]
     )
 
@@ -215,4 +216,6 @@ def test_failure_report_shows_peak_memory_per_rank(ddp_pytester) -> None:
         """
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["rank 0: waiting in barrier #1*; peak RSS * MB", "rank 1: finished (passed)*; peak RSS * MB"])
+    result.stdout.fnmatch_lines(
+        ["rank 0: waiting in barrier #1*; peak RSS * MB", "rank 1: finished (passed)*; peak RSS * MB"]
+    )

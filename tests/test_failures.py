@@ -90,7 +90,9 @@ def test_rank_killed_by_sigabrt_is_named_with_its_stderr(ddp_pytester) -> None:
         """
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "about to abort"])
+    result.stdout.fnmatch_lines(
+        ["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "about to abort"]
+    )
 
 
 def test_rank_killed_by_sigkill_fails_the_test(ddp_pytester) -> None:
@@ -131,7 +133,11 @@ def test_native_output_of_a_crashed_rank_is_shown(ddp_pytester) -> None:
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "terminate called after throwing an instance of 'demo'"]
+        [
+            "*rank 1: died (killed by SIGABRT)*",
+            "*rank 1: stderr (killed by SIGABRT)*",
+            "terminate called after throwing an instance of 'demo'",
+        ]
     )
 
 

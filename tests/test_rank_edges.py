@@ -176,7 +176,10 @@ def test_it(rank, nosuch):
 
 
 def test_report_message_prefers_the_error_line_of_a_plain_text_longrepr():
-    longrepr = "file t.py, line 3\n  def test_it(rank, nosuch):\nE       fixture 'nosuch' not found\n>       available\n\nt.py:3"
+    longrepr = (
+        "file t.py, line 3\n  def test_it(rank, nosuch):\n"
+        "E       fixture 'nosuch' not found\n>       available\n\nt.py:3"
+    )
     assert wording._report_message({"longrepr": longrepr}) == "fixture 'nosuch' not found"
     assert wording._report_message({"longrepr": "Skipped\nValueError: boom"}) == "ValueError: boom"
 
@@ -235,7 +238,8 @@ def test_merged_warnings_group_by_text_place_and_test():
         s = RankState(rank)
         s.warnings = [
             WarningRecorded(
-                {"message": m, "category": "builtins:UserWarning", "filename": "t.py", "lineno": 3, "line": None}, "t.py::a"
+                {"message": m, "category": "builtins:UserWarning", "filename": "t.py", "lineno": 3, "line": None},
+                "t.py::a",
             )
             for m in messages
         ]

@@ -571,4 +571,6 @@ def test_a_monitored_barrier_timeout_once_every_rank_finished() -> None:
     ))
     assert outline(verdict) == ("done", "timeout", [1], [0])
     assert "\n" not in verdict.summary
-    assert verdict.summary.endswith("rank 1 raised RuntimeError: Connection closed by peer in monitored_barrier #1 (t.py:11).")
+    assert verdict.summary.endswith(
+        "rank 1 raised RuntimeError: Connection closed by peer in monitored_barrier #1 (t.py:11)."
+    )

@@ -26,7 +26,7 @@ def test_record_writes_the_error_file_and_reraises(rank, tmp_path, monkeypatch):
         assert main(rank) == 1.0
         assert not error_file.exists()
     else:
-        with pytest.raises(ValueError, match="bad sum 1.0"):
+        with pytest.raises(ValueError, match=r"bad sum 1\.0"):
             main(rank)
         message = json.loads(error_file.read_text())["message"]
         assert "ValueError: bad sum 1.0" in message["message"]

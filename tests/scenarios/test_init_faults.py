@@ -71,7 +71,8 @@ def test_slow_starter_is_just_waited_for():
 
 
 def test_file_init_shared_wrongly_hangs_until_the_timeout(tmp_path):
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "folder": str(tmp_path)}, timeout=3)
+    kwargs = {"method": "file", "folder": str(tmp_path)}
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs=kwargs, timeout=3)
     assert (result.outcome, result.diagnosis.kind) == ("timeout", "timeout")
     assert all(r.collectives[-1].op == "init_process_group" for r in result.ranks)
 
@@ -83,8 +84,8 @@ def test_fixed_init(method):
 
 
 def test_fixed_file_init_shares_one_file(tmp_path):
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": "file", "folder": str(tmp_path), "shared": True},
-                            timeout=30)
+    kwargs = {"method": "file", "folder": str(tmp_path), "shared": True}
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs=kwargs, timeout=30)
     assert result.outcome == "passed"
 
 

@@ -26,7 +26,9 @@ def gather(rank: int, kind: str) -> list:
     return [type(g).__name__ for g in gathered]
 
 
-@pytest.mark.parametrize("kind, error", [("lambda", "Can't pickle local object"), ("lock", "cannot pickle '_thread.lock' object")])
+@pytest.mark.parametrize(
+    "kind, error", [("lambda", "Can't pickle local object"), ("lock", "cannot pickle '_thread.lock' object")]
+)
 def test_unpicklable_object_is_diagnosed(kind, error):
     result = pytest_ddp.run(gather, world_size=2, args=(kind,), timeout=30)
     assert result.outcome == "deadlock"
