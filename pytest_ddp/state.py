@@ -205,6 +205,11 @@ class RankState:
             return self.calls[-1]
         return None
 
+    @property
+    def blocked_call(self) -> Call | None:
+        """The call this rank is blocked in; none once it is out of the test, whatever its log says."""
+        return None if self.finished else self.current_call
+
     def apply(self, ev: Event) -> None:
         """Fold one event of the current test into this state; :class:`ProtocolError` for an
         event that has no place in a test."""

@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from .init_faults import init_fault
 from .ops import INIT, MONITORED_BARRIER
 from .state import Call, RankState, Snapshot
 from .verdicts import (
@@ -33,7 +33,6 @@ from .verdicts import (
     Disagreement,
     Failures,
     GraceOver,
-    InitFault,
     SlowRanks,
     TimedOut,
     Verdict,
@@ -49,11 +48,6 @@ ELEMENT_SIZES = {
 
 
 # -- what the ranks have entered ----------------------------------------------
-
-
-def blocked_in(state: RankState) -> Call | None:
-    """The call a rank is blocked in; none once it is out of the test, whatever its log says."""
-    return None if state.finished else state.current_call
 
 
 def _took_part(state: RankState, call: Call) -> bool:
@@ -103,7 +97,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
     """Each blocked rank's wait; blocked ranks about which nothing is certain are left out."""
     waits = {}
     for rank, state in ranks.items():
-        call = blocked_in(state)
+        call = state.blocked_call
         if call is None:
             continue
         wait: Wait | None
@@ -280,7 +274,7 @@ def _completion_key(call: Call) -> tuple[object, ...]:
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """A blocked rank whose collective a peer entered in a way that can never complete with it."""
     for rank in sorted(ranks):
-        call = blocked_in(ranks[rank])
+        call = ranks[rank].blocked_call
         if call is None or not call.is_collective:
             continue
         for member in _members(rank, call, ranks) or []:
@@ -334,96 +328,6 @@ def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]
     return culprits, sorted(r for r in entered if r not in culprits)
 
 
-# -- init ---------------------------------------------------------------------
-
-
-def latest_init(state: RankState) -> Call | None:
-    """The process's latest init_process_group call."""
-    return next((c for c in reversed(state.calls) if c.op == INIT), None)
-
-
-def given(call: Call, name: str) -> int | None:
-    """The rank or world size a process passed to init_process_group (or took from its environment)."""
-    value = call.extra.get(name)
-    return value if isinstance(value, int) else None
-
-
-@dataclass
-class _Inits:
-    """What the init checks look at.  Processes are slots (RankState.rank); the rank and world
-    size each one *passed* to init_process_group are in its call's ``extra``."""
-
-    ranks: dict[int, RankState]
-    calls: dict[int, Call]  # each slot's latest init_process_group
-    blocked: list[int]  # slots blocked in it
-
-
-def _init_fault(ranks: dict[int, RankState]) -> Verdict | None:
-    """Certain faults of init_process_group, in tests that call it themselves."""
-    blocked = sorted(r for r, s in ranks.items() if (c := blocked_in(s)) is not None and c.op == INIT)
-    if not blocked:
-        return None
-    inits = _Inits(ranks, {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}, blocked)
-    for check in (_init_out_of_range, _init_duplicate, _init_world_sizes, _init_raised, _init_never):
-        fault = check(inits)
-        if fault is not None:
-            waiting = [r for r in blocked if r not in fault.culprits]
-            return Verdict("deadlock", "init", fault.culprits, waiting, INIT, INIT, fault)
-    return None
-
-
-def _init_out_of_range(inits: _Inits) -> InitFault | None:
-    culprits = []
-    for r, c in sorted(inits.calls.items()):
-        rank, size = given(c, "rank"), given(c, "world_size")
-        if rank is not None and size is not None and not 0 <= rank < size:
-            culprits.append(r)
-    return InitFault("out_of_range", culprits, inits.blocked) if culprits else None
-
-
-def _init_duplicate(inits: _Inits) -> InitFault | None:
-    """Two processes with one rank: which of them gets in is a race, so blame the one that passed
-    a rank other than its own slot number (it took another's rank), else the later ones to enter."""
-    by_rank: dict[int, list[int]] = {}
-    for r, c in sorted(inits.calls.items(), key=lambda item: (item[1].enter, item[0])):
-        if (rank := given(c, "rank")) is not None:
-            by_rank.setdefault(rank, []).append(r)
-    for rank, slots in sorted(by_rank.items()):
-        if len(slots) < 2 or not set(slots) & set(inits.blocked):
-            continue
-        impostors = [s for s in slots if s != rank]
-        culprits = impostors if 0 < len(impostors) < len(slots) else slots[1:]
-        others = [s for s in slots if s not in culprits]
-        return InitFault("duplicate", sorted(culprits), inits.blocked, rank, others)
-    return None
-
-
-def _init_world_sizes(inits: _Inits) -> InitFault | None:
-    """World sizes differ: the minority is at fault.  On a tie, the size that matches the number of
-    processes wins, else the size of the first to enter."""
-    sizes = {r: s for r, c in inits.calls.items() if (s := given(c, "world_size")) is not None}
-    if len(set(sizes.values())) < 2:
-        return None
-    counts = Counter(sizes.values())
-    best = max(counts.values())
-    tied = [s for s, n in counts.items() if n == best]
-    first = sizes[min(sizes, key=lambda r: (inits.calls[r].enter, r))]
-    processes = len(inits.ranks)
-    expected = processes if processes in tied else first if first in tied else tied[0]
-    culprits = sorted(r for r, s in sizes.items() if s != expected)
-    return InitFault("world_sizes", culprits, inits.blocked)
-
-
-def _init_raised(inits: _Inits) -> InitFault | None:
-    raised = sorted(r for r, c in inits.calls.items() if c.state == "raised")
-    return InitFault("raised", raised, inits.blocked) if raised else None
-
-
-def _init_never(inits: _Inits) -> InitFault | None:
-    never = sorted(r for r, s in inits.ranks.items() if r not in inits.calls and s.finished)
-    return InitFault("never", never, inits.blocked) if never else None
-
-
 # -- the verdict --------------------------------------------------------------
 
 # A certain deadlock is reported at once unless some ranks are still running:
@@ -457,7 +361,7 @@ def judge(snap: Snapshot) -> Verdict:
     if all(s.finished for s in snap.ranks):
         return _done(ranks)
     waits = _waits(ranks)
-    verdict = _init_fault(ranks) or _inflight_mismatch(ranks) or _deadlock(ranks, waits)
+    verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _deadlock(ranks, waits)
     if verdict is not None:
         return verdict
     if snap.now - snap.started >= snap.timeout:
@@ -472,12 +376,12 @@ def _faulty(state: RankState) -> bool:
 def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict:
     """Culprits: the running ranks that blocked ranks wait for, else every unfinished rank."""
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
-    blocked = [r for r in unfinished if blocked_in(ranks[r]) is not None]
+    blocked = [r for r in unfinished if ranks[r].blocked_call is not None]
     running = set(unfinished) - set(blocked)
     awaited = sorted({p for wait in waits.values() for p in wait.peers if p in running})
     culprits = awaited or unfinished
     described = sorted(set(culprits) & running) + blocked
-    first = blocked_in(ranks[blocked[0]]) if blocked else None
+    first = ranks[blocked[0]].blocked_call if blocked else None
     return Verdict(
         "timeout", "timeout", culprits, blocked,
         first.op if first else None, first.label if first else None,

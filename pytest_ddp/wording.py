@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
 from .consistency import CallDifference, SequenceDifference, UnfinishedWork
+from .init_faults import given, latest_init
 from .state import Call, RankState, exit_text
 from .verdicts import (
     Cycle,
@@ -24,7 +25,6 @@ from .verdicts import (
     Verdict,
     Wait,
 )
-from .watchdog import blocked_in, given, latest_init
 
 
 def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
@@ -135,7 +135,7 @@ def _wait_clauses(
     """``ranks 0, 1 wait in all_reduce #1 (t.py:3) for rank 2``, grouped by call and needed ranks."""
 
     def key(r: int) -> tuple[str, tuple[int, ...], bool]:
-        call = blocked_in(ranks[r])
+        call = ranks[r].blocked_call
         assert call is not None
         wait = waits.get(r)
         named = call.is_p2p and call.peer is not None  # the label already names the peer
@@ -163,8 +163,8 @@ def _left_reason(state: RankState, waiter: int, waited: Call, plural: bool) -> s
 
 def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait]) -> str:
     """What unfinished ranks are doing: running outside any call, or waiting in one."""
-    running = [r for r in described if blocked_in(ranks[r]) is None]
-    blocked = [r for r in described if blocked_in(ranks[r]) is not None]
+    running = [r for r in described if ranks[r].blocked_call is None]
+    blocked = [r for r in described if ranks[r].blocked_call is not None]
     parts = []
     if running:
         parts.append(f"{rank_list(running)} {_verb(running, 'is', 'are')} running outside any collective")
@@ -239,7 +239,7 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
         reason = "; ".join(
             f"process {r} {_how_it_failed(ranks[r])} without calling init_process_group" for r in f.culprits
         )
-    call = blocked_in(ranks[f.blocked[0]])
+    call = ranks[f.blocked[0]].blocked_call
     assert call is not None
     waits = f"{rank_list(f.blocked, 'process')} {_verb(f.blocked, 'waits', 'wait')} in {describe_call(call)}"
     return f"{reason}; {waits}."
