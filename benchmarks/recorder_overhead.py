@@ -65,6 +65,36 @@ def own_cost(log: Any) -> float:
     return best / 20000 * 1e6
 
 
+def alone_costs(folder: str) -> dict[str, float]:
+    """CPU microseconds per real all_reduce in a Gloo group of one (no peer to wait for): without
+    the recorder, with only its backend hook (the kernel every collective passes through), and
+    with the whole recorder (the function's wrapper, then the hook); best of 5 each."""
+    from pytest_ddp import backend_hook, recorder
+    from pytest_ddp.protocol import EventLog
+
+    group = dist.new_group([dist.get_rank()])
+    tensor = torch.ones(1)
+
+    def per_call() -> float:
+        def calls() -> None:
+            for _ in range(2000):
+                dist.all_reduce(tensor, group=group)
+
+        calls()
+        best = min(timeit.repeat(calls, number=1, repeat=5, timer=time.thread_time))
+        return best / 2000 * 1e6
+
+    costs = {"bare": per_call()}
+    backend_hook.install(lambda spec, args, issued_async, submit: submit(), lambda tensor: None, lambda: False)
+    costs["hook"] = per_call()
+    backend_hook.uninstall()
+    recorder.install(EventLog(os.path.join(folder, f"alone{dist.get_rank()}.events")))
+    recorder.start_test()
+    costs["recorder"] = per_call()
+    recorder.uninstall()
+    return costs
+
+
 def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
     from pytest_ddp import recorder
     from pytest_ddp.protocol import EventLog
@@ -75,6 +105,7 @@ def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
     log = EventLog(os.path.join(folder, f"rank{rank}.events"))
     loop(tensor, WARM_UP)
     own = own_cost(log)
+    alone = alone_costs(folder)
     plain: list[tuple[float, float]] = []
     busy: list[tuple[float, float]] = []
     recorded: list[tuple[float, float]] = []
@@ -90,7 +121,7 @@ def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
         recorder.uninstall()
     dist.barrier()
     if rank == 0:
-        result = {"own": own}
+        result: dict[str, Any] = {"own": own, "alone": alone}
         for name, times in (("plain", plain), ("busy", busy), ("recorded", recorded)):
             result[name] = [statistics.median(wall for wall, _ in times), statistics.median(cpu for _, cpu in times)]
         with open(os.path.join(folder, "result.json"), "w") as f:
@@ -121,6 +152,11 @@ def main() -> int:
         f"   ratio {recorded / plain:.2f}   [goal <= 10 us]"
     )
     print(f"recorder's own cost, its wrapper around a no-op (real log), best of 5: {result['own']:.1f} us per call")
+    alone = result["alone"]
+    print(
+        f"a real all_reduce in a group of one, CPU us per call (best of 5): bare {alone['bare']:.1f}, "
+        f"backend hook {alone['hook'] - alone['bare']:+.1f}, whole recorder {alone['recorder'] - alone['bare']:+.1f}"
+    )
     print(
         f"control, a busy-wait that long instead of the recorder: {busy - plain:+.1f} "
         f"({busy_cpu - plain_cpu:+.1f}) us per call"
