@@ -88,6 +88,8 @@ OPS: dict[str, Op] = _table(
     Op("all_gather_coalesced", "collective", "input_tensor_list"),
     Op("all_reduce_coalesced", "collective", "tensors"),
     # Reached only through the backend (functional collectives, coalescing managers).
+    Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst"),  # newer than torch 2.13
+    Op("gather_single", "collective", "tensor", "dst", "group_dst"),  # newer than torch 2.13
     Op("all_gather_into_tensor_coalesced", "collective", python=False),
     Op("reduce_scatter_tensor_coalesced", "collective", python=False),
 )
@@ -129,6 +131,7 @@ BACKEND_OPS: dict[str, BackendOp] = {
     "broadcast_": BackendOp("broadcast", "tensors", "root_rank"),
     "reduce_": BackendOp("reduce", "tensors", "root_rank"),
     "gather_": BackendOp("gather", "input_tensors", "root_rank"),
+    "gather_into_tensor_": BackendOp("gather_into_tensor", "input_tensor", "root_rank"),
     "scatter_": BackendOp("scatter", "output_tensors", "root_rank"),
     "barrier": BackendOp("barrier", None),
     "monitored_barrier_": BackendOp("monitored_barrier", None),

@@ -5,11 +5,15 @@ torch.distributed functions (DTensor, compiled code) or through them with
 ``async_op=True`` and a later ``work.wait()`` (FSDP2); the recorder sees both.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pytest_ddp
+
+# FSDP2's all-gather: dist.all_gather_single where torch has it (2.13), else all_gather_into_tensor.
+FSDP2_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
 
 def fsdp2_step(rank: int, skipping_rank: int | None, steps: int = 1) -> None:
@@ -38,15 +42,15 @@ def test_fsdp2_rank_that_skips_backward() -> None:
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "partial", [1])
     assert result.diagnosis.waiting == [0]
     # Rank 0 is inside FSDP2's all-gather of the backward pass, waiting on its work.
-    assert result.diagnosis.collective == "all_gather_single"
-    assert "rank 0: waiting in all_gather_single #3" in result.diagnosis.text
+    assert result.diagnosis.collective == FSDP2_ALL_GATHER
+    assert f"rank 0: waiting in {FSDP2_ALL_GATHER} #3" in result.diagnosis.text
 
 
 def test_fsdp2_rank_that_skips_backward_and_goes_on() -> None:
     """The next forward's all-gather on rank 1 meets the backward's on rank 0: sizes differ."""
     result = pytest_ddp.run(fsdp2_step, world_size=2, args=(1, 2), timeout=30)
     assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch")
-    assert result.diagnosis.collective == "all_gather_single"
+    assert result.diagnosis.collective == FSDP2_ALL_GATHER
 
 
 def full_tensor_on_one_rank(rank: int) -> None:
@@ -85,6 +89,7 @@ def all_gather_single_sizes_differ(rank: int) -> None:
     dist.all_gather_single(output, torch.ones(2 if rank == 0 else 3))
 
 
+@pytest.mark.skipif(not hasattr(dist, "all_gather_single"), reason="torch.distributed.all_gather_single is newer")
 def test_all_gather_single_with_different_sizes_is_a_mismatch() -> None:
     """Gloo aborts one rank (SIGABRT) or raises; the verdict names both shapes, not a death."""
     result = pytest_ddp.run(all_gather_single_sizes_differ, world_size=2, timeout=30)
