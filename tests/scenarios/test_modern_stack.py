@@ -49,7 +49,8 @@ def test_fsdp2_rank_that_skips_backward() -> None:
 def test_fsdp2_rank_that_skips_backward_and_goes_on() -> None:
     """The next forward's all-gather on rank 1 meets the backward's on rank 0: sizes differ."""
     result = pytest_ddp.run(fsdp2_step, world_size=2, args=(1, 2), timeout=30)
-    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch")
+    # Seen while both wait (deadlock), or once Gloo's size check has aborted a rank (failed).
+    assert result.outcome in ("deadlock", "failed") and result.diagnosis.kind == "mismatch"
     assert result.diagnosis.collective == FSDP2_ALL_GATHER
 
 
@@ -93,6 +94,6 @@ def all_gather_single_sizes_differ(rank: int) -> None:
 def test_all_gather_single_with_different_sizes_is_a_mismatch() -> None:
     """Gloo aborts one rank (SIGABRT) or raises; the verdict names both shapes, not a death."""
     result = pytest_ddp.run(all_gather_single_sizes_differ, world_size=2, timeout=30)
-    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch")
+    assert result.outcome in ("deadlock", "failed") and result.diagnosis.kind == "mismatch"
     assert result.diagnosis.collective == "all_gather_single"
     assert "shapes [[2]]" in result.diagnosis.text and "shapes [[3]]" in result.diagnosis.text
