@@ -46,10 +46,6 @@ class Op:
         """A send or receive between two ranks."""
         return self.kind == "p2p"
 
-    @property
-    def numbered(self) -> bool:
-        return self.kind != "group"
-
 
 def _table(*ops: Op) -> dict[str, Op]:
     return {op.name: op for op in ops}
