@@ -33,7 +33,7 @@ KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
 # -- threads --------------------------------------------------------------------------
 
 
-def test_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+def threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
     """The Python threads alive now that were not alive at ``before``.  Threads started
     outside Python (Gloo's, a backend's callback) are not listed: their dummy entries are
     not the test's."""
@@ -48,11 +48,11 @@ def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, s
     """The test's threads still running after ``wait`` seconds in all to end:
     ``[{"name": ..., "stack": ...}]``, the stack as ``traceback.format_stack`` writes it."""
     deadline = time.monotonic() + wait
-    for thread in test_threads(before):
+    for thread in threads_started_since(before):
         thread.join(max(0.0, deadline - time.monotonic()))
     frames = sys._current_frames()
     left = []
-    for thread in test_threads(before):
+    for thread in threads_started_since(before):
         if thread.is_alive():
             frame = frames.get(thread.ident or -1)
             stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
