@@ -142,6 +142,13 @@ def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
     return kernel
 
 
+def groups_made() -> int | None:
+    """How many process groups torch has named in this process (its next group's number);
+    None where this torch does not say."""
+    count = getattr(getattr(dist.distributed_c10d, "_world", None), "group_count", None)
+    return count if isinstance(count, int) else None
+
+
 def process_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
     """The ProcessGroup a c10d operation was called on (its argument is a script object)."""
     return dist.ProcessGroup.unbox(arguments["process_group"])

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import backend_hook
 from .ops import INIT, NEW_GROUP, Op
 
 
@@ -298,7 +299,7 @@ DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {
 }
 
 
-_groups_before_test = 0  # torch's count of groups made when the current test began
+_groups_before_test: int | None = None  # torch's count of groups made when the current test began
 
 
 def _name_in_test(torch_name: str) -> str:
@@ -306,7 +307,7 @@ def _name_in_test(torch_name: str) -> str:
     ranks a test's first subgroup could be group 7 after one test and group 9 after another.
     Groups made during the test are numbered from 1 in the order made (the same on every member:
     making a group is collective); groups made before it are ``before-<torch's name>``."""
-    if not torch_name.isdigit():  # named by the user (group_desc) or hashed: as torch names it
+    if not torch_name.isdigit() or _groups_before_test is None:  # named by the user, or hashed
         return torch_name
     number = int(torch_name) - _groups_before_test + 1  # torch names a group by the count before it
     return str(number) if number > 0 else f"before-{torch_name}"
@@ -315,7 +316,7 @@ def _name_in_test(torch_name: str) -> str:
 def start_test() -> None:
     """A new test begins: groups are named from here on (see :func:`_name_in_test`)."""
     global _groups_before_test
-    _groups_before_test = c10d._world.group_count
+    _groups_before_test = backend_hook.groups_made()
     _groups.clear()
 
 
