@@ -321,6 +321,10 @@ def inner_env(tmpdir: Path, reports: Path) -> dict[str, str]:
     return env
 
 
+# The inner pytest every part runs.
+PYTEST = (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q")
+
+
 def run_pytest(
     root: Path, label: str, test_file: str, source: str, args: list[str], limit: float
 ) -> dict:
@@ -331,17 +335,7 @@ def run_pytest(
     start = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                "-rA",
-                *args,
-                test_file,
-            ],
+            [*PYTEST, "-rA", *args, test_file],
             cwd=root,
             env=inner_env(root / f"tmp-{label}", reports),
             stdout=out,
@@ -543,15 +537,7 @@ def part_signals(root: Path, census: Census, args) -> bool:
         start = time.monotonic()
         with open(root / f"{label}.log", "wb") as out:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-p",
-                    "no:cacheprovider",
-                    "-q",
-                    "test_hang.py",
-                ],
+                [*PYTEST, "test_hang.py"],
                 cwd=run_dir,
                 env=inner_env(tmpdir, root / f"{label}.jsonl"),
                 stdout=out,

@@ -189,7 +189,7 @@ class CallWire(TypedDict):
     # async: NotRequired[bool]  (async_op=True)
     obj_type: NotRequired[str]  # *_object calls
     obj_size: NotRequired[int]
-    extra: NotRequired[dict[str, Any]]  # init: rank, world_size, init_method; "via": "ddp"/"c10d"
+    extra: NotRequired[dict[str, Any]]  # init: rank, world_size, init_method; "via": "backend"
 
 
 class RetWire(TypedDict):
