@@ -92,6 +92,7 @@ class RankProcess:
     commands: Connection | None
     notify: Connection | None
     exit_code: int | None = None  # set once the process is seen to have ended
+    died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
     stdout_offset: int = 0  # where the current test's output starts
     stderr_offset: int = 0
     dump_offset: int = 0
@@ -133,6 +134,7 @@ class GroupConfig:
     pytest_args: list[str] = field(default_factory=list)
     sys_path: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)  # NCCL: the GPU ids ranks 0..N-1 use
+    mpi_launcher: str | None = None  # MPI: the launcher's command (--ddp-mpi-launcher); None: found
     # Where the group's folder goes: pytest's basetemp, which pytest rotates, so
     # even a controller killed with SIGKILL leaves nothing outside it.
     workdir_parent: str | None = None
@@ -175,17 +177,14 @@ class RankGroup:
             raise
 
     def _spawn(self, rank: int, port: int) -> RankProcess:
-        cfg = self.config
         context = fork_context()
         command_read, command_write = context.Pipe(duplex=False)
         notify_read, notify_write = context.Pipe(duplex=False)
-        paths = {
-            name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")
-        }
         env = dict(os.environ)
         # torchrun's environment for one node running every rank (torch's
         # LocalElasticAgent._start_workers), so that is_torchelastic_launched()
         # is true; the controller hosts the store.
+        cfg = self.config
         env.update(
             RANK=str(rank),
             WORLD_SIZE=str(cfg.world_size),
@@ -205,15 +204,45 @@ class RankGroup:
             # store the controller hosts, so a test's own init_process_group
             # (init=False) opens no listening socket either.
             TORCHELASTIC_USE_AGENT_STORE="True",
-            PYTHONUNBUFFERED="1",
         )
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        if cfg.workdir_parent is not None:
-            env[SHARED_ROOT_ENV] = str(Path(cfg.workdir_parent) / "ddp_shared")
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.update(self.rank_environment())
         env.pop("PYTEST_ADDOPTS", None)
         if cfg.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
+        spec_path = self.write_spec(rank, env, store_port=port)
+        from .rank import forked_main
+
+        proc = context.Process(
+            target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+        )
+        proc.start()
+        command_read.close()
+        notify_write.close()
+        rp = self.rank_process(rank, proc, command_write, notify_read)
+        assert self._news is not None
+        self._news.register(notify_read, selectors.EVENT_READ, rp)
+        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
+        return rp
+
+    def rank_environment(self) -> dict[str, str]:
+        """What every rank's environment gets on top of the controller's, however it is started."""
+        env = {"PYTHONUNBUFFERED": "1"}
+        if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        if self.config.workdir_parent is not None:
+            env[SHARED_ROOT_ENV] = str(Path(self.config.workdir_parent) / "ddp_shared")
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        return env
+
+    def _paths(self, rank: int) -> dict[str, Path]:
+        return {name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+
+    def write_spec(self, rank: int, env: dict[str, str] | None, store_port: int | None = None) -> Path:
+        """The rank's spec file (see :func:`pytest_ddp.rank.serve`); ``env`` None: the rank keeps
+        the environment it was started with."""
+        cfg = self.config
+        paths = self._paths(rank)
         spec = {
             "rank": rank,
             "world_size": cfg.world_size,
@@ -221,7 +250,7 @@ class RankGroup:
             "init": cfg.init,
             "mode": cfg.mode,
             "pg_timeout": cfg.pg_timeout,
-            "store_port": port,
+            "store_port": store_port,
             "env": env,
             "cwd": os.getcwd(),
             "stdout": str(paths["stdout"]),
@@ -234,28 +263,20 @@ class RankGroup:
         }
         spec_path = self.workdir / f"rank{rank}.json"
         spec_path.write_text(json.dumps(spec))
-        from .rank import forked_main
+        return spec_path
 
-        proc = context.Process(
-            target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
-        )
-        proc.start()
-        command_read.close()
-        notify_write.close()
-        rp = RankProcess(
+    def rank_process(self, rank: int, proc: Any, commands: Connection | None, notify: Connection | None) -> RankProcess:
+        paths = self._paths(rank)
+        return RankProcess(
             rank=rank,
             proc=proc,
             events=EventReader(str(paths["events"])),
             stdout_path=paths["stdout"],
             stderr_path=paths["stderr"],
             dump_path=paths["dump"],
-            commands=command_write,
-            notify=notify_read,
+            commands=commands,
+            notify=notify,
         )
-        assert self._news is not None
-        self._news.register(notify_read, selectors.EVENT_READ, rp)
-        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
-        return rp
 
     def _wait_ready(self, deadline: float) -> None:
         ready: dict[int, Ready] = {}
@@ -362,7 +383,7 @@ class RankGroup:
             for ev in rp.events.read_new():
                 state.apply(ev)
             if state.alive and rp.exit_code is not None:
-                state.mark_dead(rp.exit_code, now)
+                state.mark_dead(rp.exit_code, rp.died_at or now)
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         """Make each live rank write every thread's Python stack; return the dumps."""

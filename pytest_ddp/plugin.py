@@ -23,6 +23,7 @@ from . import settings as settings_module
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports, stopped_group_report
+from .mpi_group import mpi_unavailable
 from .protocol import RunItem
 from .report import sanitize, write_json
 from .runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
@@ -50,7 +51,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--ddp-backend",
         default=None,
-        help=f"backend of ddp tests whose mark names none: gloo or nccl (default {DEFAULT_BACKEND})",
+        help=f"backend of ddp tests whose mark names none: gloo, nccl or mpi (default {DEFAULT_BACKEND})",
+    )
+    group.addoption(
+        "--ddp-mpi-launcher",
+        default=None,
+        metavar="COMMAND",
+        help="the MPI launcher of backend='mpi' tests, before its '-n N', e.g. 'mpirun --oversubscribe' "
+        "(default: MPICH's mpiexec.gforker, else mpiexec)",
     )
     group.addoption(
         "--ddp-timeout",
@@ -84,6 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
     parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
     parser.addini("ddp_max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
+    parser.addini("ddp_mpi_launcher", "the MPI launcher of backend='mpi' tests (see --ddp-mpi-launcher)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -218,7 +227,7 @@ class Controller:
         stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
         if isinstance(spec, SpecError):
             reports = [_setup_error_report(item, str(spec))]
-        elif (skip_reason := _gpu_shortage(spec)) is not None:
+        elif (skip_reason := self._unavailable(spec)) is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
@@ -289,7 +298,14 @@ class Controller:
             # pytest's own basetemp (tmp_path's root); it has no public accessor.
             workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
             gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" else [],
+            mpi_launcher=self.settings.mpi_launcher,
         )
+
+    def _unavailable(self, spec: RankSpec) -> str | None:
+        """Why this machine cannot run the test (it is skipped saying so): too few GPUs, no MPI."""
+        if spec.backend == "mpi":
+            return mpi_unavailable(self.settings.mpi_launcher)
+        return _gpu_shortage(spec)
 
     # pytest-timeout must not fire in the controller while the ranks run: the
     # ddp timeout includes its value, and the controller reports the hang.
@@ -440,6 +456,16 @@ def process_group() -> Any:
             "process_group: no process group here (init=False test that has not called init_process_group)"
         )
     return dist.group.WORLD
+
+
+@pytest.fixture(scope="session")
+def comm() -> Any:
+    """``MPI.COMM_WORLD``, recorded (``backend="mpi"`` tests)."""
+    if _context("comm").backend != "mpi":
+        raise pytest.UsageError("comm: the MPI world of backend='mpi' tests; this test's backend is not mpi")
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
 
 
 @pytest.fixture

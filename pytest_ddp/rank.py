@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import _pytest.config
 import pytest
@@ -85,6 +85,8 @@ class RankContext:
 
 
 _context: RankContext | None = None
+# The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
+_recorders: list[Any] = []
 WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
 
 
@@ -155,7 +157,7 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
-def _redirect_output(spec: dict[str, Any]) -> None:
+def redirect_output(spec: dict[str, Any]) -> None:
     """fds 1 and 2 to the files the controller reads; unbuffered, so nothing is lost on a kill."""
     for fd, path in ((1, spec["stdout"]), (2, spec["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -187,10 +189,42 @@ def _init_group(spec: dict[str, Any]) -> None:
     )
 
 
+def _join_mpi_world(spec: dict[str, Any]) -> None:
+    """An MPI rank: MPI_Init (importing mpi4py's MPI does it), in the world the launcher made."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if (world.Get_rank(), world.Get_size()) != (spec["rank"], spec["world_size"]):
+        raise RuntimeError(
+            f"the MPI launcher made this process rank {world.Get_rank()} of {world.Get_size()}, "
+            f"not rank {spec['rank']} of {spec['world_size']}"
+        )
+    from . import mpi_recorder
+
+    _recorders.append(mpi_recorder)
+
+
+def _start_test() -> None:
+    for recorder in _recorders:
+        recorder.start_test()
+
+
+def _unfinished_work() -> list[dict[str, Any]]:
+    """Asynchronous work of the test (torch's and, in an MPI group, mpi4py's) still not done
+    IN_FLIGHT_WAIT seconds after the test ended."""
+    return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
+
+
 def _group_intact() -> bool:
     """Whether the default process group this rank was started with is still there."""
     context = current()
-    if context is None or not context.init:
+    if context is None:
+        return True
+    if context.backend == "mpi":  # the world the launcher made, until MPI_Finalize
+        from mpi4py import MPI
+
+        return not MPI.Is_finalized()
+    if not context.init:
         return True
     import torch.distributed as dist
 
@@ -204,9 +238,7 @@ class LeftoverProcessWarning(pytest.PytestWarning):
 def _done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
     """The test is over on this rank: the state it leaves the rank in.  With the
     other ranks' events, this is the after-test check of the group."""
-    from . import recorder
-
-    in_flight = recorder.unfinished_work(IN_FLIGHT_WAIT)
+    in_flight = _unfinished_work()
     peak_cuda = None
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -292,9 +324,7 @@ class RankSession:
         return True
 
     def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:
-        from . import recorder
-
-        recorder.start_test()
+        _start_test()
         _restore_environment(self.environment)
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
@@ -413,11 +443,9 @@ def _run_pytest(spec: dict[str, Any], channel: Channel) -> int:
 
 def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
     """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
-    from . import recorder
-
     channel.event(Ready(), wake=True)
     for command in channel.commands(CallFunction):
-        recorder.start_test()
+        _start_test()
         threads_before = set(threading.enumerate())
         channel.event(TestStart(command.id))
         channel.event(PhaseStart("call"))
@@ -454,35 +482,45 @@ def _encode(value: Any) -> str | None:
 
 def forked_main(spec_path: str, commands: Connection, notify: Connection) -> None:
     """A rank's life, from the forkserver's fork to its exit."""
-    global _context
     parent = os.getppid()
     _release_forkserver()
     os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver's SIG_IGN is not the test's
     try:
         spec = json.loads(Path(spec_path).read_text())
-        _redirect_output(spec)
+        redirect_output(spec)
     except FileNotFoundError:
         # The controller gave the group up (Ctrl-C while it started) and removed its folder
         # while this rank was being forked; stderr is still the user's terminal here.
         os._exit(1)
+    serve(spec, Channel(spec["events"], commands, notify), parent)
+
+
+def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
+    """The rest of a rank's life, however it was started (forked, or by an MPI launcher):
+    join the group, run what the controller hands over, exit."""
+    global _context
     _become_rank(spec["rank"], parent)
     leftovers.become_subreaper()
     keeper = leftovers.start_keeper(spec["rank"])
-    os.environ.clear()
-    os.environ.update(spec["env"])
+    if spec["env"] is not None:  # None: keep the launcher's environment
+        os.environ.clear()
+        os.environ.update(spec["env"])
     os.chdir(spec["cwd"])
     dump = open(spec["dump"], "w")  # noqa: SIM115 - must stay open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     if spec["sys_path"]:
         sys.path[:] = spec["sys_path"]
-    channel = Channel(spec["events"], commands, notify)
     try:
-        if spec["init"]:
+        if spec["backend"] == "mpi":
+            _join_mpi_world(spec)
+        elif spec["init"]:
             _init_group(spec)
         from . import recorder
 
-        recorder.install(channel.log)
+        _recorders.insert(0, recorder)
+        for each in _recorders:
+            each.install(channel.log)
         _context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"])
         run = _run_pytest if spec["mode"] == "pytest" else _serve_functions
         code = run(spec, channel)

@@ -175,13 +175,22 @@ def _not_collected(test_id: str, collect_errors: list[str]) -> str:
     return text
 
 
+def new_group(config: GroupConfig) -> Group:
+    """A group of ranks, not yet started: started by an MPI launcher for MPI, else forked."""
+    if config.backend == "mpi":
+        from .mpi_group import MpiGroup
+
+        return MpiGroup(config)
+    return RankGroup(config)
+
+
 class GroupPool:
     """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first.
 
     ``make_group`` makes a group, not yet started, of a config.
     """
 
-    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = RankGroup) -> None:
+    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = new_group) -> None:
         self.max_groups = max_groups
         self._make_group = make_group
         self._groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()

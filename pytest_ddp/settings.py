@@ -40,6 +40,7 @@ class Settings:
     max_groups: int
     report_dir: str | None  # exists and is writable
     max_world_size: int | None  # None: as many ranks as the machine holds
+    mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -72,6 +73,7 @@ def from_config(config: pytest.Config) -> Settings:
             max_groups=parse_count(_value(config, "max_groups", DEFAULT_MAX_GROUPS), "--ddp-max-groups"),
             report_dir=None if report_dir is None else writable_dir(report_dir),
             max_world_size=None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size"),
+            mpi_launcher=_value(config, "mpi_launcher", None),
         )
     except SpecError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None

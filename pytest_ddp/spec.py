@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "mpi")
 # The longest timeout (or grace) accepted, about 11.6 days: the process
 # group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
 # epoll/poll and some store calls take (2**31 ms is about 24.8 days).
