@@ -10,7 +10,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,mpi]'
 	touch $(STAMP)
 
 # The example suite: passing distributed tests and diagnosed failures.

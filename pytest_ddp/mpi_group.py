@@ -220,9 +220,10 @@ class MpiGroup(RankGroup):
         if self._all_connected or launcher is None or launcher.poll() is None:
             return
         output = (self.workdir / "launcher.out").read_text(errors="replace")[-3000:]
+        command = find_launcher(self.config.mpi_launcher) or []
         raise GroupStartError(
             f"the MPI launcher exited ({launcher.returncode}) before every rank started: "
-            f"{shlex.join(launcher.args[:-1])}\n{output}"  # type: ignore[index]
+            f"{shlex.join(command)}\n{output}"
         )
 
     def kill(self) -> None:
