@@ -8,8 +8,9 @@ launcher starts is a *stand-in* (:mod:`pytest_ddp.mpi_launch`) that forks the
 rank.  What the rest of the plugin sees is a :class:`~pytest_ddp.group.RankGroup`:
 the same event logs, output files, stack dumps and commands.
 
-- The link between controller and rank is a Unix socket in the group's folder
-  (a file, no address on any network); each rank's connection carries its
+- The link between controller and rank is a Unix socket in Linux's abstract
+  namespace (no file to leave behind, no network address; a path would not fit
+  the 108 bytes of a socket's name under pytest's basetemp); each rank's connection carries its
   commands one way and its wake-up bytes the other, like a forked rank's pipes.
 - A rank's end is told by its stand-in (exit status and time of death), or by
   the end of the connection if the stand-in itself was killed.
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .group import GroupStartError, RankGroup, RankProcess
-from .mpi_launch import SOCKET_NAME, parse_exit_message
+from .mpi_launch import parse_exit_message
 
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
@@ -127,6 +128,7 @@ class MpiGroup(RankGroup):
         self._launcher: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
         self._all_connected = False  # every rank has said hello
+        self._socket_name = f"pytest-ddp-{self.run_id}"
         self._shared_memory: set[str] = set()  # the world's segments in /dev/shm
 
     def start(self, deadline: float) -> None:
@@ -146,7 +148,7 @@ class MpiGroup(RankGroup):
             command = [*launcher, "-n", str(cfg.world_size), sys.executable, "-m", "pytest_ddp.mpi_launch"]
             with open(self.workdir / "launcher.out", "wb") as output:
                 self._launcher = subprocess.Popen(
-                    [*command, str(self.workdir)],
+                    [*command, str(self.workdir), self._socket_name],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -162,7 +164,7 @@ class MpiGroup(RankGroup):
 
     def _listen(self) -> None:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(self.workdir / SOCKET_NAME))
+        self._listener.bind(b"\0" + self._socket_name.encode())
         self._listener.listen(self.config.world_size)
         self._listener.setblocking(False)
         assert self._news is not None

@@ -1,9 +1,9 @@
-"""What an MPI launcher starts for each rank of an MPI group: ``python -m pytest_ddp.mpi_launch <folder>``.
+"""What an MPI launcher starts for each rank of an MPI group: ``python -m pytest_ddp.mpi_launch <folder> <socket>``.
 
 The launcher (MPICH's ``mpiexec.gforker`` by default, see :mod:`pytest_ddp.mpi_group`)
 starts this small process, the rank's *stand-in*, with the launcher's environment
 (``PMI_RANK``, ``PMI_FD``, ...).  The stand-in connects to the controller's socket
-in the group's folder and forks the rank itself, which inherits both the
+and forks the rank itself, which inherits both the
 connection and the launcher's descriptors, so ``MPI_Init`` in the rank works as if
 the launcher had started it.  Then the stand-in waits:
 
@@ -32,7 +32,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
-SOCKET_NAME = "channel.sock"  # in the group's folder
 # Where launchers put a process's rank in the world they start (MPICH's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -65,12 +64,12 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def main(folder: str) -> None:
+def main(folder: str, socket_name: str) -> None:
     launcher = os.getppid()
     _die_with_parent(launcher)
     rank = launched_rank()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(Path(folder) / SOCKET_NAME))
+    sock.connect(b"\0" + socket_name.encode())  # Linux's abstract namespace: no file
     connection = Connection(sock.detach())
     stand_in = os.getpid()
     pid = os.fork()
@@ -105,4 +104,4 @@ def _rank(folder: str, rank: int, connection: Connection, stand_in: int) -> None
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,188 @@
+"""MPI groups: ranks of one MPI world started by MPICH's launcher, warm across tests, and gone after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import live_pids
+from pytest_ddp.mpi_group import mpi_unavailable
+from test_processes import LOOPBACK_CHECK
+
+pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
+
+
+def test_mpi_tests_run_on_one_warm_world(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_world(comm, rank, world_size):
+            assert (comm.Get_rank(), comm.Get_size()) == (rank, world_size) == (rank, 2)
+            assert comm.allreduce(rank + 1) == 3
+
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_same_world_again(comm, rank):
+            assert comm.bcast(f"from {rank}", root=1) == "from 1"
+            assert not dist.is_initialized()  # an MPI world, no torch process group
+        """
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["ddp: 2 tests on 1 rank group started*"])
+
+
+def test_backend_option_makes_unmarked_backends_mpi(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_world(comm, world_size):
+            assert comm.Get_size() == world_size
+        """,
+        "--ddp-backend=mpi",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_failure_on_one_rank_is_that_ranks(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_fails_on_one(comm, rank):
+            assert rank == 0, "rank 1 disagrees"
+        """
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*rank 1 failed (AssertionError: rank 1 disagrees)*"])
+
+
+def test_comm_fixture_outside_mpi_tests_says_why(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_gloo(comm):
+            pass
+        """
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*comm: the MPI world of backend='mpi' tests; this test's backend is not mpi*"])
+
+
+def test_missing_launcher_skips_with_the_reason(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_world(comm):
+            pass
+        """,
+        "--ddp-mpi-launcher=/nowhere/mpiexec -v",
+        "-rs",
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*the MPI launcher '/nowhere/mpiexec' (--ddp-mpi-launcher) is not found*"])
+
+
+def test_launcher_that_fails_is_a_clear_error(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_world(comm):
+            pass
+        """,
+        "--ddp-mpi-launcher=false",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*the MPI launcher exited (1) before every rank started*"])
+
+
+def test_mpi_ranks_and_launcher_listen_on_loopback_only(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        LOOPBACK_CHECK
+        + """
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_mpi_listens_on_loopback_only(comm, rank):
+    comm.Barrier()
+    stand_in = os.getppid()
+    launcher = parent_of(stand_in)
+    addresses = [a for pid in (os.getpid(), stand_in, launcher) for a in listening_addresses(pid)]
+    assert set(addresses) <= LOOPBACK, addresses
+"""
+    )
+    result.assert_outcomes(passed=2)  # the Gloo check of LOOPBACK_CHECK, and this one
+
+
+# -- nothing left behind ----------------------------------------------------------
+
+HANGING_MPI_TEST = """
+import os, time, pytest
+
+@pytest.mark.ddp(world_size=2, backend="mpi", timeout=600)
+def test_hang(comm, rank):
+    with open(os.path.join(os.environ["PID_DIR"], f"{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if rank == 0:
+        comm.Barrier()
+    time.sleep(3600)
+"""
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _shared_memory(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as maps:
+        return {line.split(maxsplit=5)[5].strip() for line in maps if " /dev/shm/" in line}
+
+
+def _wait_for(condition, what: str, limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
+def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: signal.Signals) -> None:
+    """Ranks, their stand-ins and the launcher all go with the controller, however it ends;
+    after Ctrl-C the world's shared memory goes too."""
+    pytester.makepyfile(test_hang=HANGING_MPI_TEST)
+    pid_dir = pytester.mkdir("pids")
+    tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+        cwd=pytester.path,
+        env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
+        ranks = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+        stand_ins = [_parent(pid) for pid in ranks]
+        launcher = _parent(stand_ins[0])
+        segments = set().union(*(_shared_memory(pid) for pid in ranks))
+        assert segments, "MPICH maps its shared memory in /dev/shm"
+        controller.send_signal(how)
+        controller.wait(timeout=60)
+        everything = [*ranks, *stand_ins, launcher]
+        _wait_for(lambda: not live_pids(everything), "the MPI processes to die", limit=10)
+        if how == signal.SIGINT:
+            assert not [s for s in segments if Path(s).exists()]
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+        subprocess.run(["rm", "-rf", tmpdir], check=False)
