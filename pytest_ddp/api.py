@@ -35,6 +35,7 @@ import pytest
 from .consistency import compare_sequences, unfinished_work
 from .group import GroupConfig
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
+from .mpi_group import mpi_unavailable
 from .protocol import CallFunction
 from .report import failure_text, format_stack, start_failure_text
 from .runner import GroupPool, StartFailure, TestRun
@@ -109,6 +110,7 @@ def run(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     grace: float = DEFAULT_GRACE,
+    mpi_launcher: str | None = None,
 ) -> Result:
     """Run ``fn(rank, *args, **kwargs)`` on ``world_size`` fresh ranks and say what happened.
 
@@ -118,6 +120,11 @@ def run(
 
     ``backend="nccl"`` with fewer GPUs than ranks skips the calling test
     (``pytest.skip``) inside pytest, and raises GpuShortage elsewhere.
+
+    ``backend="mpi"`` runs ``fn`` on the ranks of one MPI world (``MPI.COMM_WORLD``
+    in ``fn``), started by ``mpi_launcher`` (default: MPICH's, see
+    ``--ddp-mpi-launcher``); without mpi4py or a launcher it skips the calling
+    test inside pytest, and raises RuntimeError elsewhere.
     """
     (size,), _ = parse_world_sizes(world_size)
     limit, why = machine_rank_capacity()
@@ -138,6 +145,10 @@ def run(
         if "PYTEST_CURRENT_TEST" in os.environ:
             pytest.skip(f"pytest_ddp.run(): {exc}")
         raise
+    if spec.backend == "mpi" and (reason := mpi_unavailable(mpi_launcher)) is not None:
+        if "PYTEST_CURRENT_TEST" in os.environ:
+            pytest.skip(f"pytest_ddp.run(): {reason}")
+        raise RuntimeError(f"pytest_ddp.run(): {reason}")
     module = fn.__module__
     if module == "__main__" or "<locals>" in fn.__qualname__:
         raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
@@ -155,6 +166,7 @@ def run(
         mode="function",
         sys_path=list(sys.path),
         gpus=gpus,
+        mpi_launcher=mpi_launcher,
     )
     pool = GroupPool(max_groups=1)
     try:

@@ -186,3 +186,17 @@ def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: 
             controller.kill()
             controller.wait()
         subprocess.run(["rm", "-rf", tmpdir], check=False)
+
+
+def _allreduce_of_ranks(rank: int) -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.allreduce(rank)
+
+
+def test_run_calls_a_function_on_an_mpi_world() -> None:
+    from pytest_ddp import run
+
+    result = run(_allreduce_of_ranks, world_size=3, backend="mpi")
+    assert result.outcome == "passed", result.diagnosis
+    assert result.values == [3, 3, 3]
