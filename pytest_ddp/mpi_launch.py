@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 # Where launchers put a process's rank in the world they start (MPICH's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -57,8 +58,10 @@ def parse_exit_message(message: bytes) -> tuple[int, float] | None:
     return int(fields["code"]), float(fields["time"])
 
 
-def _die_with_parent(parent: int) -> None:
+def _become_stand_in(rank: int, parent: int) -> None:
+    """Name this process ``ddp-standin<N>`` (ps, pgrep) and die with the launcher."""
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, f"ddp-standin{rank}".encode())
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before we asked
         os._exit(1)
@@ -66,8 +69,8 @@ def _die_with_parent(parent: int) -> None:
 
 def main(folder: str, socket_name: str) -> None:
     launcher = os.getppid()
-    _die_with_parent(launcher)
     rank = launched_rank()
+    _become_stand_in(rank, launcher)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(b"\0" + socket_name.encode())  # Linux's abstract namespace: no file
     connection = Connection(sock.detach())
