@@ -200,3 +200,47 @@ def test_run_calls_a_function_on_an_mpi_world() -> None:
     result = run(_allreduce_of_ranks, world_size=3, backend="mpi")
     assert result.outcome == "passed", result.diagnosis
     assert result.values == [3, 3, 3]
+
+
+def test_nothing_left_after_pass_fail_and_hang(ddp_pytester, tmp_path: Path) -> None:
+    """Every process of every MPI world (ranks, stand-ins, launcher) and its shared memory
+    are gone when the session ends: after a pass, a failure and a hang."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    result = ddp_pytester.run_subprocess(
+        f"""
+        PID_DIR = {str(pid_dir)!r}
+
+        def note(name, rank):
+            stand_in = os.getppid()
+            with open(f"/proc/{{stand_in}}/stat") as f:
+                launcher = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{{os.getpid()}}/maps") as maps:
+                shm = sorted({{l.split(maxsplit=5)[5].strip() for l in maps if " /dev/shm/" in l}})
+            with open(os.path.join(PID_DIR, f"{{name}}-{{rank}}"), "w") as f:
+                f.write(" ".join(map(str, [os.getpid(), stand_in, launcher, *shm])))
+
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_passes(comm, rank):
+            note("pass", rank)
+
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_fails(comm, rank):
+            note("fail", rank)
+            assert rank == 0
+
+        @pytest.mark.ddp(world_size=2, backend="mpi", timeout=2)
+        def test_hangs(comm, rank):
+            note("hang", rank)
+            if rank == 0:
+                comm.Barrier()
+            time.sleep(3600)
+        """
+    )
+    result.assert_outcomes(passed=1, failed=2)
+    noted = [p.read_text().split() for p in pid_dir.iterdir()]
+    assert len(noted) == 6
+    pids = sorted({int(field) for fields in noted for field in fields[:3]})
+    assert not live_pids(pids)
+    segments = {field for fields in noted for field in fields[3:]}
+    assert segments and not [s for s in segments if Path(s).exists()]
