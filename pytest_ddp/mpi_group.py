@@ -115,6 +115,20 @@ def _shared_memory_of(pid: int) -> set[str]:
         return set()
 
 
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc: they are not ours to wait for)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
 def _die_with_controller() -> None:
     """In the launcher, before exec: the kernel kills it when the controller dies."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -238,12 +252,18 @@ class MpiGroup(RankGroup):
             self._listener.close()
             self._listener = None
         if self._launcher is not None:
-            try:
-                os.killpg(self._launcher.pid, signal.SIGKILL)  # it and the stand-ins it started
-            except ProcessLookupError:
-                pass
+            # The launcher, and the process groups of its children: the stand-ins that
+            # gforker starts, or hydra's proxies, which make process groups of their own.
+            helpers = [LaunchedProcess(-1, pid) for pid in _children(self._launcher.pid)]
+            for pid in [self._launcher.pid] + [helper.pid for helper in helpers if helper.pid]:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self._launcher.wait()
             self._launcher = None
+            for helper in helpers:
+                helper.join()
         # MPICH removes them in MPI_Finalize, which ranks that were killed or that
         # exit as every rank does (os._exit) never reach.
         for path in self._shared_memory:

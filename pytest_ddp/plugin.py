@@ -154,7 +154,7 @@ class Controller:
                 queue = self.shared.setdefault(spec.group_key, [])
                 self.position[item.nodeid] = len(queue)
                 queue.append(item)
-        if specs:
+        if any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
             fork_context()  # the forkserver imports torch while pytest gets going
 
     def spec(self, item: pytest.Item) -> RankSpec | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_processes import LOOPBACK_CHECK
 
 from conftest import live_pids
 from pytest_ddp.mpi_group import mpi_unavailable
-from test_processes import LOOPBACK_CHECK
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 
@@ -244,3 +245,51 @@ def test_nothing_left_after_pass_fail_and_hang(ddp_pytester, tmp_path: Path) -> 
     assert not live_pids(pids)
     segments = {field for fields in noted for field in fields[3:]}
     assert segments and not [s for s in segments if Path(s).exists()]
+
+
+def _can_make_network_namespaces() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_make_network_namespaces(), reason="needs root, unshare and ip for a network namespace")
+def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytester) -> None:
+    """MPICH's hydra (`mpiexec`) listens on every interface, so it runs here in a network
+    namespace whose only interface is loopback.  A rank killed mid-test is named, the world is
+    replaced for the next test, and nothing of hydra's is left."""
+    pytester.makepyfile(
+        """
+        import os, signal, pytest
+
+        @pytest.mark.ddp(world_size=2, backend="mpi", timeout=30)
+        def test_rank_killed(comm, rank):
+            comm.Barrier()
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            comm.Barrier()
+
+        @pytest.mark.ddp(world_size=2, backend="mpi")
+        def test_after(comm):
+            assert comm.allreduce(1) == 2
+        """
+    )
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --ddp-mpi-launcher={mpiexec}"
+    script = f"ip link set lo up && echo namespace $(readlink /proc/self/ns/net) && exec {inner}"
+    result = pytester.run("unshare", "--net", "sh", "-c", script, timeout=120)
+    result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
+    namespace = next(line.split()[1] for line in result.outlines if line.startswith("namespace "))
+    _wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
+
+
+def _processes_in(namespace: str) -> list[int]:
+    """The live processes in that network namespace (``net:[inode]``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "net") == namespace:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return live_pids(found)
