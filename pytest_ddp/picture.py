@@ -18,6 +18,7 @@ from typing import Any
 
 from .state import exit_text
 from .timeline import Slice, Timeline, headline, timeline, verdict_name
+from .wording import rank_list
 
 WIDTH = 1240  # the SVG, in CSS pixels
 LABEL_W = 140  # rank names
@@ -70,7 +71,16 @@ def _esc(text: object) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _tick_label(value: float, step: float) -> str:
+    """``0``, ``200 ms``, ``1.5 s``: a tick's time in the unit its step is a whole number of."""
+    if value == 0:
+        return "0"
+    if step >= 1:
+        return f"{round(value, 6):g} s"
+    return f"{round(value * 1000, 6):g} ms" if step >= 0.001 else f"{round(value * 1e6, 6):g} \u00b5s"
 
 
 def _describe(piece: Slice) -> str:
@@ -173,9 +183,9 @@ def svg(report: dict[str, Any], line: Timeline) -> str:
     for i in range(int(span / step + 1e-9) + 1):  # the axis: ticks and faint grid lines
         x = x_of(i * step)
         out.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height - 8}" stroke="#dddddd"/>')
-        if x_of(span) - x > 50:  # not under the verdict's label
+        if not -30 < x - x_of(line.verdict) < 120:  # not under the verdict's label
             tick = f'<text x="{x:.1f}" y="{AXIS_H - 10}" font-size="11" fill="#666" text-anchor="middle">'
-            out.append(f"{tick}{_ms(i * step)}</text>")
+            out.append(f"{tick}{_tick_label(i * step, step)}</text>")
     by_rank: dict[int, list[Slice]] = {}
     for piece in line.slices:
         by_rank.setdefault(piece.rank, []).append(piece)
@@ -206,10 +216,10 @@ def svg(report: dict[str, Any], line: Timeline) -> str:
         if number in line.rank_ends:
             how, when = line.rank_ends[number]
             out.append(_end_marker(number, how, when, x_of(when), y + row_h / 2, row_h))
-    x_end = x_of(line.end)  # the verdict, over every row
+    x_end = x_of(line.verdict)  # over every row
     dashes = 'stroke="#222" stroke-dasharray="4 3"'
     out.append(f'<line x1="{x_end:.1f}" y1="{AXIS_H - 4}" x2="{x_end:.1f}" y2="{height - 8}" {dashes}/>')
-    out.append(f'<text x="{x_end + 4:.1f}" y="12" font-size="11" font-weight="700">verdict, {_ms(line.end)}</text>')
+    out.append(f'<text x="{x_end + 4:.1f}" y="12" font-size="11" font-weight="700">verdict, {_ms(line.verdict)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -300,13 +310,11 @@ def page(report: dict[str, Any], readable: Callable[[str], str] = str) -> str:
     """The whole HTML page of one failing test's report; ``readable`` rewrites a stack dump or
     stderr for reading (the report's :func:`~pytest_ddp.report.format_stack`)."""
     line = timeline(report)
-    culprits = ", ".join(map(str, report.get("culprits") or [])) or "none"
-    waiting = ", ".join(map(str, report.get("waiting") or [])) or "none"
+    culprits = rank_list(report.get("culprits") or []) if report.get("culprits") else "none"
+    waiting = rank_list(report.get("waiting") or []) if report.get("waiting") else "none"
     facts = (
-        f"verdict: {_esc(verdict_name(report))} &#183; culprits: {_esc(culprits)} &#183; "
-        f"waiting: {_esc(waiting)} &#183; "
-        f"{_esc(report.get('world_size'))} ranks, {_esc(report.get('backend'))} &#183; "
-        f"{_esc(_ms(float(report.get('elapsed') or 0)))} from hand-over to verdict"
+        f"verdict: {_esc(verdict_name(report))} &#183; at fault: {_esc(culprits)} &#183; "
+        f"waiting: {_esc(waiting)} &#183; {_esc(report.get('world_size'))} ranks, {_esc(report.get('backend'))}"
     )
     body = [
         f"<h1>{_esc(report['test'])}</h1>",

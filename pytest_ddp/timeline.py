@@ -46,8 +46,10 @@ class Slice:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The report's calls in time: ``end`` is the verdict (or the last event, if later)."""
+    """The report's calls in time: ``verdict`` is when the report was made (its last event for a
+    report without that time), ``end`` the later of it and the last event."""
 
+    verdict: float
     end: float
     slices: list[Slice]
     lanes: dict[int, int]  # rank -> number of lanes (at least 1)
@@ -67,13 +69,14 @@ def timeline(report: dict[str, Any]) -> Timeline:
     ended = report.get("ended")
     times = [t - origin for r in report["ranks"] for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
     times += [r[key] - origin for r in report["ranks"] for key in ("finished_at", "died_at") if r.get(key) is not None]
-    end = max([*([float(ended) - origin] if ended is not None else []), *times], default=0.0)
+    verdict = float(ended) - origin if ended is not None else max(times, default=0.0)
+    end = max([verdict, *times])
     slices: list[Slice] = []
     lanes: dict[int, int] = {}
     rank_ends: dict[int, tuple[str, float]] = {}
     for rank in report["ranks"]:
         died = rank.get("died_at")
-        stop = end if died is None or rank.get("alive", True) else died - origin
+        stop = verdict if died is None or rank.get("alive", True) else died - origin
         if died is not None and not rank.get("alive", True):
             rank_ends[rank["rank"]] = ("died", died - origin)
         elif rank.get("finished_at") is not None:
@@ -91,7 +94,7 @@ def timeline(report: dict[str, Any]) -> Timeline:
             piece = Slice(rank["rank"], lane, start, max(finish, start), call, running and alive, running and not alive)
             slices.append(piece)
         lanes[rank["rank"]] = max(1, len(lane_ends))
-    return Timeline(end, slices, lanes, rank_ends)
+    return Timeline(verdict, end, slices, lanes, rank_ends)
 
 
 def verdict_name(report: dict[str, Any]) -> str:
@@ -175,7 +178,7 @@ def trace(report: dict[str, Any]) -> dict[str, Any]:
         "ph": "i",
         "s": "g",
         "pid": PID,
-        "ts": _us(line.end),
+        "ts": _us(line.verdict),
         "name": f"verdict: {verdict_name(report)}",
         "args": {key: report.get(key) for key in ("summary", "culprits", "waiting", "call", "elapsed")},
     }
