@@ -197,3 +197,12 @@ def test_a_page_of_64_ranks_and_many_calls_stays_bounded() -> None:
 @pytest.mark.parametrize(("span", "step"), [(0.014, 0.002), (0.5, 0.1), (1.0, 0.2), (75.0, 10.0), (0.0, 0.001)])
 def test_axis_ticks_fall_on_round_numbers(span: float, step: float) -> None:
     assert picture._tick_step(span) == pytest.approx(step)
+
+
+@pytest.mark.parametrize(
+    ("value", "step", "label"),
+    [(0.0, 0.2, "0"), (0.4, 0.2, "400 ms"), (1.2, 0.2, "1200 ms"), (0.006, 0.002, "6 ms"), (4.0, 2.0, "4 s"),
+     (0.0003, 0.0001, "300 \u00b5s")],
+)
+def test_tick_labels_are_whole_numbers_of_their_steps_unit(value: float, step: float, label: str) -> None:
+    assert picture._tick_label(value, step) == label
