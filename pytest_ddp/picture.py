@@ -108,7 +108,7 @@ def _colour(piece: Slice) -> str:
     return KIND_COLOURS[piece.kind]
 
 
-def bars(pieces: list[Slice], x_of: Any, min_px: float) -> list[Bar]:
+def bars(pieces: list[Slice], x_of: Callable[[float], float], min_px: float) -> list[Bar]:
     """The bars of one lane: a call at least ``min_px`` wide (or stuck) alone; shorter calls with
     less than ``min_px`` between them merged into one bar, so a lane holds at most about
     ``2 * PLOT_W / min_px`` bars however many calls it made."""
@@ -125,7 +125,8 @@ def bars(pieces: list[Slice], x_of: Any, min_px: float) -> list[Bar]:
             colours = {_colour(p) for p in run}
             colour = RAISED if RAISED in colours else colours.pop() if len(colours) == 1 else KIND_COLOURS["other"]
             title = f"rank {run[0].rank}: {len(run)} calls, {run[0].label} to {run[-1].label}, merged: each too short"
-            out.append(Bar(x_of(run[0].start), x_of(run[-1].end), colour, f"{len(run)} calls", title))
+            end = max(p.end for p in run)  # the last lane holds overlapping calls too (MAX_LANES)
+            out.append(Bar(x_of(run[0].start), x_of(end), colour, f"{len(run)} calls", title))
         run.clear()
 
     for piece in pieces:

@@ -75,24 +75,23 @@ def timeline(report: dict[str, Any]) -> Timeline:
     lanes: dict[int, int] = {}
     rank_ends: dict[int, tuple[str, float]] = {}
     for rank in report["ranks"]:
-        died = rank.get("died_at")
-        stop = verdict if died is None or rank.get("alive", True) else died - origin
-        if died is not None and not rank.get("alive", True):
-            rank_ends[rank["rank"]] = ("died", died - origin)
+        alive = rank.get("alive", True)
+        stop = verdict  # where a call still running ends: the verdict, or the rank's death
+        if not alive and rank.get("died_at") is not None:
+            stop = rank["died_at"] - origin
+            rank_ends[rank["rank"]] = ("died", stop)
         elif rank.get("finished_at") is not None:
             rank_ends[rank["rank"]] = ("finished", rank["finished_at"] - origin)
         lane_ends: list[float] = []  # where each lane's last call ended
         for call in sorted(rank["calls"], key=lambda c: (c["enter"], c["index"])):
             start = call["enter"] - origin
             running = call.get("exit") is None
-            finish = stop if running else call["exit"] - origin
+            finish = max(start, stop if running else call["exit"] - origin)
             lane = next((i for i, last in enumerate(lane_ends) if last <= start), len(lane_ends))
             if lane == len(lane_ends):
                 lane_ends.append(finish)
-            lane_ends[lane] = max(finish, start)
-            alive = rank.get("alive", True)
-            piece = Slice(rank["rank"], lane, start, max(finish, start), call, running and alive, running and not alive)
-            slices.append(piece)
+            lane_ends[lane] = finish
+            slices.append(Slice(rank["rank"], lane, start, finish, call, running and alive, running and not alive))
         lanes[rank["rank"]] = max(1, len(lane_ends))
     return Timeline(verdict, end, slices, lanes, rank_ends)
 
