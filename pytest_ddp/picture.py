@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .ops import INIT, NEW_GROUP, OPS
 from .state import exit_text
 from .timeline import Slice, Timeline, headline, timeline, verdict_name
 from .wording import rank_list
@@ -263,8 +264,8 @@ def legend() -> str:
     items = [
         (_swatch(KIND_COLOURS["collective"]), "collective"),
         (_swatch(KIND_COLOURS["p2p"]), "send / recv"),
-        (_swatch(KIND_COLOURS["batch"]), "batch_isend_irecv"),
-        (_swatch(KIND_COLOURS["group"]), "group set-up (init_process_group, new_group)"),
+        (_swatch(KIND_COLOURS["batch"]), ", ".join(name for name, op in OPS.items() if op.kind == "batch")),
+        (_swatch(KIND_COLOURS["group"]), f"group set-up ({INIT}, {NEW_GROUP})"),
         (_swatch(RAISED), "raised, or the rank died in it"),
         (_swatch(STUCK, STUCK_EDGE), "stuck: still running at the verdict"),
         ('<svg width="10" height="10"><circle cx="5" cy="5" r="4" fill="#111"/></svg>', "rank's test ended"),
