@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix
+.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix chromium
 
 venv: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 # The example suite: passing distributed tests and diagnosed failures.
 demo: venv
 	$(PY) examples/run_demo.py
+
+# Headless Chromium for the test of the HTML report (tests/test_picture.py skips without it).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 # ruff and mypy, configured in pyproject.toml; both must be clean.
 lint: venv

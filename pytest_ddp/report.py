@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from . import picture, timeline
 from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import Call, RankState, exit_text
 from .wording import describe_call, difference_line, rank_list, unfinished_line
@@ -272,7 +273,10 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
         "collective": verdict.collective,
         "call": verdict.call,
         "summary": verdict.summary,
+        "headline": headline(run),
         "elapsed": round(run.elapsed, 3),
+        "started": run.ended - run.elapsed,  # time.time() of the hand-over, the timeline's origin
+        "ended": run.ended,
         "sequence_differences": [
             {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
         ],
@@ -285,7 +289,9 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
                 "exit_code": s.exit_code,
                 "phase": s.phase,
                 "failed": s.failed,
-                "calls": [c.to_dict() for c in s.calls],
+                "calls": [{**c.to_dict(), "label": c.label} for c in s.calls],
+                "finished_at": s.finished_at,
+                "died_at": s.died_at,
                 "failure": rank_failures.get(s.rank),
                 "stack": run.stacks.get(s.rank),
                 "output": run.outputs.get(s.rank),
@@ -296,8 +302,16 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
 
 
 def write_json(directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str]) -> Path:
+    """``<test>.json``, and beside it the same as a Chrome trace (``<test>.trace.json``) and as a
+    page with its timeline (``<test>.html``); the JSON's path."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    target = path / f"{sanitize(run.test_id)}.json"
-    target.write_text(json.dumps(run_to_json(run, rank_failures), indent=2, default=str))
+    name = sanitize(run.test_id)
+    report = json.loads(json.dumps(run_to_json(run, rank_failures), default=str))  # as a reader gets it
+    target = path / f"{name}.json"
+    target.write_text(json.dumps(report, indent=2))
+    (path / f"{name}.trace.json").write_text(timeline.trace_json(report))
+    test_file = run.test_id.split("::")[0]
+    page = picture.page(report, lambda text: format_stack(text, test_file))
+    (path / f"{name}.html").write_text(page, encoding="utf-8")
     return target

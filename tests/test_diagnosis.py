@@ -122,6 +122,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     assert not ranks_working_in(folder), "the inner session left rank processes behind"
     found = {}
     for path in Path(report_dir).glob("*.json"):
+        if path.name.endswith(".trace.json"):
+            continue  # the same report as a Chrome trace
         data = json.loads(path.read_text())
         found[data["test"].rsplit("::", 1)[-1]] = data
     return found
