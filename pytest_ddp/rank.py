@@ -93,9 +93,9 @@ def current() -> RankContext | None:
     return _context
 
 
-def _context_rank() -> int:
+def _rank_context() -> RankContext:
     assert _context is not None  # set before the rank's session starts
-    return _context.rank
+    return _context
 
 
 class Channel:
@@ -306,7 +306,8 @@ class RankSession:
         marker = item.get_closest_marker("ddp")
         declared = marker.kwargs.get("faults", ()) if marker is not None else ()
         # The controller checked them; only this rank's are armed.
-        injector.arm(faults.check_all(declared), _context_rank(), self.channel.log)
+        context = _rank_context()
+        injector.arm(faults.check_all(declared, context.world_size, context.init), context.rank, self.channel.log)
         # Fixtures kept for a next item that this group did not get after all
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
