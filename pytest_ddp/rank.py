@@ -303,11 +303,9 @@ class RankSession:
         _restore_environment(self.environment)
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
-        marker = item.get_closest_marker("ddp")
-        declared = marker.kwargs.get("faults", ()) if marker is not None else ()
-        # The controller checked them; only this rank's are armed.
-        context = _rank_context()
-        injector.arm(faults.check_all(declared, context.world_size, context.init), context.rank, self.channel.log)
+        marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
+        declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
+        injector.arm(declared, _rank_context().rank, self.channel.log)
         # Fixtures kept for a next item that this group did not get after all
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)

@@ -20,6 +20,9 @@ functions' ``async_op=True`` collectives are asynchronous: each one's ``ret`` is
 written when its work completes, and a ``wait`` event when the caller waits for
 it (``work.wait()``, ``wait_tensor``), so a rank waiting for a gradient bucket
 shows as inside ``all_reduce #k``.
+
+While a test has faults armed (:mod:`pytest_ddp.injector`), each recorded call
+first asks the injector, which may kill, delay or raise before the call is written.
 """
 
 from __future__ import annotations

@@ -348,7 +348,11 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            running = any(not s.finished and s.current_call is None for s in snap.ranks)
+            # A rank whose connections were broken on purpose is about to raise out of its call.
+            running = any(
+                not s.finished and (s.current_call is None or any(f.action == "disconnect" for f in s.injected))
+                for s in snap.ranks
+            )
             if running and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict

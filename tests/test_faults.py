@@ -14,7 +14,7 @@ from pytest_ddp.report import injected_lines
 from pytest_ddp.runner import not_fired
 from pytest_ddp.spec import RankSpec, SpecError, parse_faults, parse_mark
 from pytest_ddp.state import RankState
-from tests.test_watchdog import NOW, R4, call, ok, rank, snap
+from tests.test_watchdog import NOW, R3, R4, call, ok, rank, snap
 
 # -- declared and checked -------------------------------------------------------------
 
@@ -122,6 +122,15 @@ def test_a_survivor_recovering_outside_any_collective_is_not_stopped_after_the_g
     recovering = rank(0, ok("all_reduce", 1), call("all_reduce", 2, state="raised"))
     verdict = watchdog.judge(snap(recovering, killed(1, ok("all_reduce", 1)), grace=0.1))
     assert verdict.status == "wait"
+
+
+def test_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
+    """Its peers raised first: without the settle time it would be named as waiting for them."""
+    peers = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
+             for r in (0, 2)]
+    disconnected = rank(1, call("all_reduce", 1, ranks=R3))
+    disconnected.injected.append(Injected("broken", "disconnect", "all_reduce", 1))
+    assert watchdog.Watch().verdict(snap(peers[0], disconnected, peers[1])) is None
 
 
 def test_a_declared_fault_that_never_fired_is_named():

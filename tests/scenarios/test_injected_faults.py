@@ -78,11 +78,9 @@ def test_rank_that_never_reaches_init():
 
 
 def test_broken_connections():
-    """The disconnected rank's own all_reduce raises "Connection closed by peer"; its peers' raise
-    too, or the watchdog finds them waiting for it first (a race of milliseconds)."""
+    """Gloo wakes every rank, the disconnected one too: each raises "Connection closed by peer"."""
     fault = faults.disconnect(rank=1, at="all_reduce", call=2)
     result = pytest_ddp.run(two_all_reduces, world_size=3, timeout=30, faults=[fault])
-    assert result.outcome in ("failed", "deadlock")
-    assert 1 in result.diagnosis.culprits
-    assert "Connection closed by peer" in result.ranks[1].exception
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("failed", "failed", [0, 1, 2])
+    assert all("Connection closed by peer" in r.exception for r in result.ranks)
     assert result.injected == ["connections to its peers broken on rank 1 at all_reduce call 2"]
