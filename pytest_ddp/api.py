@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from .consistency import compare_sequences, unfinished_work
+from .faults import Fault, FaultError, check_all
 from .group import GroupConfig
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .mpi_group import mpi_unavailable
@@ -95,6 +96,8 @@ class Result:
     # Asynchronous work (isend, irecv, async_op=True) a rank issued and left
     # unfinished when fn returned, one line each; a pytest test fails on it.
     unfinished_work: list[str] = field(default_factory=list)
+    # The faults that fired (``faults=``), as the report names them: "SIGKILL on rank 1 at all_reduce call 3".
+    injected: list[str] = field(default_factory=list)
 
     @property
     def values(self) -> list[Any]:
@@ -111,6 +114,7 @@ def run(
     kwargs: dict[str, Any] | None = None,
     grace: float = DEFAULT_GRACE,
     mpi_launcher: str | None = None,
+    faults: list[Fault] | tuple[Fault, ...] = (),
 ) -> Result:
     """Run ``fn(rank, *args, **kwargs)`` on ``world_size`` fresh ranks and say what happened.
 
@@ -125,12 +129,21 @@ def run(
     in ``fn``), started by ``mpi_launcher`` (default: MPICH's, see
     ``--ddp-mpi-launcher``); without mpi4py or a launcher it skips the calling
     test inside pytest, and raises RuntimeError elsewhere.
+
+    ``faults``: faults to inject (:mod:`pytest_ddp.faults`), as on the mark.  A rank
+    that one of them ends (kill, exit) does not by itself fail the run; a fault
+    that never fires does.
     """
     (size,), _ = parse_world_sizes(world_size)
     limit, why = machine_rank_capacity()
     if size > limit:
         raise ValueError(f"world_size={size}: this machine holds at most {limit} ranks ({why})")
+    try:
+        checked = check_all(faults, size, init)
+    except FaultError as exc:
+        raise ValueError(f"run(): faults: {exc}") from None
     spec = RankSpec(
+        faults=checked,
         world_size=size,
         backend=parse_backend(backend or "gloo"),
         timeout=parse_timeout(timeout),
@@ -157,6 +170,7 @@ def run(
         module=module,
         qualname=fn.__qualname__,
         args=base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
+        faults=base64.b64encode(pickle.dumps(checked)).decode() if checked else None,
     )
     config = GroupConfig(
         world_size=size,
@@ -183,7 +197,7 @@ def _result(test_run: TestRun | StartFailure) -> Result:
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
     if verdict.status == "done":
-        outcome = "failed" if verdict.kind is not None else "passed"
+        outcome = "failed" if verdict.kind is not None or test_run.faults_not_fired else "passed"
     elif verdict.status == "timeout":
         outcome = "timeout"
     elif verdict.status == "deadlock":
@@ -202,7 +216,8 @@ def _result(test_run: TestRun | StartFailure) -> Result:
         )
     differences = [difference_line(d) for d in compare_sequences(test_run.states)]
     unfinished = [unfinished_line(w) for w in unfinished_work(test_run.states)]
-    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished)
+    injected = [event.text for state in test_run.states for event in state.injected]
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished, injected)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

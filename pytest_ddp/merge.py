@@ -73,7 +73,8 @@ def merged_reports(
         rep.duration += teardown.duration if teardown is not None else 0.0
         rank_reports["teardown"][rank] = rep
         rank_failures.setdefault(rank, rep.longreprtext + " (in teardown)")
-    stuck = {state.rank: _stuck_phase(state) for state in run.states}
+    # A rank an injected fault ended on purpose was not stuck: the phase stands on the others.
+    stuck = {state.rank: _stuck_phase(state) for state in run.states if not state.died_as_injected}
     states = {state.rank: state for state in run.states}
 
     reports: list[pytest.TestReport] = []
@@ -84,7 +85,7 @@ def merged_reports(
         if when == "call" and reports[-1].outcome != "passed":
             continue
         outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
-        if outcome == "passed" and when == "call" and run.collectives_wrong:
+        if outcome == "passed" and when == "call" and (run.collectives_wrong or run.faults_not_fired):
             outcome = "failed"
         longrepr: Any = None
         if outcome == "failed":

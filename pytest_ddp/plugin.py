@@ -98,7 +98,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "ddp(world_size, backend=None, timeout=None, init=True, isolated=False, check_collectives=True): "
+        "ddp(world_size, backend=None, timeout=None, init=True, isolated=False, check_collectives=True, "
+        "faults=()): "
         "run the test on world_size ranks in a torch.distributed process group",
     )
     if rank_module.current() is None:

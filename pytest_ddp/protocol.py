@@ -9,7 +9,7 @@ Commands:
 
 ``run``     run a pytest item: ``id`` (node id), ``next`` (the node id this group runs after it, or null)
 ``call``    call a function (:func:`pytest_ddp.run`): ``id``, ``module``, ``qualname``, ``args``
-            (base64 of the pickled ``(args, kwargs)``)
+            (base64 of the pickled ``(args, kwargs)``), ``faults`` (base64 of the pickled faults, or absent)
 ``stop``    end the rank's session
 
 Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
@@ -28,6 +28,8 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
             (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
 ``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
+``fault``   a fault declared for the test (:mod:`pytest_ddp.faults`) fires now: ``text``, ``action``,
+            ``op``, ``call``, ``site``; written before it acts (a killed rank's log holds it)
 
 ``call`` and ``ret`` are written by :mod:`pytest_ddp.recorder` as hand-built
 JSON strings on its hot path; their keys are defined here, by
@@ -70,13 +72,15 @@ class RunItem:
 
 @dataclass(slots=True)
 class CallFunction:
-    """Call ``module.qualname(rank, *args, **kwargs)``; ``args`` is base64 of pickled ``(args, kwargs)``."""
+    """Call ``module.qualname(rank, *args, **kwargs)``; ``args`` is base64 of pickled ``(args, kwargs)``,
+    ``faults`` base64 of the pickled faults to inject (:mod:`pytest_ddp.faults`), if any."""
 
     KIND: ClassVar[Literal["call"]] = "call"
     id: str
     module: str
     qualname: str
     args: str
+    faults: str | None = None
 
 
 @dataclass(slots=True)
@@ -256,9 +260,22 @@ class WaitEvent:
     time: float = field(default_factory=_now, kw_only=True)
 
 
+@dataclass(slots=True)
+class Injected:
+    """An injected fault fires on this rank (see :mod:`pytest_ddp.faults`)."""
+
+    KIND: ClassVar[Literal["fault"]] = "fault"
+    text: str  # "SIGKILL on rank 1 at all_reduce call 3"
+    action: str
+    op: str
+    call: int
+    site: str = "?"  # where the test made that call
+    time: float = field(default_factory=_now, kw_only=True)
+
+
 Event = (
     Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | SessionEnd
-    | CallEvent | RetEvent | WaitEvent
+    | CallEvent | RetEvent | WaitEvent | Injected
 )
 Record = Command | Event
 
@@ -270,7 +287,8 @@ _COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
     for cls in (
-        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent
+        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent,
+        Injected,
     )
 }
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import _pytest.config
 import pytest
 
-from . import leftovers, rank_warnings
+from . import faults, injector, leftovers, rank_warnings
 from .protocol import (
     CallFunction,
     Done,
@@ -92,6 +92,11 @@ WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
 
 def current() -> RankContext | None:
     """The context of this rank process, or None in the controller."""
+    return _context
+
+
+def _rank_context() -> RankContext:
+    assert _context is not None  # set before the rank's session starts
     return _context
 
 
@@ -328,6 +333,9 @@ class RankSession:
         _restore_environment(self.environment)
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
+        marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
+        declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
+        injector.arm(declared, _rank_context().rank, self.channel.log)
         # Fixtures kept for a next item that this group did not get after all
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
@@ -446,6 +454,8 @@ def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
     channel.event(Ready(), wake=True)
     for command in channel.commands(CallFunction):
         _start_test()
+        armed = pickle.loads(base64.b64decode(command.faults)) if command.faults else ()
+        injector.arm(armed, spec["rank"], channel.log)
         threads_before = set(threading.enumerate())
         channel.event(TestStart(command.id))
         channel.event(PhaseStart("call"))

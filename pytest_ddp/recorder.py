@@ -20,6 +20,9 @@ functions' ``async_op=True`` collectives are asynchronous: each one's ``ret`` is
 written when its work completes, and a ``wait`` event when the caller waits for
 it (``work.wait()``, ``wait_tensor``), so a rank waiting for a gradient bucket
 shows as inside ``all_reduce #k``.
+
+While a test has faults armed (:mod:`pytest_ddp.injector`), each recorded call
+first asks the injector, which may kill, delay or raise before the call is written.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import backend_hook, describe
+from . import backend_hook, describe, injector
+from .injector import armed as _armed
 from .ops import OPS, BackendOp
 from .protocol import EventLog
 
@@ -176,6 +180,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         _local.depth = 1
         try:
+            if _armed:  # a fault of this test may fire here, before the call takes part
+                injector.on_call(op, sys._getframe(1))
             try:
                 bound = dict(zip(names, args))
                 bound.update(kwargs)
@@ -230,6 +236,8 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, s
     log = _log
     if log is None:
         return submit()
+    if _armed:
+        injector.on_call(spec.op, sys._getframe(1))
     try:
         group = describe.group_of(backend_hook.process_group(args))
         op = OPS[spec.op]

@@ -55,11 +55,20 @@ def headline(run: TestRun) -> str:
         head = "ddp: failed: asynchronous work left in flight"
     elif verdict.kind is None and run.sequence_differences:
         head = "ddp: failed: the ranks' collective sequences differ"
+    elif verdict.kind is None and run.faults_not_fired:
+        head = f"ddp: failed: injected faults never fired: {'; '.join(run.faults_not_fired)}"
     elif verdict.kind is None and run.stop_teardown:
         head = "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped"
     else:
         head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
     return f"{head}: {verdict.summary}" if verdict.summary else head
+
+
+def injected_lines(states: list[RankState]) -> list[str]:
+    """``injected: SIGKILL on rank 1 at all_reduce call 3 (test_x.py:12)``: what the test did on
+    purpose, so that its effect is not read as the diagnosis's cause; then a blank line."""
+    lines = [f"injected: {event.text} ({event.site})" for state in states for event in state.injected]
+    return [*lines, ""] if lines else []
 
 
 def rank_line(state: RankState) -> str:
@@ -211,6 +220,7 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
     lines = _head(headline(run))
+    lines += injected_lines(run.states)
     lines += [rank_line(s) for s in run.states]
     table = sequence_table(run.states)
     if table:
@@ -277,6 +287,12 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
         "elapsed": round(run.elapsed, 3),
         "started": run.ended - run.elapsed,  # time.time() of the hand-over, the timeline's origin
         "ended": run.ended,
+        "injected": [
+            {"rank": s.rank, "text": e.text, "action": e.action, "op": e.op, "call": e.call, "site": e.site}
+            for s in run.states
+            for e in s.injected
+        ],
+        "faults_not_fired": run.faults_not_fired,
         "sequence_differences": [
             {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
         ],

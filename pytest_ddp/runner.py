@@ -93,6 +93,7 @@ class TestRun:
     stop_teardown: dict[int, SessionEnd] = field(default_factory=dict)
     # Other groups stopped to make room for this test, whose teardown failed.
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
+    faults_not_fired: list[str] = field(default_factory=list)  # declared faults whose call never came
 
     @property
     def collectives_wrong(self) -> bool:
@@ -140,10 +141,20 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
     run.outputs = {state.rank: group.test_output(state.rank) for state in group.states}
     if verdict.status != "done":
         group.kill()
-    if verdict.status == "done" and verdict.kind is None and spec.check_collectives:
-        run.sequence_differences = consistency.compare_sequences(group.states)
-        run.unfinished_work = consistency.unfinished_work(group.states)
+    if verdict.status == "done" and verdict.kind is None:
+        # A rank an injected fault ended made fewer calls on purpose: the survivors are compared.
+        survivors = [s for s in group.states if not s.died_as_injected]
+        if spec.check_collectives:
+            run.sequence_differences = consistency.compare_sequences(survivors)
+            run.unfinished_work = consistency.unfinished_work(survivors)
+        run.faults_not_fired = not_fired(spec, group.states)
     return run
+
+
+def not_fired(spec: RankSpec, states: list[RankState]) -> list[str]:
+    """The test's declared faults that never fired: its rank made fewer such calls."""
+    fired = {(s.rank, event.text) for s in states for event in s.injected}
+    return [str(f) for f in spec.faults if (f.rank, str(f)) not in fired]
 
 
 def _can_take(group: Group, test_id: str) -> bool:

@@ -20,6 +20,7 @@ from .spec import (
     SpecError,
     parse_backend,
     parse_count,
+    parse_faults,
     parse_timeout,
 )
 
@@ -53,6 +54,7 @@ class Settings:
             init=mark.init,
             isolated=mark.isolated or self.isolate_all or not mark.init,
             check_collectives=mark.check_collectives,
+            faults=parse_faults(mark.faults, world_size, mark.init),
         )
 
 

@@ -10,12 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .faults import Fault, FaultError, check_all
+
 BACKENDS = ("gloo", "nccl", "mpi")
 # The longest timeout (or grace) accepted, about 11.6 days: the process
 # group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
 # epoll/poll and some store calls take (2**31 ms is about 24.8 days).
 MAX_TIMEOUT = 1_000_000
-MARK_ARGUMENTS = ("world_size", "backend", "timeout", "init", "isolated", "check_collectives")
+MARK_ARGUMENTS = ("world_size", "backend", "timeout", "init", "isolated", "check_collectives", "faults")
 
 
 class SpecError(ValueError):
@@ -33,6 +35,7 @@ class MarkArgs:
     init: bool
     isolated: bool
     check_collectives: bool
+    faults: tuple[Fault, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class RankSpec:
     init: bool = True
     isolated: bool = False
     check_collectives: bool = True
+    faults: tuple[Fault, ...] = ()  # checked against world_size and init
 
     @property
     def group_key(self) -> tuple[int, str, bool]:
@@ -165,4 +169,13 @@ def parse_mark(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkArgs:
         init=_flag(kwargs, "init", True),
         isolated=_flag(kwargs, "isolated", False),
         check_collectives=_flag(kwargs, "check_collectives", True),
+        faults=parse_faults(kwargs.get("faults", ()), None, _flag(kwargs, "init", True)),
     )
+
+
+def parse_faults(value: Any, world_size: int | None, init: bool) -> tuple[Fault, ...]:
+    """The ``faults=[...]`` argument, checked (against ``world_size`` once it is known)."""
+    try:
+        return check_all(value, world_size, init)
+    except FaultError as exc:
+        raise SpecError(f"faults: {exc}") from None

@@ -12,12 +12,14 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from .faults import DEADLY
 from .ops import Op, op
 from .protocol import (
     CallEvent,
     Done,
     Event,
     Fatal,
+    Injected,
     PhaseStart,
     ProtocolError,
     Report,
@@ -182,10 +184,17 @@ class RankState:
     threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
     interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
     warnings: list[WarningRecorded] = field(default_factory=list)
+    injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
 
     @property
     def failed(self) -> bool:
         return self.failed_at is not None
+
+    @property
+    def died_as_injected(self) -> bool:
+        """The process is gone because a fault the test declared ended it (kill, exit): a
+        death the test asked for, which alone fails nothing."""
+        return not self.alive and any(fault.action in DEADLY for fault in self.injected)
 
     @property
     def finished(self) -> bool:
@@ -240,6 +249,8 @@ class RankState:
                 self.interrupted = ev.interrupted
             case WarningRecorded():
                 self.warnings.append(ev)
+            case Injected():
+                self.injected.append(ev)
             case WaitEvent():
                 if ev.index < len(self.calls):
                     self.waiting_on = ev.index

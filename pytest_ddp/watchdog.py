@@ -348,7 +348,11 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            running = any(not s.finished and s.current_call is None for s in snap.ranks)
+            # A rank whose connections were broken on purpose is about to raise out of its call.
+            running = any(
+                not s.finished and (s.current_call is None or any(f.action == "disconnect" for f in s.injected))
+                for s in snap.ranks
+            )
             if running and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict
@@ -361,12 +365,20 @@ def judge(snap: Snapshot) -> Verdict:
     if all(s.finished for s in snap.ranks):
         return _done(ranks)
     waits = _waits(ranks)
+    timed_out = snap.now - snap.started >= snap.timeout
     verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _deadlock(ranks, waits)
-    if verdict is not None:
+    # Peers of a rank killed on purpose may still recover (their collective raises, at once or
+    # at their own timeout); only the test's timeout makes the deadlock final.
+    if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
         return verdict
-    if snap.now - snap.started >= snap.timeout:
+    if timed_out:
         return _timeout(snap, ranks, waits)
     return _stopped(snap, ranks, waits) or Verdict("wait")
+
+
+def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> bool:
+    """Every culprit is a rank that an injected fault ended (see :mod:`pytest_ddp.faults`)."""
+    return bool(culprits) and all(ranks[r].died_as_injected for r in culprits)
 
 
 def _faulty(state: RankState) -> bool:
@@ -418,7 +430,7 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     """A rank failed, nothing is certain about the others, and the grace period is over."""
     culprits = [r for r in sorted(ranks) if _faulty(ranks[r])]
     waiting = [r for r in sorted(ranks) if not ranks[r].finished and r not in culprits]
-    if not culprits or not waiting:
+    if not culprits or not waiting or _only_injected_deaths(culprits, ranks):
         return None
     times = [t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None]
     if snap.now - min(times, default=snap.now) < snap.grace:
@@ -434,7 +446,7 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
 def _done(ranks: dict[int, RankState]) -> Verdict:
     """Every rank finished: passed, or why some failed."""
     failed = [r for r in sorted(ranks) if _faulty(ranks[r])]
-    if not failed:
+    if not failed or _only_injected_deaths(failed, ranks):  # the survivors passed
         return Verdict("done")
     found = _finished_mismatch(ranks) or _monitored_barrier_timeout("done", ranks)
     if found is not None:

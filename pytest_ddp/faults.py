@@ -1,0 +1,166 @@
+"""Faults to inject into a ddp test: which rank fails, how, and at which of its calls.
+
+Declared on the mark or given to :func:`pytest_ddp.run`::
+
+    from pytest_ddp import faults
+
+    @pytest.mark.ddp(world_size=4, faults=[faults.kill(rank=1, at="all_reduce", call=3)])
+    def test_training_survives_a_dead_rank(rank): ...
+
+A fault fires on rank ``rank`` when that rank enters its ``call``-th call of the
+operation ``at`` in the test (counted per test, over every group, whether the
+call came from a torch.distributed function or reached the backend directly,
+as DDP's gradient all-reduces do), *before* the call takes part: a killed rank
+never enters it.  The recorder fires it (:mod:`pytest_ddp.injector`) and first
+writes a ``fault`` event, so the report says what was injected.
+
+This module only declares and checks faults; no torch import, so the
+controller and the pure tests use it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .ops import INIT, OPS
+
+Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect"]
+# Faults after which the rank's process is gone: a death the test asked for.
+DEADLY: frozenset[str] = frozenset({"kill", "exit"})
+
+
+class FaultError(ValueError):
+    """A fault that cannot be injected (the message names what is wrong)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``action`` on ``rank`` at its ``call``-th call of ``at``."""
+
+    action: Action
+    rank: int
+    at: str  # an operation of pytest_ddp.ops.OPS
+    call: int = 1
+    seconds: float = 0.0  # delay
+    code: int = 1  # exit
+    size: int | None = None  # oom: bytes to allocate before the MemoryError; None: until a real one
+    exc: BaseException | None = None  # raise
+
+    @property
+    def what(self) -> str:
+        """``SIGKILL``, ``exit(1)``, ``raise RuntimeError('boom')``, ``delay of 3 s``, ..."""
+        if self.action == "kill":
+            return "SIGKILL"
+        if self.action == "exit":
+            return f"exit({self.code})"
+        if self.action == "raise":
+            return f"raise {self.exc!r}"
+        if self.action == "delay":
+            return f"delay of {self.seconds:g} s"
+        if self.action == "oom":
+            return "out of memory" + ("" if self.size is None else f" after {self.size} bytes")
+        if self.action == "disconnect":
+            return "connections to its peers broken"
+        return "hang"
+
+    def __str__(self) -> str:
+        """``SIGKILL on rank 1 at all_reduce call 3``: how the report names an injected fault."""
+        return f"{self.what} on rank {self.rank} at {self.at} call {self.call}"
+
+    @property
+    def deadly(self) -> bool:
+        """The rank's process ends when this fault fires."""
+        return self.action in DEADLY
+
+
+def kill(rank: int, at: str, call: int = 1) -> Fault:
+    """SIGKILL the rank as it enters the call: a crashed process or node."""
+    return Fault("kill", rank, at, call)
+
+
+def exit(rank: int, at: str, call: int = 1, code: int = 1) -> Fault:
+    """End the rank's process with ``code`` (``os._exit``: no cleanup) as it enters the call."""
+    return Fault("exit", rank, at, call, code=code)
+
+
+def raise_(rank: int, at: str, call: int = 1, exc: BaseException | type[BaseException] | None = None) -> Fault:
+    """Raise ``exc`` (default a RuntimeError naming the fault) from the call, before it communicates."""
+    if exc is None:
+        exc = RuntimeError
+    if isinstance(exc, type):
+        exc = exc(f"injected by pytest-ddp on rank {rank} at {at} call {call}")
+    return Fault("raise", rank, at, call, exc=exc)
+
+
+def delay(rank: int, at: str, seconds: float, call: int = 1) -> Fault:
+    """Sleep ``seconds`` before the call: a slow rank."""
+    return Fault("delay", rank, at, call, seconds=seconds)
+
+
+def hang(rank: int, at: str, call: int = 1) -> Fault:
+    """Never reach the call: the rank blocks forever just before it (outside any collective)."""
+    return Fault("hang", rank, at, call)
+
+
+def oom(rank: int, at: str, call: int = 1, size: int | None = None) -> Fault:
+    """Run out of memory before the call: allocate until a real ``MemoryError`` (under a lowered
+    address-space limit, so the machine is not exhausted) or, with ``size``, allocate that many
+    bytes and raise ``MemoryError`` there; the memory is freed as the error unwinds."""
+    return Fault("oom", rank, at, call, size=size)
+
+
+def disconnect(rank: int, at: str, call: int = 1) -> Fault:
+    """Shut down the rank's TCP connections to its peers before the call (not the store's): the
+    backend on both sides sees a peer reset."""
+    return Fault("disconnect", rank, at, call)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault:
+    """``fault``, checked; :class:`FaultError` saying what is wrong.  ``world_size`` None: the
+    rank is checked only for being an int >= 0 (the world size is not known yet)."""
+    if not isinstance(fault, Fault):
+        raise FaultError(f"{fault!r} is not a fault: make one with pytest_ddp.faults, e.g. faults.kill(rank=1, at=...)")
+    name = f"{fault.action}(rank={fault.rank!r}, at={fault.at!r}, call={fault.call!r})"
+    if not _is_int(fault.rank) or fault.rank < 0:
+        raise FaultError(f"{name}: rank must be an int >= 0")
+    if world_size is not None and fault.rank >= world_size:
+        raise FaultError(f"{name}: there is no rank {fault.rank} in world_size {world_size}")
+    if fault.at not in OPS:
+        raise FaultError(f"{name}: {fault.at!r} is not an operation pytest-ddp records; one of {', '.join(OPS)}")
+    if fault.at == INIT and init:
+        raise FaultError(
+            f"{name}: with init=True the plugin calls init_process_group before the test; "
+            "use init=False to inject a fault there"
+        )
+    if not _is_int(fault.call) or fault.call < 1:
+        raise FaultError(f"{name}: call must be an int >= 1 (the first call is 1)")
+    if fault.action == "delay" and (
+        isinstance(fault.seconds, bool) or not isinstance(fault.seconds, (int, float)) or not fault.seconds >= 0
+    ):
+        raise FaultError(f"{name}: seconds={fault.seconds!r} must be a number >= 0")
+    if fault.action == "exit" and not _is_int(fault.code):
+        raise FaultError(f"{name}: code={fault.code!r} must be an int")
+    if fault.action == "oom" and fault.size is not None and (not _is_int(fault.size) or fault.size < 1):
+        raise FaultError(f"{name}: size={fault.size!r} must be an int >= 1 (bytes) or None")
+    if fault.action == "raise" and not isinstance(fault.exc, BaseException):
+        raise FaultError(f"{name}: exc={fault.exc!r} must be an exception or an exception class")
+    return fault
+
+
+def check_all(value: Any, world_size: int | None = None, init: bool = True) -> tuple[Fault, ...]:
+    """A list or tuple of faults, each checked; two at the same (rank, operation, call) refused."""
+    if isinstance(value, Fault):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise FaultError(f"{value!r} must be a list of faults")
+    checked = tuple(check(fault, world_size, init) for fault in value)
+    places = [(f.rank, f.at, f.call) for f in checked]
+    for place in places:
+        if places.count(place) > 1:
+            raise FaultError(f"two faults on rank {place[0]} at {place[1]} call {place[2]}")
+    return checked

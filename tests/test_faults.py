@@ -1,0 +1,198 @@
+"""Fault injection: faults checked and named (pure), the watchdog's policy on a rank killed on
+purpose (hand-made states), and faults fired on real ranks, reported as injected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pytest_ddp
+from pytest_ddp import faults, watchdog
+from pytest_ddp.protocol import Injected
+from pytest_ddp.report import injected_lines
+from pytest_ddp.runner import not_fired
+from pytest_ddp.spec import RankSpec, SpecError, parse_faults, parse_mark
+from pytest_ddp.state import RankState
+from tests.test_watchdog import NOW, R3, R4, call, ok, rank, snap
+
+# -- declared and checked -------------------------------------------------------------
+
+
+def test_faults_read_as_the_report_names_them():
+    assert str(faults.kill(rank=1, at="all_reduce", call=3)) == "SIGKILL on rank 1 at all_reduce call 3"
+    assert str(faults.exit(rank=0, at="barrier", code=2)) == "exit(2) on rank 0 at barrier call 1"
+    assert str(faults.raise_(rank=0, at="barrier", exc=ValueError("boom"))) == (
+        "raise ValueError('boom') on rank 0 at barrier call 1"
+    )
+    assert str(faults.delay(rank=2, at="init_process_group", seconds=3)) == (
+        "delay of 3 s on rank 2 at init_process_group call 1"
+    )
+    assert str(faults.hang(rank=1, at="send", call=2)) == "hang on rank 1 at send call 2"
+    assert str(faults.oom(rank=1, at="all_reduce", size=2**20)) == (
+        "out of memory after 1048576 bytes on rank 1 at all_reduce call 1"
+    )
+    assert str(faults.disconnect(rank=1, at="all_reduce")) == (
+        "connections to its peers broken on rank 1 at all_reduce call 1"
+    )
+
+
+def test_raise_without_an_exception_raises_a_runtime_error_naming_the_fault():
+    fault = faults.raise_(rank=1, at="barrier", call=2, exc=KeyError)
+    assert isinstance(fault.exc, KeyError) and "rank 1 at barrier call 2" in str(fault.exc)
+    assert isinstance(faults.raise_(rank=0, at="barrier").exc, RuntimeError)
+
+
+def test_only_kill_and_exit_end_the_rank():
+    deadly = [f.action for f in (faults.kill(0, "barrier"), faults.exit(0, "barrier"), faults.hang(0, "barrier"),
+                                 faults.oom(0, "barrier"), faults.disconnect(0, "barrier")) if f.deadly]
+    assert deadly == ["kill", "exit"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (faults.kill(rank=4, at="all_reduce"), "kill(rank=4, at='all_reduce', call=1): there is no rank 4 in"),
+        (faults.kill(rank=-1, at="all_reduce"), "rank must be an int >= 0"),
+        (faults.kill(rank=1, at="allreduce"), "'allreduce' is not an operation pytest-ddp records; one of all_reduce"),
+        (faults.kill(rank=1, at="all_reduce", call=0), "call must be an int >= 1 (the first call is 1)"),
+        (faults.delay(rank=1, at="barrier", seconds=-1), "seconds=-1 must be a number >= 0"),
+        (faults.oom(rank=1, at="barrier", size=0), "size=0 must be an int >= 1 (bytes) or None"),
+        (faults.kill(rank=1, at="init_process_group"), "use init=False to inject a fault there"),
+        ("kill rank 1", "'kill rank 1' is not a fault: make one with pytest_ddp.faults"),
+        ([faults.kill(1, "barrier"), faults.hang(1, "barrier")], "two faults on rank 1 at barrier call 1"),
+    ],
+)
+def test_bad_faults_say_what_is_wrong(declared, message):
+    with pytest.raises(SpecError, match="^faults: .*" + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_faults(declared if isinstance(declared, list) else [declared], 4, True)
+
+
+def test_the_mark_takes_faults_checked_before_the_world_size_is_known():
+    mark = parse_mark((), {"world_size": [2, 4], "faults": [faults.kill(rank=3, at="barrier")]})
+    assert mark.faults == (faults.kill(rank=3, at="barrier"),)
+    with pytest.raises(SpecError, match=r"faults: .* must be a list of faults"):
+        parse_mark((), {"world_size": 2, "faults": 3})
+
+
+def test_run_refuses_a_fault_on_a_rank_that_does_not_exist():
+    with pytest.raises(ValueError, match=r"run\(\): faults: .*there is no rank 2 in world_size 2"):
+        pytest_ddp.run(len, world_size=2, faults=[faults.kill(rank=2, at="barrier")])
+
+
+# -- the watchdog and the after-test check, on hand-made states --------------------------
+
+
+def killed(r: int, *calls, at: str = "all_reduce", call_number: int = 3) -> RankState:
+    state = rank(r, *calls, exit_code=-9)
+    state.injected.append(Injected(str(faults.kill(r, at, call_number)), "kill", at, call_number, "t.py:5"))
+    return state
+
+
+def test_peers_of_a_rank_killed_on_purpose_are_not_stopped_before_the_timeout():
+    """Gloo wakes some survivors at once and the others at their own timeout: they may recover."""
+    survivors = [rank(r, ok("all_reduce", 1, ranks=R4), call("all_reduce", 2, ranks=R4)) for r in (0, 2, 3)]
+    dead = killed(1, ok("all_reduce", 1, ranks=R4))
+    ranks = [survivors[0], dead, *survivors[1:]]
+    assert watchdog.judge(snap(*ranks, timeout=60)).status == "wait"
+    at_timeout = watchdog.judge(snap(*ranks, timeout=60, started=NOW - 60))
+    assert (at_timeout.status, at_timeout.kind, at_timeout.culprits) == ("deadlock", "rank_exited", [1])
+
+
+def test_an_unplanned_death_is_still_reported_at_once():
+    dead = rank(1, ok("all_reduce", 1, ranks=R4), exit_code=-9)
+    survivors = [rank(r, ok("all_reduce", 1, ranks=R4), call("all_reduce", 2, ranks=R4)) for r in (0, 2, 3)]
+    verdict = watchdog.judge(snap(survivors[0], dead, *survivors[1:]))
+    assert (verdict.status, verdict.culprits) == ("deadlock", [1])
+
+
+def test_survivors_that_pass_pass_the_test_and_their_sequences_are_compared_alone():
+    survivors = [rank(r, ok("all_reduce", 1), ok("all_reduce", 2), finished=True) for r in (0,)]
+    dead = killed(1, ok("all_reduce", 1))
+    assert watchdog.judge(snap(survivors[0], dead)).status == "done"
+    assert watchdog.judge(snap(survivors[0], dead)).kind is None
+    # A survivor that failed fails the test, and the killed rank is named first.
+    failed = rank(0, ok("all_reduce", 1), call("all_reduce", 2, state="raised"), finished=True,
+                  failed="RuntimeError: Connection closed by peer")
+    verdict = watchdog.judge(snap(failed, killed(1, ok("all_reduce", 1))))
+    assert (verdict.kind, verdict.culprits, verdict.waiting) == ("rank_exited", [1], [0])
+
+
+def test_a_survivor_recovering_outside_any_collective_is_not_stopped_after_the_grace():
+    recovering = rank(0, ok("all_reduce", 1), call("all_reduce", 2, state="raised"))
+    verdict = watchdog.judge(snap(recovering, killed(1, ok("all_reduce", 1)), grace=0.1))
+    assert verdict.status == "wait"
+
+
+def test_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
+    """Its peers raised first: without the settle time it would be named as waiting for them."""
+    peers = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
+             for r in (0, 2)]
+    disconnected = rank(1, call("all_reduce", 1, ranks=R3))
+    disconnected.injected.append(Injected("broken", "disconnect", "all_reduce", 1))
+    assert watchdog.Watch().verdict(snap(peers[0], disconnected, peers[1])) is None
+
+
+def test_a_declared_fault_that_never_fired_is_named():
+    spec = RankSpec(world_size=2, backend="gloo", timeout=10, grace=2,
+                    faults=(faults.kill(1, "all_reduce", 3), faults.delay(0, "barrier", 1)))
+    states = [RankState(0), killed(1, at="all_reduce", call_number=3)]
+    assert not_fired(spec, states) == ["delay of 1 s on rank 0 at barrier call 1"]
+    assert injected_lines(states) == ["injected: SIGKILL on rank 1 at all_reduce call 3 (t.py:5)", ""]
+    assert injected_lines([RankState(0)]) == []
+
+
+# -- on real ranks ---------------------------------------------------------------------
+
+
+def test_faults_fire_only_in_their_test_and_are_reported(ddp_pytester, tmp_path):
+    result = ddp_pytester.run(
+        """
+        from pytest_ddp import faults
+
+        @pytest.mark.ddp(world_size=2, faults=[faults.raise_(rank=1, at="all_reduce", call=2, exc=ValueError)])
+        def test_retried(rank):
+            dist.all_reduce(torch.ones(1))
+            try:
+                dist.all_reduce(torch.ones(1))
+            except ValueError:  # raised before taking part: the retry is rank 1's all_reduce #2
+                dist.all_reduce(torch.ones(1))
+
+        @pytest.mark.ddp(world_size=2)
+        def test_same_group_no_fault(rank):
+            for _ in range(3):
+                dist.all_reduce(torch.ones(1))
+
+        @pytest.mark.ddp(world_size=2, faults=[faults.hang(rank=0, at="barrier", call=2)], timeout=3)
+        def test_hang(rank):
+            dist.barrier()
+            dist.barrier()
+        """,
+        f"--ddp-report-dir={tmp_path}",
+    )
+    result.assert_outcomes(passed=2, failed=1)  # the next test on the warm group has no fault
+    result.stdout.fnmatch_lines(["injected: hang on rank 0 at barrier call 2 (test_it.py:*)"])
+    report = json.loads((tmp_path / "test_it.py_test_hang.json").read_text())
+    assert (report["kind"], report["culprits"]) == ("timeout", [0])
+    assert [i["text"] for i in report["injected"]] == ["hang on rank 0 at barrier call 2"]
+
+
+def test_a_bad_fault_is_the_error_of_its_test_naming_it(ddp_pytester):
+    result = ddp_pytester.run(
+        """
+        from pytest_ddp import faults
+
+        @pytest.mark.ddp(world_size=2, faults=[faults.kill(rank=2, at="all_reduce")])
+        def test_bad():
+            pass
+
+        @pytest.mark.ddp(world_size=2, faults=[faults.kill(rank=1, at="allreduce")])
+        def test_typo():
+            pass
+        """
+    )
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines([
+        "*test_it.py::test_bad: faults: kill(rank=2, at='all_reduce', call=1): there is no rank 2 in world_size 2*",
+        "*test_it.py::test_typo: @pytest.mark.ddp: faults: kill(rank=1, at='allreduce', call=1): 'allreduce' is not*",
+    ])
