@@ -100,7 +100,7 @@ def test_init_false_gives_the_torchrun_environment() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"world_size": 0}, "world_size=0"), ({"backend": "mpi"}, "backend='mpi'"), ({"timeout": -1}, "timeout=-1")],
+    [({"world_size": 0}, "world_size=0"), ({"backend": "ucc"}, "backend='ucc'"), ({"timeout": -1}, "timeout=-1")],
 )
 def test_bad_arguments_are_clear_errors(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):

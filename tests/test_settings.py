@@ -41,16 +41,17 @@ def test_default_timeout_precedence(pytester, monkeypatch, args, environment, in
 def test_defaults_and_options(pytester, monkeypatch) -> None:
     monkeypatch.delenv("PYTEST_TIMEOUT", raising=False)
     assert settings_of(pytester) == Settings(
-        backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None
+        backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None,
+        mpi_launcher=None,
     )
     report_dir = pytester.path / "reports" / "new"
     chosen = settings_of(
         pytester, "--ddp-backend=NCCL", "--ddp-grace=0.5", "--ddp-isolate", "--ddp-max-groups=3",
-        f"--ddp-report-dir={report_dir}", "--ddp-max-world-size=4",
+        f"--ddp-report-dir={report_dir}", "--ddp-max-world-size=4", "--ddp-mpi-launcher=mpirun --oversubscribe",
     )
     assert chosen == Settings(
         backend="nccl", timeout=60.0, grace=0.5, isolate_all=True, max_groups=3,
-        report_dir=str(report_dir), max_world_size=4,
+        report_dir=str(report_dir), max_world_size=4, mpi_launcher="mpirun --oversubscribe",
     )
     assert report_dir.is_dir()  # created at start, checked once
 

@@ -47,7 +47,8 @@ def test_bad_mark_arguments_are_named(source: str, message: str) -> None:
 
 
 SETTINGS = Settings(
-    backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None
+    backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None,
+    mpi_launcher=None,
 )
 
 
@@ -140,7 +141,7 @@ def test_bad_pytest_timeout_mark_on_a_ddp_test_is_its_error(ddp_pytester) -> Non
 @pytest.mark.parametrize(
     "option, message",
     [
-        ("--ddp-backend=mpi", "--ddp-backend='mpi': must be one of gloo, nccl"),
+        ("--ddp-backend=ucc", "--ddp-backend='ucc': must be one of gloo, nccl, mpi"),
         ("--ddp-timeout=0", "--ddp-timeout='0': must be a number of seconds > 0"),
         ("--ddp-timeout=soon", "--ddp-timeout='soon': must be a number of seconds > 0"),
         ("--ddp-timeout=inf", "--ddp-timeout='inf': must be a number of seconds > 0 and <= 1000000"),
