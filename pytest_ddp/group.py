@@ -52,7 +52,10 @@ class GroupStartError(RuntimeError):
 
 
 # Imported once by the forkserver, before it forks any rank.
-PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank", "pytest_ddp.preload"]
+PRELOAD = [
+    "torch", "torch.distributed", "pytest",
+    "pytest_ddp.plugin", "pytest_ddp.rank", "pytest_ddp.rank_session", "pytest_ddp.preload",
+]
 
 
 def fork_context() -> Any:
