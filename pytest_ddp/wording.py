@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-from .consistency import CallDifference, SequenceDifference, UnfinishedWork
+from .consistency import CallDifference, SequenceDifference, UnfinishedWork, UnreceivedMessage
 from .init_faults import given, latest_init
 from .state import Call, RankState, exit_text
 from .verdicts import (
@@ -296,6 +296,11 @@ def unfinished_line(work: UnfinishedWork) -> str:
     """``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
     what = describe_call(work.call) if work.call is not None else f"call {work.index}"
     return f"rank {work.rank}: {what}: {work.error}"
+
+
+def unreceived_line(message: UnreceivedMessage) -> str:
+    """``rank 2: Send #1 to 0 (tag 0) (test_x.py:12): sent, never received``."""
+    return f"rank {message.rank}: {describe_call(message.call)}: sent, never received"
 
 
 def difference_line(difference: SequenceDifference) -> str:
