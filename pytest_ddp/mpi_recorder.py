@@ -511,5 +511,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
             break
         time.sleep(0.001)  # polling MPI, not waiting for another process's event
     unfinished = [{"i": index, "err": f"request not complete {wait:g} s after the test"} for index in sorted(_pending)]
+    for request in _pending.values():
+        request._ddp = None  # forgotten: a later wait on it is not this test's
     _pending.clear()
     return unfinished
