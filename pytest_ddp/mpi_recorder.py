@@ -147,7 +147,7 @@ def _data(value: Any) -> tuple[int, str, int] | None:
     return view.nbytes // max(view.itemsize, 1), _FORMATS.get(view.format, view.format), view.nbytes
 
 
-def _buffer_fields(spec: Op, args: dict[str, Any], extra: dict[str, Any]) -> str:
+def _buffer_fields(spec: Op, args: dict[str, Any], extra: list[str]) -> str:
     assert spec.tensors is not None
     value = args.get(spec.tensors)
     if value is MPI.IN_PLACE:  # the data is in the other buffer
@@ -155,7 +155,8 @@ def _buffer_fields(spec: Op, args: dict[str, Any], extra: dict[str, Any]) -> str
     data = _data(value)
     if data is None:
         return ""
-    count, dtype, extra["bytes"] = data
+    count, dtype, nbytes = data
+    extra.append(f'"bytes":{nbytes}')
     return f',"shapes":[[{count}]],"dtypes":["{dtype}"]'
 
 
@@ -169,17 +170,19 @@ def _object_fields(obj: Any) -> str:
     return text if size is None else f'{text},"obj_size":{size}'
 
 
-_reductions: dict[int, str] = {}  # an MPI.Op's handle -> "SUM"; filled at install
+_reductions: dict[int, str] = {}  # an MPI.Op's handle -> '"SUM"' (JSON); filled at install
 
 
 def _reduction(op: Any) -> str:
+    """The reduction's name, as JSON."""
     if isinstance(op, MPI.Op):
-        return _reductions.get(op.handle, "user-defined")
-    return getattr(op, "__name__", type(op).__name__)  # a Python function given to reduce/allreduce
+        return _reductions.get(op.handle, '"user-defined"')
+    return _encode(getattr(op, "__name__", type(op).__name__))  # a Python function given to reduce/allreduce
 
 
-def _extra_text(extra: dict[str, Any]) -> str:
-    return f',"extra":{_encode(extra)}' if extra else ""
+def _extra_text(extra: list[str]) -> str:
+    """``,"extra":{...}`` of its members, written as JSON (cheaper than encoding a dict per call)."""
+    return f',"extra":{{{",".join(extra)}}}' if extra else ""
 
 
 # A describer returns the call event's fields after "t", the key of the sequence counter
@@ -188,7 +191,7 @@ Described = tuple[str, tuple[Any, ...], bool]
 
 
 def _describe_collective(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
-    extra: dict[str, Any] = {}
+    extra: list[str] = []
     fields = ""
     root = None
     if spec.rank:
@@ -199,13 +202,13 @@ def _describe_collective(spec: Op, args: dict[str, Any], comm: _Comm) -> Describ
     if spec.obj and (not spec.obj_from_root or root == comm.rank):
         fields += _object_fields(args[spec.obj])
     if spec.reduction:
-        extra["op"] = _reduction(args[spec.reduction])
+        extra.append(f'"op":{_reduction(args[spec.reduction])}')
     return fields + _extra_text(extra), (comm.name,), False
 
 
 def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
     assert spec.rank is not None and spec.tag is not None
-    extra: dict[str, Any] = {}
+    extra: list[str] = []
     fields = _buffer_fields(spec, args, extra) if spec.tensors else ""
     if spec.obj:
         fields += _object_fields(args[spec.obj])
@@ -220,9 +223,9 @@ def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
     if spec.recv_from and spec.recv_tag:  # Sendrecv: its receiving end
         source, recv_tag = args[spec.recv_from], args[spec.recv_tag]
         if source != MPI.ANY_SOURCE:
-            extra["recv_from"] = comm.world(source)
+            extra.append(f'"recv_from":{comm.world(source)}')
         if recv_tag != MPI.ANY_TAG:
-            extra["recv_tag"] = recv_tag
+            extra.append(f'"recv_tag":{int(recv_tag)}')
         open_ended = source == MPI.ANY_SOURCE or recv_tag == MPI.ANY_TAG
     return fields + _extra_text(extra), (comm.name, spec.direction or spec.name, peer), open_ended
 
@@ -411,7 +414,10 @@ def _wrap(spec: Op) -> Callable[..., Any]:
         if log is None:
             return original(self, *args, **kwargs)
         try:
-            bound = {**defaults, **dict(zip(names, args)), **kwargs}
+            bound = dict(defaults)
+            bound.update(zip(names, args))
+            if kwargs:
+                bound.update(kwargs)
             comm = _comm(self)
             fields, key, open_ended = describer(spec, bound, comm)
             body = f'{prefix}{comm.text},{describe.site(sys._getframe(1))},"t":{time.time()!r}{fields}'
@@ -465,7 +471,7 @@ def install(log: EventLog) -> None:
         return
     describe.add_internal(mpi4py)
     _reductions.update(
-        {op.handle: name for name, op in vars(MPI).items() if isinstance(op, MPI.Op) and op != MPI.OP_NULL}
+        {op.handle: f'"{name}"' for name, op in vars(MPI).items() if isinstance(op, MPI.Op) and op != MPI.OP_NULL}
     )
     world = MPI.COMM_WORLD
     _originals.update(COMM_WORLD=world, Request=MPI.Request)

@@ -4,6 +4,7 @@ and judged by the watchdog."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import pytest_ddp
 from conftest import line_of
 from pytest_ddp import watchdog
 from pytest_ddp.consistency import unreceived_messages
-from pytest_ddp.protocol import EventReader
+from pytest_ddp.protocol import CALL_KEYS, RET_KEYS, EventReader
 from pytest_ddp.state import RankState, Snapshot
 from pytest_ddp.verdicts import Verdict
 from pytest_ddp.wording import worded
@@ -135,6 +136,10 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     for state in run.states:
         assert state.in_flight == [{"i": 11, "err": "request not complete 0.1 s after the test"}]
     assert outline(judge(run.states)) == ("done", None, [], [])
+    # The recorder writes its events by hand: only keys the wire format defines.
+    lines = [json.loads(line) for r in (0, 1) for line in (tmp_path / f"rank{r}.log").read_text().splitlines()]
+    assert all(set(line) <= CALL_KEYS for line in lines if line["e"] == "call")
+    assert all(set(line) <= RET_KEYS for line in lines if line["e"] == "ret")
 
 
 def test_small_sends_to_one_any_source_receive_pass_but_leave_a_message_never_received(tmp_path: Path) -> None:
