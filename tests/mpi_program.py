@@ -57,13 +57,17 @@ def calls(rank: int) -> None:
     comm.Allreduce(MPI.IN_PLACE, torch.ones(3), op=MPI.MAX)
     comm.allreduce(rank)
     comm.Split(color=rank, key=0).Barrier()
-    comm.Dup().Bcast(data, root=1)
+    dup = comm.Dup()
+    dup.Bcast(data, root=1)
     never = comm.Irecv(np.empty(1), source=MPI.ANY_SOURCE, tag=99)
     kinds = {"world": type(MPI.COMM_WORLD).__name__, "request": isinstance(never, MPI.Request)}
     print(json.dumps(kinds), flush=True)
     _done()
     never.Cancel()  # so that every rank can finalize
     never.Wait()
+    mpi_recorder.start_test()  # the next test on these ranks uses a communicator made before it
+    _log.write(TestStart("next"))
+    dup.Barrier()
 
 
 def small_any_source(rank: int) -> None:

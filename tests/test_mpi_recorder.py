@@ -21,7 +21,7 @@ import pytest_ddp
 from conftest import line_of
 from pytest_ddp import watchdog
 from pytest_ddp.consistency import unreceived_messages
-from pytest_ddp.protocol import CALL_KEYS, RET_KEYS, EventReader
+from pytest_ddp.protocol import CALL_KEYS, RET_KEYS, EventReader, TestStart
 from pytest_ddp.state import RankState, Snapshot
 from pytest_ddp.verdicts import Verdict
 from pytest_ddp.wording import worded
@@ -40,7 +40,7 @@ class MpiRun:
 
     def __init__(self, scenario: str, ranks: int, folder: Path) -> None:
         self.readers = [EventReader(str(folder / f"rank{r}.log")) for r in range(ranks)]
-        self.states = [RankState(rank=r) for r in range(ranks)]
+        self.tests: list[list[RankState]] = [[] for _ in range(ranks)]  # per rank, a state per test
         self.started = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(Path(pytest_ddp.__file__).parent.parent)}
         assert MPIEXEC is not None
@@ -50,10 +50,17 @@ class MpiRun:
             text=True, start_new_session=True,
         )
 
+    @property
+    def states(self) -> list[RankState]:
+        """The ranks in the scenario's first test."""
+        return [tests[0] if tests else RankState(rank=r) for r, tests in enumerate(self.tests)]
+
     def read(self) -> None:
-        for reader, state in zip(self.readers, self.states):
+        for rank, (reader, tests) in enumerate(zip(self.readers, self.tests)):
             for event in reader.read_new():
-                state.apply(event)
+                if isinstance(event, TestStart):
+                    tests.append(RankState(rank=rank))
+                tests[-1].apply(event)
 
     def read_until(self, ready: Callable[[list[RankState]], bool]) -> None:
         """Fold the logs until ``ready`` holds of the states, while the ranks run."""
@@ -109,7 +116,8 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
         output = run.finish()
     assert output.count('{"world": "RecordingComm", "request": true}') == 2
     sender, receiver = run.states
-    assert [c.label for c in sender.calls] == [
+    calls = sender.calls
+    assert [c.label for c in calls] == [
         "Send #1 to 1 (tag 5)", "send #2 to 1 (tag 7)", "Send #3 to 1 (tag 8)", "Isend #4 to 1 (tag 9)",
         "Send #5 to 1 (tag 10)", "Allreduce #1", "allreduce #2", "Split #3", "Barrier #1 on group 1.0 [0]",
         "Dup #4", "Bcast #1 on group 2 [0, 1]", "Irecv #1 from any (tag 99)",
@@ -125,7 +133,7 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     assert (in_place.shapes, in_place.dtypes, in_place.extra) == ([[3]], ["float32"], {"bytes": 12, "op": "MAX"})
     assert (reduced.obj_type, reduced.extra) == ("int", {"op": "SUM"})
     assert sender.calls[10].root == 1
-    assert [c.state for c in sender.calls] == ["ok"] * 11 + ["running"]  # the Isend's ret came with its Waitall
+    assert [c.state for c in calls] == ["ok"] * 11 + ["running"]  # the Isend's ret came with its Waitall
 
     any_source = receiver.calls[0]
     assert (any_source.peer, any_source.tag, any_source.got_source, any_source.got_tag) == (None, None, 0, 5)
@@ -136,6 +144,8 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     for state in run.states:
         assert state.in_flight == [{"i": 11, "err": "request not complete 0.1 s after the test"}]
     assert outline(judge(run.states)) == ("done", None, [], [])
+    # The next test on these ranks numbers its calls from 0; a communicator made before it is named so.
+    assert [[c.label for c in tests[1].calls] for tests in run.tests] == [["Barrier #1 on group before-2 [0, 1]"]] * 2
     # The recorder writes its events by hand: only keys the wire format defines.
     lines = [json.loads(line) for r in (0, 1) for line in (tmp_path / f"rank{r}.log").read_text().splitlines()]
     assert all(set(line) <= CALL_KEYS for line in lines if line["e"] == "call")
