@@ -122,17 +122,17 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
         "Send #5 to 1 (tag 10)", "Allreduce #1", "allreduce #2", "Split #3", "Barrier #1 on group 1.0 [0]",
         "Dup #4", "Bcast #1 on group 2 [0, 1]", "Irecv #1 from any (tag 99)",
     ]
-    first = sender.calls[0]
+    first = calls[0]
     assert (first.peer, first.tag, first.shapes, first.dtypes, first.extra, first.state) == (
         1, 5, [[10]], ["int64"], {"bytes": 80}, "ok"
     )
     assert first.site == site("comm.Send(data, dest=1, tag=5)")
-    pickled, counted, in_place, reduced = (sender.calls[i] for i in (1, 2, 5, 6))
+    pickled, counted, in_place, reduced = (calls[i] for i in (1, 2, 5, 6))
     assert (pickled.obj_type, pickled.obj_size and pickled.obj_size > 0) == ("dict", True)
     assert (counted.shapes, counted.extra) == ([[4]], {"bytes": 32})
     assert (in_place.shapes, in_place.dtypes, in_place.extra) == ([[3]], ["float32"], {"bytes": 12, "op": "MAX"})
     assert (reduced.obj_type, reduced.extra) == ("int", {"op": "SUM"})
-    assert sender.calls[10].root == 1
+    assert calls[10].root == 1
     assert [c.state for c in calls] == ["ok"] * 11 + ["running"]  # the Isend's ret came with its Waitall
 
     any_source = receiver.calls[0]
