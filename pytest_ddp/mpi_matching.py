@@ -163,6 +163,12 @@ def may_return_alone(call: Call) -> bool:
     return is_mpi_p2p(call) and (kind.direction == "send" or bool(kind.recv_from)) and not kind.synchronous
 
 
+def unreceived_from(ranks: dict[int, RankState], sender: int, dest: int, group: str) -> list[Message]:
+    """The messages from ``sender`` to ``dest`` on ``group`` that no receive took (sent with a
+    tag the receives do not want, say)."""
+    return [m for m in match(ranks).left if (m.sender, m.dest, m.call.group) == (sender, dest, group)]
+
+
 def unreceived(ranks: dict[int, RankState]) -> list[Message]:
     """Messages whose send returned and that no receive took."""
     return [m for m in match(ranks).left if m.call.state == "ok"]
