@@ -264,15 +264,12 @@ def _recorded(request: Any) -> _Pending | None:
     return pending if pending is not None and pending.generation == _numbers.generation else None
 
 
-def _waiting(pending: _Pending, status: MPI.Status | None) -> MPI.Status | None:
-    """The caller now blocks on the request: say so; the status to complete it with."""
-    log = _log
-    if log is not None:
-        log.write_line(f'{{"e":"wait","i":{pending.call},"t":{time.time()!r}}}')
-    return status if status is not None or pending.ranks is None else MPI.Status()
-
-
 _Request: Any = MPI.Request  # mpi4py's own, whatever install makes of MPI.Request
+
+
+def _tested(result: Any) -> bool:
+    """Whether Test or test completed the request (test returns (flag, object))."""
+    return bool(result[0] if isinstance(result, tuple) else result)
 
 
 class RecordingRequest(MPI.Request):
@@ -281,61 +278,37 @@ class RecordingRequest(MPI.Request):
     __slots__ = ("_ddp",)
     _ddp: _Pending | None
 
-    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+    def _complete(self, method: Callable[..., Any], status: MPI.Status | None, blocks: bool) -> Any:
+        """mpi4py's ``method``; the call's ret once it completed the request, and before a
+        blocking one a wait event: the rank is now blocked in that call."""
         pending = _recorded(self)
         if pending is None:
-            return _Request.Wait(self, status)
-        status = _waiting(pending, status)
+            return method(self, status)
+        log = _log
+        if blocks and log is not None:
+            log.write_line(f'{{"e":"wait","i":{pending.call},"t":{time.time()!r}}}')
+        if status is None and pending.ranks is not None:  # to learn which message a receive got
+            status = MPI.Status()
         try:
-            _Request.Wait(self, status)
+            result = method(self, status)
         except BaseException as exc:
             _finish(self, pending, exc)
             raise
-        _finish(self, pending, None, status)
-        return True
-
-    def wait(self, status: MPI.Status | None = None) -> Any:
-        pending = _recorded(self)
-        if pending is None:
-            return _Request.wait(self, status)
-        status = _waiting(pending, status)
-        try:
-            result = _Request.wait(self, status)
-        except BaseException as exc:
-            _finish(self, pending, exc)
-            raise
-        _finish(self, pending, None, status)
+        if blocks or _tested(result):  # wait's result is the object received, maybe None
+            _finish(self, pending, None, status)
         return result
 
+    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+        return self._complete(_Request.Wait, status, blocks=True)
+
+    def wait(self, status: MPI.Status | None = None) -> Any:
+        return self._complete(_Request.wait, status, blocks=True)
+
     def Test(self, status: MPI.Status | None = None) -> bool:
-        pending = _recorded(self)
-        if pending is None:
-            return bool(_Request.Test(self, status))
-        if status is None and pending.ranks is not None:
-            status = MPI.Status()
-        try:
-            done = bool(_Request.Test(self, status))
-        except BaseException as exc:
-            _finish(self, pending, exc)
-            raise
-        if done:
-            _finish(self, pending, None, status)
-        return done
+        return bool(self._complete(_Request.Test, status, blocks=False))
 
     def test(self, status: MPI.Status | None = None) -> tuple[bool, Any]:
-        pending = _recorded(self)
-        if pending is None:
-            return _Request.test(self, status)
-        if status is None and pending.ranks is not None:
-            status = MPI.Status()
-        try:
-            done, result = _Request.test(self, status)
-        except BaseException as exc:
-            _finish(self, pending, exc)
-            raise
-        if done:
-            _finish(self, pending, None, status)
-        return done, result
+        return self._complete(_Request.test, status, blocks=False)
 
     # Waiting for all is waiting for each in turn: MPI progresses every request while
     # the caller waits for one, so this completes exactly when Waitall would.  Each wait

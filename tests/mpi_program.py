@@ -45,6 +45,7 @@ def calls(rank: int) -> None:
         comm.Send([data, 4, MPI.INT64_T], dest=1, tag=8)
         MPI.Request.Waitall([comm.Isend(data, dest=1, tag=9)])
         comm.Send(data, dest=1, tag=10)
+        comm.isend(None, dest=1, tag=11).wait()
     else:
         comm.Recv(data, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
         comm.recv(source=0, tag=7)
@@ -54,6 +55,7 @@ def calls(rank: int) -> None:
             comm.Recv(np.empty(2, dtype=np.int64), source=0, tag=10)  # too small: raises
         except MPI.Exception:
             pass
+        comm.irecv(source=MPI.ANY_SOURCE, tag=11).wait()  # receives None
     comm.Allreduce(MPI.IN_PLACE, torch.ones(3), op=MPI.MAX)
     comm.allreduce(rank)
     comm.Split(color=rank, key=0).Barrier()

@@ -119,21 +119,21 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     calls = sender.calls
     assert [c.label for c in calls] == [
         "Send #1 to 1 (tag 5)", "send #2 to 1 (tag 7)", "Send #3 to 1 (tag 8)", "Isend #4 to 1 (tag 9)",
-        "Send #5 to 1 (tag 10)", "Allreduce #1", "allreduce #2", "Split #3", "Barrier #1 on group 1.0 [0]",
-        "Dup #4", "Bcast #1 on group 2 [0, 1]", "Irecv #1 from any (tag 99)",
+        "Send #5 to 1 (tag 10)", "isend #6 to 1 (tag 11)", "Allreduce #1", "allreduce #2", "Split #3",
+        "Barrier #1 on group 1.0 [0]", "Dup #4", "Bcast #1 on group 2 [0, 1]", "Irecv #1 from any (tag 99)",
     ]
     first = calls[0]
     assert (first.peer, first.tag, first.shapes, first.dtypes, first.extra, first.state) == (
         1, 5, [[10]], ["int64"], {"bytes": 80}, "ok"
     )
     assert first.site == site("comm.Send(data, dest=1, tag=5)")
-    pickled, counted, in_place, reduced = (calls[i] for i in (1, 2, 5, 6))
+    pickled, counted, in_place, reduced = (calls[i] for i in (1, 2, 6, 7))
     assert (pickled.obj_type, pickled.obj_size and pickled.obj_size > 0) == ("dict", True)
     assert (counted.shapes, counted.extra) == ([[4]], {"bytes": 32})
     assert (in_place.shapes, in_place.dtypes, in_place.extra) == ([[3]], ["float32"], {"bytes": 12, "op": "MAX"})
     assert (reduced.obj_type, reduced.extra) == ("int", {"op": "SUM"})
-    assert calls[10].root == 1
-    assert [c.state for c in calls] == ["ok"] * 11 + ["running"]  # the Isend's ret came with its Waitall
+    assert calls[11].root == 1
+    assert [c.state for c in calls] == ["ok"] * 12 + ["running"]  # the Isend's ret came with its Waitall
 
     any_source = receiver.calls[0]
     assert (any_source.peer, any_source.tag, any_source.got_source, any_source.got_tag) == (None, None, 0, 5)
@@ -141,8 +141,10 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     truncated = receiver.calls[4]
     assert truncated.state == "raised" and truncated.error is not None and "truncated" in truncated.error
     assert receiver.calls[3].site == site("comm.Irecv(data, source=0, tag=9).Wait()")
+    got_none = receiver.calls[5]  # its wait() returned None: it completed all the same
+    assert (got_none.label, got_none.state, got_none.got_source) == ("irecv #2 from any (tag 11)", "ok", 0)
     for state in run.states:
-        assert state.in_flight == [{"i": 11, "err": "request not complete 0.1 s after the test"}]
+        assert state.in_flight == [{"i": 12, "err": "request not complete 0.1 s after the test"}]
     assert outline(judge(run.states)) == ("done", None, [], [])
     # The next test on these ranks numbers its calls from 0; a communicator made before it is named so.
     assert [[c.label for c in tests[1].calls] for tests in run.tests] == [["Barrier #1 on group before-2 [0, 1]"]] * 2
