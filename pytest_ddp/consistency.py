@@ -1,10 +1,12 @@
 """The after-test check of a passing test: do the ranks' collective sequences agree,
-and did every rank's asynchronous work complete?  Pure: data in, data out."""
+did every rank's asynchronous work complete, was every MPI message sent received?
+Pure: data in, data out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import mpi_matching
 from .state import Call, RankState
 
 
@@ -16,6 +18,16 @@ class UnfinishedWork:
     call: Call | None  # None: a call the log does not hold
     index: int
     error: str  # why it did not complete: "Timed out waiting ...", "still running"
+
+
+@dataclass(frozen=True)
+class UnreceivedMessage:
+    """An MPI message whose send returned (its data buffered) and that no receive took: MPI
+    drops it silently when the program ends."""
+
+    rank: int  # the sender
+    call: Call
+    dest: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,12 @@ def unfinished_work(ranks: list[RankState]) -> list[UnfinishedWork]:
             call = state.calls[work["i"]] if work["i"] < len(state.calls) else None
             found.append(UnfinishedWork(state.rank, call, work["i"], work["err"]))
     return found
+
+
+def unreceived_messages(ranks: list[RankState]) -> list[UnreceivedMessage]:
+    """The MPI messages sent and never received, in rank order."""
+    messages = mpi_matching.unreceived({s.rank: s for s in ranks})
+    return [UnreceivedMessage(m.sender, m.call, m.dest) for m in sorted(messages, key=lambda m: m.sender)]
 
 
 def compare_sequences(ranks: list[RankState]) -> list[SequenceDifference]:

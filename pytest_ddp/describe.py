@@ -44,6 +44,16 @@ _UNSEEN = object()
 _site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal
 
 
+def add_internal(module: ModuleType) -> None:
+    """Frames in that package are not call sites either (mpi4py, for the MPI recorder)."""
+    global _INTERNAL_DIRS
+    if _package_dir(module) in _INTERNAL_DIRS:
+        return
+    _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
+    _site_files.clear()
+    _sites.clear()
+
+
 def _site_file(filename: str) -> str | None:
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen "):
         return None

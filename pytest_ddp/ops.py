@@ -9,14 +9,21 @@ An operation's *kind* decides how the watchdog pairs it:
 ``batch``       ``batch_isend_irecv``: sends and receives to many peers at once;
                 a count of its own per group, in no collective sequence
 ``group``       sets up or tears down groups (``init_process_group``, ...); not numbered
+
+MPI operations (``api="mpi"``, the methods of an mpi4py communicator) are in the
+same table under ``mpi.<method>``: their kinds mean the same, their parameters are
+mpi4py's (``buf``, ``dest``, ``tag``, ``root``, ``op``).  Making a communicator
+(``Dup``, ``Split``, ...) is a collective of the communicator it is made from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["collective", "p2p", "batch", "group"]
+Api = Literal["torch", "mpi"]
+MPI_PREFIX = "mpi."
 Direction = Literal["send", "recv"]
 
 
@@ -35,11 +42,25 @@ class Op:
     blocks: bool = True  # the caller stays inside until the work is done
     uneven: bool = False  # its tensors may differ in size between ranks (uneven splits)
     python: bool = True  # a torch.distributed function the recorder wraps (where this torch has it)
+    api: Api = "torch"
+    # MPI only:
+    tag: str | None = None  # parameter holding the tag (a send's, a receive's: absent means any tag)
+    recv_from: str | None = None  # Sendrecv: the receiving end's source and tag parameters
+    recv_tag: str | None = None
+    reduction: str | None = None  # parameter holding the reduction operation (MPI.SUM, ...)
+    probe: bool = False  # waits for a matching message without receiving it
+    synchronous: bool = False  # a send that returns only once its receive has started (Ssend)
+    makes_comm: bool = False  # returns a new communicator (Dup, Split, Create)
 
     @property
     def is_collective(self) -> bool:
         """Every member of its group must enter it before any can leave it."""
         return self.kind == "collective"
+
+    @property
+    def method(self) -> str:
+        """The name the user called: ``all_reduce``, ``Send`` (of ``mpi.Send``)."""
+        return self.name.removeprefix(MPI_PREFIX) if self.api == "mpi" else self.name
 
     @property
     def pairs(self) -> bool:
@@ -89,6 +110,65 @@ OPS: dict[str, Op] = _table(
     Op("all_gather_into_tensor_coalesced", "collective", python=False),
     Op("reduce_scatter_tensor_coalesced", "collective", python=False),
 )
+
+
+def _mpi(method: str, kind: Kind, buffer: str | None = None, rank: str | None = None, **facts: Any) -> Op:
+    """An mpi4py communicator method: a buffer method (``Send``) describes ``buffer``; its
+    pickling twin (``send``) the object in ``obj``."""
+    return Op(f"{MPI_PREFIX}{method}", kind, buffer, rank, api="mpi", python=False, **facts)
+
+
+_SEND: dict[str, Any] = {"direction": "send", "tag": "tag"}
+_RECV: dict[str, Any] = {"direction": "recv", "tag": "tag"}
+_ASYNC: dict[str, Any] = {"blocks": False}
+
+MPI_OPS: dict[str, Op] = _table(
+    _mpi("Send", "p2p", "buf", "dest", **_SEND),
+    _mpi("Ssend", "p2p", "buf", "dest", **_SEND, synchronous=True),
+    _mpi("Isend", "p2p", "buf", "dest", **_SEND, **_ASYNC),
+    _mpi("Issend", "p2p", "buf", "dest", **_SEND, **_ASYNC, synchronous=True),
+    _mpi("Recv", "p2p", "buf", "source", **_RECV),
+    _mpi("Irecv", "p2p", "buf", "source", **_RECV, **_ASYNC),
+    _mpi("Sendrecv", "p2p", "sendbuf", "dest", tag="sendtag", recv_from="source", recv_tag="recvtag"),
+    _mpi("Probe", "p2p", None, "source", **_RECV, probe=True),
+    _mpi("Iprobe", "p2p", None, "source", **_RECV, **_ASYNC, probe=True),
+    _mpi("send", "p2p", None, "dest", **_SEND, obj="obj"),
+    _mpi("ssend", "p2p", None, "dest", **_SEND, obj="obj", synchronous=True),
+    _mpi("isend", "p2p", None, "dest", **_SEND, **_ASYNC, obj="obj"),
+    _mpi("issend", "p2p", None, "dest", **_SEND, **_ASYNC, obj="obj", synchronous=True),
+    _mpi("recv", "p2p", None, "source", **_RECV),
+    _mpi("irecv", "p2p", None, "source", **_RECV, **_ASYNC),
+    _mpi("sendrecv", "p2p", None, "dest", tag="sendtag", recv_from="source", recv_tag="recvtag", obj="sendobj"),
+    _mpi("probe", "p2p", None, "source", **_RECV, probe=True),
+    _mpi("iprobe", "p2p", None, "source", **_RECV, **_ASYNC, probe=True),
+    _mpi("Barrier", "collective"),
+    _mpi("barrier", "collective"),
+    _mpi("Bcast", "collective", "buf", "root"),
+    _mpi("bcast", "collective", None, "root", obj="obj", obj_from_root=True),
+    _mpi("Reduce", "collective", "sendbuf", "root", reduction="op"),
+    _mpi("reduce", "collective", None, "root", obj="sendobj", reduction="op"),
+    _mpi("Allreduce", "collective", "sendbuf", reduction="op"),
+    _mpi("allreduce", "collective", None, obj="sendobj", reduction="op"),
+    # With MPI.IN_PLACE a rank's own buffer holds every rank's part: sizes are not compared.
+    _mpi("Gather", "collective", "sendbuf", "root", uneven=True),
+    _mpi("Gatherv", "collective", "sendbuf", "root", uneven=True),
+    _mpi("gather", "collective", None, "root", obj="sendobj"),
+    _mpi("Scatter", "collective", "recvbuf", "root", uneven=True),
+    _mpi("Scatterv", "collective", "recvbuf", "root", uneven=True),
+    _mpi("scatter", "collective", None, "root", obj="sendobj", obj_from_root=True),
+    _mpi("Allgather", "collective", "sendbuf", uneven=True),
+    _mpi("Allgatherv", "collective", "sendbuf", uneven=True),
+    _mpi("allgather", "collective", None, obj="sendobj"),
+    _mpi("Alltoall", "collective", "sendbuf"),
+    _mpi("Alltoallv", "collective", "sendbuf", uneven=True),
+    _mpi("alltoall", "collective", None, obj="sendobj"),
+    _mpi("Dup", "collective", makes_comm=True),
+    _mpi("Clone", "collective", makes_comm=True),
+    _mpi("Split", "collective", makes_comm=True),
+    _mpi("Split_type", "collective", makes_comm=True),
+    _mpi("Create", "collective", makes_comm=True),
+)
+OPS.update(MPI_OPS)
 
 INIT = "init_process_group"
 NEW_GROUP = "new_group"

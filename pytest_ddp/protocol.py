@@ -26,8 +26,9 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
             :mod:`pytest_ddp.rank_warnings`), ``id`` (the test's node id)
 ``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
             (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
-``call``    a torch.distributed call was entered: see :data:`CALL_KEYS`
-``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``)
+``call``    a torch.distributed call (or an MPI communicator's) was entered: see :data:`CALL_KEYS`
+``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``); for an MPI
+            receive, the message it got (``src``, ``tag``)
 ``fault``   a fault declared for the test (:mod:`pytest_ddp.faults`) fires now: ``text``, ``action``,
             ``op``, ``call``, ``site``; written before it acts (a killed rank's log holds it)
 
@@ -187,13 +188,16 @@ class CallWire(TypedDict):
     shapes: NotRequired[list[list[int]]]
     dtypes: NotRequired[list[str]]
     devices: NotRequired[list[str]]
-    peer: NotRequired[int]  # p2p: the other rank; absent for a receive from any source
+    peer: NotRequired[int]  # p2p: the other rank; absent for a receive from any source; -1: MPI.PROC_NULL
+    tag: NotRequired[int]  # MPI p2p: the message's tag; absent for a receive of any tag
     root: NotRequired[int]  # rooted collectives
     # "async" is a Python keyword: the TypedDict can only say it in a comment.
     # async: NotRequired[bool]  (async_op=True)
     obj_type: NotRequired[str]  # *_object calls
     obj_size: NotRequired[int]
-    extra: NotRequired[dict[str, Any]]  # init: rank, world_size, init_method; "via": "backend"
+    # init: rank, world_size, init_method; "via": "backend"; MPI: "op" (reduction), "bytes",
+    # Sendrecv's receiving end ("recv_from", absent: any source; "recv_tag", absent: any tag)
+    extra: NotRequired[dict[str, Any]]
 
 
 class RetWire(TypedDict):
@@ -204,7 +208,12 @@ class RetWire(TypedDict):
     t: float
     ok: bool
     err: NotRequired[str]  # "TypeError: cannot pickle ..." when ok is false
+    src: NotRequired[int]  # an MPI receive from any source: the rank whose message it got
+    tag: NotRequired[int]  # an MPI receive of any tag: the tag of the message it got
 
+
+# MPI's peer for MPI.PROC_NULL: a send or receive that completes at once, with nobody.
+NULL_PEER = -1
 
 # Every key a call event may carry, "async" included.
 CALL_KEYS = frozenset(CallWire.__annotations__) | {"async"}
@@ -229,6 +238,7 @@ class CallEvent:
     devices: list[str] = field(default_factory=list)
     peer: int | None = None
     root: int | None = None
+    tag: int | None = None
     is_async: bool = False
     obj_type: str | None = None
     obj_size: int | None = None
@@ -238,13 +248,16 @@ class CallEvent:
 
 @dataclass(slots=True)
 class RetEvent:
-    """Call ``index`` returned (``ok``) or raised (``error``)."""
+    """Call ``index`` returned (``ok``) or raised (``error``); an MPI receive also says which
+    message it got (``source``, ``tag``) where its call left them open."""
 
     KIND: ClassVar[Literal["ret"]] = "ret"
-    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err"}
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
     index: int
     ok: bool = True
     error: str | None = None
+    source: int | None = None
+    tag: int | None = None
     time: float = field(default_factory=_now, kw_only=True)
 
 

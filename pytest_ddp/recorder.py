@@ -117,6 +117,12 @@ class _Numbers:
 _numbers = _Numbers()
 
 
+def numbers() -> _Numbers:
+    """This rank's call numbering, shared by every recorder (:mod:`pytest_ddp.mpi_recorder` too),
+    so that a test that makes torch and MPI calls has one sequence of call indexes."""
+    return _numbers
+
+
 def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
     _numbers.reset()

@@ -15,6 +15,7 @@ from typing import Any
 from .faults import DEADLY
 from .ops import Op, op
 from .protocol import (
+    NULL_PEER,
     CallEvent,
     Done,
     Event,
@@ -41,6 +42,14 @@ def exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _peer_text(peer: int | None) -> str:
+    return "any" if peer is None else "null" if peer == NULL_PEER else str(peer)
+
+
+def _tag_text(tag: int | None) -> str:
+    return " (any tag)" if tag is None else f" (tag {tag})"
+
+
 @dataclass
 class Call:
     """One recorded torch.distributed call on one rank."""
@@ -57,6 +66,7 @@ class Call:
     devices: list[str] = field(default_factory=list)
     peer: int | None = None  # p2p: the other rank (src of a recv, dst of a send); None = any
     root: int | None = None  # rooted collectives: broadcast/scatter src, reduce/gather dst
+    tag: int | None = None  # MPI p2p: the message's tag; None: a receive of any tag
     is_async: bool = False
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
@@ -64,6 +74,9 @@ class Call:
     caller: str | None = None  # the site is in an installed library: the user's frame that led there
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
+    # An MPI receive that returned: the sender and tag of the message it got, where it left them open.
+    got_source: int | None = None
+    got_tag: int | None = None
 
     @property
     def state(self) -> str:
@@ -98,11 +111,16 @@ class Call:
 
     @property
     def label(self) -> str:
-        """``all_reduce #3`` or ``recv #1 from 0``: how reports name a call."""
-        text = f"{self.op} #{self.seq}" if self.seq else self.op
+        """``all_reduce #3``, ``recv #1 from 0``, ``Send #1 to 0 (tag 5)``: how reports name a call."""
+        kind = self.kind
+        text = f"{kind.method} #{self.seq}" if self.seq else kind.method
         if self.is_p2p:
             direction = "from" if self.is_recv else "to"
-            text += f" {direction} {'any' if self.peer is None else self.peer}"
+            text += f" {direction} {_peer_text(self.peer)}"
+            if kind.api == "mpi":
+                text += _tag_text(self.tag)
+                if kind.recv_from:  # Sendrecv
+                    text += f", from {_peer_text(self.extra.get('recv_from'))}{_tag_text(self.extra.get('recv_tag'))}"
         if self.group != "WORLD":
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text
@@ -133,6 +151,7 @@ class Call:
             obj_size=ev.obj_size,
             extra=ev.extra,
             caller=ev.caller,
+            tag=ev.tag,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +171,7 @@ class Call:
             "devices": self.devices,
             "peer": self.peer,
             "root": self.root,
+            "tag": self.tag,
             "async": self.is_async,
             "obj_type": self.obj_type,
             "obj_size": self.obj_size,
@@ -232,6 +252,7 @@ class RankState:
                     call.exit = ev.time
                     if not ev.ok:
                         call.error = ev.error or "error"
+                    call.got_source, call.got_tag = ev.source, ev.tag
             case PhaseStart():
                 self.phase = ev.when
             case Report():

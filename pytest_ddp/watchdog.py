@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from . import mpi_matching
 from .init_faults import init_fault
 from .ops import INIT, MONITORED_BARRIER
 from .state import Call, RankState, Snapshot
@@ -96,6 +97,7 @@ def _members(rank: int, call: Call, ranks: dict[int, RankState]) -> list[int] | 
 def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
     """Each blocked rank's wait; blocked ranks about which nothing is certain are left out."""
     waits = {}
+    mpi = mpi_matching.P2P(ranks)  # MPI's matching rules, for MPI's sends and receives
     for rank, state in ranks.items():
         call = state.blocked_call
         if call is None:
@@ -103,6 +105,8 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
         wait: Wait | None
         if call.op == INIT:
             wait = _init_wait(rank, call, ranks)
+        elif mpi_matching.is_mpi_p2p(call):
+            wait = mpi.wait(rank, call)
         elif call.is_p2p:
             wait = _p2p_wait(rank, call, ranks)
         elif call.is_collective:
@@ -348,15 +352,22 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            # A rank whose connections were broken on purpose is about to raise out of its call.
-            running = any(
-                not s.finished and (s.current_call is None or any(f.action == "disconnect" for f in s.injected))
-                for s in snap.ranks
-            )
+            running = any(not s.finished and _may_move(s) for s in snap.ranks)
             if running and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict
 
+
+def _may_move(state: RankState) -> bool:
+    """A rank outside any call, or inside one it may leave without any other rank, may still
+    finish or block elsewhere: a rank whose connections were broken on purpose is about to raise
+    out of its call, and an MPI send may return with its message buffered."""
+    call = state.current_call
+    return (
+        call is None
+        or any(f.action == "disconnect" for f in state.injected)
+        or mpi_matching.may_return_alone(call)
+    )
 
 
 def judge(snap: Snapshot) -> Verdict:

@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-from .consistency import CallDifference, SequenceDifference, UnfinishedWork
+from . import mpi_matching
+from .consistency import CallDifference, SequenceDifference, UnfinishedWork, UnreceivedMessage
 from .init_faults import given, latest_init
 from .state import Call, RankState, exit_text
 from .verdicts import (
@@ -150,11 +151,15 @@ def _wait_clauses(
     return _joined(clauses)
 
 
-def _left_reason(state: RankState, waiter: int, waited: Call, plural: bool) -> str:
+def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Call, plural: bool) -> str:
     """How a rank others wait for left the test: what it did, or what it never did."""
+    state = ranks[rank]
     if not state.alive or state.failed:
         return _how_it_failed(state)
     test = "their test" if plural else "its test"
+    missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if waited.is_recv else []
+    if missed:  # MPI: it did send, with another tag
+        return f"returned from {test}; its {describe_call(missed[0].call)} matches no receive"
     if waited.is_p2p:
         exchange = "sending to" if waited.is_recv else "receiving from"
         return f"returned from {test} without {exchange} rank {waiter}"
@@ -189,7 +194,7 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
         return waiter, f.waits[waiter].call
 
     def reason(g: int, plural: bool = False) -> str:
-        return _left_reason(ranks[g], *waited_by(g), plural)
+        return _left_reason(ranks, g, *waited_by(g), plural)
 
     causes = [f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)]
     causes += [f"rank {v} {reason(v)}" for v in f.victims]
@@ -296,6 +301,11 @@ def unfinished_line(work: UnfinishedWork) -> str:
     """``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
     what = describe_call(work.call) if work.call is not None else f"call {work.index}"
     return f"rank {work.rank}: {what}: {work.error}"
+
+
+def unreceived_line(message: UnreceivedMessage) -> str:
+    """``rank 2: Send #1 to 0 (tag 0) (test_x.py:12): sent, never received``."""
+    return f"rank {message.rank}: {describe_call(message.call)}: sent, never received"
 
 
 def difference_line(difference: SequenceDifference) -> str:
