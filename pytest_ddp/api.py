@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from .consistency import compare_sequences, unfinished_work
+from .consistency import compare_sequences, unfinished_work, unreceived_messages
 from .faults import Fault, FaultError, check_all
 from .group import GroupConfig
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
@@ -49,7 +49,7 @@ from .spec import (
     process_group_timeout,
 )
 from .state import Call
-from .wording import difference_line, unfinished_line
+from .wording import difference_line, unfinished_line, unreceived_line
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -98,6 +98,8 @@ class Result:
     unfinished_work: list[str] = field(default_factory=list)
     # The faults that fired (``faults=``), as the report names them: "SIGKILL on rank 1 at all_reduce call 3".
     injected: list[str] = field(default_factory=list)
+    # MPI messages whose send returned and that no receive took, one line each; a pytest test fails on it.
+    unreceived_messages: list[str] = field(default_factory=list)
 
     @property
     def values(self) -> list[Any]:
@@ -217,7 +219,8 @@ def _result(test_run: TestRun | StartFailure) -> Result:
     differences = [difference_line(d) for d in compare_sequences(test_run.states)]
     unfinished = [unfinished_line(w) for w in unfinished_work(test_run.states)]
     injected = [event.text for state in test_run.states for event in state.injected]
-    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished, injected)
+    unreceived = [unreceived_line(m) for m in unreceived_messages(test_run.states)]
+    return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished, injected, unreceived)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

@@ -20,7 +20,7 @@ from typing import Any
 from . import picture, timeline
 from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import Call, RankState, exit_text
-from .wording import describe_call, difference_line, rank_list, unfinished_line
+from .wording import describe_call, difference_line, rank_list, unfinished_line, unreceived_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
@@ -53,6 +53,8 @@ def headline(run: TestRun) -> str:
         head = f"ddp: ranks stopped {run.spec.grace:g} s after a rank failed ({verdict.kind})"
     elif verdict.kind is None and run.unfinished_work:
         head = "ddp: failed: asynchronous work left in flight"
+    elif verdict.kind is None and run.unreceived_messages:
+        head = "ddp: failed: messages sent and never received"
     elif verdict.kind is None and run.sequence_differences:
         head = "ddp: failed: the ranks' collective sequences differ"
     elif verdict.kind is None and run.faults_not_fired:
@@ -231,6 +233,9 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     if run.unfinished_work:
         lines += ["", "asynchronous work still in flight after the test:"]
         lines += ["  " + unfinished_line(w) for w in run.unfinished_work]
+    if run.unreceived_messages:
+        lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
+        lines += ["  " + unreceived_line(m) for m in run.unreceived_messages]
     lines += _grouped_failures(rank_failures)
     for rank, stack in sorted(run.stacks.items()):
         lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
@@ -297,6 +302,10 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
             {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
         ],
         "unfinished_work": [{**dataclasses.asdict(w), "text": unfinished_line(w)} for w in run.unfinished_work],
+        "unreceived_messages": [
+            {"rank": m.rank, "dest": m.dest, "call": m.call.index, "text": unreceived_line(m)}
+            for m in run.unreceived_messages
+        ],
         "ranks": [
             {
                 "rank": s.rank,

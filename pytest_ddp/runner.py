@@ -86,6 +86,7 @@ class TestRun:
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
     unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
+    unreceived_messages: list[consistency.UnreceivedMessage] = field(default_factory=list)  # MPI sends nobody took
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     # The group was stopped right after this test: each rank's failed teardown of
@@ -98,8 +99,8 @@ class TestRun:
     @property
     def collectives_wrong(self) -> bool:
         """Fails a test that passed on every rank: the ranks' collective sequences
-        differ, or asynchronous work was left in flight."""
-        return bool(self.sequence_differences or self.unfinished_work)
+        differ, asynchronous work was left in flight, or MPI messages were never received."""
+        return bool(self.sequence_differences or self.unfinished_work or self.unreceived_messages)
 
     @property
     def stopped(self) -> bool:
@@ -148,6 +149,9 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
             run.sequence_differences = consistency.compare_sequences(survivors)
             run.unfinished_work = consistency.unfinished_work(survivors)
         run.faults_not_fired = not_fired(spec, group.states)
+    if verdict.status == "done" and spec.check_collectives:
+        # Also after a failure: a message left behind would be the next test's on a warm MPI world.
+        run.unreceived_messages = consistency.unreceived_messages(group.states)
     return run
 
 
