@@ -52,9 +52,16 @@ def is_mpi_p2p(call: Call) -> bool:
     return call.kind.api == "mpi" and call.is_p2p
 
 
+# MPI's error for a receive into a buffer too small (MPI_ERR_TRUNCATE): raised after the match.
+TRUNCATED = "Message truncated"
+
+
 def _posted(state: RankState, call: Call) -> bool:
     """A message was sent, or a receive posted: its call returned, or runs in a live process
-    (one that raised never took part; one whose process died will not)."""
+    (one that raised never took part, except a receive that took its message and found it too
+    long; one whose process died will not)."""
+    if call.state == "raised":
+        return TRUNCATED in (call.error or "")
     return call.state == "ok" or (call.state == "running" and state.alive)
 
 

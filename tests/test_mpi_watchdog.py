@@ -228,5 +228,13 @@ def test_collectives_on_a_split_communicator_wait_only_for_its_members() -> None
 
 def test_a_receive_that_raised_took_no_message() -> None:
     sends = rank(0, done("Send", 1, peer=1, tag=0, ranks=R2), finished=True)
-    receiver = rank(1, mpi("Recv", 1, peer=0, ranks=R2, state="raised"), finished=True, failed="truncated")
+    receiver = rank(1, mpi("Recv", 1, peer=0, ranks=R2, state="raised"), finished=True, failed="error")
     assert [m.rank for m in unreceived_messages([sends, receiver])] == [0]
+
+
+def test_a_receive_into_a_buffer_too_small_took_its_message() -> None:
+    # MPI matches the message, then finds it longer than the buffer (MPI_ERR_TRUNCATE).
+    sends = rank(0, done("Send", 1, peer=1, tag=0, ranks=R2), finished=True)
+    error = "Exception: Message truncated, error stack: internal_Recv_c(339)"
+    receiver = rank(1, mpi("Recv", 1, peer=0, ranks=R2, state="raised", error=error), finished=True, failed="truncated")
+    assert unreceived_messages([sends, receiver]) == []
