@@ -8,28 +8,25 @@ names the *divergence*: that first collective, the ranks on each side of it,
 and the minority (as the Flight Recorder analyzer names the point where ranks
 diverge).
 
-Cost: one pass over each rank's calls (comparisons done by the interpreter's
-C code, not Python loops), then a few cells per rank around the divergence,
-so a 64-rank report of 10,000 calls per rank takes milliseconds.
+Cost: one pass over each rank's calls, the long prefix the ranks share
+compared in C (:mod:`pytest_ddp.prefix`), then a few cells per rank around
+the divergence.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import attrgetter, lt, ne
+from operator import attrgetter, lt
 
-from .ops import OPS
+from .ops import COLLECTIVES
+from .prefix import shared_prefix
 from .state import Call, RankState
 from .wording import rank_list
 
 GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a stack section
 SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 
-_COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
-# Calls equal in these are equal by signature (not conversely: an uneven op's shapes may differ).
-_FIELDS = [attrgetter(name) for name in ("seq", "op", "shapes", "dtypes", "root")]
 
 
 @dataclass
@@ -70,7 +67,7 @@ class GroupSequences:
 
 def group_sequences(states: list[RankState]) -> list[GroupSequences]:
     """Each group's sequences, groups in the order they first appear."""
-    collectives = {s.rank: [c for c in s.calls if c.op in _COLLECTIVES] for s in states}
+    collectives = {s.rank: [c for c in s.calls if c.op in COLLECTIVES] for s in states}
     members: dict[str, tuple[int, ...]] = {}
     for calls in collectives.values():
         for name in dict.fromkeys(map(attrgetter("group"), calls)):
@@ -98,17 +95,9 @@ def _first_divergence(by_rank: dict[int, RankSequence], last: int) -> int | None
     start = 1
     if all(s.ordered for s in sequences):
         # Skip the prefix the ranks share call for call: there, with growing numbers, every
-        # rank has the same numbers and the same signatures.  Field by field, so that no
-        # object is made per call (a tuple per call made the collector walk every call).
-        reference = sequences[0]
-        shared = len(reference.calls)
-        for field in _FIELDS:
-            ours = list(map(field, reference.calls))
-            for other in sequences[1:]:
-                same = min(len(other.calls), shared)
-                theirs = list(map(field, other.calls[:same]))
-                shared = same if theirs == ours[:same] else next(compress(count(), map(ne, theirs, ours)))
-        start = reference.seqs[shared - 1] + 1 if shared else 1
+        # rank has the same numbers and the same signatures.
+        shared = shared_prefix([s.calls for s in sequences])
+        start = sequences[0].seqs[shared - 1] + 1 if shared else 1
     for seq in range(start, last + 1):
         cells = [s.at(seq) for s in sequences]
         if len({c.signature() if c else None for c in cells}) > 1:
