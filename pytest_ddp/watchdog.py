@@ -378,8 +378,8 @@ def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]
 
 # -- the verdict --------------------------------------------------------------
 
-# A certain deadlock is reported at once unless some ranks are still running:
-# they get this long to finish or block too, so the report names every culprit.
+# A certain deadlock is reported at once unless some ranks are still running or finishing a
+# collective: they get this long to finish or block too, so the report names every culprit.
 SETTLE = 0.5
 
 
@@ -396,11 +396,21 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            running = any(not s.finished and s.current_call is None for s in snap.ranks)
-            if running and snap.now - self._certain_since < SETTLE:
+            if _moving(snap, verdict) and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict
 
+
+
+def _moving(snap: Snapshot, verdict: Verdict) -> bool:
+    """Some unfinished rank may still block too: it runs outside any call, or it is in a
+    collective every member entered, finishing it (with 64 ranks, 30 were still leaving
+    all_reduce #11 when the others blocked in #12)."""
+    waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
+    return any(
+        not s.finished and (s.current_call is None or (s.rank in waits and not waits[s.rank].peers))
+        for s in snap.ranks
+    )
 
 
 def judge(snap: Snapshot) -> Verdict:

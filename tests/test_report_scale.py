@@ -5,7 +5,7 @@ over long runs, checked against the plain comparison it replaces."""
 
 from __future__ import annotations
 
-from test_watchdog import NOW, call, ok, rank, snap
+from test_watchdog import NOW, R3, call, ok, rank, snap
 
 from pytest_ddp import watchdog
 from pytest_ddp.prefix import shared_prefix
@@ -234,3 +234,28 @@ def test_the_table_over_a_long_run_marks_the_first_difference() -> None:
     states = [rank(r, *calls, finished=True) for r, calls in enumerate(long)]
     marked = [row for row in sequence_table(states) if row.endswith("<-- ranks differ")]
     assert len(marked) == 1 and marked[0].split()[0] == "1500"
+
+
+# -- the verdict waits for ranks still finishing a collective ------------------------
+
+
+def test_a_certain_deadlock_waits_for_ranks_still_leaving_the_collective_before() -> None:
+    """Seen with 64 real ranks: when rank 63 returned and the first ranks blocked in all_reduce
+    #12, others were still leaving #11; the verdict named only the ranks already in #12."""
+    def states(leaving: bool) -> list[RankState]:
+        late = [call("all_reduce", 2, ranks=R3)]  # every member entered #2: it completes
+        if not leaving:
+            late = [ok("all_reduce", 2, ranks=R3), call("all_reduce", 3, ranks=R3)]
+        return [
+            rank(0, ok("all_reduce", 1, ranks=R3), ok("all_reduce", 2, ranks=R3), call("all_reduce", 3, ranks=R3)),
+            rank(1, ok("all_reduce", 1, ranks=R3), *late),
+            rank(2, ok("all_reduce", 1, ranks=R3), ok("all_reduce", 2, ranks=R3), finished=True),
+        ]
+
+    watch = watchdog.Watch()
+    assert watchdog.judge(snap(*states(leaving=True))).culprits == [2]  # certain already
+    assert watch.verdict(snap(*states(leaving=True))) is None  # rank 1 is leaving #2: wait for it
+    later = snap(*states(leaving=False))
+    later.now += watchdog.SETTLE / 2
+    verdict = watch.verdict(later)
+    assert verdict is not None and (verdict.culprits, verdict.waiting) == ([2], [0, 1])
