@@ -326,16 +326,18 @@ def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
 
 def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """After the test: two ranks that entered the same collective with different signatures."""
-    made = {  # "?": a group the recorder could not name
-        rank: [c for c in ranks[rank].calls if c.op in COLLECTIVES and c.group != "?"] for rank in sorted(ranks)
-    }
+    made = {rank: ranks[rank].calls for rank in sorted(ranks)}
+
+    def collectives(calls: list[Call]) -> list[Call]:
+        return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]  # "?": a group the recorder could not name
+
     # The calls the ranks made alike from the first are alike by signature: only what follows can
     # differ, unless a (group, number) made there comes again (a group made anew: compare all).
     shared = shared_prefix(list(made.values()))
-    skipped = {(c.group, c.seq) for c in next(iter(made.values()), [])[:shared]}
-    rest = [(rank, call) for rank, calls in made.items() for call in calls[shared:]]
+    skipped = {(c.group, c.seq) for c in collectives(next(iter(made.values()), [])[:shared])}
+    rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls[shared:])]
     if any((call.group, call.seq) in skipped for _, call in rest):
-        rest = [(rank, call) for rank, calls in made.items() for call in calls]
+        rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls)]
     by_position: dict[tuple[str, int], dict[int, Call]] = {}
     for rank, call in rest:
         by_position.setdefault((call.group, call.seq), {})[rank] = call
