@@ -21,7 +21,7 @@ and its wording) and of the whole failure text.  Then, with ``--real``, a real
 through :func:`pytest_ddp.run`: the time from the test's start to the verdict,
 the time the rank group took to start, and the report's size in lines.
 
-    python benchmarks/verdict_scale.py [--sizes 8 64 512] [--calls 10000] [--real]
+    python benchmarks/verdict_scale.py [--sizes 8 64 512] [--calls 10000] [--scenarios ...] [--real]
 """
 
 from __future__ import annotations
@@ -204,12 +204,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 512])
     parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--real", action="store_true", help="also run a real 64-rank hang")
     args = parser.parse_args()
     print(f"{args.calls} calls per rank; best of {REPEATS} runs, in ms")
     print(f"{'ranks':>5} {'scenario':<9} {'status':<8} {'kind':<11} {'verdict':>9} {'report':>9} {'lines':>6}")
     for size in args.sizes:
-        for name in SCENARIOS:
+        for name in args.scenarios:
             measure(size, args.calls, name)
     if args.real:
         real(64)
