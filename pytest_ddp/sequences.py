@@ -28,26 +28,32 @@ GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a s
 SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 
 
-
 @dataclass
 class RankSequence:
     """One rank's collectives on one group, in the order it made them."""
 
     calls: list[Call]
     seqs: list[int]
-    ordered: bool  # the numbers only grow (not so for a group made again under the same name)
+    # None while the numbers only grow (found by bisection); else, for a group made again under
+    # the same name, each number's latest call.
+    latest: dict[int, Call] | None
 
     @classmethod
     def of(cls, calls: list[Call]) -> RankSequence:
         seqs = list(map(attrgetter("seq"), calls))
-        return cls(calls, seqs, all(map(lt, seqs, seqs[1:])))
+        ordered = all(map(lt, seqs, seqs[1:]))
+        return cls(calls, seqs, None if ordered else dict(zip(seqs, calls)))
+
+    @property
+    def ordered(self) -> bool:
+        return self.latest is None
 
     def at(self, seq: int) -> Call | None:
         """The call numbered ``seq``; the latest such if the numbers started over."""
-        if self.ordered:
-            i = bisect_left(self.seqs, seq)
-            return self.calls[i] if i < len(self.seqs) and self.seqs[i] == seq else None
-        return next((c for c in reversed(self.calls) if c.seq == seq), None)
+        if self.latest is not None:
+            return self.latest.get(seq)
+        i = bisect_left(self.seqs, seq)
+        return self.calls[i] if i < len(self.seqs) and self.seqs[i] == seq else None
 
 
 @dataclass

@@ -259,3 +259,14 @@ def test_a_certain_deadlock_waits_for_ranks_still_leaving_the_collective_before(
     later.now += watchdog.SETTLE / 2
     verdict = watch.verdict(later)
     assert verdict is not None and (verdict.culprits, verdict.waiting) == ([2], [0, 1])
+
+
+def test_the_table_of_a_group_made_anew_shows_each_numbers_latest_call() -> None:
+    again = [ok("all_reduce", 1, ranks=WORLD), ok("all_reduce", 2, ranks=WORLD)]
+    states = [
+        rank(0, *again, ok("all_reduce", 1, ranks=WORLD), finished=True),
+        rank(1, *again, ok("broadcast", 1, ranks=WORLD, root=0), finished=True),
+    ]
+    table = sequence_table(states)
+    assert [row.split()[0] for row in table[2:]] == ["1", "2"]
+    assert table[2].endswith("all_reduce [4] float32  broadcast [4] float32 root=0  <-- ranks differ")
