@@ -66,6 +66,7 @@ bench: venv
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,bench]'
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/recorder_overhead.py
+	$(PY) benchmarks/verdict_scale.py --real
 
 # The hostile run of "Nothing lost at the edges": prints what it left behind
 # (nothing, or it fails). LOCK as for matrix, e.g. LOCK='flock /tmp/ddp-heavy.lock'.

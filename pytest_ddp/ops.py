@@ -170,6 +170,10 @@ MPI_OPS: dict[str, Op] = _table(
 )
 OPS.update(MPI_OPS)
 
+# The names of the collectives, for passes over every call of a long run (a set lookup
+# costs a tenth of Call.is_collective).
+COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
+
 INIT = "init_process_group"
 NEW_GROUP = "new_group"
 MONITORED_BARRIER = "monitored_barrier"

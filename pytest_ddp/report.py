@@ -7,6 +7,14 @@ The failure text follows one order, so that people learn where to look:
 3. the collective sequences side by side per group, the first divergence marked;
 4. each failing rank's traceback and each stopped rank's Python stacks;
 5. the fd-level output (C++ stderr) of ranks that died.
+
+Above ``GROUP_ABOVE`` (8) ranks, so that a 64-rank report fits on a screen (as
+LLNL's STAT merges the stacks of ranks into classes): ranks in the same state
+share one line (``ranks 0-61, 63: waiting in ...``), ranks whose sequence
+columns are the same share a column, and a line under the headline names the
+first collective where the ranks part ways and the minority.  Identical
+tracebacks, stacks and stderr tails are shown once, with their ranks, at any
+size.  The JSON keeps every rank.
 """
 
 from __future__ import annotations
@@ -19,13 +27,13 @@ from typing import Any
 
 from . import picture, timeline
 from .runner import StartFailure, StoppedGroupFailure, TestRun
-from .state import Call, RankState, exit_text
+from .sequences import GROUP_ABOVE, Divergence, GroupSequences, divergence, divergence_line, group_sequences, table
+from .state import RankState, exit_text
 from .wording import describe_call, difference_line, rank_list, unfinished_line, unreceived_line
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
 HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
-SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
 
 
 def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
@@ -75,85 +83,55 @@ def injected_lines(states: list[RankState]) -> list[str]:
 
 def rank_line(state: RankState) -> str:
     """``rank 0: waiting in barrier #2 (test_x.py:20), in call; peak RSS 310 MB``."""
-    line = _rank_state(state)
-    if state.peak_rss is not None:
-        line += f"; peak RSS {state.peak_rss / 2**20:.0f} MB"
-    if state.peak_cuda is not None:
-        line += f", peak CUDA {state.peak_cuda / 2**20:.0f} MB"
-    return line
+    return f"rank {state.rank}: {_rank_state(state)}{_memory([state])}"
+
+
+def rank_lines(states: list[RankState]) -> list[str]:
+    """One line per rank; above ``GROUP_ABOVE`` ranks, one per state shared by ranks
+    (``ranks 0-62: waiting in all_reduce #12 (train.py:40), in call; peak RSS 180-190 MB``)."""
+    if len(states) <= GROUP_ABOVE:
+        return [rank_line(s) for s in states]
+    alike: dict[str, list[RankState]] = {}
+    for state in sorted(states, key=lambda s: s.rank):
+        alike.setdefault(_rank_state(state), []).append(state)
+    return [f"{rank_list(s.rank for s in group)}: {text}{_memory(group)}" for text, group in alike.items()]
+
+
+def _megabytes(values: list[int | None]) -> str | None:
+    """``310``, or ``300-320`` over several ranks; None when no rank measured it."""
+    known = sorted({round(v / 2**20) for v in values if v is not None})
+    if not known:
+        return None
+    return str(known[0]) if len(known) == 1 else f"{known[0]}-{known[-1]}"
+
+
+def _memory(states: list[RankState]) -> str:
+    text = ""
+    rss, cuda = _megabytes([s.peak_rss for s in states]), _megabytes([s.peak_cuda for s in states])
+    if rss is not None:
+        text += f"; peak RSS {rss} MB"
+    if cuda is not None:
+        text += f", peak CUDA {cuda} MB"
+    return text
+
+
+def _status(state: RankState) -> str:
+    """What the rank is doing, in a few words: ``finished (passed)``, ``running (call), outside any
+    collective``; "" when it waits in a call."""
+    if not state.alive:
+        return f"died ({exit_text(state.exit_code)}) during {state.phase}"
+    if state.finished:
+        return f"finished ({'failed' if state.failed else 'passed'})"
+    if state.current_call is not None:
+        return ""
+    return f"running ({state.phase}), outside any collective"
 
 
 def _rank_state(state: RankState) -> str:
     last = state.calls[-1] if state.calls else None
-    where = f"{describe_call(last)}" if last is not None else "no collective yet"
-    if not state.alive:
-        return f"rank {state.rank}: died ({exit_text(state.exit_code)}) during {state.phase}; last call {where}"
-    if state.finished:
-        outcome = "failed" if state.failed else "passed"
-        return f"rank {state.rank}: finished ({outcome}); last call {where}"
-    if state.current_call is not None:
-        return f"rank {state.rank}: waiting in {where}, in {state.phase}"
-    return f"rank {state.rank}: running ({state.phase}), outside any collective; last call {where}"
-
-
-def _cell(call: Call | None, with_site: bool = False) -> str:
-    if call is None:
-        return "-"
-    shapes = ",".join("x".join(str(d) for d in shape) or "scalar" for shape in call.shapes)
-    text = call.op + (f" [{shapes}]" if shapes else "")
-    if call.dtypes:
-        text += " " + ",".join(sorted(set(call.dtypes)))
-    if call.root is not None:
-        text += f" root={call.root}"
-    if with_site:  # ranks met in this collective from different lines: say where each came from
-        text += f" at {call.site}" + (f" from {call.caller}" if call.caller else "")
-    if call.state == "running":
-        text += " (waiting)"
-    elif call.state == "raised":
-        text += " (raised)"
-    return text
-
-
-def sequence_table(states: list[RankState]) -> list[str]:
-    """Each group's collectives side by side, around the first place the ranks differ."""
-    groups: dict[str, tuple[int, ...]] = {}
-    for state in states:
-        for call in state.calls:
-            if call.is_collective:
-                groups.setdefault(call.group, call.group_ranks)
-    lines: list[str] = []
-    for name, members in groups.items():
-        by_rank = {
-            s.rank: {c.seq: c for c in s.calls if c.is_collective and c.group == name}
-            for s in states
-            if s.rank in members or not members
-        }
-        last = max((max(calls, default=0) for calls in by_rank.values()), default=0)
-        if last == 0:
-            continue
-        diverges = None
-        for seq in range(1, last + 1):
-            cells = {rank: calls.get(seq) for rank, calls in by_rank.items()}
-            signatures = {c.signature() if c else None for c in cells.values()}
-            if len(signatures) > 1:
-                diverges = seq
-                break
-        centre = diverges if diverges is not None else last
-        first, end = max(1, centre - SEQUENCE_CONTEXT), min(last, centre + SEQUENCE_CONTEXT)
-        ranks = sorted(by_rank)
-        rows = [["#"] + [f"rank {r}" for r in ranks]]
-        for seq in range(first, end + 1):
-            calls = [by_rank[r].get(seq) for r in ranks]
-            sites = {(c.site, c.caller) for c in calls if c is not None}
-            rows.append([str(seq)] + [_cell(c, len(sites) > 1) for c in calls])
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        title = f"collectives on group {name}" + ("" if name == "WORLD" else f" {list(members)}")
-        lines.append(title + ":")
-        for row, row_seq in zip(rows, [None, *range(first, end + 1)]):
-            text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-            mark = "  <-- ranks differ" if row_seq is not None and row_seq == diverges else ""
-            lines.append("  " + text + mark)
-    return lines
+    where = describe_call(last) if last is not None else "no collective yet"
+    status = _status(state)
+    return f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
 
 
 HARNESS_FRAMES = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "/multiprocessing/", "<frozen runpy>", '"<string>"')
@@ -222,11 +200,13 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
     lines = _head(headline(run))
+    groups = group_sequences(run.states)
+    if len(run.states) > GROUP_ABOVE and (found := _divergence(run.states, groups)) is not None:
+        lines += [divergence_line(found), ""]
     lines += injected_lines(run.states)
-    lines += [rank_line(s) for s in run.states]
-    table = sequence_table(run.states)
-    if table:
-        lines += ["", *table]
+    lines += rank_lines(run.states)
+    if groups:
+        lines += ["", *table(groups)]
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
         lines += ["  " + difference_line(d) for d in run.sequence_differences]
@@ -237,14 +217,36 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
         lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
         lines += ["  " + unreceived_line(m) for m in run.unreceived_messages]
     lines += _grouped_failures(rank_failures)
-    for rank, stack in sorted(run.stacks.items()):
-        lines += ["", _section(f"rank {rank}: Python stacks when stopped"), format_stack(stack, test_file)]
+    stacks = {rank: format_stack(stack, test_file) for rank, stack in run.stacks.items()}
+    for ranks, text in _alike(stacks):
+        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), text]
+    tails = {}
     for state in run.states:
         output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
         if not state.alive and output:
-            tail = stderr_tail(output, test_file)
-            lines += ["", _section(f"rank {state.rank}: stderr ({exit_text(state.exit_code)})"), tail]
+            tails[state.rank] = f"{exit_text(state.exit_code)}\n{stderr_tail(output, test_file)}"
+    for ranks, text in _alike(tails):
+        how, tail = text.split("\n", 1)
+        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), tail]
     return "\n".join(lines)
+
+
+def _divergence(states: list[RankState], groups: list[GroupSequences]) -> Divergence | None:
+    """Where the ranks part ways; a rank that did not get there is said to be where it is."""
+    where = {s.rank: _status(s) or f"waiting in {describe_call(s.calls[-1])}" for s in states}
+    return divergence(groups, {r: f"did not enter it, {text}" for r, text in where.items()})
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # faulthandler's thread ids differ from rank to rank
+
+
+def _alike(texts: dict[int, str]) -> list[tuple[list[int], str]]:
+    """Ranks whose texts are the same but for addresses, each text once (the lowest rank's),
+    in the order of the lowest rank."""
+    groups: dict[str, tuple[list[int], str]] = {}
+    for rank, text in sorted(texts.items()):
+        groups.setdefault(_ADDRESS.sub("0x", text), ([], text))[0].append(rank)
+    return list(groups.values())
 
 
 def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
@@ -306,6 +308,7 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
             {"rank": m.rank, "dest": m.dest, "call": m.call.index, "text": unreceived_line(m)}
             for m in run.unreceived_messages
         ],
+        "divergence": _divergence_json(run.states),
         "ranks": [
             {
                 "rank": s.rank,
@@ -323,6 +326,21 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
             }
             for s in run.states
         ],
+    }
+
+
+def _divergence_json(states: list[RankState]) -> dict[str, Any] | None:
+    """Where the ranks part ways (see :func:`pytest_ddp.sequences.divergence`), at any world size."""
+    found = _divergence(states, group_sequences(states))
+    if found is None:
+        return None
+    return {
+        "group": found.group,
+        "seq": found.seq,
+        "call": found.call,
+        "minority": found.minority,
+        "sides": [{"ranks": ranks, "did": did} for did, ranks in found.sides],
+        "text": divergence_line(found),
     }
 
 

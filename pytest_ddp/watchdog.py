@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from . import mpi_matching
 from .init_faults import init_fault
-from .ops import INIT, MONITORED_BARRIER
+from .ops import COLLECTIVES, INIT, MONITORED_BARRIER
+from .prefix import shared_prefix
 from .state import Call, RankState, Snapshot
 from .verdicts import (
     Cycle,
@@ -71,24 +72,61 @@ def _collective_at(state: RankState, group: str, seq: int) -> Call | None:
     return None
 
 
-def _p2p_count(state: RankState, group: str, recv: bool, peer: int | None) -> int:
-    """How many receives from (sends to) ``peer`` on ``group`` this rank has entered: the
-    number of the latest, as the recorder numbers them per (group, direction, peer)."""
-    for call in reversed(state.calls):
-        if call.is_p2p and call.group == group and call.is_recv == recv and call.peer == peer:
-            return call.seq
-    return 0
-
-
-def _members(rank: int, call: Call, ranks: dict[int, RankState]) -> list[int] | None:
-    """The other ranks of the call's group; None when the group's members are unknown."""
+def _listed(call: Call, ranks: dict[int, RankState]) -> list[int] | None:
+    """Every member of the call's group in this test; None when the group's members are unknown."""
     if call.group_ranks:
         listed: Iterable[int] = call.group_ranks
     elif call.group == "WORLD":
         listed = ranks
     else:
         return None
-    return [m for m in listed if m != rank and m in ranks]
+    return [m for m in listed if m in ranks]
+
+
+def _members(rank: int, call: Call, ranks: dict[int, RankState]) -> list[int] | None:
+    """The other ranks of the call's group; None when the group's members are unknown."""
+    listed = _listed(call, ranks)
+    return None if listed is None else [m for m in listed if m != rank]
+
+
+class _Seen:
+    """What one judgement asks again and again, each worked out once: which members have not taken
+    part in a collective (every rank blocked in it asks), and how many sends or receives a rank
+    has entered (read from its latest call back, only as far as asked).  So a look at 512 ranks
+    blocked in one collective costs O(ranks), not O(ranks^2) (see docs/design.md)."""
+
+    def __init__(self, ranks: dict[int, RankState]) -> None:
+        self._ranks = ranks
+        self._absent: dict[tuple[str, int, tuple[int, ...]], list[int] | None] = {}
+        self._p2p: dict[int, tuple[Iterator[Call], dict[tuple[str, bool, int | None], int]]] = {}
+
+    def absent(self, call: Call) -> list[int] | None:
+        """The members of the call's group that have not taken part in its collective (in the
+        group's order); None when the group's members are unknown."""
+        key = (call.group, call.seq, call.group_ranks)
+        if key not in self._absent:
+            listed = _listed(call, self._ranks)
+            self._absent[key] = None if listed is None else [
+                m for m in listed
+                if (theirs := _collective_at(self._ranks[m], call.group, call.seq)) is None
+                or not _took_part(self._ranks[m], theirs)
+            ]
+        return self._absent[key]
+
+    def p2p_count(self, rank: int, group: str, recv: bool, peer: int | None) -> int:
+        """How many receives from (sends to) ``peer`` on ``group`` the rank has entered: the
+        number of the latest, as the recorder numbers them per (group, direction, peer)."""
+        if rank not in self._p2p:
+            self._p2p[rank] = (reversed(self._ranks[rank].calls), {})
+        calls, latest = self._p2p[rank]
+        key = (group, recv, peer)
+        while key not in latest:
+            call = next(calls, None)
+            if call is None:
+                return 0
+            if call.is_p2p:
+                latest.setdefault((call.group, call.is_recv, call.peer), call.seq)
+        return latest[key]
 
 
 # -- who waits for whom -------------------------------------------------------
@@ -98,6 +136,7 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
     """Each blocked rank's wait; blocked ranks about which nothing is certain are left out."""
     waits = {}
     mpi = mpi_matching.P2P(ranks)  # MPI's matching rules, for MPI's sends and receives
+    seen = _Seen(ranks)
     for rank, state in ranks.items():
         call = state.blocked_call
         if call is None:
@@ -108,9 +147,9 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
         elif mpi_matching.is_mpi_p2p(call):
             wait = mpi.wait(rank, call)
         elif call.is_p2p:
-            wait = _p2p_wait(rank, call, ranks)
+            wait = _p2p_wait(rank, call, ranks, seen)
         elif call.is_collective:
-            wait = _collective_wait(rank, call, ranks)
+            wait = _collective_wait(rank, call, seen)
         else:  # new_group, destroy_process_group, batch_isend_irecv
             wait = None
         if wait is not None:
@@ -118,40 +157,33 @@ def _waits(ranks: dict[int, RankState]) -> dict[int, Wait]:
     return waits
 
 
-def _collective_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait | None:
-    members = _members(rank, call, ranks)
-    if members is None:
-        return None
-    missing = []
-    for member in members:
-        theirs = _collective_at(ranks[member], call.group, call.seq)
-        if theirs is None or not _took_part(ranks[member], theirs):
-            missing.append(member)
-    return Wait(call, missing)
+def _collective_wait(rank: int, call: Call, seen: _Seen) -> Wait | None:
+    absent = seen.absent(call)  # the rank itself took part: it is in the call
+    return None if absent is None else Wait(call, [m for m in absent if m != rank])
 
 
-def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait | None:
+def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _Seen) -> Wait | None:
     """My k-th receive from P pairs with P's k-th send to me, and the other way round."""
     if call.peer is None:
-        return _any_source_wait(rank, call, ranks)
-    peer = ranks.get(call.peer)
-    if peer is None or call.peer == rank:
+        return _any_source_wait(rank, call, ranks, seen)
+    peer = call.peer
+    if peer not in ranks or peer == rank:
         return None
     if call.is_recv:
-        entered = _p2p_count(peer, call.group, recv=False, peer=rank)
+        entered = seen.p2p_count(peer, call.group, recv=False, peer=rank)
     else:  # the peer's receives from any source may take my send too
-        entered = _p2p_count(peer, call.group, True, rank) + _p2p_count(peer, call.group, True, None)
-    return Wait(call, [] if entered >= call.seq else [call.peer])
+        entered = seen.p2p_count(peer, call.group, True, rank) + seen.p2p_count(peer, call.group, True, None)
+    return Wait(call, [] if entered >= call.seq else [peer])
 
 
-def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait | None:
+def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _Seen) -> Wait | None:
     """A receive from any source is stuck only if no member can still send: OR semantics."""
     members = _members(rank, call, ranks)
     mine = [c for c in ranks[rank].calls if c.is_p2p and c.group == call.group and c.is_recv]
     # An earlier irecv may still be unmatched, so a send cannot be told to be this one's.
     if members is None or any(c.is_async for c in mine):
         return None
-    sent = sum(_p2p_count(ranks[m], call.group, recv=False, peer=rank) for m in members)
+    sent = sum(seen.p2p_count(m, call.group, recv=False, peer=rank) for m in members)
     return Wait(call, [] if sent >= len(mine) else members, any_of=True)
 
 
@@ -179,9 +211,8 @@ def _doomed(ranks: dict[int, RankState], waits: dict[int, Wait]) -> set[int]:
         changed = False
         for rank in sorted(doomed):
             wait = waits[rank]
-            stuck = [hopeless(p) for p in wait.peers]
             # A collective needs all its missing members: one that never comes is enough.
-            if not (all(stuck) if wait.any_of else any(stuck)):
+            if not (all if wait.any_of else any)(hopeless(p) for p in wait.peers):
                 doomed.discard(rank)
                 changed = True
     return doomed
@@ -277,24 +308,43 @@ def _completion_key(call: Call) -> tuple[object, ...]:
 
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """A blocked rank whose collective a peer entered in a way that can never complete with it."""
+    # (group, number, members) -> each member that entered it -> its completion key: worked out
+    # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
+    entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
     for rank in sorted(ranks):
         call = ranks[rank].blocked_call
         if call is None or not call.is_collective:
             continue
-        for member in _members(rank, call, ranks) or []:
-            theirs = _collective_at(ranks[member], call.group, call.seq)
-            if theirs is not None and _completion_key(theirs) != _completion_key(call):
-                return _mismatch_verdict("deadlock", ranks, call, _completion_key)
+        key = (call.group, call.seq, call.group_ranks)
+        if key not in entered:
+            entered[key] = {
+                m: _completion_key(theirs)
+                for m in _listed(call, ranks) or []
+                if (theirs := _collective_at(ranks[m], call.group, call.seq)) is not None
+            }
+        own, keys = _completion_key(call), entered[key]
+        if set(keys.values()) != {own} and any(k != own for m, k in keys.items() if m != rank):
+            return _mismatch_verdict("deadlock", ranks, call, _completion_key)
     return None
 
 
 def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """After the test: two ranks that entered the same collective with different signatures."""
+    made = {rank: ranks[rank].calls for rank in sorted(ranks)}
+
+    def collectives(calls: list[Call]) -> list[Call]:
+        return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]  # "?": a group the recorder could not name
+
+    # The calls the ranks made alike from the first are alike by signature: only what follows can
+    # differ, unless a (group, number) made there comes again (a group made anew: compare all).
+    shared = shared_prefix(list(made.values()))
+    skipped = {(c.group, c.seq) for c in collectives(next(iter(made.values()), [])[:shared])}
+    rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls[shared:])]
+    if any((call.group, call.seq) in skipped for _, call in rest):
+        rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls)]
     by_position: dict[tuple[str, int], dict[int, Call]] = {}
-    for rank in sorted(ranks):
-        for call in ranks[rank].calls:
-            if call.is_collective and call.group != "?":  # "?": a group the recorder could not name
-                by_position.setdefault((call.group, call.seq), {})[rank] = call
+    for rank, call in rest:
+        by_position.setdefault((call.group, call.seq), {})[rank] = call
     for entered in by_position.values():
         if len({Call.signature(c) for c in entered.values()}) > 1:
             return _mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
@@ -334,8 +384,8 @@ def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]
 
 # -- the verdict --------------------------------------------------------------
 
-# A certain deadlock is reported at once unless some ranks are still running:
-# they get this long to finish or block too, so the report names every culprit.
+# A certain deadlock is reported at once unless some ranks are still running or finishing a
+# collective: they get this long to finish or block too, so the report names every culprit.
 SETTLE = 0.5
 
 
@@ -352,8 +402,8 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            running = any(not s.finished and _may_move(s) for s in snap.ranks)
-            if running and snap.now - self._certain_since < SETTLE:
+            moving = _moving(snap, verdict) or any(not s.finished and _may_move(s) for s in snap.ranks)
+            if moving and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict
 
@@ -367,6 +417,17 @@ def _may_move(state: RankState) -> bool:
         call is None
         or any(f.action == "disconnect" for f in state.injected)
         or mpi_matching.may_return_alone(call)
+    )
+
+
+def _moving(snap: Snapshot, verdict: Verdict) -> bool:
+    """Some unfinished rank may still block too: it runs outside any call, or it is in a
+    collective every member entered, finishing it (with 64 ranks, 30 were still leaving
+    all_reduce #11 when the others blocked in #12)."""
+    waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
+    return any(
+        not s.finished and (s.current_call is None or (s.rank in waits and not waits[s.rank].peers))
+        for s in snap.ranks
     )
 
 

@@ -105,7 +105,7 @@ def _how_it_failed(state: RankState) -> str:
 
 def _signature_text(call: Call) -> str:
     """``all_reduce shapes [[10]] float32``, ``broadcast shapes [[3]] float32 root 0``."""
-    parts = [call.op]
+    parts = [call.kind.method]
     if call.shapes:
         parts.append(f"shapes {[list(s) for s in call.shapes]}")
     if call.dtypes:

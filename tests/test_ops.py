@@ -9,7 +9,7 @@ import torch.distributed.distributed_c10d as c10d
 from test_watchdog import call, ok, rank
 
 from pytest_ddp import ops
-from pytest_ddp.report import sequence_table
+from pytest_ddp.sequences import sequence_table
 
 PACKAGE = Path(ops.__file__).parent
 
