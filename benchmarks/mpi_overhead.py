@@ -29,23 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from overhead import TIMING_CONFTEST  # this folder is on sys.path: the script's own
+
 from pytest_ddp.mpi_group import find_launcher, mpi_unavailable
 
 WORLD_SIZE = 4
 
-TIMING_CONFTEST = """
-import json, os, time
-_start = {}
-_times = []
-def pytest_runtest_logstart(nodeid, location):
-    _start[nodeid] = time.perf_counter()
-def pytest_runtest_logfinish(nodeid, location):
-    _times.append(time.perf_counter() - _start[nodeid])
-def pytest_sessionfinish(session):
-    if os.environ.get("BENCH_OUT") and "PMI_RANK" not in os.environ and "RANK" not in os.environ:
-        with open(os.environ["BENCH_OUT"], "w") as f:
-            json.dump(_times, f)
-"""
 
 MPI_SUITE = """
 import pytest

@@ -43,7 +43,8 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_logfinish(nodeid, location):
     _times.append(time.perf_counter() - _start[nodeid])
 def pytest_sessionfinish(session):
-    if os.environ.get("BENCH_OUT") and "RANK" not in os.environ:
+    # The controller's session only: not a rank's (torchrun's RANK, or MPI's PMI_RANK).
+    if os.environ.get("BENCH_OUT") and "RANK" not in os.environ and "PMI_RANK" not in os.environ:
         with open(os.environ["BENCH_OUT"], "w") as f:
             json.dump(_times, f)
 '''

@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from test_processes import LOOPBACK_CHECK
+from test_processes import LOOPBACK_CHECK, _wait_for
 
 from conftest import live_pids
 from pytest_ddp.mpi_group import mpi_unavailable
@@ -144,14 +143,6 @@ def _parent(pid: int) -> int:
 def _shared_memory(pid: int) -> set[str]:
     with open(f"/proc/{pid}/maps") as maps:
         return {line.split(maxsplit=5)[5].strip() for line in maps if " /dev/shm/" in line}
-
-
-def _wait_for(condition, what: str, limit: float = 60.0) -> None:
-    end = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
