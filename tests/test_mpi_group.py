@@ -160,6 +160,7 @@ def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: 
         stderr=subprocess.DEVNULL,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    segments: set[str] = set()
     try:
         _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
         ranks = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
@@ -174,6 +175,10 @@ def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: 
         if how == signal.SIGINT:
             assert not [s for s in segments if Path(s).exists()]
     finally:
+        # A controller killed with SIGKILL could not remove its world's shared memory: the test that
+        # started it does.
+        for segment in segments:
+            Path(segment).unlink(missing_ok=True)
         if controller.poll() is None:
             controller.kill()
             controller.wait()
