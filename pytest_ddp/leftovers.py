@@ -15,7 +15,6 @@ session.  What neither catches: a process that left the rank's session
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -24,9 +23,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
-PR_SET_CHILD_SUBREAPER = 36
+from . import prctl
+
 KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
 
 
@@ -61,10 +59,6 @@ def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, s
 
 
 # -- processes ------------------------------------------------------------------------
-
-
-def become_subreaper() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def descendants() -> list[int]:
@@ -170,10 +164,8 @@ def start_keeper(rank: int) -> int:
         return pid
     try:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the rank's pipes must close when it ends
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_NAME, f"ddp-keeper{rank}".encode())
-        libc.prctl(PR_SET_PDEATHSIG, KEEPER_SIGNAL)
-        if os.getppid() == parent:  # else the rank died before we asked
+        prctl.name(f"ddp-keeper{rank}")
+        if prctl.die_with_parent(parent, KEEPER_SIGNAL):  # else the rank died before we asked
             signal.sigwait({KEEPER_SIGNAL})
         _kill_session(session)
     finally:

@@ -23,7 +23,6 @@ the same event logs, output files, stack dumps and commands.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -41,12 +40,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from . import prctl
 from .group import GroupStartError, RankGroup, RankProcess
 from .mpi_launch import parse_exit_message
 
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
-PR_SET_PDEATHSIG = 1
 # Keeps an MPI library's network transport on loopback when it opens one at all
 # (UCX, which MPICH from PyPI uses, listens on every interface otherwise).
 LOOPBACK_ENVIRONMENT = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
@@ -81,7 +80,6 @@ def mpi_unavailable(command: str | None) -> str | None:
 class LaunchedProcess:
     """A rank the launcher started, in the shape the group uses of a forked rank's Process."""
 
-    rank: int
     pid: int | None = None  # known once the rank has said hello
     exitcode: int | None = None  # told by its stand-in
 
@@ -129,11 +127,6 @@ def _children(parent: int) -> list[int]:
     return found
 
 
-def _die_with_controller() -> None:
-    """In the launcher, before exec: the kernel kills it when the controller dies."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class MpiGroup(RankGroup):
     """The ranks of one MPI world, started by an MPI launcher (see the module's docstring)."""
 
@@ -154,7 +147,7 @@ class MpiGroup(RankGroup):
             self._listen()
             for rank in range(cfg.world_size):
                 self.write_spec(rank, env=None)
-                self.ranks.append(self.rank_process(rank, LaunchedProcess(rank), None, None))
+                self.ranks.append(self.rank_process(rank, LaunchedProcess(), None, None))
             env = {**os.environ, **self.rank_environment()}
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
@@ -168,7 +161,7 @@ class MpiGroup(RankGroup):
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # Ctrl-C in a terminal is the controller's, which then kills it
-                    preexec_fn=_die_with_controller,
+                    preexec_fn=prctl.die_with_parent,  # before exec: the launcher dies with the controller
                 )
             self._wait_ready(deadline)
             self._shared_memory = {path for rp in self.ranks for path in _shared_memory_of(rp.proc.pid)}
@@ -254,7 +247,7 @@ class MpiGroup(RankGroup):
         if self._launcher is not None:
             # The launcher, and the process groups of its children: the stand-ins that
             # gforker starts, or hydra's proxies, which make process groups of their own.
-            helpers = [LaunchedProcess(-1, pid) for pid in _children(self._launcher.pid)]
+            helpers = [LaunchedProcess(pid) for pid in _children(self._launcher.pid)]
             for pid in [self._launcher.pid] + [helper.pid for helper in helpers if helper.pid]:
                 try:
                     os.killpg(pid, signal.SIGKILL)

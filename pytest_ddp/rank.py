@@ -17,7 +17,6 @@ rather than fails, and the controller's watchdog says why.
 from __future__ import annotations
 
 import base64
-import ctypes
 import faulthandler
 import importlib
 import io
@@ -36,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from . import injector, leftovers
+from . import injector, leftovers, prctl
 from .protocol import (
     CallFunction,
     Done,
@@ -56,8 +55,6 @@ from .protocol import (
 if TYPE_CHECKING:
     pass  # what pytest.exit() raises (pytest.exit.Exception)
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 # Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
 # collective nobody waited for) gets to complete once the test is over.
 IN_FLIGHT_WAIT = 1.0
@@ -133,10 +130,8 @@ class Channel:
 def _become_rank(rank: int, parent_pid: int) -> None:
     """Name this process ``ddp-rank<N>`` (ps, pgrep) and have the kernel SIGKILL it
     when its parent dies, however it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_NAME, f"ddp-rank{rank}".encode())
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # it died before we asked
+    prctl.name(f"ddp-rank{rank}")
+    if not prctl.die_with_parent(parent_pid):
         os._exit(1)
 
 
@@ -320,7 +315,7 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
     join the group, run what the controller hands over, exit."""
     global _context
     _become_rank(spec["rank"], parent)
-    leftovers.become_subreaper()
+    prctl.become_subreaper()
     keeper = leftovers.start_keeper(spec["rank"])
     if spec["env"] is not None:  # None: keep the launcher's environment
         os.environ.clear()

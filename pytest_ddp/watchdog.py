@@ -222,33 +222,29 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            moving = _moving(snap, verdict) or any(not s.finished and _may_move(s) for s in snap.ranks)
-            if moving and snap.now - self._certain_since < SETTLE:
+            if _moving(snap, verdict) and snap.now - self._certain_since < SETTLE:
                 return None
         return None if verdict.status == "wait" else verdict
 
 
-def _may_move(state: RankState) -> bool:
-    """A rank outside any call, or inside one it may leave without any other rank, may still
-    finish or block elsewhere: a rank whose connections were broken on purpose is about to raise
-    out of its call, and an MPI send may return with its message buffered."""
-    call = state.current_call
-    return (
-        call is None
-        or any(f.action == "disconnect" for f in state.injected)
-        or mpi_matching.may_return_alone(call)
-    )
-
-
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
-    """Some unfinished rank may still block too: it runs outside any call, or it is in a
-    collective every member entered, finishing it (with 64 ranks, 30 were still leaving
-    all_reduce #11 when the others blocked in #12)."""
+    """Some unfinished rank may still finish or block elsewhere, so the verdict would name more
+    ranks: it runs outside any call; it is in a collective every member entered, finishing it
+    (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); its
+    connections were broken on purpose and it is about to raise out of its call; or it is in an
+    MPI send, which may return with its message buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
-    return any(
-        not s.finished and (s.current_call is None or (s.rank in waits and not waits[s.rank].peers))
-        for s in snap.ranks
-    )
+
+    def may_move(state: RankState) -> bool:
+        call = state.current_call
+        return (
+            call is None
+            or (state.rank in waits and not waits[state.rank].peers)
+            or any(f.action == "disconnect" for f in state.injected)
+            or mpi_matching.may_return_alone(call)
+        )
+
+    return any(not s.finished and may_move(s) for s in snap.ranks)
 
 
 def judge(snap: Snapshot) -> Verdict:
