@@ -8,7 +8,13 @@ rank processes.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +119,47 @@ def no_rank_left_behind(request: pytest.FixtureRequest):
     me = os.getpid()
     left = [pid for pid in rank_processes() if _parent(_parent(pid) or 0) == me and pid not in own]
     assert not left, f"rank processes left behind: {left}"
+
+
+def wait_for(condition, what: str, limit: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``limit`` seconds."""
+    end = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def start_controller(pytester: pytest.Pytester):
+    """``start(source)``: a pytest controller running the test module ``source`` (as
+    ``test_hang.py``), whose 2 ranks each write their pid to ``$PID_DIR/<rank>.pid``; returns
+    once they have, with the controller and that folder.  No controller outlives the test."""
+    started: list[subprocess.Popen[bytes]] = []
+    # A killed controller cannot remove what multiprocessing put in its TMPDIR
+    # (the forkserver's socket): give it one of its own, removed here. Short,
+    # for the socket's path.
+    tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
+
+    def start(source: str) -> tuple[subprocess.Popen[bytes], Path]:
+        pytester.makepyfile(test_hang=source)
+        pid_dir = pytester.mkdir("pids")
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+            cwd=pytester.path,
+            env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        started.append(controller)
+        wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
+        return controller, pid_dir
+
+    yield start
+    for controller in started:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+    shutil.rmtree(tmpdir)

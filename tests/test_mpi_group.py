@@ -7,13 +7,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from test_processes import LOOPBACK_CHECK, _wait_for
+from test_processes import LOOPBACK_CHECK
 
-from conftest import live_pids
+from conftest import live_pids, wait_for
 from pytest_ddp.mpi_group import mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
@@ -73,31 +72,26 @@ def test_comm_fixture_outside_mpi_tests_says_why(ddp_pytester) -> None:
     result.stdout.fnmatch_lines(["*comm: the MPI world of backend='mpi' tests; this test's backend is not mpi*"])
 
 
-def test_missing_launcher_skips_with_the_reason(ddp_pytester) -> None:
+@pytest.mark.parametrize(
+    "launcher, outcome, message",
+    [
+        ("/nowhere/mpiexec -v", {"skipped": 1}, "*launcher '/nowhere/mpiexec' (--ddp-mpi-launcher) is not found*"),
+        ("false", {"errors": 1}, "*the MPI launcher exited (1) before every rank started*"),
+    ],
+    ids=["missing: skipped", "fails: an error"],
+)
+def test_a_launcher_that_cannot_start_the_world_says_so(ddp_pytester, launcher, outcome, message) -> None:
     result = ddp_pytester.run(
         """
         @pytest.mark.ddp(world_size=2, backend="mpi")
         def test_world(comm):
             pass
         """,
-        "--ddp-mpi-launcher=/nowhere/mpiexec -v",
+        f"--ddp-mpi-launcher={launcher}",
         "-rs",
     )
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*the MPI launcher '/nowhere/mpiexec' (--ddp-mpi-launcher) is not found*"])
-
-
-def test_launcher_that_fails_is_a_clear_error(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_world(comm):
-            pass
-        """,
-        "--ddp-mpi-launcher=false",
-    )
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*the MPI launcher exited (1) before every rank started*"])
+    result.assert_outcomes(**outcome)
+    result.stdout.fnmatch_lines([message])
 
 
 def test_mpi_ranks_and_launcher_listen_on_loopback_only(ddp_pytester) -> None:
@@ -146,32 +140,20 @@ def _shared_memory(pid: int) -> set[str]:
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
-def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: signal.Signals) -> None:
+def test_no_mpi_process_outlives_its_controller(start_controller, how: signal.Signals) -> None:
     """Ranks, their stand-ins and the launcher all go with the controller, however it ends;
     after Ctrl-C the world's shared memory goes too."""
-    pytester.makepyfile(test_hang=HANGING_MPI_TEST)
-    pid_dir = pytester.mkdir("pids")
-    tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
-    controller = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
-        cwd=pytester.path,
-        env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    segments: set[str] = set()
+    controller, pid_dir = start_controller(HANGING_MPI_TEST)
+    ranks = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    stand_ins = [_parent(pid) for pid in ranks]
+    launcher = _parent(stand_ins[0])
+    segments = set().union(*(_shared_memory(pid) for pid in ranks))
+    assert segments, "MPICH maps its shared memory in /dev/shm"
     try:
-        _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
-        ranks = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
-        stand_ins = [_parent(pid) for pid in ranks]
-        launcher = _parent(stand_ins[0])
-        segments = set().union(*(_shared_memory(pid) for pid in ranks))
-        assert segments, "MPICH maps its shared memory in /dev/shm"
         controller.send_signal(how)
         controller.wait(timeout=60)
         everything = [*ranks, *stand_ins, launcher]
-        _wait_for(lambda: not live_pids(everything), "the MPI processes to die", limit=10)
+        wait_for(lambda: not live_pids(everything), "the MPI processes to die", limit=10)
         if how == signal.SIGINT:
             assert not [s for s in segments if Path(s).exists()]
     finally:
@@ -179,10 +161,6 @@ def test_no_mpi_process_outlives_its_controller(pytester: pytest.Pytester, how: 
         # started it does.
         for segment in segments:
             Path(segment).unlink(missing_ok=True)
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-        subprocess.run(["rm", "-rf", tmpdir], check=False)
 
 
 def _allreduce_of_ranks(rank: int) -> int:
@@ -276,7 +254,7 @@ def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytes
     result = pytester.run("unshare", "--net", "sh", "-c", script, timeout=120)
     result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
     namespace = next(line.split()[1] for line in result.outlines if line.startswith("namespace "))
-    _wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
+    wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
 
 
 def _processes_in(namespace: str) -> list[int]:

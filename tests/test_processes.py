@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import live_pids
+from conftest import live_pids, wait_for
 
 LOOPBACK_CHECK = """
 def listening_addresses(pid):
@@ -96,64 +90,23 @@ def test_hang(rank):
 """
 
 
-def _wait_for(condition, what: str, limit: float = 60.0) -> None:
-    """Poll ``condition`` until it holds; fail after ``limit`` seconds."""
-    end = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def start_controller(pytester: pytest.Pytester):
-    """Start a pytest controller whose ddp test hangs; it never outlives the test, whatever happens."""
-    started: list[subprocess.Popen[bytes]] = []
-    # A killed controller cannot remove what multiprocessing put in its TMPDIR
-    # (the forkserver's socket): give it one of its own, removed here. Short,
-    # for the socket's path.
-    tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
-
-    def start(body: str) -> tuple[subprocess.Popen[bytes], Path]:
-        pytester.makepyfile(test_hang=HANGING_TEST.format(body=body))
-        pid_dir = pytester.mkdir("pids")
-        controller = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
-            cwd=pytester.path,
-            env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        started.append(controller)
-        _wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
-        return controller, pid_dir
-
-    yield start
-    for controller in started:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-    shutil.rmtree(tmpdir)
-
-
 def _rank_pids(pid_dir: Path) -> list[int]:
     return [int(p.read_text()) for p in pid_dir.glob("*.pid")]
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_ranks_die_with_their_controller(start_controller, how) -> None:
-    controller, pid_dir = start_controller("time.sleep(3600)")
+    controller, pid_dir = start_controller(HANGING_TEST.format(body="time.sleep(3600)"))
     ranks = _rank_pids(pid_dir)
     controller.send_signal(how)
     controller.wait(timeout=60)
-    _wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
+    wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
 
 
 def test_ranks_blocked_in_a_collective_die_with_their_controller(start_controller) -> None:
-    controller, pid_dir = start_controller("if rank == 0: dist.barrier()\n    time.sleep(3600)")
+    body = "if rank == 0: dist.barrier()\n    time.sleep(3600)"
+    controller, pid_dir = start_controller(HANGING_TEST.format(body=body))
     ranks = _rank_pids(pid_dir)
     controller.kill()
     controller.wait(timeout=60)
-    _wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
+    wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
