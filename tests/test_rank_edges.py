@@ -6,23 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from conftest import live_pids
+from conftest import live_pids, wait_for
 from pytest_ddp import leftovers, rank_warnings, wording
 from pytest_ddp.protocol import WarningRecorded
 from pytest_ddp.state import RankState
-
-
-def _wait_gone(pids: list[int], limit: float = 60.0) -> list[int]:
-    """The pids still alive once they are gone or ``limit`` seconds passed (a liveness bound)."""
-    end = time.monotonic() + limit
-    while live_pids(pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    return live_pids(pids)
-
 
 SPAWN = """
 import multiprocessing, subprocess
@@ -82,7 +72,7 @@ def test_dies(rank):
     )
     result.assert_outcomes(failed=1)
     left = [int(pid) for pid in pids.read_text().split()]
-    assert _wait_gone(left) == []
+    wait_for(lambda: not live_pids(left), f"processes {left} to end")
 
 
 def test_a_thread_left_running_fails_its_test_not_the_next(ddp_pytester):
