@@ -74,6 +74,51 @@ def fork_context() -> Any:
     return context
 
 
+def rank_files(folder: Path, rank: int) -> dict[str, Path]:
+    """A rank's event log, output files and stack dump file in ``folder``."""
+    return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+
+
+def complete_spec(
+    portable: dict[str, Any], env: dict[str, str] | None, folder: Path, pytest_args: list[str], sys_path: list[str]
+) -> dict[str, Any]:
+    """A rank's whole spec: the portable part and what only the machine it runs on knows
+    (its files in ``folder``, its working directory and import path)."""
+    rank = portable["rank"]
+    files = {name: str(path) for name, path in rank_files(folder, rank).items()}
+    return {
+        **portable,
+        **files,
+        "env": env,
+        "cwd": os.getcwd(),
+        "pytest_args": pytest_args,
+        "sys_path": sys_path,
+        "basetemp": str(folder / f"rank{rank}.tmp"),
+    }
+
+
+def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
+    path = folder / f"rank{spec['rank']}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def fork_rank(spec_path: Path, rank: int) -> tuple[Any, Connection, Connection]:
+    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read end."""
+    context = fork_context()
+    command_read, command_write = context.Pipe(duplex=False)
+    notify_read, notify_write = context.Pipe(duplex=False)
+    from .rank import forked_main
+
+    proc = context.Process(
+        target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+    )
+    proc.start()
+    command_read.close()
+    notify_write.close()
+    return proc, command_write, notify_read
+
+
 _live_groups: weakref.WeakSet[RankGroup] = weakref.WeakSet()
 
 
@@ -101,20 +146,20 @@ class RankProcess:
     dump_offset: int = 0
 
 
-def loopback_store(world_size: int, timeout: float) -> tuple[Any, socket.socket]:
-    """A TCPStore server on 127.0.0.1 and an OS-chosen port.
+def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
+    """A TCPStore server on ``address`` (127.0.0.1 on one machine) and an OS-chosen port.
 
     TCPStore's own server listens on every interface whatever host it is
-    given; handing it a socket we bound to loopback keeps it there.  The
+    given; handing it a socket we bound to that address keeps it there.  The
     socket must outlive the store, so it is returned with it.
     """
     import torch.distributed as dist
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((address, 0))
     sock.listen(128)
     store = dist.TCPStore(
-        "127.0.0.1",
+        address,
         sock.getsockname()[1],
         world_size,
         is_master=True,
@@ -135,6 +180,7 @@ class GroupConfig:
     pg_timeout: float  # the process group's own timeout, above every test's
     mode: str = "pytest"  # "pytest": run test items; "function": run api.run() functions
     pytest_args: list[str] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)  # pytest mode: the node ids the ranks collect
     sys_path: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)  # NCCL: the GPU ids ranks 0..N-1 use
     mpi_launcher: str | None = None  # MPI: the launcher's command (--ddp-mpi-launcher); None: found
@@ -162,6 +208,7 @@ class RankGroup:
         self.collect_errors: list[str] = []  # the ranks' collection errors, each once
         # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
         self._news: selectors.BaseSelector | None = selectors.DefaultSelector()
+        self.store_host = "127.0.0.1"  # where the group's store listens
         _live_groups.add(self)
 
     # -- life cycle -----------------------------------------------------------
@@ -169,7 +216,7 @@ class RankGroup:
     def start(self, deadline: float) -> None:
         """Spawn the ranks and wait until each has collected its tests (and joined its group)."""
         cfg = self.config
-        self._store, self._store_socket = loopback_store(cfg.world_size, cfg.pg_timeout)
+        self._store, self._store_socket = bound_store(self.store_host, cfg.world_size, cfg.pg_timeout)
         port = self._store_socket.getsockname()[1]
         try:
             for rank in range(cfg.world_size):
@@ -180,25 +227,34 @@ class RankGroup:
             raise
 
     def _spawn(self, rank: int, port: int) -> RankProcess:
-        context = fork_context()
-        command_read, command_write = context.Pipe(duplex=False)
-        notify_read, notify_write = context.Pipe(duplex=False)
-        env = dict(os.environ)
-        # torchrun's environment for one node running every rank (torch's
-        # LocalElasticAgent._start_workers), so that is_torchelastic_launched()
-        # is true; the controller hosts the store.
         cfg = self.config
-        env.update(
+        env = {**os.environ, **self.torchrun_environment(rank, port), **self.rank_environment()}
+        env.pop("PYTEST_ADDOPTS", None)
+        if cfg.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
+        proc, commands, notify = fork_rank(self.write_spec(rank, env, store_port=port), rank)
+        rp = self.rank_process(rank, proc, commands, notify)
+        assert self._news is not None
+        self._news.register(notify, selectors.EVENT_READ, rp)
+        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
+        return rp
+
+    def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
+        """torchrun's environment for one node running every rank (torch's
+        LocalElasticAgent._start_workers), so that is_torchelastic_launched()
+        is true; the controller hosts the store."""
+        world_size = self.config.world_size
+        return dict(
             RANK=str(rank),
-            WORLD_SIZE=str(cfg.world_size),
+            WORLD_SIZE=str(world_size),
             LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(cfg.world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
             GROUP_RANK="0",
             GROUP_WORLD_SIZE="1",
             ROLE_NAME="default",
             ROLE_RANK=str(rank),
-            ROLE_WORLD_SIZE=str(cfg.world_size),
-            MASTER_ADDR="127.0.0.1",
+            ROLE_WORLD_SIZE=str(world_size),
+            MASTER_ADDR=self.store_host,
             MASTER_PORT=str(port),
             TORCHELASTIC_RUN_ID=self.run_id,
             TORCHELASTIC_RESTART_COUNT="0",
@@ -208,24 +264,6 @@ class RankGroup:
             # (init=False) opens no listening socket either.
             TORCHELASTIC_USE_AGENT_STORE="True",
         )
-        env.update(self.rank_environment())
-        env.pop("PYTEST_ADDOPTS", None)
-        if cfg.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
-        spec_path = self.write_spec(rank, env, store_port=port)
-        from .rank import forked_main
-
-        proc = context.Process(
-            target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
-        )
-        proc.start()
-        command_read.close()
-        notify_write.close()
-        rp = self.rank_process(rank, proc, command_write, notify_read)
-        assert self._news is not None
-        self._news.register(notify_read, selectors.EVENT_READ, rp)
-        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
-        return rp
 
     def rank_environment(self) -> dict[str, str]:
         """What every rank's environment gets on top of the controller's, however it is started."""
@@ -239,34 +277,29 @@ class RankGroup:
         return env
 
     def _paths(self, rank: int) -> dict[str, Path]:
-        return {name: self.workdir / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+        return rank_files(self.workdir, rank)
 
-    def write_spec(self, rank: int, env: dict[str, str] | None, store_port: int | None = None) -> Path:
-        """The rank's spec file (see :func:`pytest_ddp.rank.serve`); ``env`` None: the rank keeps
-        the environment it was started with."""
+    def portable_spec(self, rank: int, store_port: int | None) -> dict[str, Any]:
+        """The part of a rank's spec that holds on any machine (see :func:`complete_spec`)."""
         cfg = self.config
-        paths = self._paths(rank)
-        spec = {
+        return {
             "rank": rank,
             "world_size": cfg.world_size,
             "backend": cfg.backend,
             "init": cfg.init,
             "mode": cfg.mode,
             "pg_timeout": cfg.pg_timeout,
+            "store_host": self.store_host,
             "store_port": store_port,
-            "env": env,
-            "cwd": os.getcwd(),
-            "stdout": str(paths["stdout"]),
-            "stderr": str(paths["stderr"]),
-            "events": str(paths["events"]),
-            "dump": str(paths["dump"]),
-            "pytest_args": cfg.pytest_args,
-            "sys_path": cfg.sys_path,
-            "basetemp": str(self.workdir / f"rank{rank}.tmp"),
+            "local_rank": rank,
         }
-        spec_path = self.workdir / f"rank{rank}.json"
-        spec_path.write_text(json.dumps(spec))
-        return spec_path
+
+    def write_spec(self, rank: int, env: dict[str, str] | None, store_port: int | None = None) -> Path:
+        """The rank's spec file (see :func:`pytest_ddp.rank.serve`); ``env`` None: the rank keeps
+        the environment it was started with."""
+        portable = self.portable_spec(rank, store_port)
+        spec = complete_spec(portable, env, self.workdir, self.config.pytest_args, self.config.sys_path)
+        return write_spec_file(self.workdir, spec)
 
     def rank_process(self, rank: int, proc: Any, commands: Connection | None, notify: Connection | None) -> RankProcess:
         paths = self._paths(rank)
@@ -330,8 +363,8 @@ class RankGroup:
         for rp in self.ranks:
             self._send(rp, Stop())
         end = time.monotonic() + STOP_WAIT
-        for rp in self.ranks:
-            rp.proc.join(max(0.0, end - time.monotonic()))
+        while any(rp.exit_code is None for rp in self.ranks) and (left := end - time.monotonic()) > 0:
+            self._wait(min(left, 0.1))
         ends = {}
         for rp in self.ranks:
             if rp.commands is not None:  # not already killed
@@ -390,25 +423,29 @@ class RankGroup:
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         """Make each live rank write every thread's Python stack; return the dumps."""
-        targets = [rp for rp in self.ranks if rp.rank in ranks and rp.proc.exitcode is None]
+        targets = [rp for rp in self.ranks if rp.rank in ranks and rp.exit_code is None]
         for rp in targets:
-            try:
-                os.kill(rp.proc.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+            self._request_dump(rp)
         dumps: dict[int, str] = {}
         end = time.monotonic() + STACK_DUMP_WAIT
         pending = list(targets)
         while pending and time.monotonic() < end:
-            time.sleep(0.01)
+            self._wait(0.01)
             for rp in list(pending):
                 text = _read_from(rp.dump_path, rp.dump_offset)
-                # faulthandler writes the whole dump from its signal handler;
-                # a dump that ends with a newline and did not grow is complete.
-                if text.endswith("\n") and text == dumps.get(rp.rank):
+                if self._dump_complete(rp, text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
         return {rank: text for rank, text in dumps.items() if text}
+
+    def _request_dump(self, rp: RankProcess) -> None:
+        try:
+            os.kill(rp.proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def _dump_complete(self, rp: RankProcess, text: str, before: str | None) -> bool:
+        return dump_complete(text, before)
 
     def peak_rss(self, rank: int) -> int | None:
         """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone."""
@@ -456,17 +493,28 @@ class RankGroup:
         if self._news is None:  # killed
             return
         for key, _ in self._news.select(timeout):
-            rp: RankProcess = key.data
-            if key.fileobj is not rp.notify:  # the sentinel: the process ended
-                self._news.unregister(key.fileobj)
-                rp.exit_code = rp.proc.exitcode
-                continue
-            try:
-                rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
-            except (EOFError, OSError):  # the rank is gone; its sentinel tells how
-                self._news.unregister(rp.notify)
-                rp.notify.close()
-                rp.notify = None
+            self._news_of(key)
+
+    def _news_of(self, key: selectors.SelectorKey) -> None:
+        """A forked rank's notify pipe or sentinel is ready."""
+        assert self._news is not None
+        rp: RankProcess = key.data
+        if key.fileobj is not rp.notify:  # the sentinel: the process ended
+            self._news.unregister(key.fileobj)
+            rp.exit_code = rp.proc.exitcode
+            return
+        try:
+            rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
+        except (EOFError, OSError):  # the rank is gone; its sentinel tells how
+            self._news.unregister(rp.notify)
+            rp.notify.close()
+            rp.notify = None
+
+
+def dump_complete(text: str, before: str | None) -> bool:
+    """faulthandler writes the whole dump from its signal handler; a dump that
+    ends with a newline and did not grow since the last look is complete."""
+    return text.endswith("\n") and text == before
 
 
 def _size(path: Path) -> int:

@@ -21,6 +21,10 @@ from . import rank as rank_module
 from . import rank_warnings
 from . import settings as settings_module
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
+from .launch import LAUNCHER_CHOICES, Launch, LaunchError, detect
+from .launched_group import LaunchedGroup
+from .launched_host import GATHER_WAIT, HostSession
+from .launched_world import LaunchedWorld
 from .machine import GpuShortage, machine_rank_capacity, rank_gpus
 from .merge import merged_reports, stopped_group_report
 from .mpi_group import mpi_unavailable
@@ -93,8 +97,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
     parser.addini("ddp_max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
     parser.addini("ddp_mpi_launcher", "the MPI launcher of backend='mpi' tests (see --ddp-mpi-launcher)")
+    group.addoption(
+        "--ddp-launcher",
+        default=None,
+        choices=LAUNCHER_CHOICES,
+        help="how this pytest was started: auto (default: torchrun, srun or mpiexec, from their environment), "
+        "local (fork every test's ranks here, even under a launcher), or torchrun, slurm, mpi",
+    )
+    parser.addini("ddp_launcher", "how this pytest was started (see --ddp-launcher)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml's: a launched rank other than 0 writes none
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -102,9 +115,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "faults=()): "
         "run the test on world_size ranks in a torch.distributed process group",
     )
-    if rank_module.current() is None:
-        controller = Controller(config)
-        config.pluginmanager.register(controller, "ddp_controller")
+    if rank_module.current() is not None:
+        return
+    settings = settings_module.from_config(config)
+    launch = _launch(config, settings.launcher)
+    if launch is not None and not launch.controller:
+        config.pluginmanager.register(HostSession(config, launch), "ddp_host")
+    else:
+        config.pluginmanager.register(Controller(config, settings, launch), "ddp_controller")
+
+
+def _launch(config: pytest.Config, launcher: str) -> Launch | None:
+    """The launch this pytest is part of (:mod:`pytest_ddp.launch`), or None for an ordinary session."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller's launch, not its own
+        return None
+    try:
+        launch = detect(os.environ, launcher)
+    except LaunchError as exc:
+        raise pytest.UsageError(f"pytest-ddp: {exc}") from None
+    if launch is not None and config.getoption("numprocesses", None):
+        raise pytest.UsageError(f"pytest-ddp: {launch.describe()}: pytest-xdist's -n does not combine with it")
+    return launch
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -133,10 +164,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 class Controller:
     """The controller side: resolves specs, runs ddp items on rank groups, reports."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, settings: settings_module.Settings, launch: Launch | None) -> None:
         self.config = config
-        self.settings = settings_module.from_config(config)
-        self.pool = GroupPool(self.settings.max_groups)
+        self.settings = settings
+        self.launch = launch
+        self.world: LaunchedWorld | None = None
+        self.session: pytest.Session | None = None
+        if launch is None:
+            self.pool = GroupPool(settings.max_groups)
+        else:
+            try:
+                world = self.world = LaunchedWorld(launch, GATHER_WAIT)
+            except LaunchError as exc:
+                raise pytest.UsageError(f"pytest-ddp: {exc}") from None
+            self.pool = GroupPool(settings.max_groups, lambda group_config: LaunchedGroup(group_config, world))
         self._rank_capacity: tuple[int, str] | None = None
         self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
@@ -144,6 +185,12 @@ class Controller:
         self._last_item: tuple[str, tuple[str, int | None, str]] = ("", ("", None, ""))  # logged last
 
     # -- collection -------------------------------------------------------------
+
+    def pytest_report_header(self) -> str | None:
+        return None if self.launch is None else f"ddp: {self.launch.describe()}"
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         # The ddp items each warm group may serve, in session order, and where each stands.
@@ -157,6 +204,10 @@ class Controller:
                 queue.append(item)
         if any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
             fork_context()  # the forkserver imports torch while pytest gets going
+        if self.world is not None:
+            difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
+            if difference is not None:
+                pytest.exit(f"pytest-ddp: {difference}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
         """The spec of a ddp item that can run; None for an ordinary item or a bad one."""
@@ -201,7 +252,10 @@ class Controller:
         return self.settings.spec(mark, world_size, timeout_mark)
 
     def _check_capacity(self, world_size: int) -> None:
-        """Refuse a world size this machine cannot hold, before anything is started."""
+        """Refuse a world size this machine cannot hold, before anything is started
+        (launched: a test needing more ranks than were launched is skipped, see _unavailable)."""
+        if self.launch is not None:
+            return
         if self.settings.max_world_size is not None:
             if world_size > self.settings.max_world_size:
                 raise SpecError(f"world_size={world_size}: above --ddp-max-world-size={self.settings.max_world_size}")
@@ -295,15 +349,24 @@ class Controller:
             init=spec.init,
             pg_timeout=process_group_timeout(longest),
             pytest_args=rank_pytest_args(self.config, items),
+            items=[i.nodeid for i in items],
             sys_path=list(sys.path),
             # pytest's own basetemp (tmp_path's root); it has no public accessor.
             workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
-            gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" else [],
+            # Launched: each rank's GPU is its LOCAL_RANK's, as the launcher set the node up.
+            gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" and self.launch is None else [],
             mpi_launcher=self.settings.mpi_launcher,
         )
 
     def _unavailable(self, spec: RankSpec) -> str | None:
-        """Why this machine cannot run the test (it is skipped saying so): too few GPUs, no MPI."""
+        """Why this machine cannot run the test (it is skipped saying so): too few GPUs, no MPI,
+        too few launched ranks."""
+        if self.launch is not None:
+            if spec.backend == "mpi":
+                return "backend='mpi' tests do not run under a launcher: run them with plain pytest"
+            if spec.world_size > self.launch.world_size:
+                return f"needs world_size={spec.world_size}; {self.launch.describe()}"
+            return None
         if spec.backend == "mpi":
             return mpi_unavailable(self.settings.mpi_launcher)
         return _gpu_shortage(spec)
@@ -335,8 +398,14 @@ class Controller:
 
     def pytest_unconfigure(self) -> None:
         self.pool.close()
+        if self.world is not None:
+            # Every other rank's pytest exits with this session's status.
+            status = self.session.exitstatus if self.session is not None else pytest.ExitCode.INTERRUPTED
+            self.world.end(status)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.world is not None:
+            terminalreporter.write_line("ddp: the other ranks' pytest output: " + "; ".join(self.world.logs()))
         if not self.runs:
             return
         costs = [

@@ -70,10 +70,11 @@ class RankContext:
     world_size: int
     backend: str
     init: bool
+    local_rank: int  # the GPU it uses with NCCL: its rank on one machine, LOCAL_RANK when launched
 
     @property
     def device(self) -> str:
-        return f"cuda:{self.rank}" if self.backend == "nccl" else "cpu"
+        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
 
 
 _context: RankContext | None = None
@@ -168,12 +169,12 @@ def _init_group(spec: dict[str, Any]) -> None:
 
     timeout = timedelta(seconds=spec["pg_timeout"])
     store = dist.TCPStore(
-        "127.0.0.1", spec["store_port"], spec["world_size"], is_master=False, timeout=timeout
+        spec["store_host"], spec["store_port"], spec["world_size"], is_master=False, timeout=timeout
     )
     kwargs: dict[str, Any] = {}
     if spec["backend"] == "nccl":
-        torch.cuda.set_device(spec["rank"])
-        kwargs["device_id"] = torch.device("cuda", spec["rank"])
+        torch.cuda.set_device(spec["local_rank"])
+        kwargs["device_id"] = torch.device("cuda", spec["local_rank"])
     dist.init_process_group(
         spec["backend"],
         store=store,
@@ -335,7 +336,7 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
         _recorders.insert(0, recorder)
         for each in _recorders:
             each.install(channel.log)
-        _context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"])
+        _context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"])
         from .rank_session import run_pytest
 
         run = run_pytest if spec["mode"] == "pytest" else _serve_functions

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from .launch import LAUNCHER_CHOICES
 from .spec import (
     MarkArgs,
     RankSpec,
@@ -28,6 +29,7 @@ DEFAULT_BACKEND = "gloo"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_GRACE = 2.0
 DEFAULT_MAX_GROUPS = 2
+DEFAULT_LAUNCHER = "auto"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Settings:
     report_dir: str | None  # exists and is writable
     max_world_size: int | None  # None: as many ranks as the machine holds
     mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
+    launcher: str = DEFAULT_LAUNCHER  # --ddp-launcher: one of launch.LAUNCHER_CHOICES
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -76,9 +79,16 @@ def from_config(config: pytest.Config) -> Settings:
             report_dir=None if report_dir is None else writable_dir(report_dir),
             max_world_size=None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size"),
             mpi_launcher=_value(config, "mpi_launcher", None),
+            launcher=parse_launcher(_value(config, "launcher", DEFAULT_LAUNCHER)),
         )
     except SpecError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
+
+
+def parse_launcher(value: str) -> str:
+    if value not in LAUNCHER_CHOICES:
+        raise SpecError(f"--ddp-launcher={value!r}: must be one of {', '.join(LAUNCHER_CHOICES)}")
+    return value
 
 
 def _value(config: pytest.Config, name: str, default: Any) -> Any:

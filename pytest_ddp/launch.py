@@ -1,0 +1,224 @@
+"""Launched mode, pure: which launcher started this pytest process, and where its ranks meet.
+
+When pytest runs under a launcher (``torchrun --nproc-per-node=4 -m pytest``,
+``srun -n 4 pytest``, ``mpiexec -n 4 pytest``) every process it starts is a
+rank of one launched world, and runs the same session.  Each launcher says so
+in its own environment variables; :func:`detect` reads them (or obeys
+``--ddp-launcher``) into a :class:`Launch`, and :func:`channel_address` says
+where global rank 0's pytest (the controller) listens for the others.
+
+Nothing here opens a socket or reads anything but the mapping it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+LAUNCHERS = ("torchrun", "slurm", "mpi")
+LAUNCHER_CHOICES = ("auto", "local", *LAUNCHERS)  # --ddp-launcher
+
+
+class LaunchError(ValueError):
+    """The environment does not describe the launch asked for, or lacks what launched mode needs."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in the launched world."""
+
+    launcher: str  # one of LAUNCHERS
+    rank: int  # global rank
+    world_size: int
+    local_rank: int  # on this node
+    local_world_size: int  # processes on this node
+    node_rank: int
+    nodes: int
+    job: str  # names this launch (and restart) among others on the machine
+    master_addr: str | None  # MASTER_ADDR where the launcher or the user set one
+    master_port: int | None
+
+    @property
+    def one_node(self) -> bool:
+        return self.nodes == 1
+
+    @property
+    def controller(self) -> bool:
+        """Global rank 0: runs the session, the others serve it their rank."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        """``launched by torchrun: 8 ranks on 2 nodes``"""
+        ranks = f"{self.world_size} rank" + ("" if self.world_size == 1 else "s")
+        nodes = f"{self.nodes} node" + ("" if self.nodes == 1 else "s")
+        return f"launched by {self.launcher}: {ranks} on {nodes}"
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return None
+
+
+def _parent_key(env: Mapping[str, str]) -> str:
+    """The launching process on this node (gforker, hydra's proxy, slurmstepd, torchrun's agent),
+    with its start time: the same for every rank it started on this node, and never reused."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    return f"{parent}.{started}"
+
+
+def _torchrun(env: Mapping[str, str]) -> Launch | None:
+    if "TORCHELASTIC_RUN_ID" not in env or _int(env, "RANK") is None:
+        return None
+    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    local, local_world = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
+    node, nodes = _int(env, "GROUP_RANK"), _int(env, "GROUP_WORLD_SIZE")
+    if None in (rank, world, local, local_world, node, nodes):
+        raise LaunchError("torchrun's environment is incomplete: RANK, WORLD_SIZE, LOCAL_RANK, "
+                          "LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE are needed")
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Launch(
+        "torchrun", rank, world, local, local_world, node, nodes,  # type: ignore[arg-type]
+        job=f"torchrun.{env['TORCHELASTIC_RUN_ID']}.{restart}",
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=_int(env, "MASTER_PORT"),
+    )
+
+
+def _slurm(env: Mapping[str, str]) -> Launch | None:
+    # A task of srun has a step id and a task rank; the batch script itself has neither.
+    if "SLURM_STEP_ID" not in env or _int(env, "SLURM_PROCID") is None:
+        return None
+    rank = _int(env, "SLURM_PROCID")
+    world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    local = _int(env, "SLURM_LOCALID")
+    node = _int(env, "SLURM_NODEID")
+    nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+    if None in (rank, world, local, node, nodes):
+        raise LaunchError("srun's environment is incomplete: SLURM_PROCID, SLURM_STEP_NUM_TASKS, "
+                          "SLURM_LOCALID, SLURM_NODEID and SLURM_STEP_NUM_NODES are needed")
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
+    local_world = _tasks_on_node(tasks, node) or world  # type: ignore[arg-type]
+    return Launch(
+        "slurm", rank, world, local, local_world, node, nodes,  # type: ignore[arg-type]
+        job=f"slurm.{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}",
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=_int(env, "MASTER_PORT"),
+    )
+
+
+def _tasks_on_node(spec: str, node: int) -> int | None:
+    """Tasks on node ``node`` from SLURM's ``2(x3),1`` notation; None if it cannot be read."""
+    counts: list[int] = []
+    for part in filter(None, spec.split(",")):
+        count, _, repeat = part.partition("(x")
+        if not count.isdigit():
+            return None
+        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts[node] if node < len(counts) else None
+
+
+def _mpi(env: Mapping[str, str]) -> Launch | None:
+    rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+    world = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    if rank is None or world is None:
+        return None
+    local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+    if local is None or local_world is None:  # MPICH's gforker: one machine, nothing more said
+        local, local_world = rank, world
+    nodes = _int(env, "OMPI_MCA_orte_num_nodes", "OMPI_NUM_NODES")
+    if nodes is None:
+        nodes = 1 if local_world == world else -(-world // local_world)
+    return Launch(
+        "mpi", rank, world, local, local_world,
+        node_rank=(rank - local) // local_world if local_world else 0,
+        nodes=nodes,
+        job=f"mpi.{env.get('PMIX_NAMESPACE') or env.get('OMPI_MCA_ess_base_jobid') or _parent_key(env)}",
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=_int(env, "MASTER_PORT"),
+    )
+
+
+DETECTORS = {"torchrun": _torchrun, "slurm": _slurm, "mpi": _mpi}
+
+
+def detect(env: Mapping[str, str], launcher: str = "auto") -> Launch | None:
+    """This process's launch, or None for an ordinary pytest run (or ``--ddp-launcher=local``).
+
+    ``auto`` tries torchrun, then SLURM (torchrun inside an srun step is torchrun's
+    world), then MPI (srun sets ``PMI_RANK`` too with ``--mpi=pmi2``).  A launch of one
+    process is an ordinary run: there is no other rank to join.
+    """
+    if launcher == "local":
+        return None
+    if launcher != "auto":
+        found = DETECTORS[launcher](env)
+        if found is None:
+            raise LaunchError(f"--ddp-launcher={launcher}: this process was not started by {launcher} "
+                              f"(its environment variables are not set)")
+        return found
+    for detector in DETECTORS.values():
+        found = detector(env)
+        if found is not None:
+            return found if found.world_size > 1 else None
+    return None
+
+
+def channel_address(launch: Launch) -> str | tuple[str, int]:
+    """Where the controller listens for the other ranks' pytest processes.
+
+    On one node: a Unix socket in Linux's abstract namespace named after the
+    launch (no file, no network address).  On several: a TCP address, which
+    must be one every node reaches: MASTER_ADDR (torchrun sets it; for srun and
+    mpiexec the job script sets it, as torch's ``env://`` needs), with an
+    OS-chosen port published in torchrun's store, or MASTER_PORT without torchrun.
+    """
+    if launch.one_node:
+        return f"\0pytest-ddp-{launch.job}"
+    if not launch.master_addr:
+        raise LaunchError(f"{launch.describe()}: set MASTER_ADDR to an address of the first node "
+                          f"that every node reaches (and MASTER_PORT), as for torch's env:// init")
+    if launch.launcher == "torchrun":
+        return (launch.master_addr, 0)
+    if launch.master_port is None:
+        raise LaunchError(f"{launch.describe()}: set MASTER_PORT (a free port on MASTER_ADDR's node)")
+    return (launch.master_addr, launch.master_port)
+
+
+def store_key(launch: Launch) -> str:
+    """The key under which torchrun's store holds the controller's address (several nodes)."""
+    return f"pytest-ddp/{launch.job}/controller"
+
+
+def collection_differences(items: dict[int, list[str]], nodes: dict[int, str]) -> str | None:
+    """What the ranks collected differently from global rank 0, in words; None if they all agree.
+
+    ``items``: each rank's collected node ids in order; ``nodes``: each rank's node name.
+    """
+    reference = items[0]
+    lines = []
+    for rank in sorted(items):
+        theirs = items[rank]
+        if theirs == reference:
+            continue
+        where = f"rank {rank} (on {nodes.get(rank, '?')})"
+        extra = [i for i in theirs if i not in set(reference)]
+        missing = [i for i in reference if i not in set(theirs)]
+        if not extra and not missing:
+            lines.append(f"{where}: the same tests in another order")
+        for label, ids in (("only on this rank", extra), ("not collected here", missing)):
+            shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+            if ids:
+                lines.append(f"{where}: {len(ids)} {label}: {shown}")
+    if not lines:
+        return None
+    return "the ranks collected different tests; every rank must run the same session:\n  " + "\n  ".join(lines)
