@@ -7,12 +7,15 @@ in its own environment variables; :func:`detect` reads them (or obeys
 ``--ddp-launcher``) into a :class:`Launch`, and :func:`channel_address` says
 where global rank 0's pytest (the controller) listens for the others.
 
-Nothing here opens a socket or reads anything but the mapping it is given.
+Nothing here opens a connection; what it reads beyond the mapping it is given is
+which process launched this one (:func:`_launcher_key`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,16 +66,27 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
-def _parent_key(env: Mapping[str, str]) -> str:
-    """The launching process on this node (gforker, hydra's proxy, slurmstepd, torchrun's agent),
-    with its start time: the same for every rank it started on this node, and never reused."""
-    parent = os.getppid()
+def _launcher_key(env: Mapping[str, str]) -> str:
+    """The process that launched this one on this node, with its start time: the same for
+    every rank it started here, and never reused.
+
+    MPICH's launchers (gforker, hydra's proxy) hand each rank a socket, ``PMI_FD``,
+    whose other end they hold: its peer's pid names the launcher even when a shell
+    stands between it and pytest (``mpiexec -n 4 sh -c 'pytest ...'``).  Otherwise the parent.
+    """
+    launcher = os.getppid()
+    if env.get("PMI_FD", "").isdigit():
+        try:
+            with socket.socket(fileno=os.dup(int(env["PMI_FD"]))) as pmi:
+                launcher = struct.unpack("3i", pmi.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        except OSError:
+            pass
     try:
-        with open(f"/proc/{parent}/stat") as f:
+        with open(f"/proc/{launcher}/stat") as f:
             started = f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "0"
-    return f"{parent}.{started}"
+    return f"{launcher}.{started}"
 
 
 def _torchrun(env: Mapping[str, str]) -> Launch | None:
@@ -142,7 +156,7 @@ def _mpi(env: Mapping[str, str]) -> Launch | None:
         "mpi", rank, world, local, local_world,
         node_rank=(rank - local) // local_world if local_world else 0,
         nodes=nodes,
-        job=f"mpi.{env.get('PMIX_NAMESPACE') or env.get('OMPI_MCA_ess_base_jobid') or _parent_key(env)}",
+        job=f"mpi.{env.get('PMIX_NAMESPACE') or env.get('OMPI_MCA_ess_base_jobid') or _launcher_key(env)}",
         master_addr=env.get("MASTER_ADDR"),
         master_port=_int(env, "MASTER_PORT"),
     )

@@ -38,8 +38,9 @@ from . import host_protocol as hp
 from .group import STACK_DUMP_WAIT, complete_spec, dump_complete, fork_context, fork_rank, rank_files, write_spec_file
 from .launch import Launch, LaunchError
 from .launch_link import connect
-from .launched_world import exit_on_sigterm
+from .launched_world import exit_on_signal
 
+CONTROLLER_EXIT_WAIT = 60.0  # seconds a host waits for rank 0's pytest to exit before it does
 TICK = 0.02  # seconds between looks at the ranks' files while any rank lives
 GATHER_WAIT = 300.0  # seconds a rank's pytest waits for rank 0's to listen (imports, collection)
 
@@ -238,7 +239,8 @@ class HostSession:
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         basetemp = self.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
         self.end = Host(self.connection, basetemp / "ddp-host", self.rank_args).serve()
-        exit_on_sigterm(self.end.status)
+        exit_on_signal(self.end.status)
+        _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
         if self.end.reason:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
@@ -249,3 +251,14 @@ class HostSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.end is not None:
             session.exitstatus = self.end.status
+
+
+def _wait_for_end_of(connection: Connection, timeout: float) -> None:
+    """Until the controller's process has exited (its end of the connection closes)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while connection.poll(max(0.0, deadline - time.monotonic())):
+            connection.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    connection.close()

@@ -30,9 +30,14 @@ if TYPE_CHECKING:
     from .launched_group import LaunchedGroup
 
 
-def exit_on_sigterm(status: int) -> None:
-    """From now on, SIGTERM ends this process at once with ``status`` (its work is done)."""
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(int(status)))
+# What launchers send the processes of a run they end (torchrun SIGTERM, gforker SIGQUIT).
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.SIGHUP)
+
+
+def exit_on_signal(status: int) -> None:
+    """From now on, a launcher's signal ends this process at once with ``status`` (its work is done)."""
+    for number in ENDING_SIGNALS:
+        signal.signal(number, lambda *_: os._exit(int(status)))
 
 
 @dataclass
@@ -169,16 +174,17 @@ class LaunchedWorld:
         return [f"rank {rank} ({link.hello.node}): {link.hello.log}" for rank, link in sorted(self.hosts.items())]
 
     def end(self, status: int, reason: str = "") -> None:
-        """Tell every host the session's exit status (they exit with it) and let them go.
+        """Tell every host the session's exit status; they exit with it once this process has.
 
-        This process then exits with that status even if the launcher, seeing a host exit
-        with a failure, sends it SIGTERM first (torchrun does): every rank says the same."""
-        exit_on_sigterm(status)
+        The connections stay open until this process exits: a host waits for that, so
+        that a launcher which kills every process once one fails (MPICH's gforker, torchrun)
+        does not kill this one while the output it forwards is still in its pipe.  This
+        process then exits with that status even if such a launcher sends it a signal first.
+        """
+        exit_on_signal(status)
         for rank, link in self.hosts.items():
             self.send(rank, hp.End(int(status), reason))
             link.alive = False
-            link.connection.close()
-        self.hosts = {}
         if self.listener is not None:
             self.listener.close()
             self.listener = None

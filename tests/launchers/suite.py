@@ -144,7 +144,7 @@ def run(argv: list[str], folder: Path, timeout: float = 240, env: dict[str, str]
     """Run a launcher command in ``folder``; its output, statuses and junitxml."""
     proc = subprocess.run(
         argv, cwd=folder, env=env or launched_environment(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True,
+        stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout, start_new_session=True,
     )
     return collect(folder, proc.returncode, proc.stdout)
 
