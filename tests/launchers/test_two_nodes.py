@@ -1,0 +1,66 @@
+"""Launched mode across two machines: two torchrun agents (--nnodes=2) in two network
+namespaces joined by a veth pair, each with its own /tmp, so the run crosses a network
+and the ranks share no files but the test's folder (where the suite's exit statuses go)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import suite
+from .nodes import TwoNodes, namespaces_unavailable
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    yield tmp_path
+    left = suite.wait_for_no_leftovers(str(tmp_path))
+    assert not left, f"left behind: {left}"
+
+
+def _run_on_two_nodes(folder: Path, timeout: float = 240) -> tuple[suite.Result, str]:
+    if (why := namespaces_unavailable()) is not None:
+        pytest.skip(why)
+    # Both namespaces are new: nothing listens there, so any port is free; it is drawn,
+    # not fixed, as every test here must.
+    port = random.randrange(20000, 60000)
+    with TwoNodes() as nodes:
+        agents = [
+            nodes.popen(
+                node,
+                [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+                 f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python",
+                 sys.executable, *suite.pytest_command("-rs")],
+                cwd=folder, env=suite.launched_environment(),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            )  # fmt: skip
+            for node in (0, 1)
+        ]
+        outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
+        codes = [agent.returncode for agent in agents]
+    first = suite.collect(folder, codes[0], outputs[0])
+    assert codes[1] != 0, outputs[1]
+    return first, outputs[1]
+
+
+def test_one_session_across_two_nodes(folder: Path) -> None:
+    suite.write_suite(folder)
+    result, second_node = _run_on_two_nodes(folder)
+    suite.check_suite(result, folder)
+    assert "launched by torchrun: 4 ranks on 2 nodes" in result.output
+    # Node 1 runs ranks 2 and 3, whose pytest writes no report there.
+    assert "short test summary info" not in second_node
+    assert "(node1)" in result.output  # the other ranks' logs, named by their node
+
+
+def test_collections_that_differ_across_two_nodes(folder: Path) -> None:
+    suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
+    result, _ = _run_on_two_nodes(folder)
+    suite.check_collection_differs(result)
+    assert "rank 2 (on node1)" in result.output
