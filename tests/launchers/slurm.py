@@ -195,6 +195,8 @@ class SlurmCluster:
         self.node = socket.gethostname().split(".")[0]
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
+        while self.slurmd_port == self.ctld_port:
+            self.slurmd_port = free_port()
         self.settings = dict(settings or {})
         self.daemons: dict[str, subprocess.Popen[bytes]] = {}
         self.tag = f"{os.getpid()}:{_start_time(os.getpid())}:{workdir}"
