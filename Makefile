@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix chromium
+.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix chromium slurm
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: venv
 # Headless Chromium for the test of the HTML report (tests/test_picture.py skips without it).
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+# SLURM and munge for the one-node cluster tests/launchers/ starts (its tests skip, saying why,
+# where it cannot be had: not root, or not installed).
+slurm:
+	command -v slurmctld >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
 
 # ruff and mypy, configured in pyproject.toml; both must be clean.
 lint: venv
