@@ -31,17 +31,15 @@ def _run_on_two_nodes(folder: Path, timeout: float = 240) -> tuple[suite.Result,
     # not fixed, as every test here must.
     port = random.randrange(20000, 60000)
     with TwoNodes() as nodes:
-        agents = [
-            nodes.popen(
-                node,
-                [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                 f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python",
-                 sys.executable, *suite.pytest_command("-rs")],
-                cwd=folder, env=suite.launched_environment(),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-            )  # fmt: skip
-            for node in (0, 1)
-        ]
+        agents = []
+        for node in (0, 1):
+            torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+                        f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
+            agents.append(nodes.popen(
+                node, [*torchrun, sys.executable, *suite.pytest_command("-rs")], cwd=folder,
+                env=suite.launched_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, errors="replace",
+            ))  # fmt: skip
         outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
         codes = [agent.returncode for agent in agents]
     first = suite.collect(folder, codes[0], outputs[0])
