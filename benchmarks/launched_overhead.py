@@ -129,13 +129,13 @@ def two_node_hang() -> None:
         folder = Path(tmp)
         (folder / "test_hang.py").write_text(HANG)
         port = random.randrange(20000, 60000)
-        agents = [
-            nodes.popen(node, [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                               f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python",
-                               sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
-                        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-            for node in (0, 1)
-        ]
+        agents = []
+        for node in (0, 1):
+            torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+                        f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
+            pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+            agents.append(nodes.popen(node, [*torchrun, *pytest_command], cwd=folder, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
         output = agents[0].communicate(timeout=240)[0]
         agents[1].communicate(timeout=240)
     found = re.search(r"diagnosed ([0-9.]+) s into the test", output)
