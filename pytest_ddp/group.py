@@ -363,7 +363,10 @@ class RankGroup:
         for rp in self.ranks:
             self._send(rp, Stop())
         end = time.monotonic() + STOP_WAIT
-        while any(rp.exit_code is None for rp in self.ranks) and (left := end - time.monotonic()) > 0:
+        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
+        while self._news is not None and any(rp.proc.exitcode is None for rp in self.ranks):
+            if (left := end - time.monotonic()) <= 0:
+                break
             self._wait(min(left, 0.1))
         ends = {}
         for rp in self.ranks:
@@ -490,7 +493,8 @@ class RankGroup:
     def _wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a rank's notify byte or its end;
         drain the notify pipes and note the exit codes of ended ranks."""
-        if self._news is None:  # killed
+        if self._news is None:  # killed: nothing to hear of, but the caller still waits
+            time.sleep(timeout)
             return
         for key, _ in self._news.select(timeout):
             self._news_of(key)
