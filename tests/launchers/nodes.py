@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -27,16 +28,25 @@ from typing import IO, Any
 _LO_UP = 'ip link set lo up && exec "$@"'
 
 # Runs in a node's own mount and UTS namespaces (after ``ip netns exec``): its hostname
-# and /etc/hosts, a tmpfs over /tmp, and the working directory bound back if it was
-# under /tmp (the process's cwd still points at the hidden directory; `.` reaches it).
+# and /etc/hosts, a tmpfs over /tmp, and the paths given before ``--`` bound back from
+# the real /tmp if they are under it (the working directory, this Python's venv and
+# the project: a checkout under /tmp, as CI's may be, must stay runnable).
 _NODE_SCRIPT = """set -e
 mount --bind "$1" /etc/hosts
 echo "$2" > /proc/sys/kernel/hostname
+shift 2
+mount --bind /tmp /mnt
 mount -t tmpfs tmpfs /tmp
-case "$3" in /tmp|/tmp/*) mkdir -p "$3" && mount --no-canonicalize --bind . "$3";; esac
-shift 3
+while [ "$1" != -- ]; do
+  case "$1" in /tmp/*) mkdir -p "$1" && mount --no-canonicalize --bind "/mnt${1#/tmp}" "$1";; esac
+  shift
+done
+shift
+umount -l /mnt
 exec "$@"
 """
+# What every node needs from the machine's /tmp, besides its working directory.
+_SHARED_PATHS = [os.path.realpath(Path(__file__).resolve().parents[2]), os.path.realpath(sys.prefix)]
 
 _instances = itertools.count()
 
@@ -153,7 +163,8 @@ class TwoNodes:
         cwd = os.path.realpath(cwd)
         command = ["ip", "netns", "exec", self._names[node],
                    "unshare", "--mount", "--uts", "--propagation", "private",
-                   "sh", "-c", _NODE_SCRIPT, "sh", str(self._dir / "hosts"), self.hostname(node), cwd,
+                   "sh", "-c", _NODE_SCRIPT, "sh", str(self._dir / "hosts"), self.hostname(node),
+                   *sorted({*_SHARED_PATHS, cwd}), "--",
                    *argv]  # fmt: skip
         process = subprocess.Popen(
             command, cwd=cwd, env=None if env is None else dict(env), stdout=stdout, stderr=stderr, **kwargs
