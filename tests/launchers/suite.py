@@ -11,6 +11,7 @@ and no process left behind.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -149,10 +150,16 @@ def run(argv: list[str], folder: Path, timeout: float = 240, env: dict[str, str]
     return collect(folder, proc.returncode, proc.stdout)
 
 
+# torchrun's failure summary: each worker's real exit status.
+TORCHRUN_EXIT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\n\s*exitcode\s*:\s*(-?\d+)")
+
+
 def collect(folder: Path, returncode: int, output: str) -> Result:
-    codes = {}
-    for path in (folder / "codes").glob("rank*"):
-        codes[int(path.name[4:])] = int(path.read_text())
+    """The run's statuses: what each pytest wrote at unconfigure, overridden where torchrun lists a
+    worker's exit status, that (a process that its launcher signalled after the session's end
+    exits with the session's status at once, before its conftest could write it)."""
+    codes = {int(path.name[4:]): int(path.read_text()) for path in (folder / "codes").glob("rank*")}
+    codes.update({int(rank): int(code) for rank, code in TORCHRUN_EXIT.findall(output)})
     return Result(returncode, output, codes, junit_outcomes(folder / "report.xml"))
 
 
