@@ -219,12 +219,16 @@ class RankGroup:
         self._store, self._store_socket = bound_store(self.store_host, cfg.world_size, cfg.pg_timeout)
         port = self._store_socket.getsockname()[1]
         try:
-            for rank in range(cfg.world_size):
-                self.ranks.append(self._spawn(rank, port))
+            self._start_ranks(port)
             self._wait_ready(deadline)
         except BaseException:
             self.kill()
             raise
+
+    def _start_ranks(self, store_port: int) -> None:
+        """Start every rank (each joins the store at ``store_port``); they say when ready."""
+        for rank in range(self.config.world_size):
+            self.ranks.append(self._spawn(rank, store_port))
 
     def _spawn(self, rank: int, port: int) -> RankProcess:
         cfg = self.config

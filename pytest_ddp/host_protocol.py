@@ -37,7 +37,6 @@ class Hello:
     local_rank: int
     node_rank: int
     node: str  # the host's name (its node, in reports)
-    pid: int
     items: list[str]  # node ids collected, in order
     errors: list[str]  # collection errors
     log: str  # where its own pytest output goes

@@ -35,7 +35,6 @@ class Launch:
     rank: int  # global rank
     world_size: int
     local_rank: int  # on this node
-    local_world_size: int  # processes on this node
     node_rank: int
     nodes: int
     job: str  # names this launch (and restart) among others on the machine
@@ -93,14 +92,14 @@ def _torchrun(env: Mapping[str, str]) -> Launch | None:
     if "TORCHELASTIC_RUN_ID" not in env or _int(env, "RANK") is None:
         return None
     rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    local, local_world = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
+    local = _int(env, "LOCAL_RANK")
     node, nodes = _int(env, "GROUP_RANK"), _int(env, "GROUP_WORLD_SIZE")
-    if None in (rank, world, local, local_world, node, nodes):
+    if None in (rank, world, local, node, nodes):
         raise LaunchError("torchrun's environment is incomplete: RANK, WORLD_SIZE, LOCAL_RANK, "
-                          "LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE are needed")
+                          "GROUP_RANK and GROUP_WORLD_SIZE are needed")
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     return Launch(
-        "torchrun", rank, world, local, local_world, node, nodes,  # type: ignore[arg-type]
+        "torchrun", rank, world, local, node, nodes,  # type: ignore[arg-type]
         job=f"torchrun.{env['TORCHELASTIC_RUN_ID']}.{restart}",
         master_addr=env.get("MASTER_ADDR"),
         master_port=_int(env, "MASTER_PORT"),
@@ -119,25 +118,12 @@ def _slurm(env: Mapping[str, str]) -> Launch | None:
     if None in (rank, world, local, node, nodes):
         raise LaunchError("srun's environment is incomplete: SLURM_PROCID, SLURM_STEP_NUM_TASKS, "
                           "SLURM_LOCALID, SLURM_NODEID and SLURM_STEP_NUM_NODES are needed")
-    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
-    local_world = _tasks_on_node(tasks, node) or world  # type: ignore[arg-type]
     return Launch(
-        "slurm", rank, world, local, local_world, node, nodes,  # type: ignore[arg-type]
+        "slurm", rank, world, local, node, nodes,  # type: ignore[arg-type]
         job=f"slurm.{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}",
         master_addr=env.get("MASTER_ADDR"),
         master_port=_int(env, "MASTER_PORT"),
     )
-
-
-def _tasks_on_node(spec: str, node: int) -> int | None:
-    """Tasks on node ``node`` from SLURM's ``2(x3),1`` notation; None if it cannot be read."""
-    counts: list[int] = []
-    for part in filter(None, spec.split(",")):
-        count, _, repeat = part.partition("(x")
-        if not count.isdigit():
-            return None
-        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
-    return counts[node] if node < len(counts) else None
 
 
 def _mpi(env: Mapping[str, str]) -> Launch | None:
@@ -153,7 +139,7 @@ def _mpi(env: Mapping[str, str]) -> Launch | None:
     if nodes is None:
         nodes = 1 if local_world == world else -(-world // local_world)
     return Launch(
-        "mpi", rank, world, local, local_world,
+        "mpi", rank, world, local,
         node_rank=(rank - local) // local_world if local_world else 0,
         nodes=nodes,
         job=f"mpi.{env.get('PMIX_NAMESPACE') or env.get('OMPI_MCA_ess_base_jobid') or _launcher_key(env)}",

@@ -16,7 +16,7 @@ import selectors
 from typing import Any
 
 from . import host_protocol as hp
-from .group import GroupConfig, GroupStartError, RankGroup, RankProcess, bound_store
+from .group import GroupConfig, GroupStartError, RankGroup, RankProcess
 from .launched_world import LaunchedWorld
 from .protocol import Command, encode
 
@@ -53,27 +53,23 @@ class LaunchedGroup(RankGroup):
         self._node_of = {rank: nodes[rank] for rank in range(config.world_size)}
 
     def start(self, deadline: float) -> None:
-        cfg = self.config
-        gone = [r for r in range(1, cfg.world_size) if not self.world.hosts[r].alive]
+        gone = [r for r in range(1, self.config.world_size) if not self.world.hosts[r].alive]
         if gone:
             raise GroupStartError(f"the pytest processes of ranks {gone} of the launch are gone")
-        self._store, self._store_socket = bound_store(self.store_host, cfg.world_size, cfg.pg_timeout)
-        port = self._store_socket.getsockname()[1]
-        try:
-            assert self._news is not None
-            for rank in range(1, cfg.world_size):
-                self._news.register(self.world.hosts[rank].connection, selectors.EVENT_READ, HOSTS)
-            self.ranks.append(self._spawn(0, port))
-            self.slots = self.world.attach(self, range(1, cfg.world_size))
-            for rank, slot in self.slots.items():
-                env = {**self.torchrun_environment(rank, port), **self.rank_environment()}
-                start = hp.Start(slot, self.portable_spec(rank, port), env, cfg.items)
-                self.world.send(rank, start)
-                self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot), None, None))
-            self._wait_ready(deadline)
-        except BaseException:
-            self.kill()
-            raise
+        super().start(deadline)
+
+    def _start_ranks(self, store_port: int) -> None:
+        """Rank 0 forked here; rank r by global rank r's pytest, in a slot of its own there."""
+        cfg = self.config
+        assert self._news is not None
+        for rank in range(1, cfg.world_size):
+            self._news.register(self.world.hosts[rank].connection, selectors.EVENT_READ, HOSTS)
+        self.ranks.append(self._spawn(0, store_port))
+        self.slots = self.world.attach(self, range(1, cfg.world_size))
+        for rank, slot in self.slots.items():
+            env = {**self.torchrun_environment(rank, store_port), **self.rank_environment()}
+            self.world.send(rank, hp.Start(slot, self.portable_spec(rank, store_port), env, cfg.items))
+            self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot), None, None))
 
     # -- what each rank is told -----------------------------------------------------
 
@@ -127,7 +123,7 @@ class LaunchedGroup(RankGroup):
 
     def forget(self, connection: Any) -> None:
         """A host's connection ended: stop waiting on it."""
-        if self._news is not None and connection in [key.fileobj for key in self._news.get_map().values()]:
+        if self._news is not None and connection in self._news.get_map():
             self._news.unregister(connection)
 
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:

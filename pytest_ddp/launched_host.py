@@ -218,14 +218,15 @@ class HostSession:
         from .plugin import rank_pytest_args
 
         self.items = {item.nodeid: item for item in session.items}
-        fork_context()  # the forkserver imports torch while the controller gathers the others
+        if any(item.get_closest_marker("ddp") for item in session.items):
+            fork_context()  # the forkserver imports torch while the controller gathers the others
         try:
             self.connection = connect(self.launch, GATHER_WAIT)
         except LaunchError as exc:
             pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
         assert self.log_path is not None
         hello = hp.Hello(
-            self.launch.rank, self.launch.local_rank, self.launch.node_rank, socket.gethostname(), os.getpid(),
+            self.launch.rank, self.launch.local_rank, self.launch.node_rank, socket.gethostname(),
             list(self.items), self.collect_errors, str(self.log_path),
         )
         self.connection.send_bytes(hp.encode(hello))

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from .launch import LAUNCHER_CHOICES
 from .spec import (
     MarkArgs,
     RankSpec,
@@ -22,6 +21,7 @@ from .spec import (
     parse_backend,
     parse_count,
     parse_faults,
+    parse_launcher,
     parse_timeout,
 )
 
@@ -44,7 +44,7 @@ class Settings:
     report_dir: str | None  # exists and is writable
     max_world_size: int | None  # None: as many ranks as the machine holds
     mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
-    launcher: str = DEFAULT_LAUNCHER  # --ddp-launcher: one of launch.LAUNCHER_CHOICES
+    launcher: str  # --ddp-launcher: one of launch.LAUNCHER_CHOICES
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -83,12 +83,6 @@ def from_config(config: pytest.Config) -> Settings:
         )
     except SpecError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
-
-
-def parse_launcher(value: str) -> str:
-    if value not in LAUNCHER_CHOICES:
-        raise SpecError(f"--ddp-launcher={value!r}: must be one of {', '.join(LAUNCHER_CHOICES)}")
-    return value
 
 
 def _value(config: pytest.Config, name: str, default: Any) -> Any:

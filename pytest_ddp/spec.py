@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .faults import Fault, FaultError, check_all
+from .launch import LAUNCHER_CHOICES
 
 BACKENDS = ("gloo", "nccl", "mpi")
 # The longest timeout (or grace) accepted, about 11.6 days: the process
@@ -87,6 +88,13 @@ def parse_backend(value: Any, name: str = "backend") -> str:
     if not isinstance(value, str) or value.lower() not in BACKENDS:
         raise SpecError(f"{name}={value!r}: must be one of {', '.join(BACKENDS)}")
     return value.lower()
+
+
+def parse_launcher(value: str) -> str:
+    """``--ddp-launcher`` (the option's own choices check the command line; this, the ini value)."""
+    if value not in LAUNCHER_CHOICES:
+        raise SpecError(f"--ddp-launcher={value!r}: must be one of {', '.join(LAUNCHER_CHOICES)}")
+    return value
 
 
 def _number(value: Any) -> float | None:

@@ -17,7 +17,7 @@ TORCHRUN = {
 SRUN = {
     "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4",
     "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "PMI_RANK": "3", "PMI_SIZE": "4",
+    "PMI_RANK": "3", "PMI_SIZE": "4",
 }
 HYDRA = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "4", "PMI_HOSTNAME": "vm"}
 GFORKER = {"PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "8"}
@@ -42,8 +42,8 @@ def test_torchrun_across_two_nodes() -> None:
 def test_srun_task_and_not_the_batch_script() -> None:
     launch = detect(SRUN)
     assert launch is not None
-    assert (launch.launcher, launch.rank, launch.world_size, launch.local_world_size, launch.nodes) == (
-        "slurm", 3, 4, 2, 2,
+    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank, launch.nodes) == (
+        "slurm", 3, 4, 1, 2,
     )
     # The batch script has a job but no step: plain pytest there is an ordinary session.
     batch = {k: v for k, v in SRUN.items() if k not in ("SLURM_STEP_ID", "SLURM_PROCID", "PMI_RANK", "PMI_SIZE")}
@@ -106,7 +106,7 @@ def test_incomplete_environment_is_an_error_naming_the_variables() -> None:
 
 def _launch(**changes: object) -> Launch:
     fields = dict(
-        launcher="mpi", rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, nodes=1,
+        launcher="mpi", rank=0, world_size=2, local_rank=0, node_rank=0, nodes=1,
         job="j", master_addr=None, master_port=None,
     )
     return Launch(**{**fields, **changes})  # type: ignore[arg-type]
@@ -140,7 +140,7 @@ def test_collection_differences_are_cut_after_five() -> None:
 @pytest.mark.parametrize(
     "message",
     [
-        hp.Hello(1, 1, 0, "node", 42, ["a::b"], ["err"], "/tmp/log"),
+        hp.Hello(1, 1, 0, "node", ["a::b"], ["err"], "/tmp/log"),
         hp.Data(3, "events", b'{"e": "call"}\n\x00\xff'),
         hp.Command(3, b'{"cmd": "stop"}\n'),
         hp.Start(2, {"rank": 1}, {"RANK": "1"}, ["a::b"]),

@@ -42,18 +42,40 @@ def test_defaults_and_options(pytester, monkeypatch) -> None:
     monkeypatch.delenv("PYTEST_TIMEOUT", raising=False)
     assert settings_of(pytester) == Settings(
         backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None,
-        mpi_launcher=None,
+        mpi_launcher=None, launcher="auto",
     )
     report_dir = pytester.path / "reports" / "new"
     chosen = settings_of(
         pytester, "--ddp-backend=NCCL", "--ddp-grace=0.5", "--ddp-isolate", "--ddp-max-groups=3",
         f"--ddp-report-dir={report_dir}", "--ddp-max-world-size=4", "--ddp-mpi-launcher=mpirun --oversubscribe",
+        "--ddp-launcher=local",
     )
     assert chosen == Settings(
         backend="nccl", timeout=60.0, grace=0.5, isolate_all=True, max_groups=3,
-        report_dir=str(report_dir), max_world_size=4, mpi_launcher="mpirun --oversubscribe",
+        report_dir=str(report_dir), max_world_size=4, mpi_launcher="mpirun --oversubscribe", launcher="local",
     )
     assert report_dir.is_dir()  # created at start, checked once
+
+
+@pytest.mark.parametrize(
+    "args, ini, message",
+    [
+        ((), "ddp_launcher = nowhere", "--ddp-launcher='nowhere': must be one of auto, local, torchrun, slurm, mpi"),
+        (("--ddp-launcher=slurm",), "", "--ddp-launcher=slurm: this process was not started by slurm"),
+    ],
+)
+def test_a_launcher_that_is_not_there_is_a_usage_error(ddp_pytester, args, ini, message) -> None:
+    ddp_pytester.pytester.makeini("[pytest]\n" + ini)
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2)
+        def test_never_runs():
+            pass
+        """,
+        *args,
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*pytest-ddp: {message}*"])
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def test_bad_mark_arguments_are_named(source: str, message: str) -> None:
 
 SETTINGS = Settings(
     backend="gloo", timeout=60.0, grace=2.0, isolate_all=False, max_groups=2, report_dir=None, max_world_size=None,
-    mpi_launcher=None,
+    mpi_launcher=None, launcher="auto",
 )
 
 
