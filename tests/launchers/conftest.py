@@ -1,12 +1,22 @@
-"""The launchers' fixtures: a SLURM cluster of the session's own."""
+"""The launchers' fixtures: a launched session's folder, a SLURM cluster of the session's own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from . import suite
 from .slurm import SlurmCluster, slurm_unavailable
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    """The launched session's folder; no process of it may outlive the test."""
+    yield tmp_path
+    left = suite.wait_for_no_leftovers(str(tmp_path))
+    assert not left, f"left behind: {left}"
 
 
 @pytest.fixture(scope="session")

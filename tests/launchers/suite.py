@@ -175,13 +175,13 @@ def junit_outcomes(path: Path) -> dict[str, str]:
 
 
 def check_suite(result: Result, folder: Path, world: int = 4) -> None:
-    """What every launcher must give for SUITE (see the module's docstring)."""
+    """What every launcher must give for SUITE, run with ``-rs`` (see the module's docstring)."""
     out = result.output
     assert result.outcomes == OUTCOMES, out
     # One report: only rank 0's pytest writes to the terminal.
     assert out.count("short test summary info") == 1, out
     assert "ddp: the other ranks' pytest output: rank 1" in out
-    assert "needs world_size=8; launched by" in out or "SKIPPED" not in out  # -rs not asked for
+    assert "SKIPPED [1] test_launched.py:" in out and "needs world_size=8; launched by" in out, out
     # The hang: rank 3 named, the others' stacks in the report.
     assert "deadlock (partial)" in out and "rank 3 returned from its test without calling all_reduce #1" in out, out
     assert "ranks 0-2: Python stacks when stopped" in out, out
@@ -203,8 +203,9 @@ def check_collection_differs(result: Result, world: int = 4) -> None:
     assert out.count("the ranks collected different tests") == 1  # rank 0's terminal only
 
 
-def leftovers(marker: str) -> list[str]:
-    """Processes whose command line mentions ``marker`` (the test's folder) or that are ranks."""
+def leftovers(folder: str) -> list[str]:
+    """Live processes of the session run in ``folder``: its command line names the folder
+    (launchers, launched pytest) or it works in it (their forkservers and ranks)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -214,19 +215,20 @@ def leftovers(marker: str) -> list[str]:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
+            cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
         state = stat.rsplit(")", 1)[1].split()[0]
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if state != "Z" and (marker in command or name.startswith("ddp-rank")):
+        if state != "Z" and (folder in command or cwd == folder or cwd.startswith(folder + "/")):
             found.append(f"{entry} {name}: {command[:200]}")
     return found
 
 
-def wait_for_no_leftovers(marker: str, timeout: float = 15.0) -> list[str]:
+def wait_for_no_leftovers(folder: str, timeout: float = 15.0) -> list[str]:
     """The processes still there once they had ``timeout`` seconds to go (launchers reap theirs late)."""
     deadline = time.monotonic() + timeout
-    while (left := leftovers(marker)) and time.monotonic() < deadline:
+    while (left := leftovers(folder)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for line in left:  # leave nothing behind for the next test, whatever this one says
         try:

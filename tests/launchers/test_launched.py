@@ -47,13 +47,6 @@ LAUNCHERS = [
 ]
 
 
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    yield tmp_path
-    left = suite.wait_for_no_leftovers(str(tmp_path))
-    assert not left, f"left behind: {left}"
-
-
 @pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
 def test_one_session_under_the_launcher(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
     if (why := unavailable()) is not None:
@@ -61,7 +54,6 @@ def test_one_session_under_the_launcher(launcher, unavailable, folder: Path) -> 
     suite.write_suite(folder)
     result = suite.run(launcher(4, "-rs"), folder)
     suite.check_suite(result, folder)
-    assert "SKIPPED [1] test_launched.py:" in result.output and "needs world_size=8" in result.output
 
 
 @pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)

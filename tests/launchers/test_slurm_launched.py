@@ -7,17 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
-
 from . import suite
 from .slurm import SlurmCluster
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    yield tmp_path
-    left = suite.wait_for_no_leftovers(str(tmp_path))
-    assert not left, f"left behind: {left}"
 
 
 def _srun(cluster: SlurmCluster, folder: Path) -> suite.Result:

@@ -17,13 +17,6 @@ from .nodes import TwoNodes, namespaces_unavailable
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    yield tmp_path
-    left = suite.wait_for_no_leftovers(str(tmp_path))
-    assert not left, f"left behind: {left}"
-
-
 def _run_on_two_nodes(folder: Path, timeout: float = 240) -> tuple[suite.Result, str]:
     if (why := namespaces_unavailable()) is not None:
         pytest.skip(why)
