@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -62,7 +63,7 @@ class Slot:
 class Host:
     """The relay loop of one host (see the module's docstring)."""
 
-    def __init__(self, connection: Connection, folder: Path, pytest_args: Any) -> None:
+    def __init__(self, connection: Connection, folder: Path, pytest_args: Callable[[list[str]], list[str]]) -> None:
         self.connection = connection
         self.folder = folder
         self.pytest_args = pytest_args  # node ids -> the rank's pytest command line
@@ -199,24 +200,33 @@ class HostSession:
         self.config = config
         self.launch = launch
         self.end: hp.End | None = None
-        self.log_path: Path | None = None
+        self.basetemp: Path | None = None  # pytest's, once the session starts
+        self.items: dict[str, pytest.Item] = {}  # collected, by node id
         self.collect_errors: list[str] = []
+        self.connection: Connection | None = None  # to the controller, once collected
         # Only rank 0 writes junitxml (this runs before junitxml's configure).
         config.option.xmlpath = None
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes its header
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         config = self.config
-        basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-        self.log_path = basetemp / f"ddp-rank{self.launch.rank}.log"
+        self.basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            log = open(self.log_path, "w")  # noqa: SIM115 - written for the session's life
+            log = open(self._log_path(), "w")  # noqa: SIM115 - written for the session's life
             reporter._tw = _pytest.config.create_terminal_writer(config, log)
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    def _log_path(self) -> Path:
+        assert self.basetemp is not None
+        return self.basetemp / f"ddp-rank{self.launch.rank}.log"
+
+    def _rank_args(self, node_ids: list[str]) -> list[str]:
+        """The pytest command line of a rank that runs these of this session's items."""
         from .plugin import rank_pytest_args
 
+        return rank_pytest_args(self.config, [self.items[i] for i in node_ids if i in self.items])
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.items = {item.nodeid: item for item in session.items}
         if any(item.get_closest_marker("ddp") for item in session.items):
             fork_context()  # the forkserver imports torch while the controller gathers the others
@@ -224,13 +234,11 @@ class HostSession:
             self.connection = connect(self.launch, GATHER_WAIT)
         except LaunchError as exc:
             pytest.exit(str(exc), returncode=pytest.ExitCode.INTERRUPTED)
-        assert self.log_path is not None
         hello = hp.Hello(
             self.launch.rank, self.launch.local_rank, self.launch.node_rank, socket.gethostname(),
-            list(self.items), self.collect_errors, str(self.log_path),
+            list(self.items), self.collect_errors, str(self._log_path()),
         )
         self.connection.send_bytes(hp.encode(hello))
-        self.rank_args = lambda ids: rank_pytest_args(self.config, [self.items[i] for i in ids if i in self.items])
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -238,8 +246,8 @@ class HostSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        basetemp = self.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-        self.end = Host(self.connection, basetemp / "ddp-host", self.rank_args).serve()
+        assert self.connection is not None and self.basetemp is not None  # collected, started
+        self.end = Host(self.connection, self.basetemp / "ddp-host", self._rank_args).serve()
         exit_on_signal(self.end.status)
         _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
         if self.end.reason:
