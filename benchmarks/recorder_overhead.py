@@ -4,15 +4,20 @@ Two ranks (Gloo over loopback, FileStore rendezvous) loop over a 1-float
 all_reduce in rounds without and with the recorder (writing to a real event
 log), alternating, both ranks switching together; it prints the median over
 rounds of the microseconds per call for each (wall time, and the CPU time of
-rank 0's calling thread), the added time and the ratio.  Goal: at most 10 us
+rank 0's calling thread), the added time and the ratio.  Two calls are
+measured: ``dist.all_reduce`` (recorded by the function's wrapper; the backend
+hook only passes it on) and the functional collective
+``funcol.all_reduce(...).wait()`` that DTensor and FSDP2 issue (recorded at
+the backend, its ret written when its wait returns).  Goal: at most 10 us
 added per call.
 
 A Gloo round trip between two processes takes tens to hundreds of microseconds
 and depends on scheduling, so on a small or busy machine the two-rank figures
 are noisy, and any work between calls can cost more than itself.  The script
 therefore also prints the recorder's own cost (its wrapper around a function
-that does nothing, recording to a real log; best of several runs) and, as a
-control, the loop with a busy-wait of that length in place of the recorder.
+that does nothing, recording to a real log; best of several runs), the cost of
+each call in a group of one (no peer to wait for), and, as a control, the loop
+with a busy-wait of the wrapper's length in place of the recorder.
 
     python benchmarks/recorder_overhead.py [--calls 2000] [--rounds 10]
 """
@@ -27,24 +32,38 @@ import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 
 WARM_UP = 500
 
 
-def loop(tensor: torch.Tensor, calls: int, busy_us: float = 0.0) -> tuple[float, float]:
-    """Microseconds of wall and thread CPU time per all_reduce, each after ``busy_us`` of busy-waiting."""
+def functional_all_reduce(tensor: torch.Tensor) -> None:
+    funcol.all_reduce(tensor, "sum", dist.group.WORLD).wait()
+
+
+CALLS: dict[str, Callable[[torch.Tensor], Any]] = {
+    "dist.all_reduce": lambda tensor: dist.all_reduce(tensor),
+    "functional all_reduce": functional_all_reduce,
+}
+
+
+def loop(
+    call: Callable[[torch.Tensor], Any], tensor: torch.Tensor, calls: int, busy_us: float = 0.0
+) -> tuple[float, float]:
+    """Microseconds of wall and thread CPU time per call, each after ``busy_us`` of busy-waiting."""
     wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         if busy_us:
             until = time.perf_counter() + busy_us / 1e6
             while time.perf_counter() < until:
                 pass
-        dist.all_reduce(tensor)
+        call(tensor)
     return (time.perf_counter() - wall) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
 
 
@@ -65,34 +84,42 @@ def own_cost(log: Any) -> float:
     return best / 20000 * 1e6
 
 
-def alone_costs(folder: str) -> dict[str, float]:
-    """CPU microseconds per real all_reduce in a Gloo group of one (no peer to wait for): without
-    the recorder, with only its backend hook (the kernel every collective passes through), and
-    with the whole recorder (the function's wrapper, then the hook); best of 5 each."""
+def alone_costs(folder: str, call: Callable[[torch.Tensor], Any]) -> dict[str, float]:
+    """CPU microseconds per call in a Gloo group of one (no peer to wait for): without the
+    recorder, with only its backend hook (the kernel every collective passes through), and with
+    the whole recorder; best of 5 each."""
     from pytest_ddp import backend_hook, recorder
     from pytest_ddp.protocol import EventLog
 
-    group = dist.new_group([dist.get_rank()])
     tensor = torch.ones(1)
 
     def per_call() -> float:
         def calls() -> None:
             for _ in range(2000):
-                dist.all_reduce(tensor, group=group)
+                call(tensor)
 
         calls()
         best = min(timeit.repeat(calls, number=1, repeat=5, timer=time.thread_time))
         return best / 2000 * 1e6
 
     costs = {"bare": per_call()}
-    backend_hook.install(lambda spec, args, issued_async, submit: submit(), lambda tensor: None, lambda: False)
+    backend_hook.install(lambda spec, args, issued_async, submit: submit(), lambda tensor, wait: wait(), lambda: False)
     costs["hook"] = per_call()
     backend_hook.uninstall()
-    recorder.install(EventLog(os.path.join(folder, f"alone{dist.get_rank()}.events")))
+    recorder.install(EventLog(os.path.join(folder, "alone.events")))
     recorder.start_test()
     costs["recorder"] = per_call()
     recorder.uninstall()
     return costs
+
+
+def alone(_: int, folder: str) -> None:
+    """The group-of-one costs of each call, in a process of its own."""
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "alone.store"), 1), rank=0, world_size=1)
+    costs = {name: alone_costs(folder, call) for name, call in CALLS.items()}
+    with open(os.path.join(folder, "alone.json"), "w") as f:
+        json.dump(costs, f)
+    dist.destroy_process_group()
 
 
 def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
@@ -103,27 +130,26 @@ def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     tensor = torch.ones(1)
     log = EventLog(os.path.join(folder, f"rank{rank}.events"))
-    loop(tensor, WARM_UP)
-    own = own_cost(log)
-    alone = alone_costs(folder)
-    plain: list[tuple[float, float]] = []
-    busy: list[tuple[float, float]] = []
-    recorded: list[tuple[float, float]] = []
-    for _ in range(rounds):
-        dist.barrier()
-        plain.append(loop(tensor, calls // rounds))
-        dist.barrier()
-        busy.append(loop(tensor, calls // rounds, own))
-        dist.barrier()
-        recorder.install(log)
-        recorder.start_test()
-        recorded.append(loop(tensor, calls // rounds))
-        recorder.uninstall()
+    result: dict[str, Any] = {"own": own_cost(log)}
+    for name, call in CALLS.items():
+        loop(call, tensor, WARM_UP)
+        times: dict[str, list[tuple[float, float]]] = {"plain": [], "busy": [], "recorded": []}
+        for _ in range(rounds):
+            dist.barrier()
+            times["plain"].append(loop(call, tensor, calls // rounds))
+            dist.barrier()
+            times["busy"].append(loop(call, tensor, calls // rounds, result["own"]))
+            dist.barrier()
+            recorder.install(log)
+            recorder.start_test()
+            times["recorded"].append(loop(call, tensor, calls // rounds))
+            recorder.uninstall()
+        result[name] = {
+            mode: [statistics.median(wall for wall, _ in each), statistics.median(cpu for _, cpu in each)]
+            for mode, each in times.items()
+        }
     dist.barrier()
     if rank == 0:
-        result: dict[str, Any] = {"own": own, "alone": alone}
-        for name, times in (("plain", plain), ("busy", busy), ("recorded", recorded)):
-            result[name] = [statistics.median(wall for wall, _ in times), statistics.median(cpu for _, cpu in times)]
         with open(os.path.join(folder, "result.json"), "w") as f:
             json.dump(result, f)
     dist.barrier()
@@ -137,30 +163,35 @@ def main() -> int:
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         mp.start_processes(worker, args=(folder, options.calls, options.rounds), nprocs=2, start_method="spawn")
+        mp.start_processes(alone, args=(folder,), nprocs=1, start_method="spawn")
         with open(os.path.join(folder, "result.json")) as f:
             result = json.load(f)
-    (plain, plain_cpu), (recorded, recorded_cpu) = result["plain"], result["recorded"]
-    busy, busy_cpu = result["busy"]
+        with open(os.path.join(folder, "alone.json")) as f:
+            costs = json.load(f)
     print(
         f"1-float all_reduce, 2 Gloo ranks, {options.calls} calls per mode in {options.rounds} "
         f"alternating rounds, {os.cpu_count()} cores; us per call, wall (rank 0's thread CPU)"
     )
-    print(f"  without recorder:  {plain:7.1f} ({plain_cpu:5.1f})")
-    print(f"  with recorder:     {recorded:7.1f} ({recorded_cpu:5.1f})")
-    print(
-        f"  added:             {recorded - plain:+7.1f} ({recorded_cpu - plain_cpu:+5.1f})"
-        f"   ratio {recorded / plain:.2f}   [goal <= 10 us]"
-    )
+    for name in CALLS:
+        (plain, plain_cpu), (recorded, recorded_cpu) = result[name]["plain"], result[name]["recorded"]
+        busy, busy_cpu = result[name]["busy"]
+        print(f"{name}:")
+        print(f"  without recorder:  {plain:7.1f} ({plain_cpu:5.1f})")
+        print(f"  with recorder:     {recorded:7.1f} ({recorded_cpu:5.1f})")
+        print(
+            f"  added:             {recorded - plain:+7.1f} ({recorded_cpu - plain_cpu:+5.1f})"
+            f"   ratio {recorded / plain:.2f}   [goal <= 10 us]"
+        )
+        print(
+            f"  control, a busy-wait of {result['own']:.1f} us instead: "
+            f"{busy - plain:+.1f} ({busy_cpu - plain_cpu:+.1f})"
+        )
+        each = costs[name]
+        print(
+            f"  in a group of one, CPU (best of 5): bare {each['bare']:.1f}, "
+            f"backend hook {each['hook'] - each['bare']:+.1f}, whole recorder {each['recorder'] - each['bare']:+.1f}"
+        )
     print(f"recorder's own cost, its wrapper around a no-op (real log), best of 5: {result['own']:.1f} us per call")
-    alone = result["alone"]
-    print(
-        f"a real all_reduce in a group of one, CPU us per call (best of 5): bare {alone['bare']:.1f}, "
-        f"backend hook {alone['hook'] - alone['bare']:+.1f}, whole recorder {alone['recorder'] - alone['bare']:+.1f}"
-    )
-    print(
-        f"control, a busy-wait that long instead of the recorder: {busy - plain:+.1f} "
-        f"({busy_cpu - plain_cpu:+.1f}) us per call"
-    )
     return 0
 
 

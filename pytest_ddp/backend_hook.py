@@ -32,8 +32,9 @@ from .ops import BACKEND_OPS, BackendOp
 Record = Callable[[BackendOp, "dict[str, Any]", bool, Callable[[], Any]], Any]
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
-# wait(tensor): the caller blocks until the collective that produces ``tensor`` is done
-Wait = Callable[[torch.Tensor], None]
+# wait(tensor, run) -> what run() returns: the caller blocks in run() until the collective that
+# produces ``tensor`` is done
+Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 
 _libraries: list[Any] = []  # the registrations live as long as these objects
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
@@ -136,8 +137,7 @@ def _functional_kernel(overload: Any) -> Callable[..., Any]:
 
 def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
     def kernel(tensor: torch.Tensor) -> Any:
-        wait(tensor)
-        return overload.redispatch(_below_backend_select((tensor,)), tensor)
+        return wait(tensor, lambda: overload.redispatch(_below_backend_select((tensor,)), tensor))
 
     return kernel
 

@@ -87,6 +87,9 @@ def site(frame: FrameType | None) -> str:
     cannot be reused by another while cached."""
     while frame is not None:
         code = frame.f_code
+        if _site_files.get(code.co_filename, _UNSEEN) is None:  # internal, seen before: the usual case
+            frame = frame.f_back
+            continue
         key = (id(code), frame.f_lasti)
         cached = _sites.get(key)
         if cached is None or cached[0] is not code:
@@ -164,6 +167,8 @@ _single_tensors: dict[tuple[Any, ...], str] = {}  # (shape, dtype, device) -> de
 
 def tensors(value: Any) -> str:
     """``,"shapes":...,"dtypes":...,"devices":...`` for a tensor or a list of them, else ""."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:  # described as the tensor alone
+        value = value[0]
     if isinstance(value, torch.Tensor):  # the usual case: cached
         key = (value.shape, value.dtype, value.device)
         text = _single_tensors.get(key)

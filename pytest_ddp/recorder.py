@@ -16,10 +16,11 @@ Collectives that reach a process group's backend without passing through one
 of those functions (DDP's reducer in C++, the functional collectives of DTensor
 and compiled code) are recorded there (:mod:`pytest_ddp.backend_hook`), in the
 group's own sequence, marked ``"extra": {"via": "backend"}``.  They and the
-functions' ``async_op=True`` collectives are asynchronous: each one's ``ret`` is
-written when its work completes, and a ``wait`` event when the caller waits for
-it (``work.wait()``, ``wait_tensor``), so a rank waiting for a gradient bucket
-shows as inside ``all_reduce #k``.
+functions' ``async_op=True`` collectives are asynchronous: a ``wait`` event is
+written when the caller waits for one (``work.wait()``, ``wait_tensor``), so a
+rank waiting for a gradient bucket shows as inside ``all_reduce #k``, and its
+``ret`` when that wait returns, or else when the rank next sees its work
+complete (see :class:`_Pending`).
 
 While a test has faults armed (:mod:`pytest_ddp.injector`), each recorded call
 first asks the injector, which may kill, delay or raise before the call is written.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -71,18 +73,16 @@ class _Numbers:
     ``RankState.apply`` expects (``ret`` events find their call by index)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Condition()  # notified when a late ret is written
+        self.lock = threading.Lock()
         self.generation = 0  # which test: a late ret of an earlier test is dropped
         self.index = 0
         self.seq: dict[tuple[Any, ...], int] = {}
-        self.late: set[int] = set()  # calls of this test whose ret another thread will write
 
     def reset(self) -> None:
         with self.lock:
             self.generation += 1
             self.index = 0
             self.seq = {}
-            self.late = set()
 
     def write_call(self, log: EventLog, body: str, key: tuple[Any, ...] | None) -> tuple[int, int]:
         """Number the call (seq 0 without a key), write it; returns (index, generation)."""
@@ -94,24 +94,6 @@ class _Numbers:
                 seq = self.seq[key] = self.seq.get(key, 0) + 1
             log.write_line(f'{{"e":"call","i":{index},"seq":{seq},{body}}}')
             return index, self.generation
-
-    def expect_late_ret(self, index: int) -> None:
-        with self.lock:
-            self.late.add(index)
-
-    def write_late_ret(self, log: EventLog, index: int, generation: int, error: BaseException | None) -> None:
-        """The ret of a call that completed in another thread, unless its test is over."""
-        with self.lock:
-            if generation == self.generation:
-                _write_ret(log, index, error)
-                self.late.discard(index)
-                self.lock.notify_all()
-
-    def wait_for_late_rets(self, deadline: float) -> list[int]:
-        """Wait until every late ret is written or the deadline passes; the calls still without one."""
-        with self.lock:
-            self.lock.wait_for(lambda: not self.late, max(deadline - time.monotonic(), 0))
-            return sorted(self.late)
 
 
 _numbers = _Numbers()
@@ -125,6 +107,8 @@ def numbers() -> _Numbers:
 
 def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
+    _pending.clear()  # first: a ret swept now belongs to the test that ended
+    _pending.start_looking()
     _numbers.reset()
     describe.start_test()
     _works.clear()
@@ -139,11 +123,9 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     Gloo marks send and receive work complete only inside ``wait()``, so the
     rest is waited for, with a timeout: never without one (a receive nobody
     sends to would block forever), and never twice (a second wait on a send
-    waits for another send).
-
-    DDP's collectives get their ret written by a callback, which may run in
-    Gloo's thread just after DDP's wait returned: those rets are waited for,
-    so that the log is whole before the rank says it is done.
+    waits for another send).  Work nobody waits for from Python (DDP's
+    buckets, which its reducer waits for in C++) is looked at until it
+    completes, so that the log is whole before the rank says it is done.
     """
     deadline = time.monotonic() + wait
     unfinished = []
@@ -158,7 +140,9 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         except Exception as exc:  # timed out, or the work failed
             unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
     _works.clear()
-    unfinished += [{"i": index, "err": "still running"} for index in _numbers.wait_for_late_rets(deadline)]
+    while _pending.sweep() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    unfinished += [{"i": index, "err": "still running"} for index in _pending.clear()]
     return unfinished
 
 
@@ -167,6 +151,92 @@ def _write_ret(log: EventLog, index: int, error: BaseException | None) -> None:
         log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
     else:
         log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"})
+
+
+# -- asynchronous work: when its ret is written ---------------------------------------
+
+SWEEP_INTERVAL = 0.005  # seconds between looks at pending work that nobody waits for
+
+
+class _Pending:
+    """The current test's asynchronous calls whose ret is not written yet.
+
+    A call's ret is written when its caller's wait for it returns, or else when the rank sees
+    its work complete: at the rank's next recorded call, or from a thread that looks every
+    SWEEP_INTERVAL while any call is pending (DDP waits for its buckets in C++, out of sight).
+    Not from a done callback on the work's future: that runs in the backend's thread and takes
+    the GIL from the caller once per collective (measured: +50 us of CPU and +75 us of wall
+    time per functional all_reduce in a group of one)."""
+
+    def __init__(self) -> None:
+        self.works: dict[int, tuple[Any, Any]] = {}  # call index -> (work, its future)
+        self._wake = threading.Event()  # set while works are pending
+        self._looker_pid: int | None = None  # the process whose thread looks (threads do not survive fork)
+
+    def add(self, index: int, work: Any) -> bool:
+        """Leave the call's ret to its wait or its work's completion; False where the work has no
+        future (Gloo's send and receive work, complete only inside ``wait()``)."""
+        try:
+            future = work.get_future()
+        except Exception:
+            return False
+        with _numbers.lock:
+            self.works[index] = (work, future)
+        if not self._wake.is_set():  # setting it takes a lock and wakes the thread
+            self._wake.set()
+        return True
+
+    def sweep(self, waited: int | None = None, error: BaseException | None = None) -> bool:
+        """Write the ret of each call whose work completed, and of ``waited``, whose wait returned
+        (with ``error`` if it raised); whether any call is still pending."""
+        log = _log
+        with _numbers.lock:
+            for index, (work, future) in list(self.works.items()):
+                if index == waited:
+                    failure = error
+                elif work.is_completed():
+                    failure = _failure(future)
+                else:
+                    continue
+                del self.works[index]
+                if log is not None:
+                    _write_ret(log, index, failure)
+            return bool(self.works)
+
+    def start_looking(self) -> None:
+        """Have this process's thread look at pending work (started before a test, so that the
+        test's leftover threads do not include it)."""
+        if self._looker_pid != os.getpid():
+            self._looker_pid = os.getpid()
+            threading.Thread(target=self._look, name="pytest-ddp-pending-work", daemon=True).start()
+
+    def clear(self) -> list[int]:
+        """Forget the pending calls (their test is over); their indices."""
+        with _numbers.lock:
+            left = sorted(self.works)
+            self.works.clear()
+            return left
+
+    def _look(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(SWEEP_INTERVAL)
+            if not self.sweep():
+                self._wake.clear()
+                if self.works:  # added between the sweep and the clear
+                    self._wake.set()
+
+
+def _failure(future: Any) -> BaseException | None:
+    """What a completed work's future failed with, if anything."""
+    try:
+        future.value()
+    except Exception as exc:
+        return exc
+    return None
+
+
+_pending = _Pending()
 
 
 # -- the Python functions ------------------------------------------------------
@@ -186,6 +256,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         _local.depth = 1
         try:
+            if _pending.works:
+                _pending.sweep()
             if _armed:  # a fault of this test may fire here, before the call takes part
                 injector.on_call(op, sys._getframe(1))
             try:
@@ -205,8 +277,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 works = [w for w in (result if isinstance(result, list) else [result]) if isinstance(w, dist.Work)]
                 for work in works:
                     _works[id(work)] = (index, work)
-                # An asynchronous collective runs until its work completes, however long after the call.
-                if spec.is_collective and len(works) == 1 and _ret_when_done(log, index, works[0]):
+                # An asynchronous collective runs until it is waited for or its work completes.
+                if spec.is_collective and len(works) == 1 and _pending.add(index, works[0]):
                     return result
             log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
             return result
@@ -219,29 +291,18 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 # -- at the backend: what no wrapped function issued (DDP, functional collectives, ...) --
 
 
-def _ret_when_done(log: EventLog, index: int, work: Any) -> bool:
-    """Have the call's ret written when its work completes, in the backend's thread (the
-    caller waits on the work, not on this code); False where the work has no future
-    (Gloo's send and receive work)."""
-    try:
-        future = work.get_future()
-    except Exception:
-        return False
-    _numbers.expect_late_ret(index)
-    future.add_done_callback(functools.partial(_completed, log, index, _numbers.generation))
-    return True
-
-
 def _recording() -> bool:
     return _log is not None and not _local.depth
 
 
 def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, submit: Callable[[], Any]) -> Any:
-    """A c10d operation that no recorded function issued: write the call, submit it, and have
-    its ret written when its work completes."""
+    """A c10d operation that no recorded function issued: write the call, submit it, and leave
+    its ret to its wait or its work's completion."""
     log = _log
     if log is None:
         return submit()
+    if _pending.works:
+        _pending.sweep()
     if _armed:
         injector.on_call(spec.op, sys._getframe(1))
     try:
@@ -269,41 +330,44 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, s
         _write_ret(log, index, exc)
         raise
     work = backend_hook.work_of(result)
-    if work is None or not _ret_when_done(log, index, work):
+    if work is None or not _pending.add(index, work):
         log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
-    for tensor in backend_hook.tensors_in(args.values()):
-        _backend_tensors[tensor.data_ptr()] = index
+    if issued_async:  # where its caller's wait_tensor finds it: its outputs, the first argument
+        for tensor in backend_hook.tensors_in(list(args.values())[:1]):
+            _backend_tensors[tensor.data_ptr()] = index
     return result
 
 
-def _completed(log: EventLog, index: int, generation: int, future: Any) -> None:
-    error = None
-    try:
-        future.value()
-    except Exception as exc:
-        error = exc
-    _numbers.write_late_ret(log, index, generation, error)
-
-
-def _write_wait(index: int | None) -> None:
+def _waited(index: int | None, wait: Callable[[], Any]) -> Any:
+    """The caller waits for asynchronous call ``index`` (None: one not recorded): a wait event,
+    the wait, then the call's ret."""
     log = _log
-    if log is not None and index is not None:
-        log.write_line(f'{{"e":"wait","i":{index},"t":{time.time()!r}}}')
+    if log is None or index is None:
+        return wait()
+    log.write_line(f'{{"e":"wait","i":{index},"t":{time.time()!r}}}')
+    try:
+        result = wait()
+    except BaseException as exc:
+        _pending.sweep(index, exc)
+        raise
+    _pending.sweep(index)
+    return result
 
 
-def _record_wait_tensor(tensor: torch.Tensor) -> None:
+def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
     """A functional collective's caller blocks on its result."""
-    _write_wait(_backend_tensors.get(tensor.data_ptr()))
+    return _waited(_backend_tensors.get(tensor.data_ptr()), wait)
 
 
 def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Work.wait`` that records which asynchronous call the caller now waits for."""
+    """``Work.wait`` that records which asynchronous call the caller waits for."""
 
     @functools.wraps(original)
     def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
         recorded = _works.get(id(work))
-        _write_wait(recorded[0] if recorded is not None and recorded[1] is work else None)
-        return original(work, *args, **kwargs)
+        if recorded is None or recorded[1] is not work:  # the usual case: a blocking call's own wait
+            return original(work, *args, **kwargs)
+        return _waited(recorded[0], lambda: original(work, *args, **kwargs))
 
     return wait
 

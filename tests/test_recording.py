@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import pytest_ddp
 from conftest import line_of
 from pytest_ddp import recorder
-from pytest_ddp.protocol import EventLog
 
 
 def many_calls(rank: int) -> None:
@@ -74,17 +73,93 @@ def test_a_call_that_raises_is_recorded_with_its_error() -> None:
     assert "pickle" in call.error and call.obj_size is None
 
 
-def test_a_ret_written_by_another_thread_is_waited_for(tmp_path) -> None:
-    # DDP's collectives get their ret from a callback in Gloo's thread, which
-    # may run just after DDP's wait returned; the rank waits for it before it
-    # says the test is done.
-    numbers = recorder._Numbers()
-    log = EventLog(str(tmp_path / "events"))
-    index, generation = numbers.write_call(log, '"op":"all_reduce"', ("WORLD",))
-    numbers.expect_late_ret(index)
-    assert numbers.wait_for_late_rets(time.monotonic()) == [index]  # no ret yet
-    gloo_thread = threading.Thread(target=numbers.write_late_ret, args=(log, index, generation, None))
-    gloo_thread.start()
-    assert numbers.wait_for_late_rets(time.monotonic() + 60) == []
-    gloo_thread.join()
-    assert [json.loads(line)["e"] for line in (tmp_path / "events").read_text().splitlines()] == ["call", "ret"]
+class HandMadeFuture:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+    def value(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class HandMadeWork:
+    """A Work as the recorder sees one: whether it completed, and its future."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.completed = False
+        self.future = HandMadeFuture(error)
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+    def get_future(self) -> HandMadeFuture:
+        return self.future
+
+
+class SendWork(HandMadeWork):
+    def get_future(self) -> HandMadeFuture:
+        raise RuntimeError("Gloo's send work has no future")
+
+
+class Lines:
+    """An event log that keeps its lines, and says when one is written."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.written = threading.Event()
+
+    def write_line(self, line: str) -> None:
+        self.events.append(json.loads(line))
+        self.written.set()
+
+    def write(self, event: dict) -> None:
+        self.write_line(json.dumps(event))
+
+
+@pytest.fixture
+def lines(monkeypatch: pytest.MonkeyPatch) -> Lines:
+    log = Lines()
+    monkeypatch.setattr(recorder, "_log", log)
+    return log
+
+
+def rets(lines: Lines) -> list[tuple[int, bool]]:
+    return [(e["i"], e["ok"]) for e in lines.events if e["e"] == "ret"]
+
+
+def test_an_asynchronous_calls_ret_is_written_when_its_wait_returns_or_its_work_completes(lines: Lines) -> None:
+    pending = recorder._Pending()
+    waited, completing, failing = HandMadeWork(), HandMadeWork(), HandMadeWork(RuntimeError("peer gone"))
+    for index, work in enumerate((waited, completing, failing)):
+        assert pending.add(index, work)
+    assert pending.sweep() and rets(lines) == []  # none completed: each still running
+    completing.completed = failing.completed = True
+    assert pending.sweep()
+    assert rets(lines) == [(1, True), (2, False)]
+    assert "peer gone" in lines.events[-1]["err"]
+    assert not pending.sweep(waited=0)  # its wait returned: done, whatever the work says
+    assert rets(lines)[-1] == (0, True)
+
+
+def test_work_without_a_future_is_not_left_pending(lines: Lines) -> None:
+    pending = recorder._Pending()
+    assert not pending.add(0, SendWork())  # the caller writes its ret at once
+    assert pending.works == {}
+
+
+def test_work_nobody_waits_for_gets_its_ret_from_the_looking_thread(lines: Lines) -> None:
+    # DDP's reducer waits for its buckets in C++: no recorded wait, and maybe no later call.
+    pending = recorder._Pending()
+    pending.start_looking()
+    work = HandMadeWork()
+    work.completed = True
+    pending.add(7, work)
+    assert lines.written.wait(60)
+    assert rets(lines) == [(7, True)]
+
+
+def test_pending_work_at_the_end_of_the_test_is_unfinished(lines: Lines) -> None:
+    recorder.start_test()
+    recorder._pending.add(3, HandMadeWork())
+    assert recorder.unfinished_work(0) == [{"i": 3, "err": "still running"}]
+    assert recorder._pending.works == {}
