@@ -11,6 +11,14 @@ recorder, which runs it by redispatching to the tensors' backend kernel.
 ``_c10d_functional::wait_tensor``, where the caller of a functional collective
 blocks, is hooked the same way.
 
+A Python kernel costs about 8 us of CPU per call even where it only hands the
+call on, as it does for the collectives a recorded torch.distributed function
+issued.  So the c10d kernels are registered only once a process may issue
+collectives outside those functions (:func:`arm`): its first functional
+collective (DTensor, FSDP2, compiled code), or what the recorder arms it for
+(DDP's constructor, ...).  Until then the functional operations alone are
+hooked, which plain ``dist.*`` calls never pass through.
+
 Every private torch name the plugin relies on is used here and nowhere else.
 Where this torch lacks one, :func:`install` returns False and only the
 torch.distributed functions are recorded.
@@ -37,6 +45,8 @@ Recording = Callable[[], bool]
 Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 
 _libraries: list[Any] = []  # the registrations live as long as these objects
+_arm_with: list[Any] = []  # [record, recording] once installed: what arm() registers the c10d kernels with
+_arming = threading.Lock()
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
 # caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
 _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
@@ -50,31 +60,32 @@ _functional = _Functional()
 
 
 def install(record: Record, wait: Wait, recording: Recording) -> bool:
-    """Hook every c10d operation; False (and nothing hooked) where this torch cannot."""
+    """Hook the functional collectives, and be ready to hook every c10d operation (:func:`arm`);
+    False (and nothing hooked) where this torch cannot."""
     if _libraries:
         return True
     try:
-        collectives = torch.library.Library("c10d", "IMPL")
-        for name, spec in BACKEND_OPS.items():
-            if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
-                continue
-            overload = getattr(torch.ops.c10d, name).default
-            collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
-        functional = torch.library.Library("_c10d_functional", "IMPL")
-        wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
-        for qualified in torch._C._dispatch_get_all_op_names():
-            namespace, _, name = qualified.partition("::")
-            if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
-                continue
-            packet = getattr(torch.ops._c10d_functional, name)
-            for overload in packet.overloads():
-                registered = name if overload == "default" else f"{name}.{overload}"
-                functional.impl(registered, _functional_kernel(getattr(packet, overload)), "BackendSelect")
+        _collectives_library(record, recording)._destroy()  # this torch can: registered again by arm()
+        functional = _functional_library(wait)
     except Exception:  # a torch without these operations, keys or registration API
         return False
-    _libraries[:] = [collectives, functional]
+    _libraries[:] = [functional]
+    _arm_with[:] = [record, recording]
     return True
+
+
+def arm() -> None:
+    """Hook every c10d operation from now on, for the life of the process (until uninstall):
+    collectives may now reach the backend without a recorded function (cheap once done)."""
+    if len(_libraries) == 1:
+        with _arming:
+            if len(_libraries) == 1:
+                _libraries.append(_collectives_library(*_arm_with))
+
+
+def armed() -> bool:
+    """Whether every c10d operation is hooked."""
+    return len(_libraries) == 2
 
 
 def uninstall() -> None:
@@ -82,6 +93,32 @@ def uninstall() -> None:
     for library in _libraries:
         library._destroy()
     _libraries.clear()
+    _arm_with.clear()
+
+
+def _collectives_library(record: Record, recording: Recording) -> Any:
+    collectives = torch.library.Library("c10d", "IMPL")
+    for name, spec in BACKEND_OPS.items():
+        if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
+            continue
+        overload = getattr(torch.ops.c10d, name).default
+        collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
+    return collectives
+
+
+def _functional_library(wait: Wait) -> Any:
+    functional = torch.library.Library("_c10d_functional", "IMPL")
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+    functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = qualified.partition("::")
+        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
+            continue
+        packet = getattr(torch.ops._c10d_functional, name)
+        for overload in packet.overloads():
+            registered = name if overload == "default" else f"{name}.{overload}"
+            functional.impl(registered, _functional_kernel(getattr(packet, overload)), "BackendSelect")
+    return functional
 
 
 def tensors_in(values: Any) -> Iterator[torch.Tensor]:
@@ -126,6 +163,7 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
 
 def _functional_kernel(overload: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        arm()  # its collective reaches the backend through a c10d operation
         _functional.depth += 1
         try:
             return overload.redispatch(_below_backend_select(args), *args, **kwargs)

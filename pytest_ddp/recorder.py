@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
 
 from . import backend_hook, describe, injector
 from .injector import armed as _armed
@@ -388,15 +389,37 @@ def install(log: EventLog) -> None:
     if _originals:
         return
     for op in (name for name, spec in OPS.items() if spec.python):
-        original = getattr(c10d, op, None)
-        if original is None:  # not in this torch
-            continue
-        wrapped = _wrap(op, original)
-        _patch(c10d, op, wrapped)
-        if getattr(dist, op, None) is original:
-            _patch(dist, op, wrapped)
+        if hasattr(c10d, op):  # else not in this torch
+            _patch_function(op, functools.partial(_wrap, op))
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
-    backend_hook.install(_record_backend, _record_wait_tensor, _recording)
+    if backend_hook.install(_record_backend, _record_wait_tensor, _recording):
+        _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
+        if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
+            _patch_function("_coalescing_manager", _arming)
+
+
+def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace a torch.distributed function by ``replacement(original)``, in distributed_c10d
+    and under torch.distributed where it is the same function."""
+    original = getattr(c10d, name)
+    replaced = replacement(original)
+    _patch(c10d, name, replaced)
+    if getattr(dist, name, None) is original:
+        _patch(dist, name, replaced)
+
+
+def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, which issues collectives to the backend itself, not through the
+    torch.distributed functions (DDP's reducer and constructor, a coalescing manager's coalesced
+    call): every c10d operation is hooked from its first call on (the functional collectives arm
+    the hook themselves)."""
+
+    @functools.wraps(original)
+    def arming(*args: Any, **kwargs: Any) -> Any:
+        backend_hook.arm()
+        return original(*args, **kwargs)
+
+    return arming
 
 
 def uninstall() -> None:
