@@ -4,12 +4,13 @@ Two ranks (Gloo over loopback, FileStore rendezvous) loop over a 1-float
 all_reduce in rounds without and with the recorder (writing to a real event
 log), alternating, both ranks switching together; it prints the median over
 rounds of the microseconds per call for each (wall time, and the CPU time of
-rank 0's calling thread), the added time and the ratio.  Two calls are
-measured: ``dist.all_reduce`` (recorded by the function's wrapper; the backend
-hook only passes it on) and the functional collective
-``funcol.all_reduce(...).wait()`` that DTensor and FSDP2 issue (recorded at
-the backend, its ret written when its wait returns).  Goal: at most 10 us
-added per call.
+rank 0's calling thread), the added time and the ratio.  Three calls are
+measured: ``dist.all_reduce`` (recorded by the function's wrapper), the same
+once the backend hook is armed (as after a DDP model was built: every c10d
+operation then passes through a Python kernel, which only hands this call
+on), and the functional collective ``funcol.all_reduce(...).wait()`` that
+DTensor and FSDP2 issue (recorded at the backend, its ret written when its
+wait returns).  Goal: at most 10 us added per call.
 
 A Gloo round trip between two processes takes tens to hundreds of microseconds
 and depends on scheduling, so on a small or busy machine the two-rank figures
@@ -47,9 +48,11 @@ def functional_all_reduce(tensor: torch.Tensor) -> None:
     funcol.all_reduce(tensor, "sum", dist.group.WORLD).wait()
 
 
-CALLS: dict[str, Callable[[torch.Tensor], Any]] = {
-    "dist.all_reduce": lambda tensor: dist.all_reduce(tensor),
-    "functional all_reduce": functional_all_reduce,
+# name -> (the call, whether the backend hook is armed first: as after a DDP model was built)
+CALLS: dict[str, tuple[Callable[[torch.Tensor], Any], bool]] = {
+    "dist.all_reduce": (lambda tensor: dist.all_reduce(tensor), False),
+    "dist.all_reduce, hook armed": (lambda tensor: dist.all_reduce(tensor), True),
+    "functional all_reduce": (functional_all_reduce, True),
 }
 
 
@@ -84,10 +87,10 @@ def own_cost(log: Any) -> float:
     return best / 20000 * 1e6
 
 
-def alone_costs(folder: str, call: Callable[[torch.Tensor], Any]) -> dict[str, float]:
+def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> dict[str, float]:
     """CPU microseconds per call in a Gloo group of one (no peer to wait for): without the
-    recorder, with only its backend hook (the kernel every collective passes through), and with
-    the whole recorder; best of 5 each."""
+    recorder, with only its backend hook armed (the kernel every collective then passes through),
+    and with the whole recorder (its hook armed first or not); best of 5 each."""
     from pytest_ddp import backend_hook, recorder
     from pytest_ddp.protocol import EventLog
 
@@ -104,10 +107,13 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any]) -> dict[str, f
 
     costs = {"bare": per_call()}
     backend_hook.install(lambda spec, args, issued_async, submit: submit(), lambda tensor, wait: wait(), lambda: False)
+    backend_hook.arm()
     costs["hook"] = per_call()
     backend_hook.uninstall()
     recorder.install(EventLog(os.path.join(folder, "alone.events")))
     recorder.start_test()
+    if arm:
+        backend_hook.arm()
     costs["recorder"] = per_call()
     recorder.uninstall()
     return costs
@@ -116,14 +122,14 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any]) -> dict[str, f
 def alone(_: int, folder: str) -> None:
     """The group-of-one costs of each call, in a process of its own."""
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "alone.store"), 1), rank=0, world_size=1)
-    costs = {name: alone_costs(folder, call) for name, call in CALLS.items()}
+    costs = {name: alone_costs(folder, call, arm) for name, (call, arm) in CALLS.items()}
     with open(os.path.join(folder, "alone.json"), "w") as f:
         json.dump(costs, f)
     dist.destroy_process_group()
 
 
 def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
-    from pytest_ddp import recorder
+    from pytest_ddp import backend_hook, recorder
     from pytest_ddp.protocol import EventLog
 
     store = dist.FileStore(os.path.join(folder, "store"), 2)
@@ -131,7 +137,7 @@ def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
     tensor = torch.ones(1)
     log = EventLog(os.path.join(folder, f"rank{rank}.events"))
     result: dict[str, Any] = {"own": own_cost(log)}
-    for name, call in CALLS.items():
+    for name, (call, arm) in CALLS.items():
         loop(call, tensor, WARM_UP)
         times: dict[str, list[tuple[float, float]]] = {"plain": [], "busy": [], "recorded": []}
         for _ in range(rounds):
@@ -142,6 +148,8 @@ def worker(rank: int, folder: str, calls: int, rounds: int) -> None:
             dist.barrier()
             recorder.install(log)
             recorder.start_test()
+            if arm:  # before the timed calls: arming takes milliseconds, once per process
+                backend_hook.arm()
             times["recorded"].append(loop(call, tensor, calls // rounds))
             recorder.uninstall()
         result[name] = {

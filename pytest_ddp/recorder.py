@@ -396,6 +396,8 @@ def install(log: EventLog) -> None:
         _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
         if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
             _patch_function("_coalescing_manager", _arming)
+        if hasattr(dist, "_broadcast_coalesced"):  # DDP's and FSDP's syncs of module state, in C++
+            _patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced))
 
 
 def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -411,8 +413,8 @@ def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Calla
 def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original``, which issues collectives to the backend itself, not through the
     torch.distributed functions (DDP's reducer and constructor, a coalescing manager's coalesced
-    call): every c10d operation is hooked from its first call on (the functional collectives arm
-    the hook themselves)."""
+    call, the broadcast of module state): every c10d operation is hooked from its first call on
+    (the functional collectives arm the hook themselves)."""
 
     @functools.wraps(original)
     def arming(*args: Any, **kwargs: Any) -> Any:

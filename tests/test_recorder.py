@@ -262,7 +262,7 @@ def test_c10d_calls_past_the_python_functions_are_recorded_in_the_group_sequence
     dist.all_reduce(torch.ones(1))
     assert dist.group.WORLD is world and dist.get_backend() == "gloo"
     deadline = time.monotonic() + 10
-    while (calls := read_tests(alone, 0)[0].calls[1:])[1].state == "running":  # its ret comes from Gloo's thread
+    while (calls := read_tests(alone, 0)[0].calls[1:])[1].state == "running":  # ret: once seen done
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert [(c.op, c.seq, c.extra) for c in calls] == [
