@@ -88,21 +88,28 @@ def _launcher_key(env: Mapping[str, str]) -> str:
     return f"{launcher}.{started}"
 
 
+def _numbered(launcher: str, by: str, env: Mapping[str, str], job: str, **variables: tuple[str, ...]) -> Launch:
+    """The launch whose numbers (Launch's fields) are read from ``variables``: for each field, the
+    variables that may hold it, the first set wins; LaunchError naming those that ``by``, the
+    launching command, left unset."""
+    numbers = {field: _int(env, *names) for field, names in variables.items()}
+    missing = [names[0] for field, names in variables.items() if numbers[field] is None]
+    if missing:
+        raise LaunchError(f"{by}'s environment is incomplete: {', '.join(missing)} not set")
+    return Launch(
+        launcher, **numbers,  # type: ignore[arg-type]
+        job=job, master_addr=env.get("MASTER_ADDR"), master_port=_int(env, "MASTER_PORT"),
+    )
+
+
 def _torchrun(env: Mapping[str, str]) -> Launch | None:
     if "TORCHELASTIC_RUN_ID" not in env or _int(env, "RANK") is None:
         return None
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-    local = _int(env, "LOCAL_RANK")
-    node, nodes = _int(env, "GROUP_RANK"), _int(env, "GROUP_WORLD_SIZE")
-    if None in (rank, world, local, node, nodes):
-        raise LaunchError("torchrun's environment is incomplete: RANK, WORLD_SIZE, LOCAL_RANK, "
-                          "GROUP_RANK and GROUP_WORLD_SIZE are needed")
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return Launch(
-        "torchrun", rank, world, local, node, nodes,  # type: ignore[arg-type]
-        job=f"torchrun.{env['TORCHELASTIC_RUN_ID']}.{restart}",
-        master_addr=env.get("MASTER_ADDR"),
-        master_port=_int(env, "MASTER_PORT"),
+    return _numbered(
+        "torchrun", "torchrun", env, f"torchrun.{env['TORCHELASTIC_RUN_ID']}.{restart}",
+        rank=("RANK",), world_size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",),
+        node_rank=("GROUP_RANK",), nodes=("GROUP_WORLD_SIZE",),
     )
 
 
@@ -110,19 +117,10 @@ def _slurm(env: Mapping[str, str]) -> Launch | None:
     # A task of srun has a step id and a task rank; the batch script itself has neither.
     if "SLURM_STEP_ID" not in env or _int(env, "SLURM_PROCID") is None:
         return None
-    rank = _int(env, "SLURM_PROCID")
-    world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    local = _int(env, "SLURM_LOCALID")
-    node = _int(env, "SLURM_NODEID")
-    nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES")
-    if None in (rank, world, local, node, nodes):
-        raise LaunchError("srun's environment is incomplete: SLURM_PROCID, SLURM_STEP_NUM_TASKS, "
-                          "SLURM_LOCALID, SLURM_NODEID and SLURM_STEP_NUM_NODES are needed")
-    return Launch(
-        "slurm", rank, world, local, node, nodes,  # type: ignore[arg-type]
-        job=f"slurm.{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}",
-        master_addr=env.get("MASTER_ADDR"),
-        master_port=_int(env, "MASTER_PORT"),
+    return _numbered(
+        "slurm", "srun", env, f"slurm.{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}",
+        rank=("SLURM_PROCID",), world_size=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), local_rank=("SLURM_LOCALID",),
+        node_rank=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
     )
 
 
