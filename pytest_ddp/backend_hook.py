@@ -44,8 +44,11 @@ Recording = Callable[[], bool]
 # produces ``tensor`` is done
 Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 
-_libraries: list[Any] = []  # the registrations live as long as these objects
-_arm_with: list[Any] = []  # [record, recording] once installed: what arm() registers the c10d kernels with
+# The registrations, which live as long as these library objects: the functional collectives'
+# from install on, the c10d operations' once armed.
+_functional_library: Any = None
+_collectives_library: Any = None
+_arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
 _arming = threading.Lock()
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
 # caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
@@ -62,41 +65,46 @@ _functional = _Functional()
 def install(record: Record, wait: Wait, recording: Recording) -> bool:
     """Hook the functional collectives, and be ready to hook every c10d operation (:func:`arm`);
     False (and nothing hooked) where this torch cannot."""
-    if _libraries:
+    global _functional_library, _arm_with
+    if _functional_library is not None:
         return True
     try:
-        _collectives_library(record, recording)._destroy()  # this torch can: registered again by arm()
-        functional = _functional_library(wait)
+        _functional_library = _functional_kernels(wait)
     except Exception:  # a torch without these operations, keys or registration API
         return False
-    _libraries[:] = [functional]
-    _arm_with[:] = [record, recording]
+    _arm_with = (record, recording)
     return True
 
 
 def arm() -> None:
     """Hook every c10d operation from now on, for the life of the process (until uninstall):
     collectives may now reach the backend without a recorded function (cheap once done)."""
-    if len(_libraries) == 1:
-        with _arming:
-            if len(_libraries) == 1:
-                _libraries.append(_collectives_library(*_arm_with))
+    global _collectives_library, _arm_with
+    if _collectives_library is not None or _arm_with is None:
+        return
+    with _arming:
+        if _collectives_library is None and _arm_with is not None:
+            try:
+                _collectives_library = _collective_kernels(*_arm_with)
+            except Exception:  # this torch cannot: only the torch.distributed functions are recorded
+                _arm_with = None
 
 
 def armed() -> bool:
     """Whether every c10d operation is hooked."""
-    return len(_libraries) == 2
+    return _collectives_library is not None
 
 
 def uninstall() -> None:
     """Remove the kernels (dropping the libraries deregisters them)."""
-    for library in _libraries:
-        library._destroy()
-    _libraries.clear()
-    _arm_with.clear()
+    global _functional_library, _collectives_library, _arm_with
+    for library in (_functional_library, _collectives_library):
+        if library is not None:
+            library._destroy()
+    _functional_library = _collectives_library = _arm_with = None
 
 
-def _collectives_library(record: Record, recording: Recording) -> Any:
+def _collective_kernels(record: Record, recording: Recording) -> Any:
     collectives = torch.library.Library("c10d", "IMPL")
     for name, spec in BACKEND_OPS.items():
         if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
@@ -106,7 +114,7 @@ def _collectives_library(record: Record, recording: Recording) -> Any:
     return collectives
 
 
-def _functional_library(wait: Wait) -> Any:
+def _functional_kernels(wait: Wait) -> Any:
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")

@@ -22,7 +22,7 @@ def _never(*args: Any) -> Any:
 def test_a_torch_that_refuses_the_kernels_gets_none_and_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where registering a kernel fails (an older or newer torch), nothing is hooked: install says
     so, and only the torch.distributed functions are recorded."""
-    assert not backend_hook._libraries  # not installed in this process
+    assert backend_hook._functional_library is None  # not installed in this process
 
     class Refusing:
         def __init__(self, *args: Any) -> None:
@@ -30,7 +30,22 @@ def test_a_torch_that_refuses_the_kernels_gets_none_and_is_told(monkeypatch: pyt
 
     monkeypatch.setattr(torch.library, "Library", Refusing)
     assert backend_hook.install(_never, _never, lambda: True) is False
-    assert backend_hook._libraries == []
+    assert backend_hook._functional_library is None
+    backend_hook.arm()  # what DDP's constructor does: nothing to arm
+    assert not backend_hook.armed()
+
+
+def test_a_torch_that_refuses_the_c10d_kernels_records_the_functions_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refusing(*args: Any) -> Any:
+        raise RuntimeError("no such operation")
+
+    monkeypatch.setattr(backend_hook, "_collective_kernels", refusing)
+    assert backend_hook.install(_never, _never, lambda: True)
+    try:
+        backend_hook.arm()  # raises nothing into DDP's constructor or a functional collective
+        assert not backend_hook.armed()
+    finally:
+        backend_hook.uninstall()
 
 
 def test_a_torch_that_does_not_count_its_groups_keeps_torchs_names(monkeypatch: pytest.MonkeyPatch) -> None:
