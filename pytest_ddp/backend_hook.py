@@ -138,6 +138,11 @@ def tensors_in(values: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(value)
 
 
+def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The tensors an operation writes: every c10d operation takes them first."""
+    return tensors_in(list(arguments.values())[:1])
+
+
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 

@@ -17,7 +17,7 @@ class UnfinishedWork:
     rank: int
     call: Call | None  # None: a call the log does not hold
     index: int
-    error: str  # why it did not complete: "Timed out waiting ...", "still running"
+    error: str  # why it did not complete: what waiting for it raised ("Timed out waiting ...")
 
 
 @dataclass(frozen=True)

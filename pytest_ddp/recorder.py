@@ -124,14 +124,16 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     Gloo marks send and receive work complete only inside ``wait()``, so the
     rest is waited for, with a timeout: never without one (a receive nobody
     sends to would block forever), and never twice (a second wait on a send
-    waits for another send).  Work nobody waits for from Python (DDP's
-    buckets, which its reducer waits for in C++) is looked at until it
-    completes, so that the log is whole before the rank says it is done.
+    waits for another send).  That includes work nobody waits for from Python
+    (DDP's buckets, which its reducer waits for in C++), whose ret is then
+    written, so that the log is whole before the rank says it is done.
     """
     deadline = time.monotonic() + wait
     unfinished = []
     wait_unrecorded = _originals.get((dist.Work, "wait"), dist.Work.wait)
-    for index, work in _works.values():
+    works = {id(work): (index, work) for index, work in _works.values()}
+    works.update((id(work), (index, work)) for index, (work, _) in _pending.works.items())
+    for index, work in works.values():
         if work.is_completed():
             continue
         # c10d reads a zero timeout as "no timeout".
@@ -141,9 +143,8 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         except Exception as exc:  # timed out, or the work failed
             unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
     _works.clear()
-    while _pending.sweep() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    unfinished += [{"i": index, "err": "still running"} for index in _pending.clear()]
+    _pending.sweep()
+    _pending.clear()  # what is left timed out, and is listed
     return unfinished
 
 
@@ -211,12 +212,10 @@ class _Pending:
             self._looker_pid = os.getpid()
             threading.Thread(target=self._look, name="pytest-ddp-pending-work", daemon=True).start()
 
-    def clear(self) -> list[int]:
-        """Forget the pending calls (their test is over); their indices."""
+    def clear(self) -> None:
+        """Forget the pending calls (their test is over)."""
         with _numbers.lock:
-            left = sorted(self.works)
             self.works.clear()
-            return left
 
     def _look(self) -> None:
         while True:
@@ -333,8 +332,8 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, s
     work = backend_hook.work_of(result)
     if work is None or not _pending.add(index, work):
         log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
-    if issued_async:  # where its caller's wait_tensor finds it: its outputs, the first argument
-        for tensor in backend_hook.tensors_in(list(args.values())[:1]):
+    if issued_async:  # where its caller's wait_tensor finds it
+        for tensor in backend_hook.outputs(args):
             _backend_tensors[tensor.data_ptr()] = index
     return result
 

@@ -158,8 +158,20 @@ def test_work_nobody_waits_for_gets_its_ret_from_the_looking_thread(lines: Lines
     assert rets(lines) == [(7, True)]
 
 
-def test_pending_work_at_the_end_of_the_test_is_unfinished(lines: Lines) -> None:
+def test_pending_work_at_the_end_of_the_test_is_waited_for_then_listed(
+    lines: Lines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done_by_its_wait, never_done = HandMadeWork(), HandMadeWork()
+
+    def wait(work: HandMadeWork, timeout: object) -> None:
+        if work is never_done:
+            raise RuntimeError("Timed out waiting 1000ms for the work")
+        work.completed = True
+
+    monkeypatch.setitem(recorder._originals, (dist.Work, "wait"), wait)
     recorder.start_test()
-    recorder._pending.add(3, HandMadeWork())
-    assert recorder.unfinished_work(0) == [{"i": 3, "err": "still running"}]
+    recorder._pending.add(3, done_by_its_wait)
+    recorder._pending.add(4, never_done)
+    assert recorder.unfinished_work(60) == [{"i": 4, "err": "Timed out waiting 1000ms for the work"}]
+    assert rets(lines) == [(3, True)]
     assert recorder._pending.works == {}
