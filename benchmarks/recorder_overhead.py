@@ -52,7 +52,8 @@ def functional_all_reduce(tensor: torch.Tensor) -> None:
 CALLS: dict[str, tuple[Callable[[torch.Tensor], Any], bool]] = {
     "dist.all_reduce": (lambda tensor: dist.all_reduce(tensor), False),
     "dist.all_reduce, hook armed": (lambda tensor: dist.all_reduce(tensor), True),
-    "functional all_reduce": (functional_all_reduce, True),
+    "functional all_reduce": (functional_all_reduce, False),
+    "functional all_reduce, hook armed": (functional_all_reduce, True),
 }
 
 
@@ -106,7 +107,10 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> 
         return best / 2000 * 1e6
 
     costs = {"bare": per_call()}
-    backend_hook.install(lambda spec, args, issued_async, submit: submit(), lambda tensor, wait: wait(), lambda: False)
+    def hand_on(spec: Any, args: Any, submit: Callable[[], Any]) -> Any:
+        return submit()
+
+    backend_hook.install(hand_on, hand_on, lambda tensor, wait: wait(), lambda: False)
     backend_hook.arm()
     costs["hook"] = per_call()
     backend_hook.uninstall()

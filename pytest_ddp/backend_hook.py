@@ -3,21 +3,26 @@
 torch routes each collective of a ProcessGroup through a ``c10d::`` dispatcher
 operation (``c10d::allreduce_``, ``c10d::_allgather_base_``, ...): the
 torch.distributed functions, DDP's C++ reducer, the functional collectives of
-DTensor and compiled code, FSDP2.  This module registers a Python kernel for
+DTensor and compiled code, FSDP2.  This module can register a Python kernel for
 each of them under the dispatcher's BackendSelect key, which every call passes
 through, also under inference mode and from inside other operations' kernels,
 where the autograd keys are excluded.  The kernel hands the call to the
 recorder, which runs it by redispatching to the tensors' backend kernel.
-``_c10d_functional::wait_tensor``, where the caller of a functional collective
-blocks, is hooked the same way.
 
-A Python kernel costs about 8 us of CPU per call even where it only hands the
-call on, as it does for the collectives a recorded torch.distributed function
-issued.  So the c10d kernels are registered only once a process may issue
-collectives outside those functions (:func:`arm`): its first functional
-collective (DTensor, FSDP2, compiled code), or what the recorder arms it for
-(DDP's constructor, ...).  Until then the functional operations alone are
-hooked, which plain ``dist.*`` calls never pass through.
+A Python kernel on a c10d operation is dear: about 8 us of CPU per call in a
+group of one, and 15-20 us on two ranks (the call arrives from C++, its process
+group and options are boxed), even where it only hands the call on, as it does
+for the collectives a recorded torch.distributed function issued.  So:
+
+- The functional collectives (``_c10d_functional::all_reduce``, ...) are
+  recorded at their own operations, which take a tensor and a group's name, a
+  few microseconds each; ``_c10d_functional::wait_tensor``, where their caller
+  blocks, is hooked too.  A functional collective torch added after the table
+  in :data:`pytest_ddp.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
+  is recorded there.
+- The c10d kernels are registered only once a process may issue collectives
+  outside those functions and the functional ones (:func:`arm`): what the
+  recorder arms it for (DDP's constructor, ...).
 
 Every private torch name the plugin relies on is used here and nowhere else.
 Where this torch lacks one, :func:`install` returns False and only the
@@ -33,11 +38,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .ops import BACKEND_OPS, BackendOp
+from .ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 
-# record(operation, its arguments by schema name, issued by a functional collective, submit)
-# -> what submit() returns
-Record = Callable[[BackendOp, "dict[str, Any]", bool, Callable[[], Any]], Any]
+# record(operation, its arguments by schema name, submit) -> what submit() returns
+Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
 # wait(tensor, run) -> what run() returns: the caller blocks in run() until the collective that
@@ -56,20 +60,21 @@ _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
 class _Functional(threading.local):
-    depth = 0  # > 0 while this thread runs a functional collective
+    depth = 0  # > 0 while this thread runs a functional collective not in FUNCTIONAL_OPS
 
 
 _functional = _Functional()
 
 
-def install(record: Record, wait: Wait, recording: Recording) -> bool:
-    """Hook the functional collectives, and be ready to hook every c10d operation (:func:`arm`);
-    False (and nothing hooked) where this torch cannot."""
+def install(record: Record, record_functional: Record, wait: Wait, recording: Recording) -> bool:
+    """Hook the functional collectives (recorded by ``record_functional``), and be ready to hook
+    every c10d operation (:func:`arm`, recorded by ``record``); False (and nothing hooked) where
+    this torch cannot."""
     global _functional_library, _arm_with
     if _functional_library is not None:
         return True
     try:
-        _functional_library = _functional_kernels(wait)
+        _functional_library = _functional_kernels(record_functional, wait, recording)
     except Exception:  # a torch without these operations, keys or registration API
         return False
     _arm_with = (record, recording)
@@ -95,6 +100,12 @@ def armed() -> bool:
     return _collectives_library is not None
 
 
+def issued_by_functional() -> bool:
+    """Whether the c10d operation being recorded was issued by a functional collective (one
+    torch added after FUNCTIONAL_OPS): it returns before its work is done."""
+    return _functional.depth > 0
+
+
 def uninstall() -> None:
     """Remove the kernels (dropping the libraries deregisters them)."""
     global _functional_library, _collectives_library, _arm_with
@@ -114,7 +125,7 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
     return collectives
 
 
-def _functional_kernels(wait: Wait) -> Any:
+def _functional_kernels(record: Record, wait: Wait, recording: Recording) -> Any:
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
@@ -123,9 +134,12 @@ def _functional_kernels(wait: Wait) -> Any:
         if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
             continue
         packet = getattr(torch.ops._c10d_functional, name)
+        spec = FUNCTIONAL_OPS.get(name)
         for overload in packet.overloads():
             registered = name if overload == "default" else f"{name}.{overload}"
-            functional.impl(registered, _functional_kernel(getattr(packet, overload)), "BackendSelect")
+            operation = getattr(packet, overload)
+            kernel = _kernel(operation, spec, record, recording) if spec else _arming_kernel(operation)
+            functional.impl(registered, kernel, "BackendSelect")
     return functional
 
 
@@ -164,19 +178,20 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         keys = _below_backend_select(args)
-        if not recording():  # the common case: the torch.distributed function recorded it
+        if not recording():  # a c10d operation's usual case: the torch.distributed function recorded it
             return overload.redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        issued_async = _functional.depth > 0
-        return record(spec, bound, issued_async, lambda: overload.redispatch(keys, *args, **kwargs))
+        return record(spec, bound, lambda: overload.redispatch(keys, *args, **kwargs))
 
     return kernel
 
 
-def _functional_kernel(overload: Any) -> Callable[..., Any]:
+def _arming_kernel(overload: Any) -> Callable[..., Any]:
+    """A functional collective not in FUNCTIONAL_OPS: recorded at the c10d operation it issues."""
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        arm()  # its collective reaches the backend through a c10d operation
+        arm()
         _functional.depth += 1
         try:
             return overload.redispatch(_below_backend_select(args), *args, **kwargs)
@@ -193,6 +208,11 @@ def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
     return kernel
 
 
+def wait_tensor(tensor: torch.Tensor) -> None:
+    """Wait for the functional collective that produces ``tensor`` (no timeout; at once if none)."""
+    torch.ops._c10d_functional.wait_tensor(tensor)
+
+
 def groups_made() -> int | None:
     """How many process groups torch has named in this process (its next group's number);
     None where this torch does not say."""
@@ -203,6 +223,16 @@ def groups_made() -> int | None:
 def process_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
     """The ProcessGroup a c10d operation was called on (its argument is a script object)."""
     return dist.ProcessGroup.unbox(arguments["process_group"])
+
+
+def named_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
+    """The ProcessGroup a functional collective was called on: its ``group_name``, which the
+    schema types ``Any`` (a name; a group, boxed, where the caller passed one)."""
+    group = arguments["group_name"]
+    if isinstance(group, str):
+        resolve: Any = dist.distributed_c10d._resolve_process_group  # typed for a NewType of str
+        return resolve(group)
+    return dist.ProcessGroup.unbox(group)
 
 
 def work_of(result: Any) -> dist.Work | None:

@@ -189,7 +189,8 @@ def op(name: str) -> Op:
 class BackendOp:
     """One of torch's ``c10d::`` dispatcher operations, through which every collective reaches a
     process group's backend, whoever issued it (a torch.distributed function, DDP's reducer, a
-    functional collective).  Parameters are named as in the operation's schema."""
+    functional collective), or a functional collective's own operation.  Parameters are named as
+    in the operation's schema."""
 
     op: str  # the table's name for what it does
     tensors: str | None  # the tensors described
@@ -218,4 +219,28 @@ BACKEND_OPS: dict[str, BackendOp] = {
     "send": BackendOp("send", "tensors", "dst"),
     "recv_": BackendOp("recv", "tensors", "src"),
     "recv_any_source_": BackendOp("recv", "tensors"),
+}
+
+# The functional collectives (``_c10d_functional::``) recorded at their own operation, each
+# named as the torch.distributed function that does the same; the group is the argument
+# ``group_name``.  Not always the c10d operation it issues: all_gather_into_tensor issues
+# allgather_into_tensor_coalesced_ of one tensor, which Gloo matches with _allgather_base_.
+# One that is not here (a newer torch's, batch_p2p_ops) is recorded at the c10d operations it
+# issues instead, at the cost of hooking those (see backend_hook).
+FUNCTIONAL_OPS: dict[str, BackendOp] = {
+    "all_reduce": BackendOp("all_reduce", "input"),
+    "all_reduce_": BackendOp("all_reduce", "input"),
+    "all_reduce_coalesced": BackendOp("all_reduce_coalesced", "inputs"),
+    "all_reduce_coalesced_": BackendOp("all_reduce_coalesced", "inputs"),
+    "all_gather_into_tensor": BackendOp("all_gather_into_tensor", "input"),
+    "all_gather_into_tensor_out": BackendOp("all_gather_into_tensor", "input"),
+    "all_gather_into_tensor_coalesced": BackendOp("all_gather_into_tensor_coalesced", "inputs"),
+    "reduce_scatter_tensor": BackendOp("reduce_scatter_tensor", "input"),
+    "reduce_scatter_tensor_out": BackendOp("reduce_scatter_tensor", "input"),
+    "reduce_scatter_tensor_coalesced": BackendOp("reduce_scatter_tensor_coalesced", "inputs"),
+    "all_to_all_single": BackendOp("all_to_all_single", "input"),
+    "broadcast": BackendOp("broadcast", "input", "src"),
+    "broadcast_": BackendOp("broadcast", "input", "src"),
+    "isend": BackendOp("send", "tensor", "dst"),
+    "irecv": BackendOp("recv", "tensor", "src"),
 }

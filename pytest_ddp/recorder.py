@@ -63,6 +63,9 @@ _works: dict[int, tuple[int, Any]] = {}
 # The current test's calls recorded at the backend, by the data pointer of their tensors:
 # where a functional collective's wait_tensor finds the call it waits for.
 _backend_tensors: dict[int, int] = {}
+# The current test's functional collectives not waited for yet: call index -> what the call
+# returned (its output tensors, kept to be waited for at the test's end).
+_unwaited: dict[int, Any] = {}
 
 
 # -- numbering -------------------------------------------------------------------
@@ -114,6 +117,7 @@ def start_test() -> None:
     describe.start_test()
     _works.clear()
     _backend_tensors.clear()
+    _unwaited.clear()
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
@@ -141,11 +145,52 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         try:
             wait_unrecorded(work, remaining)
         except Exception as exc:  # timed out, or the work failed
-            unfinished.append({"i": index, "err": (str(exc).strip().splitlines() or ["?"])[0][:200]})
+            unfinished.append({"i": index, "err": _first_line(exc)})
     _works.clear()
     _pending.sweep()
     _pending.clear()  # what is left timed out, and is listed
-    return unfinished
+    return unfinished + _wait_unwaited(deadline, wait)
+
+
+def _wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
+    """The test's functional collectives that it never waited for, waited for now until
+    ``deadline`` (``wait`` seconds after the test); a ret is written for each whose wait returns
+    before then.  Their wait_tensor takes no timeout, so a thread of its own waits (it releases
+    the GIL while it blocks; left blocked, it goes with the rank, which is not used again)."""
+    calls = sorted(_unwaited.items())
+    _unwaited.clear()
+    _backend_tensors.clear()  # so that the waits below are not recorded as the test's
+    log = _log
+    if not calls or log is None:
+        return []
+    returned: dict[int, str | None] = {}  # call index -> why its wait failed, None if it did not
+    lock = threading.Lock()  # no ret once the deadline has passed
+
+    def wait_all() -> None:
+        for index, result in calls:
+            error = None
+            try:
+                for tensor in backend_hook.tensors_in((result,)):
+                    backend_hook.wait_tensor(tensor)
+            except Exception as exc:
+                error = exc
+            with lock:
+                if index in returned:  # the deadline passed
+                    return
+                returned[index] = None if error is None else _first_line(error)
+                _write_ret(log, index, error)
+
+    waiting = threading.Thread(target=wait_all, name="pytest-ddp-unwaited-work", daemon=True)
+    waiting.start()
+    waiting.join(max(deadline - time.monotonic(), 0.0))
+    with lock:
+        for index, _ in calls:
+            returned.setdefault(index, f"never waited for, and still running {wait:g} s after the test")
+    return [{"i": index, "err": why} for index, why in returned.items() if why is not None]
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or ["?"])[0][:200]
 
 
 def _write_ret(log: EventLog, index: int, error: BaseException | None) -> None:
@@ -295,35 +340,20 @@ def _recording() -> bool:
     return _log is not None and not _local.depth
 
 
-def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, submit: Callable[[], Any]) -> Any:
+def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A c10d operation that no recorded function issued: write the call, submit it, and leave
     its ret to its wait or its work's completion."""
     log = _log
     if log is None:
         return submit()
-    if _pending.works:
-        _pending.sweep()
-    if _armed:
-        injector.on_call(spec.op, sys._getframe(1))
+    issued_async = backend_hook.issued_by_functional()  # its caller blocks later, in wait_tensor
     try:
         group = describe.group_of(backend_hook.process_group(args))
-        op = OPS[spec.op]
-        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
-        key: tuple[Any, ...] = (group.name,)
-        peer = None
-        if spec.rank is not None:
-            given = args[spec.rank]
-            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
-            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
-        if op.pairs:
-            key = (group.name, op.direction, peer)
-        if issued_async:  # a functional collective: its caller blocks later, in wait_tensor
-            fields += ',"async":true'
-        site = describe.site(sys._getframe(1))
-        body = f'"op":"{spec.op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"backend"}}'
     except Exception:  # describing must never break the call
         return submit()
-    index, _ = _numbers.write_call(log, body, key)
+    index = _write_backend_call(log, spec, group, args, issued_async)
+    if index is None:
+        return submit()
     try:
         result = submit()
     except BaseException as exc:
@@ -338,6 +368,67 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], issued_async: bool, s
     return result
 
 
+def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
+    """A functional collective: write the call, submit it; its ret is written when its caller's
+    wait_tensor returns, or at the test's end (:func:`unfinished_work`).  It returns output
+    tensors whose work is done later, and no Work: nothing tells when, short of waiting."""
+    log = _log
+    if log is None:
+        return submit()
+    try:
+        group = describe.group_of(backend_hook.named_group(args))
+    except Exception:  # describing must never break the call
+        return submit()
+    index = _write_backend_call(log, spec, group, args, True)
+    if index is None:
+        return submit()
+    _local.depth = 1  # the c10d operation it issues, if hooked, is not recorded again
+    try:
+        result = submit()
+    except BaseException as exc:
+        _write_ret(log, index, exc)
+        raise
+    finally:
+        _local.depth = 0
+    _unwaited[index] = result
+    if isinstance(result, torch.Tensor):
+        _backend_tensors[result.data_ptr()] = index
+    else:
+        for tensor in backend_hook.tensors_in(result):
+            _backend_tensors[tensor.data_ptr()] = index
+    return result
+
+
+def _write_backend_call(
+    log: EventLog, spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
+) -> int | None:
+    """Write the call event of an operation recorded at the dispatcher; its index, or None where
+    describing it failed (the call then goes unrecorded)."""
+    if _pending.works:
+        _pending.sweep()
+    if _armed:
+        injector.on_call(spec.op, sys._getframe(2))
+    try:
+        op = OPS[spec.op]
+        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
+        key: tuple[Any, ...] = (group.name,)
+        peer = None
+        if spec.rank is not None:
+            given = args[spec.rank]
+            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
+            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
+        if op.pairs:
+            key = (group.name, op.direction, peer)
+        if issued_async:
+            fields += ',"async":true'
+        site = describe.site(sys._getframe(2))
+        body = f'"op":"{spec.op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"backend"}}'
+    except Exception:  # describing must never break the call
+        return None
+    index, _ = _numbers.write_call(log, body, key)
+    return index
+
+
 def _waited(index: int | None, wait: Callable[[], Any]) -> Any:
     """The caller waits for asynchronous call ``index`` (None: one not recorded): a wait event,
     the wait, then the call's ret."""
@@ -348,15 +439,26 @@ def _waited(index: int | None, wait: Callable[[], Any]) -> Any:
     try:
         result = wait()
     except BaseException as exc:
-        _pending.sweep(index, exc)
+        _returned(log, index, exc)
         raise
-    _pending.sweep(index)
+    _returned(log, index, None)
     return result
+
+
+def _returned(log: EventLog, index: int, error: BaseException | None) -> None:
+    """The caller's wait for asynchronous call ``index`` returned: its ret, if not written yet."""
+    if _unwaited.pop(index, None) is None:
+        _pending.sweep(index, error)
+    else:
+        _write_ret(log, index, error)
 
 
 def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
     """A functional collective's caller blocks on its result."""
-    return _waited(_backend_tensors.get(tensor.data_ptr()), wait)
+    index = _backend_tensors.get(tensor.data_ptr())
+    if index is not None and index not in _unwaited and index not in _pending.works:
+        index = None  # waited for already (each tensor of a coalesced call, or twice)
+    return _waited(index, wait)
 
 
 def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -391,7 +493,7 @@ def install(log: EventLog) -> None:
         if hasattr(c10d, op):  # else not in this torch
             _patch_function(op, functools.partial(_wrap, op))
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
-    if backend_hook.install(_record_backend, _record_wait_tensor, _recording):
+    if backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
         _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
         if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
             _patch_function("_coalescing_manager", _arming)

@@ -29,7 +29,7 @@ def test_a_torch_that_refuses_the_kernels_gets_none_and_is_told(monkeypatch: pyt
             raise RuntimeError("no such dispatch key")
 
     monkeypatch.setattr(torch.library, "Library", Refusing)
-    assert backend_hook.install(_never, _never, lambda: True) is False
+    assert backend_hook.install(_never, _never, _never, lambda: True) is False
     assert backend_hook._functional_library is None
     backend_hook.arm()  # what DDP's constructor does: nothing to arm
     assert not backend_hook.armed()
@@ -40,7 +40,7 @@ def test_a_torch_that_refuses_the_c10d_kernels_records_the_functions_alone(monke
         raise RuntimeError("no such operation")
 
     monkeypatch.setattr(backend_hook, "_collective_kernels", refusing)
-    assert backend_hook.install(_never, _never, lambda: True)
+    assert backend_hook.install(_never, _never, _never, lambda: True)
     try:
         backend_hook.arm()  # raises nothing into DDP's constructor or a functional collective
         assert not backend_hook.armed()
@@ -84,9 +84,41 @@ def test_plain_calls_leave_the_c10d_operations_unhooked_until_ddp_is_built() -> 
     assert [c.op for c in result.ranks[0].collectives] == ["all_reduce", "barrier", *ddp_constructor]
 
 
-def armed_by_a_functional_collective(rank: int) -> list[bool]:
+def functional_all_reduce(rank: int) -> list[bool]:
     armed = [backend_hook.armed()]
     funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait()
+    return [*armed, backend_hook.armed()]
+
+
+def test_a_functional_collective_is_recorded_at_its_own_operation_and_hooks_nothing_more() -> None:
+    result = pytest_ddp.run(functional_all_reduce, world_size=2, timeout=60)
+    assert result.values == [[False, False]] * 2
+    [call] = result.ranks[0].collectives
+    assert (call.op, call.is_async, call.extra, call.state) == ("all_reduce", True, {"via": "backend"}, "ok")
+
+
+def functional_collectives_waited_for_late_or_never(rank: int) -> None:
+    funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD)  # never waited for; every rank issued it
+    gathered = funcol.all_gather_into_tensor_coalesced([torch.ones(1), torch.ones(2)], dist.group.WORLD)
+    for output in gathered:  # one work, waited for through each of its outputs
+        output.wait()
+
+
+def test_a_functional_collective_runs_until_its_first_wait_or_the_tests_end() -> None:
+    result = pytest_ddp.run(functional_collectives_waited_for_late_or_never, world_size=2, timeout=60)
+    assert (result.outcome, result.unfinished_work) == ("passed", [])
+    for rank in result.ranks:
+        calls = [(c.op, c.state) for c in rank.collectives]
+        assert calls == [("all_reduce", "ok"), ("all_gather_into_tensor_coalesced", "ok")]
+
+
+def armed_by_a_functional_collective_not_in_the_table(rank: int) -> list[bool]:
+    """``batch_p2p_ops`` issues several c10d operations: it is recorded at those."""
+    armed = [backend_hook.armed()]
+    tensor = torch.ones(2)
+    op = "isend" if rank == 0 else "irecv"
+    for output in torch.ops._c10d_functional.batch_p2p_ops([op], [1 - rank], [0], [tensor], "0"):
+        torch.ops._c10d_functional.wait_tensor(output)
     return [*armed, backend_hook.armed()]
 
 
@@ -101,7 +133,14 @@ def armed_by_a_coalescing_manager(rank: int) -> list[bool]:
 @pytest.mark.parametrize(
     ("workload", "recorded"),
     [
-        (armed_by_a_functional_collective, ["all_reduce"]),
+        pytest.param(
+            armed_by_a_functional_collective_not_in_the_table,
+            ["send"],
+            marks=pytest.mark.skipif(
+                "_c10d_functional::batch_p2p_ops" not in torch._C._dispatch_get_all_op_names(),
+                reason="this torch has no functional batch_p2p_ops",
+            ),
+        ),
         # The manager's calls are recorded as made, then the one call it issues on leaving.
         (armed_by_a_coalescing_manager, ["all_reduce", "all_reduce", "all_reduce_coalesced"]),
     ],

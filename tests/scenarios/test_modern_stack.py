@@ -67,8 +67,8 @@ def full_tensor_on_one_rank(rank: int) -> None:
 def test_dtensor_full_tensor_on_one_rank() -> None:
     result = pytest_ddp.run(full_tensor_on_one_rank, world_size=2, timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "partial", [1])
-    # full_tensor() gathers through a functional collective, recorded at the backend.
-    assert result.diagnosis.collective == "all_gather_into_tensor_coalesced"
+    # full_tensor() gathers through a functional collective, recorded at its dispatcher operation.
+    assert result.diagnosis.collective == "all_gather_into_tensor"
     [call] = [c for c in result.ranks[0].collectives if c.state == "running"]
     assert call.extra == {"via": "backend"} and call.site.endswith("test_modern_stack.py:" + str(
         full_tensor_on_one_rank.__code__.co_firstlineno + 7))
@@ -82,7 +82,7 @@ def functional_all_reduce_never_waited(rank: int) -> None:
 def test_functional_collective_never_waited_for() -> None:
     result = pytest_ddp.run(functional_all_reduce_never_waited, world_size=2, timeout=30)
     [line] = result.unfinished_work
-    assert line.startswith("rank 0: all_reduce #1") and "timed out" in line.lower()
+    assert line.startswith("rank 0: all_reduce #1") and line.endswith("never waited for, and still running 1 s after the test")
 
 
 def all_gather_single_sizes_differ(rank: int) -> None:
