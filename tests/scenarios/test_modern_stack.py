@@ -82,7 +82,8 @@ def functional_all_reduce_never_waited(rank: int) -> None:
 def test_functional_collective_never_waited_for() -> None:
     result = pytest_ddp.run(functional_all_reduce_never_waited, world_size=2, timeout=30)
     [line] = result.unfinished_work
-    assert line.startswith("rank 0: all_reduce #1") and line.endswith("never waited for, and still running 1 s after the test")
+    assert line.startswith("rank 0: all_reduce #1")
+    assert line.endswith("never waited for, and still running 1 s after the test")
 
 
 def all_gather_single_sizes_differ(rank: int) -> None:
