@@ -20,9 +20,10 @@ for the collectives a recorded torch.distributed function issued.  So:
   blocks, is hooked too.  A functional collective torch added after the table
   in :data:`pytest_ddp.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
   is recorded there.
-- The c10d kernels are registered only once a process may issue collectives
+- The c10d kernels are registered only once a test may issue collectives
   outside those functions and the functional ones (:func:`arm`): what the
-  recorder arms it for (DDP's constructor, ...).
+  recorder arms it for (DDP's constructor and forward, ...), until the test
+  ends (:func:`disarm`).
 
 Every private torch name the plugin relies on is used here and nowhere else.
 Where this torch lacks one, :func:`install` returns False and only the
@@ -82,8 +83,8 @@ def install(record: Record, record_functional: Record, wait: Wait, recording: Re
 
 
 def arm() -> None:
-    """Hook every c10d operation from now on, for the life of the process (until uninstall):
-    collectives may now reach the backend without a recorded function (cheap once done)."""
+    """Hook every c10d operation from now on, until :func:`disarm`: collectives may now reach
+    the backend without a recorded function (2-4 ms; nothing once done)."""
     global _collectives_library, _arm_with
     if _collectives_library is not None or _arm_with is None:
         return
@@ -93,6 +94,16 @@ def arm() -> None:
                 _collectives_library = _collective_kernels(*_arm_with)
             except Exception:  # this torch cannot: only the torch.distributed functions are recorded
                 _arm_with = None
+
+
+def disarm() -> None:
+    """Unhook the c10d operations: a new test begins, and arms them again if it needs them (a
+    test after one that built a DDP model would otherwise pay for the hook on every call)."""
+    global _collectives_library
+    with _arming:
+        if _collectives_library is not None:
+            _collectives_library._destroy()
+            _collectives_library = None
 
 
 def armed() -> bool:
@@ -158,11 +169,15 @@ def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
 
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_BELOW_AUTOGRAD = torch._C._after_ADInplaceOrView_keyset
+_dispatch_keys = torch._C._dispatch_keys
 
 
 def _below_backend_select(args: tuple[Any, ...]) -> Any:
     """The dispatch keys that reach the tensors' backend kernel, past this hook."""
     first = args[0]  # every c10d operation takes its tensors first
+    if isinstance(first, torch.Tensor):  # a functional collective's usual case
+        return _dispatch_keys(first) & _BELOW_AUTOGRAD
     if isinstance(first, list) and first and isinstance(first[0], list):
         first = first[0] or args[1]  # gather_'s outputs are empty on non-roots
     tensor = first[0] if isinstance(first, list) and first else first
@@ -170,19 +185,20 @@ def _below_backend_select(args: tuple[Any, ...]) -> Any:
         tensor = next(tensors_in(args), None)
         if tensor is None:
             return _CPU
-    return torch._C._dispatch_keys(tensor) & torch._C._after_ADInplaceOrView_keyset
+    return _dispatch_keys(tensor) & _BELOW_AUTOGRAD
 
 
 def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
     names = [argument.name for argument in overload._schema.arguments]
+    redispatch = overload._handle.redispatch_boxed  # what overload.redispatch calls, a frame less
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         keys = _below_backend_select(args)
         if not recording():  # a c10d operation's usual case: the torch.distributed function recorded it
-            return overload.redispatch(keys, *args, **kwargs)
+            return redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        return record(spec, bound, lambda: overload.redispatch(keys, *args, **kwargs))
+        return record(spec, bound, lambda: redispatch(keys, *args, **kwargs))
 
     return kernel
 
@@ -202,8 +218,10 @@ def _arming_kernel(overload: Any) -> Callable[..., Any]:
 
 
 def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
+    redispatch = overload._handle.redispatch_boxed
+
     def kernel(tensor: torch.Tensor) -> Any:
-        return wait(tensor, lambda: overload.redispatch(_below_backend_select((tensor,)), tensor))
+        return wait(tensor, lambda: redispatch(_dispatch_keys(tensor) & _BELOW_AUTOGRAD, tensor))
 
     return kernel
 

@@ -113,6 +113,7 @@ def start_test() -> None:
     """A new test begins: call numbers and sequence numbers start again."""
     _pending.clear()  # first: a ret swept now belongs to the test that ended
     _pending.start_looking()
+    backend_hook.disarm()  # the test arms the hook again if it needs it
     _numbers.reset()
     describe.start_test()
     _works.clear()
@@ -494,7 +495,10 @@ def install(log: EventLog) -> None:
             _patch_function(op, functools.partial(_wrap, op))
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
     if backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
+        # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built
+        # by an earlier test, or a module fixture, arms the hook again in this one).
         _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
+        _patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward))
         if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
             _patch_function("_coalescing_manager", _arming)
         if hasattr(dist, "_broadcast_coalesced"):  # DDP's and FSDP's syncs of module state, in C++
@@ -514,8 +518,8 @@ def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Calla
 def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original``, which issues collectives to the backend itself, not through the
     torch.distributed functions (DDP's reducer and constructor, a coalescing manager's coalesced
-    call, the broadcast of module state): every c10d operation is hooked from its first call on
-    (the functional collectives arm the hook themselves)."""
+    call, the broadcast of module state): every c10d operation is hooked from its first call on,
+    until the test ends."""
 
     @functools.wraps(original)
     def arming(*args: Any, **kwargs: Any) -> Any:

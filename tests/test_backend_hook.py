@@ -149,3 +149,36 @@ def test_what_issues_collectives_itself_hooks_the_c10d_operations_first(workload
     result = pytest_ddp.run(workload, world_size=2, timeout=60)
     assert result.values == [[False, True]] * 2
     assert [c.op for c in result.ranks[0].collectives] == recorded
+
+
+def test_a_ddp_model_hooks_the_c10d_operations_for_the_test_that_uses_it(ddp_pytester: Any) -> None:
+    """On warm ranks, a test after one that built DDP does not pay for the hook; a model kept by
+    a module fixture hooks them again in each test that runs it."""
+    result = ddp_pytester.run(
+        """
+        from torch.nn.parallel import DistributedDataParallel
+        from pytest_ddp import backend_hook
+
+        @pytest.fixture(scope="module")
+        def model():
+            return DistributedDataParallel(torch.nn.Linear(2, 2))
+
+        @pytest.mark.ddp(world_size=2)
+        def test_builds_ddp(model):
+            assert backend_hook.armed()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_plain_calls():
+            assert not backend_hook.armed()
+            dist.all_reduce(torch.ones(1))
+            assert not backend_hook.armed()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_runs_the_kept_model(model):
+            assert not backend_hook.armed()
+            model(torch.ones(3, 2)).sum().backward()
+            assert backend_hook.armed()
+        """
+    )
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*ddp: 3 tests on 1 rank group started*"])
