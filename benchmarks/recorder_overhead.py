@@ -4,13 +4,14 @@ Two ranks (Gloo over loopback, FileStore rendezvous) loop over a 1-float
 all_reduce in rounds without and with the recorder (writing to a real event
 log), alternating, both ranks switching together; it prints the median over
 rounds of the microseconds per call for each (wall time, and the CPU time of
-rank 0's calling thread), the added time and the ratio.  Three calls are
+rank 0's calling thread), the added time and the ratio.  Four calls are
 measured: ``dist.all_reduce`` (recorded by the function's wrapper), the same
-once the backend hook is armed (as after a DDP model was built: every c10d
+once the c10d hook is armed (as in a test that built a DDP model: every c10d
 operation then passes through a Python kernel, which only hands this call
 on), and the functional collective ``funcol.all_reduce(...).wait()`` that
-DTensor and FSDP2 issue (recorded at the backend, its ret written when its
-wait returns).  Goal: at most 10 us added per call.
+DTensor and FSDP2 issue (recorded at its own dispatcher operation, its ret
+written when its wait returns), without and with the c10d hook.  Goal: at
+most 10 us added per call.
 
 A Gloo round trip between two processes takes tens to hundreds of microseconds
 and depends on scheduling, so on a small or busy machine the two-rank figures
@@ -48,7 +49,7 @@ def functional_all_reduce(tensor: torch.Tensor) -> None:
     funcol.all_reduce(tensor, "sum", dist.group.WORLD).wait()
 
 
-# name -> (the call, whether the backend hook is armed first: as after a DDP model was built)
+# name -> (the call, whether the c10d hook is armed first: as in a test that built a DDP model)
 CALLS: dict[str, tuple[Callable[[torch.Tensor], Any], bool]] = {
     "dist.all_reduce": (lambda tensor: dist.all_reduce(tensor), False),
     "dist.all_reduce, hook armed": (lambda tensor: dist.all_reduce(tensor), True),
@@ -90,8 +91,8 @@ def own_cost(log: Any) -> float:
 
 def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> dict[str, float]:
     """CPU microseconds per call in a Gloo group of one (no peer to wait for): without the
-    recorder, with only its backend hook armed (the kernel every collective then passes through),
-    and with the whole recorder (its hook armed first or not); best of 5 each."""
+    recorder, with only its dispatcher kernels, which hand every call on (the c10d ones armed
+    where ``arm``), and with the whole recorder (armed the same); best of 5 each."""
     from pytest_ddp import backend_hook, recorder
     from pytest_ddp.protocol import EventLog
 
@@ -106,12 +107,13 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> 
         best = min(timeit.repeat(calls, number=1, repeat=5, timer=time.thread_time))
         return best / 2000 * 1e6
 
-    costs = {"bare": per_call()}
     def hand_on(spec: Any, args: Any, submit: Callable[[], Any]) -> Any:
         return submit()
 
+    costs = {"bare": per_call()}
     backend_hook.install(hand_on, hand_on, lambda tensor, wait: wait(), lambda: False)
-    backend_hook.arm()
+    if arm:
+        backend_hook.arm()
     costs["hook"] = per_call()
     backend_hook.uninstall()
     recorder.install(EventLog(os.path.join(folder, "alone.events")))
