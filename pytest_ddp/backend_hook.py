@@ -19,7 +19,8 @@ for the collectives a recorded torch.distributed function issued.  So:
   few microseconds each; ``_c10d_functional::wait_tensor``, where their caller
   blocks, is hooked too.  A functional collective torch added after the table
   in :data:`pytest_ddp.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
-  is recorded there.
+  is recorded there; so does every one in a torch whose wait_tensor does not
+  find work registered by another thread (:func:`_waits_across_threads`).
 - The c10d kernels are registered only once a test may issue collectives
   outside those functions and the functional ones (:func:`arm`): what the
   recorder arms it for (DDP's constructor and forward, ...), until the test
@@ -61,7 +62,9 @@ _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
 class _Functional(threading.local):
-    depth = 0  # > 0 while this thread runs a functional collective not in FUNCTIONAL_OPS
+    # The functional collective this thread runs, where it is recorded at the c10d operation it
+    # issues: its name in FUNCTIONAL_OPS, "" where it has none; None while it runs none.
+    running: str | None = None
 
 
 _functional = _Functional()
@@ -75,7 +78,8 @@ def install(record: Record, record_functional: Record, wait: Wait, recording: Re
     if _functional_library is not None:
         return True
     try:
-        _functional_library = _functional_kernels(record_functional, wait, recording)
+        own = _waits_across_threads()
+        _functional_library = _functional_kernels(record_functional if own else None, wait, recording)
     except Exception:  # a torch without these operations, keys or registration API
         return False
     _arm_with = (record, recording)
@@ -111,10 +115,11 @@ def armed() -> bool:
     return _collectives_library is not None
 
 
-def issued_by_functional() -> bool:
-    """Whether the c10d operation being recorded was issued by a functional collective (one
-    torch added after FUNCTIONAL_OPS): it returns before its work is done."""
-    return _functional.depth > 0
+def issued_by_functional() -> str | None:
+    """The functional collective that issued the c10d operation being recorded (it returns before
+    its work is done), where the c10d operation records it (:func:`_arming_kernel`): its name in
+    FUNCTIONAL_OPS, "" where it has none; None if no functional collective issued it."""
+    return _functional.running
 
 
 def uninstall() -> None:
@@ -136,7 +141,28 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
     return collectives
 
 
-def _functional_kernels(record: Record, wait: Wait, recording: Recording) -> Any:
+def _waits_across_threads() -> bool:
+    """Whether a wait_tensor in one thread finds the work that a functional collective of another
+    thread registered.  Not in torch before pytorch#171614 (2026; 2.8 does not): there a thread
+    cannot wait for a functional collective the test never waited for, and the recorder needs each
+    one's Work, which only the c10d operation it issues has (see :func:`_arming_kernel`)."""
+    c10d_c: Any = torch._C._distributed_c10d
+    tensor = torch.empty(1)
+    done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    done.set_result([tensor])
+    before = c10d_c._get_work_registry_size()  # this thread's
+    c10d_c._register_work(tensor, c10d_c._create_work_from_future(done))
+    waiting = threading.Thread(target=torch.ops._c10d_functional.wait_tensor, args=(tensor,))
+    waiting.start()
+    waiting.join()
+    found = c10d_c._get_work_registry_size() == before
+    if not found:
+        torch.ops._c10d_functional.wait_tensor(tensor)  # its registry's entry goes
+    return found
+
+
+def _functional_kernels(record: Record | None, wait: Wait, recording: Recording) -> Any:
+    """Their kernels: each records the call (None: arms the c10d kernels, which record it)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
@@ -149,7 +175,10 @@ def _functional_kernels(record: Record, wait: Wait, recording: Recording) -> Any
         for overload in packet.overloads():
             registered = name if overload == "default" else f"{name}.{overload}"
             operation = getattr(packet, overload)
-            kernel = _kernel(operation, spec, record, recording) if spec else _arming_kernel(operation)
+            if spec is not None and record is not None:
+                kernel = _kernel(operation, spec, record, recording)
+            else:
+                kernel = _arming_kernel(operation, spec.op if spec else "")
             functional.impl(registered, kernel, "BackendSelect")
     return functional
 
@@ -203,16 +232,17 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
     return kernel
 
 
-def _arming_kernel(overload: Any) -> Callable[..., Any]:
-    """A functional collective not in FUNCTIONAL_OPS: recorded at the c10d operation it issues."""
+def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
+    """A functional collective not in FUNCTIONAL_OPS (``name`` ""), or any in a torch whose waits
+    do not cross threads: recorded at the c10d operation it issues, by its ``name`` if it has one."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         arm()
-        _functional.depth += 1
+        outer, _functional.running = _functional.running, name
         try:
             return overload.redispatch(_below_backend_select(args), *args, **kwargs)
         finally:
-            _functional.depth -= 1
+            _functional.running = outer
 
     return kernel
 

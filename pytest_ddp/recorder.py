@@ -28,6 +28,7 @@ first asks the injector, which may kill, delay or raise before the call is writt
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -347,7 +348,10 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     log = _log
     if log is None:
         return submit()
-    issued_async = backend_hook.issued_by_functional()  # its caller blocks later, in wait_tensor
+    functional = backend_hook.issued_by_functional()
+    issued_async = functional is not None  # its caller blocks later, in wait_tensor
+    if functional:  # named as the functional collective (all_gather_into_tensor, not its _coalesced)
+        spec = dataclasses.replace(spec, op=functional)
     try:
         group = describe.group_of(backend_hook.process_group(args))
     except Exception:  # describing must never break the call
