@@ -352,11 +352,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     issued_async = functional is not None  # its caller blocks later, in wait_tensor
     if functional:  # named as the functional collective (all_gather_into_tensor, not its _coalesced)
         spec = dataclasses.replace(spec, op=functional)
-    try:
-        group = describe.group_of(backend_hook.process_group(args))
-    except Exception:  # describing must never break the call
-        return submit()
-    index = _write_backend_call(log, spec, group, args, issued_async)
+    index = _write_backend_call(log, spec, args, backend_hook.process_group, issued_async)
     if index is None:
         return submit()
     try:
@@ -380,11 +376,7 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
     log = _log
     if log is None:
         return submit()
-    try:
-        group = describe.group_of(backend_hook.named_group(args))
-    except Exception:  # describing must never break the call
-        return submit()
-    index = _write_backend_call(log, spec, group, args, True)
+    index = _write_backend_call(log, spec, args, backend_hook.named_group, True)
     if index is None:
         return submit()
     _local.depth = 1  # the c10d operation it issues, if hooked, is not recorded again
@@ -405,15 +397,21 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
 
 
 def _write_backend_call(
-    log: EventLog, spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
+    log: EventLog,
+    spec: BackendOp,
+    args: dict[str, Any],
+    group_in: Callable[[dict[str, Any]], dist.ProcessGroup],
+    issued_async: bool,
 ) -> int | None:
-    """Write the call event of an operation recorded at the dispatcher; its index, or None where
-    describing it failed (the call then goes unrecorded)."""
+    """Write the call event of an operation recorded at the dispatcher, made on the group that
+    ``group_in(args)`` finds; its index, or None where describing it failed (the call then goes
+    unrecorded: describing must never break it)."""
     if _pending.works:
         _pending.sweep()
     if _armed:
         injector.on_call(spec.op, sys._getframe(2))
     try:
+        group = describe.group_of(group_in(args))
         op = OPS[spec.op]
         fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
         key: tuple[Any, ...] = (group.name,)
