@@ -51,7 +51,7 @@ Recording = Callable[[], bool]
 Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 
 # The registrations, which live as long as these library objects: the functional collectives'
-# from install on, the c10d operations' once armed.
+# from install on, the c10d operations' from arm() to disarm().
 _functional_library: Any = None
 _collectives_library: Any = None
 _arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
