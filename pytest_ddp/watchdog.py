@@ -230,17 +230,19 @@ class Watch:
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     """Some unfinished rank may still finish or block elsewhere, so the verdict would name more
     ranks: it runs outside any call; it is in a collective every member entered, finishing it
-    (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); its
-    connections were broken on purpose and it is about to raise out of its call; or it is in an
-    MPI send, which may return with its message buffered."""
+    (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); a
+    rank's connections were broken on purpose, so every rank still in a call is about to raise
+    out of it, the broken rank's peers too; or it is in an MPI send, which may return with its
+    message buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
+    disconnected = any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
 
     def may_move(state: RankState) -> bool:
         call = state.current_call
         return (
             call is None
             or (state.rank in waits and not waits[state.rank].peers)
-            or any(f.action == "disconnect" for f in state.injected)
+            or disconnected
             or mpi_matching.may_return_alone(call)
         )
 

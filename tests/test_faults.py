@@ -133,6 +133,16 @@ def test_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
     assert watchdog.Watch().verdict(snap(peers[0], disconnected, peers[1])) is None
 
 
+def test_a_peer_of_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
+    """The disconnected rank and another peer raised first (seen on a loaded machine): without the
+    settle time the last would be named waiting for them, which exited."""
+    raised = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
+              for r in (1, 2)]
+    raised[0].injected.append(Injected("broken", "disconnect", "all_reduce", 1))
+    peer = rank(0, call("all_reduce", 1, ranks=R3))
+    assert watchdog.Watch().verdict(snap(peer, *raised)) is None
+
+
 def test_a_declared_fault_that_never_fired_is_named():
     spec = RankSpec(world_size=2, backend="gloo", timeout=10, grace=2,
                     faults=(faults.kill(1, "all_reduce", 3), faults.delay(0, "barrier", 1)))
