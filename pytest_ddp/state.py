@@ -226,8 +226,15 @@ class RankState:
         """The call this rank is blocked in, if any: the asynchronous call whose work it waits
         for, else its last call if that is still running and blocks (issuing asynchronous work
         takes a moment, but waits for nobody)."""
-        if not self.alive:
-            return None
+        return self._call_inside() if self.alive else None
+
+    @property
+    def died_in(self) -> Call | None:
+        """The call this rank's process died inside, if any (Gloo aborts a rank inside a
+        collective whose sizes do not match its peer's)."""
+        return None if self.alive else self._call_inside()
+
+    def _call_inside(self) -> Call | None:
         if self.waiting_on is not None and self.calls[self.waiting_on].state == "running":
             return self.calls[self.waiting_on]
         if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks:

@@ -127,12 +127,13 @@ def _completion_key(call: Call) -> tuple[object, ...]:
 
 
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
-    """A blocked rank whose collective a peer entered in a way that can never complete with it."""
+    """A rank blocked, or dead, inside a collective that a peer entered in a way that can never
+    complete with it (the peer may have returned from it: Gloo's size check aborts one rank)."""
     # (group, number, members) -> each member that entered it -> its completion key: worked out
     # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
     entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
     for rank in sorted(ranks):
-        call = ranks[rank].blocked_call
+        call = ranks[rank].blocked_call or ranks[rank].died_in
         if call is None or not call.is_collective:
             continue
         key = (call.group, call.seq, call.group_ranks)

@@ -238,6 +238,16 @@ def test_a_mismatch_is_seen_even_after_the_peer_died_inside_the_call() -> None:
     assert (verdict.status, verdict.kind) == ("deadlock", "mismatch")
 
 
+def test_a_mismatch_is_seen_where_the_rank_that_died_inside_it_is_the_only_one_left_in_it() -> None:
+    """Gloo's size check aborted rank 0 inside all_gather #2; rank 1's #2 had returned (FSDP2, a
+    loaded machine), and it waits in #3: the mismatch is named, not the death."""
+    dead = rank(0, ok("all_gather", 1, shape=(10,)), call("all_gather", 2, shape=(5,)), exit_code=-6)
+    returned = [ok("all_gather", 1, shape=(10,)), ok("all_gather", 2, shape=(10,))]
+    live = rank(1, *returned, call("all_gather", 3, shape=(5,)))
+    verdict = judge(snap(dead, live))
+    assert (verdict.status, verdict.kind, verdict.call) == ("deadlock", "mismatch", "all_gather #2")
+
+
 def test_same_bytes_in_another_shape_is_left_to_complete() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(2, 5))), rank(1, call("all_reduce", 1, shape=(10,)))))
     assert verdict.status == "wait"
