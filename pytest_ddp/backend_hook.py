@@ -78,8 +78,8 @@ def install(record: Record, record_functional: Record, wait: Wait, recording: Re
     if _functional_library is not None:
         return True
     try:
-        own = _waits_across_threads()
-        _functional_library = _functional_kernels(record_functional if own else None, wait, recording)
+        at_own_operations = _waits_across_threads()
+        _functional_library = _functional_kernels(record_functional if at_own_operations else None, wait, recording)
     except Exception:  # a torch without these operations, keys or registration API
         return False
     _arm_with = (record, recording)
@@ -235,12 +235,13 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
 def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
     """A functional collective not in FUNCTIONAL_OPS (``name`` ""), or any in a torch whose waits
     do not cross threads: recorded at the c10d operation it issues, by its ``name`` if it has one."""
+    redispatch = overload._handle.redispatch_boxed
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         arm()
         outer, _functional.running = _functional.running, name
         try:
-            return overload.redispatch(_below_backend_select(args), *args, **kwargs)
+            return redispatch(_below_backend_select(args), *args, **kwargs)
         finally:
             _functional.running = outer
 

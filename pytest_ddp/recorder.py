@@ -20,7 +20,8 @@ functions' ``async_op=True`` collectives are asynchronous: a ``wait`` event is
 written when the caller waits for one (``work.wait()``, ``wait_tensor``), so a
 rank waiting for a gradient bucket shows as inside ``all_reduce #k``, and its
 ``ret`` when that wait returns, or else when the rank next sees its work
-complete (see :class:`_Pending`).
+complete (see :class:`_Pending`); a functional collective never waited for, at
+the test's end (:func:`unfinished_work`).
 
 While a test has faults armed (:mod:`pytest_ddp.injector`), each recorded call
 first asks the injector, which may kill, delay or raise before the call is written.

@@ -347,7 +347,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         return Verdict("done", "failed", failed, [], finding=Failures(failed))
     # Ranks whose last call raised were woken by the death ("Connection closed by peer").
     woken = [r for r in sorted(ranks) if r not in dead and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
-    died_in = [ranks[r].calls[-1] for r in dead if ranks[r].calls and ranks[r].calls[-1].state == "running"]
+    died_in = [call for r in dead if (call := ranks[r].died_in) is not None]
     shown = died_in[0] if died_in else ranks[woken[0]].calls[-1] if woken else None
     return Verdict(
         "done", "rank_exited", dead, woken,
