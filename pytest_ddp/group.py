@@ -45,6 +45,9 @@ STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
 # The environment variable that tells a rank where the directories shared by
 # all ranks of a test live (the ``ddp_shared_path`` fixture).
 SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
+# Variables of the pytest process that are not a rank's: pytest options meant for the session,
+# and an MPI launcher's, which would make a rank take itself for the launched process.
+NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE")
 
 
 class GroupStartError(RuntimeError):
@@ -233,7 +236,8 @@ class RankGroup:
     def _spawn(self, rank: int, port: int) -> RankProcess:
         cfg = self.config
         env = {**os.environ, **self.torchrun_environment(rank, port), **self.rank_environment()}
-        env.pop("PYTEST_ADDOPTS", None)
+        for name in NOT_FOR_RANKS:
+            env.pop(name, None)
         if cfg.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
         proc, commands, notify = fork_rank(self.write_spec(rank, env, store_port=port), rank)

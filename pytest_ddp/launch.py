@@ -154,7 +154,8 @@ def detect(env: Mapping[str, str], launcher: str = "auto") -> Launch | None:
 
     ``auto`` tries torchrun, then SLURM (torchrun inside an srun step is torchrun's
     world), then MPI (srun sets ``PMI_RANK`` too with ``--mpi=pmi2``).  A launch of one
-    process is an ordinary run: there is no other rank to join.
+    process is an ordinary run: there is no other rank to join.  A launcher named explicitly is
+    taken as found, one process or more.
     """
     if launcher == "local":
         return None
@@ -209,8 +210,9 @@ def collection_differences(items: dict[int, list[str]], nodes: dict[int, str]) -
         if theirs == reference:
             continue
         where = f"rank {rank} (on {nodes.get(rank, '?')})"
-        extra = [i for i in theirs if i not in set(reference)]
-        missing = [i for i in reference if i not in set(theirs)]
+        known, collected = set(reference), set(theirs)
+        extra = [i for i in theirs if i not in known]
+        missing = [i for i in reference if i not in collected]
         if not extra and not missing:
             lines.append(f"{where}: the same tests in another order")
         for label, ids in (("only on this rank", extra), ("not collected here", missing)):

@@ -36,7 +36,16 @@ import _pytest.config
 import pytest
 
 from . import host_protocol as hp
-from .group import STACK_DUMP_WAIT, complete_spec, dump_complete, fork_context, fork_rank, rank_files, write_spec_file
+from .group import (
+    NOT_FOR_RANKS,
+    STACK_DUMP_WAIT,
+    complete_spec,
+    dump_complete,
+    fork_context,
+    fork_rank,
+    rank_files,
+    write_spec_file,
+)
 from .launch import Launch, LaunchError
 from .launch_link import connect
 from .launched_world import exit_on_signal
@@ -122,7 +131,7 @@ class Host:
         folder = self.folder / f"slot{message.slot}"
         folder.mkdir(parents=True)
         env = {**os.environ, **message.env}
-        for name in ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE"):  # the launcher's, not the rank's
+        for name in NOT_FOR_RANKS:
             env.pop(name, None)
         spec = complete_spec(message.spec, env, folder, self.pytest_args(message.items), list(sys.path))
         proc, commands, notify = fork_rank(write_spec_file(folder, spec), rank)
