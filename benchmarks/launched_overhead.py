@@ -16,8 +16,7 @@ on a shared 2-core machine, so they run in interleaved rounds; each ratio is
 taken within a round and the median over rounds is the figure.
 
 Then a **two-node hang**: torchrun --nnodes=2 in two network namespaces, rank 3
-skips an all_reduce; the report's "diagnosed N s into the test" and the time
-from the rank's return to the report are printed.
+skips an all_reduce; the report's "diagnosed N s into the test" is printed.
 
     python benchmarks/launched_overhead.py [--rounds 3] [--few 5] [--many 45] [--body ddp|trivial]
 """

@@ -44,6 +44,31 @@ class DdpPytester:
         return self.pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=timeout)
 
 
+# 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses (hex, as in /proc/net/tcp) of the TCP sockets ``pid`` listens on.
+    Also run inside ranks (test_processes.LOOPBACK_CHECK): it uses nothing but ``os``."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(fields[1].split(":")[0])
+    return found
+
+
 def line_of(path: Path, text: str) -> int:
     """The 1-based number of the first line of ``path`` that contains ``text``."""
     for number, line in enumerate(path.read_text().splitlines(), start=1):

@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 from pathlib import Path
 
 import pytest
 
-from conftest import live_pids, wait_for
+from conftest import LOOPBACK, listening_addresses, live_pids, wait_for
 
-LOOPBACK_CHECK = """
-def listening_addresses(pid):
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    found.append(fields[1].split(":")[0])
-    return found
-
-LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+LOOPBACK_CHECK = f"""
+{inspect.getsource(listening_addresses)}
+LOOPBACK = {LOOPBACK!r}
 
 @pytest.mark.ddp(world_size=2)
 def test_nothing_listens_beyond_loopback(rank):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from conftest import LOOPBACK, listening_addresses  # noqa: F401 - re-exported for the cluster's tests
 from pytest_ddp import prctl
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -139,43 +140,6 @@ def parent(pid: int) -> int | None:
 
 def children(pid: int) -> list[int]:
     return [child for child in _all_pids() if parent(child) == pid]
-
-
-# 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.
-LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
-
-
-def listening_addresses(pid: int) -> list[str]:
-    """The local addresses (hex, as in /proc/net/tcp) of the TCP sockets ``pid`` listens on."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                found.append(fields[1].split(":")[0])
-    return found
-
-
-def slurm_processes() -> dict[int, str]:
-    """Every live munged, slurmctld, slurmscriptd, slurmd and slurmstepd here: pid -> name."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                name = Path(f"/proc/{entry}/comm").read_text().strip()
-            except OSError:
-                continue
-            if name in PROCESS_NAMES and alive(int(entry)):
-                found[int(entry)] = name
-    return found
 
 
 class SlurmCluster:
@@ -360,6 +324,7 @@ class SlurmCluster:
             return fields.get("JobState", "PENDING") not in UNFINISHED
 
         if not poll(ended, timeout, interval=0.05):
+            subprocess.run(["scancel", job], env=self.env, capture_output=True)  # not left to later tests
             raise TimeoutError(f"batch job {job} still {fields.get('JobState')} after {timeout} s")
         code, sig = (int(n) for n in fields["ExitCode"].split(":"))
         return (128 + sig if sig else code), _read(output)

@@ -174,7 +174,7 @@ def junit_outcomes(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def check_suite(result: Result, folder: Path, world: int = 4) -> None:
+def check_suite(result: Result, folder: Path) -> None:
     """What every launcher must give for SUITE, run with ``-rs`` (see the module's docstring)."""
     out = result.output
     assert result.outcomes == OUTCOMES, out
@@ -191,15 +191,15 @@ def check_suite(result: Result, folder: Path, world: int = 4) -> None:
     assert "rank 2 died (killed by SIGKILL)" in out, out
     # The unmarked test ran once, on rank 0; one junitxml; the same status everywhere.
     assert len(list(folder.glob("unmarked.*"))) == 1
-    assert result.codes == dict.fromkeys(range(world), 1), (result.codes, out)
+    assert result.codes == dict.fromkeys(range(4), 1), (result.codes, out)
     assert result.returncode != 0
 
 
-def check_collection_differs(result: Result, world: int = 4) -> None:
+def check_collection_differs(result: Result) -> None:
     out = result.output
     assert "the ranks collected different tests" in out, out
     assert "rank 2 (on " in out and "1 not collected here: test_launched.py::test_needs_eight" in out, out
-    assert result.codes == dict.fromkeys(range(world), 4), (result.codes, out)
+    assert result.codes == dict.fromkeys(range(4), 4), (result.codes, out)
     assert out.count("the ranks collected different tests") == 1  # rank 0's terminal only
 
 

@@ -36,9 +36,9 @@ def _torchrun_unavailable() -> str | None:
 
 
 def _mpiexec_unavailable() -> str | None:
-    if namespaces_unavailable():
-        return namespaces_unavailable()
-    return None if Path(MPIEXEC).exists() else "no MPICH mpiexec beside this Python (pip install 'pytest-ddp[mpi]')"
+    return namespaces_unavailable() or (
+        None if Path(MPIEXEC).exists() else "no MPICH mpiexec beside this Python (pip install 'pytest-ddp[mpi]')"
+    )
 
 
 LAUNCHERS = [
