@@ -84,7 +84,9 @@ class RankSession:
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
             call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
-            report = last.ihook.pytest_runtest_makereport(item=last, call=call)
+            # pytest's own report, past the makereport hooks of other plugins: the item was
+            # torn down, and some (pytest-benchmark) read its funcargs, None by now, and raise.
+            report = pytest.TestReport.from_item_and_call(last, call)
             hook = self.config.hook
             data = None if report.passed else hook.pytest_report_to_serializable(config=self.config, report=report)
             self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)

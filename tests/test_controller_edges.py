@@ -156,6 +156,42 @@ def test_b():
     ])
 
 
+def test_a_stopped_groups_teardown_is_reported_past_a_plugin_that_reads_funcargs(ddp_pytester) -> None:
+    # As pytest-benchmark does in every report: the stop's report comes after the item's
+    # teardown, when its funcargs are None. The rank raised there and sent nothing (seen
+    # on a machine with pytest-benchmark installed).
+    ddp_pytester.pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):
+            item.funcargs.get("benchmark")
+            yield
+        """
+    )
+    # ws2's group is evicted for test_b (--ddp-max-groups=1): it tears `resource` down at its stop.
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    pass
+
+@pytest.mark.ddp(world_size=1)
+def test_b():
+    pass
+
+@pytest.mark.ddp(world_size=2)
+def test_c():
+    pass
+""",
+        "--ddp-max-groups=1",
+    )
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ranks 0, 1: failed*", "*RuntimeError: module teardown broke"])
+
+
 def test_a_stopped_groups_failed_teardown_is_reported_under_xdist(ddp_pytester) -> None:
     # Each test goes to its own worker; test_a's worker keeps its group for
     # test_b, which it never gets, and stops it at its session's end.
