@@ -24,7 +24,8 @@ dump_fr_trace_json = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", 
 pytestmark = pytest.mark.skipif(dump_fr_trace_json is None, reason="this torch has no Flight Recorder dump")
 
 # How the Flight Recorder names what the recorder records ("gloo:<name>"): the
-# gathers are one backend operation, and Gloo runs a reduce_scatter as an all_reduce.
+# gathers are one backend operation, and Gloo runs a reduce_scatter as an all_reduce
+# (FSDP2 reduce-scatters with reduce_scatter_tensor in torch 2.11, _single in 2.13).
 FLIGHT_RECORDER_NAME = {
     "all_reduce": "all_reduce",
     "all_gather": "all_gather",
@@ -32,6 +33,7 @@ FLIGHT_RECORDER_NAME = {
     "all_gather_into_tensor": "all_gather",
     "all_gather_into_tensor_coalesced": "all_gather",
     "reduce_scatter_single": "all_reduce",
+    "reduce_scatter_tensor": "all_reduce",
     "broadcast": "broadcast",
     "scatter": "scatter",
 }
@@ -56,12 +58,15 @@ def ddp_step(rank: int) -> dict[str, Any]:
 
 
 def fsdp2_step(rank: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # A CPU mesh: without one, FSDP2 puts the model on the GPU wherever one is visible.
+    mesh = init_device_mesh("cpu", (2,))
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     model(torch.ones(3, 4)).sum().backward()
     return flight_recorder()
 

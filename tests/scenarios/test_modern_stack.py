@@ -18,13 +18,15 @@ FSDP2_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") els
 
 
 def fsdp2_step(rank: int, skipping_rank: int | None, steps: int = 1) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (2,))  # without it, FSDP2 takes a GPU wherever one is visible
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for _ in range(steps):
         loss = model(torch.ones(3, 4)).sum()
         if rank != skipping_rank:
