@@ -365,7 +365,7 @@ class RankGroup:
         left out).  Ranks busy with a test handed over ahead, which nobody will
         now judge, are killed instead: they would read "stop" only after that test.
         """
-        if self.current is not None:
+        if self.current is not None or self._news is None:  # busy with a test, or killed already
             self.kill()
             return {}
         for rp in self.ranks:
@@ -377,11 +377,10 @@ class RankGroup:
                 break
             self._wait(min(left, 0.1))
         ends = {}
-        for rp in self.ranks:
-            if rp.commands is not None:  # not already killed
-                for ev in rp.events.read_new():
-                    if isinstance(ev, SessionEnd):
-                        ends[rp.rank] = ev
+        for rp in self.ranks:  # every rank's log: launched ranks on other hosts have no command pipe here
+            for ev in rp.events.read_new():
+                if isinstance(ev, SessionEnd):
+                    ends[rp.rank] = ev
         self.kill()
         return ends
 

@@ -63,3 +63,43 @@ def test_collections_that_differ_stop_every_rank(launcher, unavailable, folder: 
     suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
     result = suite.run(launcher(4), folder)
     suite.check_collection_differs(result)
+
+
+# Torn down when the world_size=2 group is stopped to make room for test_b's group
+# (--ddp-max-groups=1): the stop's report of each rank, rank 1's from another pytest.
+TEARDOWN_AT_STOP = '''
+import pytest, torch.distributed as dist
+
+
+@pytest.fixture(scope="module")
+def resource(rank):
+    yield
+    if rank == 1:
+        raise RuntimeError("rank 1's teardown broke")
+
+
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    dist.barrier()
+
+
+@pytest.mark.ddp(world_size=1)
+def test_b():
+    pass
+
+
+@pytest.mark.ddp(world_size=2)
+def test_c():
+    dist.barrier()
+'''
+
+
+@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
+def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    (folder / "test_teardown.py").write_text(TEARDOWN_AT_STOP)
+    result = suite.run(launcher(2, "--ddp-max-groups=1"), folder)
+    assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in result.output, result.output
+    assert "RuntimeError: rank 1's teardown broke" in result.output, result.output
+    assert result.returncode != 0
