@@ -18,11 +18,13 @@ the same event logs, output files, stack dumps and commands.
   to ``mpiexec``: it starts the processes of one machine and listens on no
   socket.  MPICH's ``mpiexec`` (hydra) listens on every interface for its
   proxies, which a test machine's rules may forbid; ``--ddp-mpi-launcher`` picks
-  another launcher (hydra, Open MPI's ``mpirun``).
+  another launcher (hydra, Open MPI's ``mpirun``).  Without MPICH, ``mpiexec`` on
+  PATH is used: Open MPI's gets the options it needs to start a test's world.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -47,21 +49,52 @@ from .mpi_launch import parse_exit_message
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
 # Keeps an MPI library's network transport on loopback when it opens one at all
-# (UCX, which MPICH from PyPI uses, listens on every interface otherwise).
-LOOPBACK_ENVIRONMENT = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
+# (UCX, which MPICH from PyPI and Open MPI use, listens on every interface otherwise).
+# Open MPI's TCP transport listens on every interface whatever interfaces it is told
+# to use, and so does another of its transports (measured, 4.1): its ranks, on one
+# machine, talk through shared memory alone.
+LOOPBACK_ENVIRONMENT = {
+    "UCX_NET_DEVICES": "lo",
+    "FI_TCP_IFACE": "lo",
+    "FI_SOCKETS_IFACE": "lo",
+    "OMPI_MCA_btl": "self,vader",
+}
 
 
 def find_launcher(command: str | None) -> list[str] | None:
     """The launcher's command line up to ``-n N``: the option's value if given (``mpirun
-    --oversubscribe``), else the first of DEFAULT_LAUNCHERS found; None if none is."""
+    --oversubscribe``), as written; else the first of DEFAULT_LAUNCHERS found, with the
+    options Open MPI's needs (:func:`open_mpi_options`); None if none is found."""
     if command:
         return shlex.split(command)
     for name in DEFAULT_LAUNCHERS:
         beside = Path(sys.executable).parent / name
         found = str(beside) if beside.exists() else shutil.which(name)
         if found:
-            return [found]
+            if name == "mpiexec.gforker":  # MPICH's alone
+                return [found]
+            return [found, *open_mpi_options(_version(found), root=os.geteuid() == 0)]
     return None
+
+
+def open_mpi_options(version: str, root: bool) -> list[str]:
+    """What Open MPI's launcher needs to start a test's world, from its ``--version``:
+    ``--oversubscribe`` (it refuses more ranks than cores) and, as root (a container's CI),
+    ``--allow-run-as-root`` (it refuses root). Nothing for other launchers. The plugin chose
+    this launcher, so the plugin says so; a launcher named by the user is used as written."""
+    if "Open MPI" not in version and "OpenRTE" not in version:
+        return []
+    return ["--oversubscribe", *(["--allow-run-as-root"] if root else [])]
+
+
+@functools.cache
+def _version(launcher: str) -> str:
+    """The launcher's ``--version`` output ("mpirun (Open MPI) 4.1.4"); "" if it gives none."""
+    try:
+        done = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout
 
 
 def mpi_unavailable(command: str | None) -> str | None:

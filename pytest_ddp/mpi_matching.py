@@ -53,7 +53,8 @@ def is_mpi_p2p(call: Call) -> bool:
 
 
 # MPI's error for a receive into a buffer too small (MPI_ERR_TRUNCATE): raised after the match.
-TRUNCATED = "Message truncated"
+# MPICH says "Message truncated", Open MPI "MPI_ERR_TRUNCATE: message truncated".
+TRUNCATED = "message truncated"
 
 
 def _posted(state: RankState, call: Call) -> bool:
@@ -61,7 +62,7 @@ def _posted(state: RankState, call: Call) -> bool:
     (one that raised never took part, except a receive that took its message and found it too
     long; one whose process died will not)."""
     if call.state == "raised":
-        return TRUNCATED in (call.error or "")
+        return TRUNCATED in (call.error or "").lower()
     return call.state == "ok" or (call.state == "running" and state.alive)
 
 

@@ -13,7 +13,7 @@ import pytest
 from test_processes import LOOPBACK_CHECK
 
 from conftest import live_pids, wait_for
-from pytest_ddp.mpi_group import mpi_unavailable
+from pytest_ddp.mpi_group import find_launcher, mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 
@@ -95,19 +95,23 @@ def test_a_launcher_that_cannot_start_the_world_says_so(ddp_pytester, launcher, 
 
 
 def test_mpi_ranks_and_launcher_listen_on_loopback_only(ddp_pytester) -> None:
+    # MPICH's gforker listens on nothing; Open MPI's launcher listens on every interface
+    # (measured, 4.1, whatever it is told), as hydra does: only its ranks are checked then.
+    launcher = find_launcher(None)
+    gforker = launcher is not None and Path(launcher[0]).name == "mpiexec.gforker"
     result = ddp_pytester.run(
         LOOPBACK_CHECK
-        + """
+        + f"""
 def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
+    with open(f"/proc/{{pid}}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 @pytest.mark.ddp(world_size=2, backend="mpi")
 def test_mpi_listens_on_loopback_only(comm, rank):
     comm.Barrier()
     stand_in = os.getppid()
-    launcher = parent_of(stand_in)
-    addresses = [a for pid in (os.getpid(), stand_in, launcher) for a in listening_addresses(pid)]
+    processes = (os.getpid(), stand_in, parent_of(stand_in)) if {gforker} else (os.getpid(), stand_in)
+    addresses = [a for pid in processes for a in listening_addresses(pid)]
     assert set(addresses) <= LOOPBACK, addresses
 """
     )
@@ -227,7 +231,11 @@ def _can_make_network_namespaces() -> bool:
     return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
 
 
+HYDRA = Path(sys.executable).parent / "mpiexec"  # MPICH's, from PyPI's mpich
+
+
 @pytest.mark.skipif(not _can_make_network_namespaces(), reason="needs root, unshare and ip for a network namespace")
+@pytest.mark.skipif(not HYDRA.exists(), reason="no MPICH mpiexec (hydra) beside this Python")
 def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytester) -> None:
     """MPICH's hydra (`mpiexec`) listens on every interface, so it runs here in a network
     namespace whose only interface is loopback.  A rank killed mid-test is named, the world is
@@ -248,8 +256,7 @@ def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytes
             assert comm.allreduce(1) == 2
         """
     )
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --ddp-mpi-launcher={mpiexec}"
+    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --ddp-mpi-launcher={HYDRA}"
     script = f"ip link set lo up && echo namespace $(readlink /proc/self/ns/net) && exec {inner}"
     result = pytester.run("unshare", "--net", "sh", "-c", script, timeout=120)
     result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
@@ -267,3 +274,20 @@ def _processes_in(namespace: str) -> list[int]:
         except OSError:
             continue
     return live_pids(found)
+
+
+@pytest.mark.parametrize(
+    "version, root, options",
+    [
+        # Measured: Debian's Open MPI 4.1.4 (mpirun) and 4.1.6 (mpiexec, on a GPU machine).
+        ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n", False,
+         ["--oversubscribe"]),
+        ("mpiexec (OpenRTE) 4.1.6\n", True, ["--oversubscribe", "--allow-run-as-root"]),
+        ("HYDRA build details:\n    Version:                                 5.0.2\n", True, []),
+        ("", True, []),
+    ],
+)
+def test_open_mpis_launcher_gets_the_options_a_tests_world_needs(version: str, root: bool, options: list[str]) -> None:
+    from pytest_ddp.mpi_group import open_mpi_options
+
+    assert open_mpi_options(version, root) == options

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest_ddp
 from conftest import line_of
 from pytest_ddp import watchdog
 from pytest_ddp.consistency import unreceived_messages
+from pytest_ddp.mpi_group import find_launcher
 from pytest_ddp.protocol import CALL_KEYS, RET_KEYS, EventReader, TestStart
 from pytest_ddp.state import RankState, Snapshot
 from pytest_ddp.verdicts import Verdict
@@ -29,8 +29,10 @@ from pytest_ddp.wording import worded
 pytest.importorskip("mpi4py")
 
 PROGRAM = Path(__file__).with_name("mpi_program.py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
+# The plugin's own choice: MPICH's gforker (it listens on no socket), else Open MPI's
+# mpiexec with the options it needs.
+LAUNCHER = find_launcher(None)
+pytestmark = pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher next to this Python or on PATH")
 # Long enough for ranks that each import torch on a loaded machine; only a failing test waits it out.
 DEADLINE = 120
 
@@ -43,9 +45,9 @@ class MpiRun:
         self.tests: list[list[RankState]] = [[] for _ in range(ranks)]  # per rank, a state per test
         self.started = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(Path(pytest_ddp.__file__).parent.parent)}
-        assert MPIEXEC is not None
+        assert LAUNCHER is not None
         self.process = subprocess.Popen(
-            [MPIEXEC, "-n", str(ranks), sys.executable, PROGRAM.name, scenario, str(folder)],
+            [*LAUNCHER, "-n", str(ranks), sys.executable, PROGRAM.name, scenario, str(folder)],
             cwd=PROGRAM.parent, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )

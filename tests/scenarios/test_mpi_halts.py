@@ -124,7 +124,7 @@ def test_receive_into_a_buffer_too_small_is_mpis_truncation_error_on_that_rank()
     result = pytest_ddp.run(receive_into_too_small_buffer, world_size=2, backend="mpi")
     assert result.outcome == "failed" and result.diagnosis is not None
     assert result.diagnosis.culprits == [1]
-    assert "Message truncated" in (result.ranks[1].exception or "")
+    assert "message truncated" in (result.ranks[1].exception or "").lower()  # MPICH's and Open MPI's words
     assert result.unreceived_messages == []  # the receive took the message before it raised
 
 
