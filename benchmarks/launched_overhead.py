@@ -121,7 +121,7 @@ def per_test(rounds: int, few: int, many: int, body: str) -> None:
 
 
 def two_node_hang() -> None:
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp, TwoNodes() as nodes:
+    with tempfile.TemporaryDirectory() as tmp, TwoNodes() as nodes:
         folder = Path(tmp)
         (folder / "test_hang.py").write_text(HANG)
         pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
