@@ -24,7 +24,6 @@ skips an all_reduce; the report's "diagnosed N s into the test" is printed.
 from __future__ import annotations
 
 import argparse
-import random
 import re
 import statistics
 import subprocess
@@ -36,9 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from launchers.nodes import TwoNodes, isolated_node_command, namespaces_unavailable  # noqa: E402
-
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+from launchers.nodes import TORCHRUN, TwoNodes, isolated_node_command, namespaces_unavailable  # noqa: E402
 
 BODIES = {
     # One DDP step of a small MLP: what a distributed unit test typically does.
@@ -124,17 +121,11 @@ def per_test(rounds: int, few: int, many: int, body: str) -> None:
 
 
 def two_node_hang() -> None:
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp, TwoNodes() as nodes:
+    with tempfile.TemporaryDirectory() as tmp, TwoNodes() as nodes:
         folder = Path(tmp)
         (folder / "test_hang.py").write_text(HANG)
-        port = random.randrange(20000, 60000)
-        agents = []
-        for node in (0, 1):
-            torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                        f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
-            pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-            agents.append(nodes.popen(node, [*torchrun, *pytest_command], cwd=folder, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+        agents = nodes.torchrun(pytest_command, folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         output = agents[0].communicate(timeout=240)[0]
         agents[1].communicate(timeout=240)
     found = re.search(r"diagnosed ([0-9.]+) s into the test", output)

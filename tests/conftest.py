@@ -15,6 +15,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,18 +83,19 @@ def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
     return DdpPytester(pytester)
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # gone, or going between the open and the read
+        return False
+    return state != "Z"
+
+
 def live_pids(pids: list[int]) -> list[int]:
     """The pids among these that still run (zombies count as gone)."""
-    alive = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
+    return [pid for pid in pids if alive(pid)]
 
 
 def rank_processes() -> list[int]:
@@ -126,11 +128,12 @@ def ranks_working_in(folder: Path) -> list[int]:
     return found
 
 
-def _parent(pid: int) -> int | None:
+def parent(pid: int) -> int | None:
+    """``pid``'s parent, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
+    except (OSError, IndexError):
         return None
 
 
@@ -142,17 +145,24 @@ def no_rank_left_behind(request: pytest.FixtureRequest):
     controller = request.config.pluginmanager.get_plugin("ddp_controller")
     own = set(controller.pool.pids()) if controller is not None else set()
     me = os.getpid()
-    left = [pid for pid in rank_processes() if _parent(_parent(pid) or 0) == me and pid not in own]
+    left = [pid for pid in rank_processes() if parent(parent(pid) or 0) == me and pid not in own]
     assert not left, f"rank processes left behind: {left}"
 
 
-def wait_for(condition, what: str, limit: float = 60.0) -> None:
-    """Poll ``condition`` until it holds; fail after ``limit`` seconds."""
+def poll(condition: Callable[[], object], limit: float, interval: float = 0.05) -> bool:
+    """Whether ``condition`` came to hold within ``limit`` seconds (asked every ``interval``)."""
     end = time.monotonic() + limit
     while not condition():
         if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
+            return False
+        time.sleep(interval)
+    return True
+
+
+def wait_for(condition: Callable[[], object], what: str, limit: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``limit`` seconds."""
+    if not poll(condition, limit):
+        raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

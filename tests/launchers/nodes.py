@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -49,6 +50,9 @@ exec "$@"
 _SHARED_PATHS = [os.path.realpath(Path(__file__).resolve().parents[2]), os.path.realpath(sys.prefix)]
 
 _instances = itertools.count()
+
+# The torchrun of this Python's environment.
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def isolated_node_command(argv: Sequence[str]) -> list[str]:
@@ -178,6 +182,20 @@ class TwoNodes:
         process = self.popen(node, argv, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
         out, err = process.communicate(timeout=timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    def torchrun(self, argv: Sequence[str], cwd: str | os.PathLike[str], **kwargs: Any) -> list[subprocess.Popen[Any]]:
+        """Start one torchrun agent on each node (``--nnodes=2``, 2 processes each, node 0's
+        store), each running ``argv`` (a program: ``--no-python``); keyword arguments go to
+        ``popen``. The agents, node 0's first."""
+        # Both namespaces are new: nothing listens there, so any port is free; it is drawn,
+        # not fixed, as every test here must.
+        port = random.randrange(20000, 60000)
+        agents = []
+        for node in (0, 1):
+            torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+                        f"--master-addr={self.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
+            agents.append(self.popen(node, [*torchrun, *argv], cwd, **kwargs))
+        return agents
 
     def pids(self) -> list[int]:
         """Every process now in either node (as ``ip netns pids`` sees them)."""

@@ -16,11 +16,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from conftest import LOOPBACK, listening_addresses  # noqa: F401 - re-exported for the cluster's tests
+from conftest import alive, parent, poll
 from pytest_ddp import prctl
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -50,16 +49,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def poll(condition: Callable[[], bool], limit: float, interval: float = 0.05) -> bool:
-    """Whether ``condition`` came to hold within ``limit`` seconds."""
-    end = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(interval)
-    return True
 
 
 def _read(path: Path) -> str:
@@ -120,22 +109,6 @@ def _orphaned(tag: str) -> bool:
     owner, _, started = tag.partition(":")
     started = started.partition(":")[0]
     return not (owner.isdigit() and alive(int(owner)) and _start_time(int(owner)) == started)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError):
-        return None
 
 
 def children(pid: int) -> list[int]:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from . import suite
-from .nodes import isolated_node_command, namespaces_unavailable
+from .nodes import TORCHRUN, isolated_node_command, namespaces_unavailable
 
 PYTHON = sys.executable
-TORCHRUN = str(Path(PYTHON).parent / "torchrun")
 MPIEXEC = str(Path(PYTHON).parent / "mpiexec")
 
 

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from conftest import live_pids, wait_for
 
 from .nodes import TwoNodes, isolated_node_command, namespaces_unavailable
 
@@ -68,21 +68,6 @@ def links() -> set[str]:
     return {line.split(":")[1].strip() for line in out.splitlines()}
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its parent, here init, counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # gone between the listing and the read
-        return False
-
-
-def until(condition: Callable[[], object], what: str, limit: float = 30) -> None:
-    end = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_nothing_outlives_the_nodes(tmp_path: Path) -> None:
     before = links()
     with TwoNodes() as nodes:
@@ -91,12 +76,13 @@ def test_nothing_outlives_the_nodes(tmp_path: Path) -> None:
         sleeper = nodes.popen(0, ["sleep", "600"], tmp_path)
         # On node 1, one that left its shell (a daemon's way): no Popen of ours holds it.
         orphan = nodes.run(1, ["sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $!"], tmp_path)
-        until(lambda: sleeper.pid in nodes.pids(), "the sleeper to enter node 0")
+        wait_for(lambda: sleeper.pid in nodes.pids(), "the sleeper to enter node 0", limit=30)
         pids = nodes.pids()
         assert len(pids) == 2, pids
     assert not names & namespaces()
     assert sleeper.returncode == -9
-    assert not [pid for pid in pids if alive(pid)], orphan.stdout
+    # A zombie waiting for its parent (here init) counts as gone.
+    assert not live_pids(pids), orphan.stdout
     assert links() == before
 
 

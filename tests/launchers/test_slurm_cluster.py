@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from .slurm import LOOPBACK, SlurmCluster, alive, children, listening_addresses, parent, poll, slurm_unavailable
+from conftest import LOOPBACK, alive, listening_addresses, parent, poll
+
+from .slurm import SlurmCluster, children, slurm_unavailable
 
 PRINT_RANK = "import os; print(os.environ['SLURM_PROCID'], os.environ['SLURM_NTASKS'])"
 

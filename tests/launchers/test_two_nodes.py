@@ -4,7 +4,6 @@ and the ranks share no files but the test's folder (where the suite's exit statu
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -14,25 +13,15 @@ import pytest
 from . import suite
 from .nodes import TwoNodes, namespaces_unavailable
 
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-
 
 def _run_on_two_nodes(folder: Path, timeout: float = 240) -> tuple[suite.Result, str]:
     if (why := namespaces_unavailable()) is not None:
         pytest.skip(why)
-    # Both namespaces are new: nothing listens there, so any port is free; it is drawn,
-    # not fixed, as every test here must.
-    port = random.randrange(20000, 60000)
     with TwoNodes() as nodes:
-        agents = []
-        for node in (0, 1):
-            torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                        f"--master-addr={nodes.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
-            agents.append(nodes.popen(
-                node, [*torchrun, sys.executable, *suite.pytest_command("-rs")], cwd=folder,
-                env=suite.launched_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, errors="replace",
-            ))  # fmt: skip
+        agents = nodes.torchrun(
+            [sys.executable, *suite.pytest_command("-rs")], folder, env=suite.launched_environment(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        )  # fmt: skip
         outputs = [agent.communicate(timeout=timeout)[0] for agent in agents]
         codes = [agent.returncode for agent in agents]
     first = suite.collect(folder, codes[0], outputs[0])
