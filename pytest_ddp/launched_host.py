@@ -41,9 +41,11 @@ from .group import (
     STACK_DUMP_WAIT,
     complete_spec,
     dump_complete,
+    file_size,
     fork_context,
     fork_rank,
     rank_files,
+    read_from,
     write_spec_file,
 )
 from .launch import Launch, LaunchError
@@ -66,6 +68,7 @@ class Slot:
     files: dict[str, Path]
     sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(hp.FILES, 0))  # bytes forwarded
     dump_asked: float | None = None  # when the controller asked for a stack dump
+    dump_offset: int = 0  # where that dump starts: a warm rank's file holds its earlier ones
     dump_seen: str | None = None
 
 
@@ -119,6 +122,7 @@ class Host:
                 pass  # the rank is gone; its exit is told
         elif isinstance(message, hp.Dump):
             slot.dump_asked, slot.dump_seen = time.monotonic(), None
+            slot.dump_offset = file_size(slot.files["dump"])
             try:
                 os.kill(slot.proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -175,10 +179,7 @@ class Host:
         """Tell the controller once the stack dump it asked for is whole (or its time is up)."""
         if slot.dump_asked is None:
             return
-        try:
-            text = slot.files["dump"].read_text(errors="replace")
-        except FileNotFoundError:
-            text = ""
+        text = read_from(slot.files["dump"], slot.dump_offset)
         if dump_complete(text, slot.dump_seen) or time.monotonic() - slot.dump_asked > STACK_DUMP_WAIT:
             self._forward(slot)
             self._send(hp.Dumped(slot.number))
