@@ -9,8 +9,9 @@ as ``multiprocessing`` connections are.  A message is a JSON header, and for
 
 Host -> controller: ``hello`` (who it is, what it collected), ``data`` (what a
 rank appended to one of its files: the hosts share no file system with the
-controller, so its event log, output and stack dumps travel), ``notify`` (the
-rank woke its controller), ``dumped`` (its stack dump is complete), ``exited``.
+controller, so its event log, output and stack dumps travel; it wakes the
+controller as the rank's notify byte would), ``dumped`` (its stack dump is
+complete), ``exited``.
 
 Controller -> host: ``start`` (fork a rank into a slot), ``command`` (a rank command, as
 :mod:`pytest_ddp.protocol` encodes it), ``dump``, ``kill``, ``end`` (the
@@ -48,12 +49,6 @@ class Data:
     slot: int
     file: str  # one of FILES
     payload: bytes = b""
-
-
-@dataclass
-class Notify:
-    KIND: ClassVar[str] = "notify"
-    slot: int
 
 
 @dataclass
@@ -105,9 +100,9 @@ class End:
     reason: str = ""
 
 
-Message = Hello | Data | Notify | Dumped | Exited | Start | Command | Dump | Kill | End
+Message = Hello | Data | Dumped | Exited | Start | Command | Dump | Kill | End
 _TYPES: dict[str, type[Any]] = {
-    t.KIND: t for t in (Hello, Data, Notify, Dumped, Exited, Start, Command, Dump, Kill, End)
+    t.KIND: t for t in (Hello, Data, Dumped, Exited, Start, Command, Dump, Kill, End)
 }
 _RAW = (Data, Command)  # their payload travels raw after the header
 

@@ -152,8 +152,7 @@ class Host:
             except (EOFError, OSError):
                 self.selector.unregister(slot.notify)
                 return
-            self._forward(slot)
-            self._send(hp.Notify(slot.number))
+            self._forward(slot)  # its Data wakes the controller
             return
         slot.proc.join()  # its sentinel: it ended
         self._forward(slot)

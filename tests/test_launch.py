@@ -152,7 +152,6 @@ def test_collection_differences_are_cut_after_five() -> None:
         hp.Command(3, b'{"cmd": "stop"}\n'),
         hp.Start(2, {"rank": 1}, {"RANK": "1"}, ["a::b"]),
         hp.Exited(2, -9, 12.5),
-        hp.Notify(1),
         hp.Dumped(1),
         hp.Dump(1),
         hp.Kill(1),
