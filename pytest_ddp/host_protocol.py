@@ -28,8 +28,6 @@ from typing import Any, ClassVar
 
 from .protocol import ProtocolError
 
-FILES = ("events", "stdout", "stderr", "dump")  # a rank's files that travel to the controller
-
 
 @dataclass
 class Hello:
@@ -47,7 +45,7 @@ class Hello:
 class Data:
     KIND: ClassVar[str] = "data"
     slot: int
-    file: str  # one of FILES
+    file: str  # which of the rank's files (group.rank_files names them)
     payload: bytes = b""
 
 

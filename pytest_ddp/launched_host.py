@@ -66,7 +66,7 @@ class Slot:
     commands: Connection
     notify: Connection
     files: dict[str, Path]
-    sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(hp.FILES, 0))  # bytes forwarded
+    sent: dict[str, int] = field(default_factory=dict)  # bytes forwarded, by file
     dump_asked: float | None = None  # when the controller asked for a stack dump
     dump_offset: int = 0  # where that dump starts: a warm rank's file holds its earlier ones
     dump_seen: str | None = None
@@ -161,17 +161,17 @@ class Host:
 
     def _forward(self, slot: Slot) -> None:
         """Send what the rank appended to its files since the last look."""
-        for name in hp.FILES:
-            path = slot.files[name]
+        for name, path in slot.files.items():
+            sent = slot.sent.get(name, 0)
             try:
-                if path.stat().st_size <= slot.sent[name]:
+                if path.stat().st_size <= sent:
                     continue
                 with open(path, "rb") as f:
-                    f.seek(slot.sent[name])
+                    f.seek(sent)
                     data = f.read()
             except FileNotFoundError:
                 continue
-            slot.sent[name] += len(data)
+            slot.sent[name] = sent + len(data)
             self._send(hp.Data(slot.number, name, data))
 
     def _check_dump(self, slot: Slot) -> None:

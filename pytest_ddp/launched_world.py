@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from . import host_protocol as hp
+from .group import rank_files
 from .launch import Launch, collection_differences
 from .launch_link import listen
 
@@ -146,7 +147,7 @@ class LaunchedWorld:
             return
         group, rank = owner
         if isinstance(message, hp.Data):
-            with open(group.workdir / f"rank{rank}.{message.file}", "ab") as f:
+            with open(rank_files(group.workdir, rank)[message.file], "ab") as f:
                 f.write(message.payload)
         elif isinstance(message, hp.Dumped):
             group.dumped.add(rank)
