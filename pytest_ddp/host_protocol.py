@@ -15,8 +15,8 @@ complete), ``exited``.
 
 Controller -> host: ``start`` (fork a rank into a slot), ``command`` (a rank command, as
 :mod:`pytest_ddp.protocol` encodes it), ``dump``, ``kill``, ``end`` (the
-session's exit status, which every host exits with; also how a host learns that
-the ranks collected different tests).
+session's exit status, which every host exits with, and why it ended before its
+tests, if it did: the ranks collected different tests, or some never said what).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Kill:
 class End:
     KIND: ClassVar[str] = "end"
     status: int
-    reason: str = ""
+    reason: str = ""  # for the host's log: why the session ended early
 
 
 Message = Hello | Data | Dumped | Exited | Start | Command | Dump | Kill | End

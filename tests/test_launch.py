@@ -3,7 +3,9 @@ the messages between the launched pytest processes; a host's look at a rank's st
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 from pytest_ddp import host_protocol as hp
 from pytest_ddp.group import rank_files
 from pytest_ddp.launch import Launch, LaunchError, channel_address, collection_differences, detect
+from pytest_ddp.launch_link import connect
 from pytest_ddp.launched_host import Host, Slot
+from pytest_ddp.launched_world import ENDING_SIGNALS, LaunchedWorld
 
 # What each launcher really sets (docs/launchers.md says where each was read).
 TORCHRUN = {
@@ -202,3 +206,23 @@ def test_a_host_tells_a_second_dump_whole_only_once_it_is_written(tmp_path: Path
         host.selector.close()
         ignores_sigusr1.kill()
         ignores_sigusr1.wait()
+
+
+def test_every_host_is_told_why_the_session_ends_when_collections_differ() -> None:
+    """A host's log says why it ends without running a test (it writes End's reason there)."""
+    controller = _launch(job=f"end-reason-{os.getpid()}")
+    world = LaunchedWorld(controller, 5)
+    host = connect(dataclasses.replace(controller, rank=1), 5)
+    handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
+    try:
+        host.send_bytes(hp.encode(hp.Hello(1, 0, 0, "node", ["t::a", "t::b"], [], "/log")))
+        difference = world.gather(["t::a"], 5)
+        world.end(pytest.ExitCode.USAGE_ERROR)  # what rank 0's pytest does once it stopped the session
+        assert difference is not None and "1 only on this rank: t::b" in difference
+        assert hp.decode(host.recv_bytes()) == hp.End(pytest.ExitCode.USAGE_ERROR, difference)
+    finally:
+        for number, handler in handlers.items():  # end() made the launcher's signals end this process
+            signal.signal(number, handler)
+        host.close()
+        for link in world.hosts.values():
+            link.connection.close()
