@@ -222,7 +222,8 @@ class HostSession:
         self.basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            log = open(self._log_path(), "w")  # noqa: SIM115 - written for the session's life
+            # Line by line: a launcher's signal ends a host with os._exit, buffers unwritten.
+            log = open(self._log_path(), "w", buffering=1)  # noqa: SIM115 - written for the session's life
             reporter._tw = _pytest.config.create_terminal_writer(config, log)
 
     def _log_path(self) -> Path:
@@ -258,11 +259,11 @@ class HostSession:
         assert self.connection is not None and self.basetemp is not None  # collected, started
         self.end = Host(self.connection, self.basetemp / "ddp-host", self._rank_args).serve()
         exit_on_signal(self.end.status)
-        _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
-        if self.end.reason:
+        if self.end.reason:  # before the controller exits: the launcher may then end this process
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 reporter.write_line(f"ddp: {self.end.reason}")
+        _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
         return True
 
     @pytest.hookimpl(trylast=True)
