@@ -415,9 +415,9 @@ class RankGroup:
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:
-            rp.stdout_offset = _size(rp.stdout_path)
-            rp.stderr_offset = _size(rp.stderr_path)
-            rp.dump_offset = _size(rp.dump_path)
+            rp.stdout_offset = file_size(rp.stdout_path)
+            rp.stderr_offset = file_size(rp.stderr_path)
+            rp.dump_offset = file_size(rp.dump_path)
             self._send(rp, command)
 
     def poll(self, wait: float) -> None:
@@ -442,7 +442,7 @@ class RankGroup:
         while pending and time.monotonic() < end:
             self._wait(0.01)
             for rp in list(pending):
-                text = _read_from(rp.dump_path, rp.dump_offset)
+                text = read_from(rp.dump_path, rp.dump_offset)
                 if self._dump_complete(rp, text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
@@ -472,12 +472,12 @@ class RankGroup:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
         rp = self.ranks[rank]
         return {
-            "stdout": _read_from(rp.stdout_path, rp.stdout_offset),
-            "stderr": _read_from(rp.stderr_path, rp.stderr_offset),
+            "stdout": read_from(rp.stdout_path, rp.stdout_offset),
+            "stderr": read_from(rp.stderr_path, rp.stderr_offset),
         }
 
     def stderr_tail(self, rank: int, lines: int = 30) -> str:
-        text = _read_from(self.ranks[rank].stderr_path, 0)
+        text = read_from(self.ranks[rank].stderr_path, 0)
         return "\n".join(text.splitlines()[-lines:])
 
     def exit_codes(self) -> dict[int, int | None]:
@@ -528,15 +528,15 @@ def dump_complete(text: str, before: str | None) -> bool:
     return text.endswith("\n") and text == before
 
 
-def _size(path: Path) -> int:
+def file_size(path: Path) -> int:
     try:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
 
 
-def _read_from(path: Path, offset: int) -> str:
-    if _size(path) <= offset:  # the common case, and a stat is cheaper than a read
+def read_from(path: Path, offset: int) -> str:
+    if file_size(path) <= offset:  # the common case, and a stat is cheaper than a read
         return ""
     try:
         with open(path, "rb") as f:

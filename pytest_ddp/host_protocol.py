@@ -9,13 +9,14 @@ as ``multiprocessing`` connections are.  A message is a JSON header, and for
 
 Host -> controller: ``hello`` (who it is, what it collected), ``data`` (what a
 rank appended to one of its files: the hosts share no file system with the
-controller, so its event log, output and stack dumps travel), ``notify`` (the
-rank woke its controller), ``dumped`` (its stack dump is complete), ``exited``.
+controller, so its event log, output and stack dumps travel; it wakes the
+controller as the rank's notify byte would), ``dumped`` (its stack dump is
+complete), ``exited``.
 
 Controller -> host: ``start`` (fork a rank into a slot), ``command`` (a rank command, as
 :mod:`pytest_ddp.protocol` encodes it), ``dump``, ``kill``, ``end`` (the
-session's exit status, which every host exits with; also how a host learns that
-the ranks collected different tests).
+session's exit status, which every host exits with, and why it ended before its
+tests, if it did: the ranks collected different tests, or some never said what).
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .protocol import ProtocolError
-
-FILES = ("events", "stdout", "stderr", "dump")  # a rank's files that travel to the controller
 
 
 @dataclass
@@ -46,14 +45,8 @@ class Hello:
 class Data:
     KIND: ClassVar[str] = "data"
     slot: int
-    file: str  # one of FILES
+    file: str  # which of the rank's files (group.rank_files names them)
     payload: bytes = b""
-
-
-@dataclass
-class Notify:
-    KIND: ClassVar[str] = "notify"
-    slot: int
 
 
 @dataclass
@@ -102,12 +95,12 @@ class Kill:
 class End:
     KIND: ClassVar[str] = "end"
     status: int
-    reason: str = ""
+    reason: str = ""  # for the host's log: why the session ended early
 
 
-Message = Hello | Data | Notify | Dumped | Exited | Start | Command | Dump | Kill | End
+Message = Hello | Data | Dumped | Exited | Start | Command | Dump | Kill | End
 _TYPES: dict[str, type[Any]] = {
-    t.KIND: t for t in (Hello, Data, Notify, Dumped, Exited, Start, Command, Dump, Kill, End)
+    t.KIND: t for t in (Hello, Data, Dumped, Exited, Start, Command, Dump, Kill, End)
 }
 _RAW = (Data, Command)  # their payload travels raw after the header
 

@@ -41,9 +41,11 @@ from .group import (
     STACK_DUMP_WAIT,
     complete_spec,
     dump_complete,
+    file_size,
     fork_context,
     fork_rank,
     rank_files,
+    read_from,
     write_spec_file,
 )
 from .launch import Launch, LaunchError
@@ -64,8 +66,9 @@ class Slot:
     commands: Connection
     notify: Connection
     files: dict[str, Path]
-    sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(hp.FILES, 0))  # bytes forwarded
+    sent: dict[str, int] = field(default_factory=dict)  # bytes forwarded, by file
     dump_asked: float | None = None  # when the controller asked for a stack dump
+    dump_offset: int = 0  # where that dump starts: a warm rank's file holds its earlier ones
     dump_seen: str | None = None
 
 
@@ -119,6 +122,7 @@ class Host:
                 pass  # the rank is gone; its exit is told
         elif isinstance(message, hp.Dump):
             slot.dump_asked, slot.dump_seen = time.monotonic(), None
+            slot.dump_offset = file_size(slot.files["dump"])
             try:
                 os.kill(slot.proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -148,8 +152,7 @@ class Host:
             except (EOFError, OSError):
                 self.selector.unregister(slot.notify)
                 return
-            self._forward(slot)
-            self._send(hp.Notify(slot.number))
+            self._forward(slot)  # its Data wakes the controller
             return
         slot.proc.join()  # its sentinel: it ended
         self._forward(slot)
@@ -158,27 +161,24 @@ class Host:
 
     def _forward(self, slot: Slot) -> None:
         """Send what the rank appended to its files since the last look."""
-        for name in hp.FILES:
-            path = slot.files[name]
+        for name, path in slot.files.items():
+            sent = slot.sent.get(name, 0)
             try:
-                if path.stat().st_size <= slot.sent[name]:
+                if path.stat().st_size <= sent:
                     continue
                 with open(path, "rb") as f:
-                    f.seek(slot.sent[name])
+                    f.seek(sent)
                     data = f.read()
             except FileNotFoundError:
                 continue
-            slot.sent[name] += len(data)
+            slot.sent[name] = sent + len(data)
             self._send(hp.Data(slot.number, name, data))
 
     def _check_dump(self, slot: Slot) -> None:
         """Tell the controller once the stack dump it asked for is whole (or its time is up)."""
         if slot.dump_asked is None:
             return
-        try:
-            text = slot.files["dump"].read_text(errors="replace")
-        except FileNotFoundError:
-            text = ""
+        text = read_from(slot.files["dump"], slot.dump_offset)
         if dump_complete(text, slot.dump_seen) or time.monotonic() - slot.dump_asked > STACK_DUMP_WAIT:
             self._forward(slot)
             self._send(hp.Dumped(slot.number))
@@ -222,7 +222,8 @@ class HostSession:
         self.basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            log = open(self._log_path(), "w")  # noqa: SIM115 - written for the session's life
+            # Line by line: a launcher's signal ends a host with os._exit, buffers unwritten.
+            log = open(self._log_path(), "w", buffering=1)  # noqa: SIM115 - written for the session's life
             reporter._tw = _pytest.config.create_terminal_writer(config, log)
 
     def _log_path(self) -> Path:
@@ -258,11 +259,11 @@ class HostSession:
         assert self.connection is not None and self.basetemp is not None  # collected, started
         self.end = Host(self.connection, self.basetemp / "ddp-host", self._rank_args).serve()
         exit_on_signal(self.end.status)
-        _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
-        if self.end.reason:
+        if self.end.reason:  # before the controller exits: the launcher may then end this process
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 reporter.write_line(f"ddp: {self.end.reason}")
+        _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
         return True
 
     @pytest.hookimpl(trylast=True)

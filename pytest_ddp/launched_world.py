@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from . import host_protocol as hp
+from .group import rank_files
 from .launch import Launch, collection_differences
 from .launch_link import listen
 
@@ -59,6 +60,7 @@ class LaunchedWorld:
         self.slots: dict[int, tuple[LaunchedGroup, int]] = {}  # slot -> (its group, its rank there)
         self.groups: weakref.WeakSet[LaunchedGroup] = weakref.WeakSet()
         self._next_slot = 0
+        self.problem: str | None = None  # what gather found wrong: the session ends, every host is told why
         # Where groups' stores listen: loopback on one node, else the address every node reached.
         self.store_host = "127.0.0.1" if launch.one_node else socket.gethostbyname(launch.master_addr or "")
 
@@ -95,13 +97,15 @@ class LaunchedWorld:
             pending.close()
         missing = sorted(set(range(1, self.launch.world_size)) - set(self.hosts))
         if missing:
-            return f"ranks {missing} of the launch did not report what they collected within {timeout:g} s"
+            self.problem = f"ranks {missing} of the launch did not report what they collected within {timeout:g} s"
+            return self.problem
         collected = {0: items, **{rank: link.hello.items for rank, link in self.hosts.items()}}
         nodes = {0: socket.gethostname(), **{rank: link.hello.node for rank, link in self.hosts.items()}}
         errors = [error for link in self.hosts.values() for error in link.hello.errors]
         difference = collection_differences(collected, nodes)
         if difference and errors:
             difference += "\ntheir collection errors:\n" + "\n".join(dict.fromkeys(errors))
+        self.problem = difference
         return difference
 
     # -- while the tests run ------------------------------------------------------------
@@ -146,7 +150,7 @@ class LaunchedWorld:
             return
         group, rank = owner
         if isinstance(message, hp.Data):
-            with open(group.workdir / f"rank{rank}.{message.file}", "ab") as f:
+            with open(rank_files(group.workdir, rank)[message.file], "ab") as f:
                 f.write(message.payload)
         elif isinstance(message, hp.Dumped):
             group.dumped.add(rank)
@@ -173,8 +177,9 @@ class LaunchedWorld:
         """Where each other rank's pytest wrote its output."""
         return [f"rank {rank} ({link.hello.node}): {link.hello.log}" for rank, link in sorted(self.hosts.items())]
 
-    def end(self, status: int, reason: str = "") -> None:
-        """Tell every host the session's exit status; they exit with it once this process has.
+    def end(self, status: int) -> None:
+        """Tell every host the session's exit status (and what gather found wrong, for its log);
+        they exit with it once this process has.
 
         The connections stay open until this process exits: a host waits for that, so
         that a launcher which kills every process once one fails (MPICH's gforker, torchrun)
@@ -183,7 +188,7 @@ class LaunchedWorld:
         """
         exit_on_signal(status)
         for rank, link in self.hosts.items():
-            self.send(rank, hp.End(int(status), reason))
+            self.send(rank, hp.End(int(status), self.problem or ""))
             link.alive = False
         if self.listener is not None:
             self.listener.close()

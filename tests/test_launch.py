@@ -1,12 +1,23 @@
 """Launched mode's pure parts: which launcher, which rank, where to meet; what collections differ in;
-the messages between the launched pytest processes."""
+the messages between the launched pytest processes; a host's look at a rank's stack dump."""
 
 from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from pytest_ddp import host_protocol as hp
+from pytest_ddp.group import rank_files
 from pytest_ddp.launch import Launch, LaunchError, channel_address, collection_differences, detect
+from pytest_ddp.launch_link import connect
+from pytest_ddp.launched_host import Host, Slot
+from pytest_ddp.launched_world import ENDING_SIGNALS, LaunchedWorld
 
 # What each launcher really sets (docs/launchers.md says where each was read).
 TORCHRUN = {
@@ -145,7 +156,6 @@ def test_collection_differences_are_cut_after_five() -> None:
         hp.Command(3, b'{"cmd": "stop"}\n'),
         hp.Start(2, {"rank": 1}, {"RANK": "1"}, ["a::b"]),
         hp.Exited(2, -9, 12.5),
-        hp.Notify(1),
         hp.Dumped(1),
         hp.Dump(1),
         hp.Kill(1),
@@ -159,3 +169,60 @@ def test_host_messages_round_trip(message: hp.Message) -> None:
 def test_a_frame_that_is_not_a_host_message() -> None:
     with pytest.raises(ValueError, match="not a host message"):
         hp.decode(b'{"k": "nonsense"}\n')
+
+
+FIRST_DUMP = 'Thread 0x1 (most recent call first):\n  File "test_it.py", line 3 in test_first\n'
+SECOND_DUMP = 'Thread 0x1 (most recent call first):\n  File "test_it.py", line 7 in test_second\n'
+
+
+def test_a_host_tells_a_second_dump_whole_only_once_it_is_written(tmp_path: Path) -> None:
+    """A warm rank's dump file holds the dump of an earlier hang: the host's check starts
+    where the file ended when the controller asked again, not at its beginning."""
+    ignores_sigusr1 = subprocess.Popen(
+        ["sleep", "60"], preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    )  # a rank whose dump is late: the signal reaches it, and nothing is written yet
+    to_controller, controller = multiprocessing.Pipe()
+    host = Host(to_controller, tmp_path, lambda node_ids: [])
+    files = rank_files(tmp_path, 1)
+    files["dump"].write_text(FIRST_DUMP)
+    slot = Slot(0, ignores_sigusr1, *multiprocessing.Pipe(), files)
+    host.slots[0] = slot
+    try:
+        host._forward(slot)  # the first dump went to the controller with the first hang
+        assert hp.decode(controller.recv_bytes()) == hp.Data(0, "dump", FIRST_DUMP.encode())
+        host._obey(hp.Dump(0))
+        for _ in range(3):  # looks at the file while the second dump is not there
+            host._check_dump(slot)
+        assert not controller.poll(0), hp.decode(controller.recv_bytes())
+        with open(files["dump"], "a") as f:
+            f.write(SECOND_DUMP)
+        for _ in range(2):  # it grew, then stood still: whole
+            host._check_dump(slot)
+        sent = []
+        while controller.poll(0):
+            sent.append(hp.decode(controller.recv_bytes()))
+        assert sent == [hp.Data(0, "dump", SECOND_DUMP.encode()), hp.Dumped(0)]
+    finally:
+        host.selector.close()
+        ignores_sigusr1.kill()
+        ignores_sigusr1.wait()
+
+
+def test_every_host_is_told_why_the_session_ends_when_collections_differ() -> None:
+    """A host's log says why it ends without running a test (it writes End's reason there)."""
+    controller = _launch(job=f"end-reason-{os.getpid()}")
+    world = LaunchedWorld(controller, 5)
+    host = connect(dataclasses.replace(controller, rank=1), 5)
+    handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
+    try:
+        host.send_bytes(hp.encode(hp.Hello(1, 0, 0, "node", ["t::a", "t::b"], [], "/log")))
+        difference = world.gather(["t::a"], 5)
+        world.end(pytest.ExitCode.USAGE_ERROR)  # what rank 0's pytest does once it stopped the session
+        assert difference is not None and "1 only on this rank: t::b" in difference
+        assert hp.decode(host.recv_bytes()) == hp.End(pytest.ExitCode.USAGE_ERROR, difference)
+    finally:
+        for number, handler in handlers.items():  # end() made the launcher's signals end this process
+            signal.signal(number, handler)
+        host.close()
+        for link in world.hosts.values():
+            link.connection.close()
