@@ -76,9 +76,10 @@ def test_nothing_outlives_the_nodes(tmp_path: Path) -> None:
         sleeper = nodes.popen(0, ["sleep", "600"], tmp_path)
         # On node 1, one that left its shell (a daemon's way): no Popen of ours holds it.
         orphan = nodes.run(1, ["sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $!"], tmp_path)
-        wait_for(lambda: sleeper.pid in nodes.pids(), "the sleeper to enter node 0", limit=30)
+        # Until the sleeper's setup in node 0 (a short mount, mkdir) has ended too.
+        expected = {sleeper.pid, int(orphan.stdout)}
+        wait_for(lambda: set(nodes.pids()) == expected, "the two sleepers alone in the nodes", limit=30)
         pids = nodes.pids()
-        assert len(pids) == 2, pids
     assert not names & namespaces()
     assert sleeper.returncode == -9
     # A zombie waiting for its parent (here init) counts as gone.
