@@ -95,12 +95,9 @@ def resource():
 """
 
 
-def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
-    # ws2's group is evicted (--ddp-max-groups=1) for test_b, after test_a was
-    # reported: its ranks tear `resource` down only then.
-    result = ddp_pytester.run(
-        BROKEN_MODULE_FIXTURE
-        + """
+# ws2's group is evicted (--ddp-max-groups=1) for test_b, after test_a was
+# reported: its ranks tear `resource` down only then, at the group's stop.
+EVICTED_AFTER_TEST_A = BROKEN_MODULE_FIXTURE + """
 @pytest.mark.ddp(world_size=2)
 def test_a(resource):
     pass
@@ -112,7 +109,12 @@ def test_b():
 @pytest.mark.ddp(world_size=2)
 def test_c():
     pass
-""",
+"""
+
+
+def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        EVICTED_AFTER_TEST_A,
         "--ddp-max-groups=1", "--junitxml=junit.xml",
     )
     result.assert_outcomes(passed=3, errors=1)
@@ -170,22 +172,8 @@ def test_a_stopped_groups_teardown_is_reported_past_a_plugin_that_reads_funcargs
             yield
         """
     )
-    # ws2's group is evicted for test_b (--ddp-max-groups=1): it tears `resource` down at its stop.
     result = ddp_pytester.run(
-        BROKEN_MODULE_FIXTURE
-        + """
-@pytest.mark.ddp(world_size=2)
-def test_a(resource):
-    pass
-
-@pytest.mark.ddp(world_size=1)
-def test_b():
-    pass
-
-@pytest.mark.ddp(world_size=2)
-def test_c():
-    pass
-""",
+        EVICTED_AFTER_TEST_A,
         "--ddp-max-groups=1",
     )
     result.assert_outcomes(passed=3, errors=1)
