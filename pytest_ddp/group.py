@@ -535,12 +535,17 @@ def file_size(path: Path) -> int:
         return 0
 
 
-def read_from(path: Path, offset: int) -> str:
+def read_bytes_from(path: Path, offset: int) -> bytes:
+    """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
     if file_size(path) <= offset:  # the common case, and a stat is cheaper than a read
-        return ""
+        return b""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            return f.read().decode(errors="replace")
+            return f.read()
     except FileNotFoundError:
-        return ""
+        return b""
+
+
+def read_from(path: Path, offset: int) -> str:
+    return read_bytes_from(path, offset).decode(errors="replace")

@@ -45,6 +45,7 @@ from .group import (
     fork_context,
     fork_rank,
     rank_files,
+    read_bytes_from,
     read_from,
     write_spec_file,
 )
@@ -162,17 +163,10 @@ class Host:
     def _forward(self, slot: Slot) -> None:
         """Send what the rank appended to its files since the last look."""
         for name, path in slot.files.items():
-            sent = slot.sent.get(name, 0)
-            try:
-                if path.stat().st_size <= sent:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(sent)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            slot.sent[name] = sent + len(data)
-            self._send(hp.Data(slot.number, name, data))
+            data = read_bytes_from(path, slot.sent.get(name, 0))
+            if data:
+                slot.sent[name] = slot.sent.get(name, 0) + len(data)
+                self._send(hp.Data(slot.number, name, data))
 
     def _check_dump(self, slot: Slot) -> None:
         """Tell the controller once the stack dump it asked for is whole (or its time is up)."""

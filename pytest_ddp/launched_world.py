@@ -95,17 +95,20 @@ class LaunchedWorld:
                     self.hosts[hello.rank] = HostLink(connection, hello)
         finally:
             pending.close()
+        self.problem = self._collection_problem(items, timeout)
+        return self.problem
+
+    def _collection_problem(self, items: list[str], timeout: float) -> str | None:
+        """Ranks that never said what they collected, or how the collections differ; None if alike."""
         missing = sorted(set(range(1, self.launch.world_size)) - set(self.hosts))
         if missing:
-            self.problem = f"ranks {missing} of the launch did not report what they collected within {timeout:g} s"
-            return self.problem
+            return f"ranks {missing} of the launch did not report what they collected within {timeout:g} s"
         collected = {0: items, **{rank: link.hello.items for rank, link in self.hosts.items()}}
         nodes = {0: socket.gethostname(), **{rank: link.hello.node for rank, link in self.hosts.items()}}
         errors = [error for link in self.hosts.values() for error in link.hello.errors]
         difference = collection_differences(collected, nodes)
         if difference and errors:
             difference += "\ntheir collection errors:\n" + "\n".join(dict.fromkeys(errors))
-        self.problem = difference
         return difference
 
     # -- while the tests run ------------------------------------------------------------
