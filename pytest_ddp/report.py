@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import picture, timeline
+from .group import UnfinishedTeardown
 from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .sequences import GROUP_ABOVE, Divergence, GroupSequences, divergence, divergence_line, group_sequences, table
 from .state import RankState, exit_text
@@ -186,6 +187,21 @@ def _section(title: str) -> str:
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran."""
     return "\n".join([capped(f"ddp: {failure.error.splitlines()[0].rstrip(':')}"), "", failure.error])
+
+
+def unfinished_teardown_text(end: UnfinishedTeardown, test_file: str) -> str:
+    """What is known of a rank that did not report its teardown at its group's stop: how it
+    ended in it, or that it was killed still in it with its stacks; then its stderr since."""
+    held = "the teardown of the fixtures it still held when its group was stopped"
+    if end.exit_code is None:
+        lines = [f"did not finish {held} within {end.waited:g} s, and was killed"]
+    else:
+        lines = [f"died ({exit_text(end.exit_code)}) during {held}"]
+    if end.stacks:
+        lines += ["", "its Python stacks when killed:", format_stack(end.stacks, test_file)]
+    if end.stderr.strip():
+        lines += ["", "its stderr:", stderr_tail(end.stderr.rstrip(), test_file)]
+    return "\n".join(lines)
 
 
 def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, str]) -> str:
