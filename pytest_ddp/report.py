@@ -44,10 +44,15 @@ def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
 
+def _cut(text: str) -> bool:
+    """Whether :func:`capped` cuts ``text``."""
+    return len(" ".join(text.split())) > HEADLINE_LIMIT
+
+
 def _head(full: str) -> list[str]:
     """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
     line = capped(full)
-    return [line, ""] if len(" ".join(full.split())) <= HEADLINE_LIMIT else [line, "", full, ""]
+    return [line, "", full, ""] if _cut(full) else [line, ""]
 
 
 def headline(run: TestRun) -> str:
@@ -185,8 +190,12 @@ def _section(title: str) -> str:
 
 
 def start_failure_text(failure: StartFailure) -> str:
-    """The whole text of a test no rank ran."""
-    return "\n".join([capped(f"ddp: {failure.error.splitlines()[0].rstrip(':')}"), "", failure.error])
+    """The whole text of a test no rank ran: the error's first line as its headline, then the
+    rest of the error, or all of it when the headline had to cut that line."""
+    first, _, rest = failure.error.partition("\n")
+    head = f"ddp: {first.rstrip(':')}"
+    body = (failure.error if _cut(head) else rest).rstrip()
+    return "\n".join([capped(head), "", body]) if body else capped(head)
 
 
 def unfinished_teardown_text(end: UnfinishedTeardown, test_file: str) -> str:

@@ -455,3 +455,35 @@ def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
     text = failure_text(_failed_run(summary), {}, "t.py")
     assert text.splitlines()[:2] == [f"ddp: failed: {' '.join(summary.split())}", ""]
     assert "monitoredBarrier\n" not in text
+
+
+def _start_failure(error: str):
+    from pytest_ddp.runner import StartFailure
+    from pytest_ddp.spec import RankSpec
+
+    return StartFailure("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), error, 1.0)
+
+
+def test_a_start_failures_first_line_is_its_headline_once() -> None:
+    from pytest_ddp.report import start_failure_text
+
+    failure = _start_failure("rank 1 could not start:\nTraceback (most recent call last):\nImportError: no torch\n")
+    assert start_failure_text(failure).splitlines() == [
+        "ddp: rank 1 could not start",
+        "",
+        "Traceback (most recent call last):",
+        "ImportError: no torch",
+    ]
+    assert start_failure_text(_start_failure("ranks [1] were not ready in time")) == (
+        "ddp: ranks [1] were not ready in time"
+    )
+
+
+def test_a_start_failures_first_line_cut_in_the_headline_is_whole_below_it() -> None:
+    from pytest_ddp.report import HEADLINE_LIMIT, start_failure_text
+
+    first = "rank 1 exited while starting (exit code 1): " + "the launcher said no; " * 20
+    lines = start_failure_text(_start_failure(f"{first}\nmore")).splitlines()
+    assert lines[0].startswith("ddp: rank 1 exited while starting") and lines[0].endswith("...")
+    assert len(lines[0]) <= HEADLINE_LIMIT
+    assert lines[1:] == ["", first, "more"]
