@@ -382,8 +382,9 @@ class RankGroup:
 
         Returns each rank's report of that teardown, and for a rank that sent none
         although it had one to send (see :class:`UnfinishedTeardown`), what is known of it
-        here.  Ranks that had ended before "stop" (their test's verdict told it) are left
-        out, and so are ranks that exited 0 without a report: nothing says they failed.
+        here.  Ranks that had ended before "stop" are left out (they died outside this
+        teardown: one that died in a test is that test's verdict's), and so are ranks that
+        exited 0 without a report: nothing says they failed.
         Ranks busy with a test handed over ahead, which nobody will now judge, are killed
         instead: they would read "stop" only after that test.
         """
