@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .protocol import CallFunction, Command, EventReader, Fatal, Ready, RunItem, SessionEnd, Stop, encode
 from .state import RankState, exit_text
@@ -147,6 +147,25 @@ class RankProcess:
     stdout_offset: int = 0  # where the current test's output starts
     stderr_offset: int = 0
     dump_offset: int = 0
+
+
+@dataclass(frozen=True)
+class UnfinishedTeardown:
+    """A rank that sent no :class:`~pytest_ddp.protocol.SessionEnd` after "stop", what the
+    controller knows of it: it ended during the teardown of the fixtures it still held
+    (it crashed, was killed, or called ``os._exit``), or was still in it after the wait
+    and was killed."""
+
+    exit_code: int | None  # how it ended (negative: the signal); None: still running when killed
+    waited: float  # seconds it was given to finish (STOP_WAIT)
+    duration: float  # seconds from "stop" to its end as seen here; ``waited`` for one still running
+    stderr: str  # what it wrote to stderr after "stop"
+    stacks: str = ""  # its Python stacks, dumped before it was killed (a rank still running)
+    outcome: ClassVar[str] = "failed"  # as a failed SessionEnd's
+
+
+# A rank's teardown at its group's stop: its own report, or what the controller knows of it.
+StopTeardown = SessionEnd | UnfinishedTeardown
 
 
 def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
@@ -358,31 +377,72 @@ class RankGroup:
         self._wait(0)
         return bool(self.ranks) and all(rp.exit_code is None for rp in self.ranks)
 
-    def stop(self) -> dict[int, SessionEnd]:
+    def stop(self) -> dict[int, StopTeardown]:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure.
 
-        Returns each rank's report of that teardown (ranks that sent none are
-        left out).  Ranks busy with a test handed over ahead, which nobody will
-        now judge, are killed instead: they would read "stop" only after that test.
+        Returns each rank's report of that teardown, and for a rank that sent none
+        although it had one to send (see :class:`UnfinishedTeardown`), what is known of it
+        here.  Ranks that had ended before "stop" are left out (they died outside this
+        teardown: one that died in a test is that test's verdict's), and so are ranks that
+        exited 0 without a report: nothing says they failed.
+        Ranks busy with a test handed over ahead, which nobody will now judge, are killed
+        instead: they would read "stop" only after that test.
         """
         if self.current is not None or self._news is None:  # busy with a test, or killed already
             self.kill()
             return {}
-        for rp in self.ranks:
+        self._wait(0)  # hear of ranks that ended since the last look
+        stopping = [rp for rp in self.ranks if rp.proc.exitcode is None]
+        for rp in stopping:
+            self._mark_output(rp)  # what each writes from now on is its teardown's
             self._send(rp, Stop())
-        end = time.monotonic() + STOP_WAIT
-        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
-        while self._news is not None and any(rp.proc.exitcode is None for rp in self.ranks):
-            if (left := end - time.monotonic()) <= 0:
-                break
-            self._wait(min(left, 0.1))
-        ends = {}
+        waited = STOP_WAIT
+        took = self._wait_for_exits(stopping, waited)
+        ends: dict[int, StopTeardown] = {}
         for rp in self.ranks:  # every rank's log: launched ranks on other hosts have no command pipe here
             for ev in rp.events.read_new():
                 if isinstance(ev, SessionEnd):
                     ends[rp.rank] = ev
+        # Only a pytest session that ran a test has fixtures to tear down, and reports it.
+        if self.config.mode == "pytest" and self.tests_run:
+            ends.update(self._unfinished_teardowns([rp for rp in stopping if rp.rank not in ends], waited, took))
         self.kill()
         return ends
+
+    def _wait_for_exits(self, ranks: list[RankProcess], limit: float) -> dict[int, float]:
+        """Wait up to ``limit`` seconds for these ranks to exit; the seconds each took, as seen here."""
+        start = time.monotonic()
+        took: dict[int, float] = {}
+        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
+        while self._news is not None and len(took) < len(ranks):
+            if (left := start + limit - time.monotonic()) <= 0:
+                break
+            self._wait(min(left, 0.1))
+            for rp in ranks:
+                if rp.proc.exitcode is not None:
+                    took.setdefault(rp.rank, time.monotonic() - start)
+        return took
+
+    def _unfinished_teardowns(
+        self, silent: list[RankProcess], waited: float, took: dict[int, float]
+    ) -> dict[int, UnfinishedTeardown]:
+        """What is known of the ranks that sent no report of their teardown at the stop: how
+        each ended in it or, still in it after ``waited`` seconds, its stacks (it is killed
+        next).  A rank that exited 0 is left out: a pytest session reports before it exits,
+        so its own code ended it there (``os._exit(0)``), and nothing says that failed."""
+        codes = {rp.rank: rp.proc.exitcode for rp in silent}
+        stacks = self.dump_stacks([rank for rank, code in codes.items() if code is None])
+        return {
+            rp.rank: UnfinishedTeardown(
+                exit_code=codes[rp.rank],
+                waited=waited,
+                duration=took.get(rp.rank, waited),
+                stderr=read_from(rp.stderr_path, rp.stderr_offset),
+                stacks=stacks.get(rp.rank, ""),
+            )
+            for rp in silent
+            if codes[rp.rank] != 0
+        }
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
@@ -415,10 +475,15 @@ class RankGroup:
         self.handed_over_at = time.time()
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:
-            rp.stdout_offset = file_size(rp.stdout_path)
-            rp.stderr_offset = file_size(rp.stderr_path)
-            rp.dump_offset = file_size(rp.dump_path)
+            self._mark_output(rp)
             self._send(rp, command)
+
+    def _mark_output(self, rp: RankProcess) -> None:
+        """What the rank writes to its stdout, stderr and stack dump file from now on is
+        what comes next (a test, or the teardown at the group's stop)."""
+        rp.stdout_offset = file_size(rp.stdout_path)
+        rp.stderr_offset = file_size(rp.stderr_path)
+        rp.dump_offset = file_size(rp.dump_path)
 
     def poll(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for news, then fold every new event and exit into the states."""

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from .report import PHASES, failure_text, start_failure_text, stopped_group_text
+from .group import StopTeardown, UnfinishedTeardown
+from .report import PHASES, failure_text, start_failure_text, stopped_group_text, unfinished_teardown_text
 from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .state import RankState
 
@@ -67,12 +68,14 @@ def merged_reports(
     # fixtures they still held then, and a failure there is this test's teardown error.
     for rank, end in run.stop_teardown.items():
         teardown = rank_reports["teardown"].get(rank)
-        if end.data is None or (teardown is not None and teardown.failed):
+        rep = _stop_teardown_report(end, str(item.path), config)
+        if rep is None or (teardown is not None and teardown.failed):
             continue
-        rep = config.hook.pytest_report_from_serializable(config=config, data=end.data)
         rep.duration += teardown.duration if teardown is not None else 0.0
         rank_reports["teardown"][rank] = rep
-        rank_failures.setdefault(rank, rep.longreprtext + " (in teardown)")
+        # The controller's own text of a rank that sent no report says it was in teardown.
+        label = "" if isinstance(end, UnfinishedTeardown) else " (in teardown)"
+        rank_failures.setdefault(rank, rep.longreprtext + label)
     # A rank an injected fault ended on purpose was not stuck: the phase stands on the others.
     stuck = {state.rank: _stuck_phase(state) for state in run.states if not state.died_as_injected}
     states = {state.rank: state for state in run.states}
@@ -123,25 +126,35 @@ def stopped_group_report(
     location of the item the controller reported last; xdist accepts a worker's reports
     only under its current item's node id): the test that used the fixtures was reported
     already.  The location's headline names the group."""
-    reps = {
-        rank: config.hook.pytest_report_from_serializable(config=config, data=end.data)
-        for rank, end in failure.failures.items()
-        if end.data is not None
-    }
+    test_file, _, test = failure.last_test.partition("::")
+    reps = {rank: _stop_teardown_report(end, test_file, config) for rank, end in failure.failures.items()}
+    texts = {rank: rep.longreprtext for rank, rep in reps.items() if rep is not None}
     nodeid, (path, _, _) = last_item
-    test = failure.last_test.partition("::")[2]
     report = pytest.TestReport(
         nodeid=nodeid,
         location=(path, None, f"ddp group {failure.group} (stopped after {test})"),
         keywords={},
         outcome="failed",
-        longrepr=stopped_group_text(failure, {rank: rep.longreprtext for rank, rep in reps.items()}),
+        longrepr=stopped_group_text(failure, texts),
         when="teardown",
         sections=[],
         user_properties=[],
     )
     report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
     return report
+
+
+def _stop_teardown_report(end: StopTeardown, test_file: str, config: pytest.Config) -> pytest.TestReport | None:
+    """A rank's failed teardown at its group's stop as a teardown report: its own, or the
+    controller's of a rank that sent none (it died in that teardown, or was killed in it)."""
+    if isinstance(end, UnfinishedTeardown):
+        text = unfinished_teardown_text(end, test_file)
+        report = pytest.TestReport("", (test_file, None, ""), {}, "failed", text, "teardown", [])
+        report.duration = end.duration
+        return report
+    if end.data is None:  # a pass, sent without its report
+        return None
+    return config.hook.pytest_report_from_serializable(config=config, data=end.data)
 
 
 def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import picture, timeline
+from .group import UnfinishedTeardown
 from .runner import StartFailure, StoppedGroupFailure, TestRun
 from .sequences import GROUP_ABOVE, Divergence, GroupSequences, divergence, divergence_line, group_sequences, table
 from .state import RankState, exit_text
@@ -43,10 +44,15 @@ def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
 
+def _cut(text: str) -> bool:
+    """Whether :func:`capped` cuts ``text``."""
+    return len(" ".join(text.split())) > HEADLINE_LIMIT
+
+
 def _head(full: str) -> list[str]:
     """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
     line = capped(full)
-    return [line, ""] if len(" ".join(full.split())) <= HEADLINE_LIMIT else [line, "", full, ""]
+    return [line, "", full, ""] if _cut(full) else [line, ""]
 
 
 def headline(run: TestRun) -> str:
@@ -184,8 +190,27 @@ def _section(title: str) -> str:
 
 
 def start_failure_text(failure: StartFailure) -> str:
-    """The whole text of a test no rank ran."""
-    return "\n".join([capped(f"ddp: {failure.error.splitlines()[0].rstrip(':')}"), "", failure.error])
+    """The whole text of a test no rank ran: the error's first line as its headline, then the
+    rest of the error, or all of it when the headline had to cut that line."""
+    first, _, rest = failure.error.partition("\n")
+    head = f"ddp: {first.rstrip(':')}"
+    body = (failure.error if _cut(head) else rest).rstrip()
+    return "\n".join([capped(head), "", body]) if body else capped(head)
+
+
+def unfinished_teardown_text(end: UnfinishedTeardown, test_file: str) -> str:
+    """What is known of a rank that did not report its teardown at its group's stop: how it
+    ended in it, or that it was killed still in it with its stacks; then its stderr since."""
+    held = "the teardown of the fixtures it still held when its group was stopped"
+    if end.exit_code is None:
+        lines = [f"did not finish {held} within {end.waited:g} s, and was killed"]
+    else:
+        lines = [f"died ({exit_text(end.exit_code)}) during {held}"]
+    if end.stacks:
+        lines += ["", "its Python stacks when killed:", format_stack(end.stacks, test_file)]
+    if end.stderr.strip():
+        lines += ["", "its stderr:", stderr_tail(end.stderr.rstrip(), test_file)]
+    return "\n".join(lines)
 
 
 def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, str]) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import consistency, watchdog, wording
-from .group import GroupConfig, GroupStartError, RankGroup
+from .group import GroupConfig, GroupStartError, RankGroup, StopTeardown
 from .ops import DESTROY
-from .protocol import CallFunction, RunItem, SessionEnd
+from .protocol import CallFunction, RunItem
 from .spec import RankSpec
 from .state import RankState, Snapshot
 
@@ -48,7 +48,7 @@ class Group(Protocol):
     def test_output(self, rank: int) -> dict[str, str]: ...
     def exit_codes(self) -> dict[int, int | None]: ...
     def pids(self) -> list[int]: ...
-    def stop(self) -> dict[int, SessionEnd]: ...  # each rank's teardown of what it still held
+    def stop(self) -> dict[int, StopTeardown]: ...  # each rank's teardown of what it still held
     def kill(self) -> None: ...
 
 
@@ -59,12 +59,17 @@ class StoppedGroupFailure:
 
     group: str  # Group.name
     last_test: str  # node id of the last test the group ran
-    failures: dict[int, SessionEnd]  # rank -> its failed teardown
+    failures: dict[int, StopTeardown]  # rank -> its failed teardown
+
+
+def _failed_teardowns(group: Group) -> dict[int, StopTeardown]:
+    """Stop the group; the teardowns at its stop that failed, by rank."""
+    return {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
 
 
 def _stop(group: Group) -> list[StoppedGroupFailure]:
     """Stop a group whose last test was already reported; its teardown failure, if any."""
-    failed = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
+    failed = _failed_teardowns(group)
     if not failed or group.last_test is None:
         return []
     return [StoppedGroupFailure(group.name, group.last_test, failed)]
@@ -91,7 +96,7 @@ class TestRun:
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     # The group was stopped right after this test: each rank's failed teardown of
     # the fixtures it still held, part of this test's teardown.
-    stop_teardown: dict[int, SessionEnd] = field(default_factory=dict)
+    stop_teardown: dict[int, StopTeardown] = field(default_factory=dict)
     # Other groups stopped to make room for this test, whose teardown failed.
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
     faults_not_fired: list[str] = field(default_factory=list)  # declared faults whose call never came
@@ -268,7 +273,7 @@ class GroupPool:
         else:
             # Returns at once for ranks already dead or killed.  This test is not
             # reported yet: a failed teardown of what its ranks still held is its own.
-            run.stop_teardown = {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
+            run.stop_teardown = _failed_teardowns(group)
             run.exit_codes = group.exit_codes()
         return run
 

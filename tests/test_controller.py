@@ -19,7 +19,7 @@ import pytest
 
 from pytest_ddp import watchdog, wording
 from pytest_ddp.consistency import CountDifference, UnfinishedWork
-from pytest_ddp.group import GroupConfig, GroupStartError
+from pytest_ddp.group import GroupConfig, GroupStartError, StopTeardown
 from pytest_ddp.merge import merged_reports
 from pytest_ddp.ops import DESTROY
 from pytest_ddp.plugin import rank_pytest_args
@@ -32,7 +32,6 @@ from pytest_ddp.protocol import (
     Report,
     RetEvent,
     RunItem,
-    SessionEnd,
     TestStart,
 )
 from pytest_ddp.runner import GroupPool, StartFailure, TestRun, group_is_reusable
@@ -179,7 +178,7 @@ class FakeGroup:
     def pids(self) -> list[int]:
         return []
 
-    def stop(self) -> dict[int, SessionEnd]:
+    def stop(self) -> dict[int, StopTeardown]:
         self.log.append("stop")
         self.alive = False
         return {}
@@ -590,7 +589,7 @@ def test_a_start_failure_is_an_error_at_setup(merge: Merge) -> None:
     failure = StartFailure("t", SPEC, "rank 1 could not start:\nImportError: no torch", 0.2)
     reports, rank_failures = merged_reports(merge.item, failure, merge.config)
     assert [(rep.when, rep.outcome) for rep in reports] == [("setup", "failed"), ("teardown", "passed")]
-    assert str(reports[0].longrepr).startswith("ddp: rank 1 could not start\n\nrank 1 could not start:")
+    assert str(reports[0].longrepr) == "ddp: rank 1 could not start\n\nImportError: no torch"
     assert rank_failures == {}
 
 

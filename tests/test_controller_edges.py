@@ -7,6 +7,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from conftest import line_of
 
 
@@ -97,7 +99,7 @@ def resource():
 
 # ws2's group is evicted (--ddp-max-groups=1) for test_b, after test_a was
 # reported: its ranks tear `resource` down only then, at the group's stop.
-EVICTED_AFTER_TEST_A = BROKEN_MODULE_FIXTURE + """
+EVICTING_TEST_A = """
 @pytest.mark.ddp(world_size=2)
 def test_a(resource):
     pass
@@ -110,6 +112,7 @@ def test_b():
 def test_c():
     pass
 """
+EVICTED_AFTER_TEST_A = BROKEN_MODULE_FIXTURE + EVICTING_TEST_A
 
 
 def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
@@ -201,6 +204,123 @@ def test_b():
     result.assert_outcomes(passed=2, errors=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*RuntimeError: module teardown broke*"])
+
+
+def ending_module_fixture(ending: str) -> str:
+    """A module fixture whose teardown, on rank 1, says so on stderr and then runs ``ending``."""
+    return f"""
+import signal, threading
+
+@pytest.fixture(scope="module")
+def resource(rank):
+    yield 1
+    if rank == 1:
+        print("rank 1 tears resource down", file=sys.stderr)
+        {ending}
+"""
+
+
+# Each way a rank ends its teardown at its group's stop without reporting it, and the lines
+# that say so (fnmatch patterns, in order) under "rank 1: failed".
+HELD = "the teardown of the fixtures it still held when its group was stopped"
+ENDINGS = [
+    pytest.param("os._exit(3)", [f"died (exit code 3) during {HELD}", "its stderr:", "rank 1 tears*"], id="exit"),
+    pytest.param(
+        "os.kill(os.getpid(), signal.SIGSEGV)",
+        [f"died (killed by SIGSEGV) during {HELD}", "its stderr:", "rank 1 tears*", "Fatal Python error: Segm*"],
+        id="sigsegv",
+    ),
+    pytest.param(
+        "threading.Event().wait()",
+        [
+            f"did not finish {HELD} within 1 s, and was killed",
+            "its Python stacks when killed:",
+            "*line * in resource",
+            "its stderr:",
+            "rank 1 tears*",
+        ],
+        id="hang",
+    ),
+]
+
+# The inner session's controller gives a rank 1 s, not 5, to finish its teardown at a
+# group's stop (the hang's wait); put back at its end: the module is this process's too.
+SHORT_STOP_WAIT = """
+import pytest_ddp.group
+
+SAVED = pytest_ddp.group.STOP_WAIT
+
+def pytest_configure(config):
+    pytest_ddp.group.STOP_WAIT = 1.0
+
+def pytest_unconfigure(config):
+    pytest_ddp.group.STOP_WAIT = SAVED
+"""
+
+
+@pytest.mark.parametrize("ending, said", ENDINGS)
+def test_a_rank_that_ends_in_a_stopped_groups_teardown_is_an_error_naming_it(ddp_pytester, ending, said) -> None:
+    ddp_pytester.pytester.makeconftest(SHORT_STOP_WAIT)
+    result = ddp_pytester.run(ending_module_fixture(ending) + EVICTING_TEST_A, "--ddp-max-groups=1")
+    result.assert_outcomes(passed=3, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of ddp group world_size=2, gloo (stopped after test_a)*",
+            "ddp: when the rank group (world_size=2, gloo) was stopped after test_it.py::test_a, *",
+            "*rank 1: failed*",
+            *said,
+            "ERROR test_it.py::test_b*",
+        ]
+    )
+
+
+@pytest.mark.parametrize("ending, said", ENDINGS)
+def test_a_rank_that_ends_in_the_teardown_at_the_stop_right_after_a_test_is_that_tests_error(
+    ddp_pytester, ending, said
+) -> None:
+    # test_a destroys the process group: its group is stopped right after it, before it
+    # is reported, and `resource`, kept for test_b, is torn down then.
+    ddp_pytester.pytester.makeconftest(SHORT_STOP_WAIT)
+    result = ddp_pytester.run(
+        ending_module_fixture(ending)
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(resource):
+    dist.destroy_process_group()
+
+@pytest.mark.ddp(world_size=2)
+def test_b():
+    pass
+""",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_a*",
+            "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped",
+            "*rank 1: failed*",
+            *said,
+        ]
+    )
+
+
+def test_a_rank_that_died_in_its_test_is_not_reported_again_at_its_groups_stop(ddp_pytester) -> None:
+    # Rank 0 finishes test_a, rank 1 dies in it: the group is stopped right after, rank 0
+    # tears `resource` down, and rank 1's death is test_a's failure alone.
+    result = ddp_pytester.run(
+        ending_module_fixture("pass")
+        + """
+@pytest.mark.ddp(world_size=2)
+def test_a(rank, resource):
+    if rank == 1:
+        os._exit(3)
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*rank 1: died (exit code 3) during call*"])
+    assert "teardown of the fixtures" not in result.stdout.str()
 
 
 def test_session_end_survives_the_wire() -> None:
@@ -335,3 +455,35 @@ def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
     text = failure_text(_failed_run(summary), {}, "t.py")
     assert text.splitlines()[:2] == [f"ddp: failed: {' '.join(summary.split())}", ""]
     assert "monitoredBarrier\n" not in text
+
+
+def _start_failure(error: str):
+    from pytest_ddp.runner import StartFailure
+    from pytest_ddp.spec import RankSpec
+
+    return StartFailure("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), error, 1.0)
+
+
+def test_a_start_failures_first_line_is_its_headline_once() -> None:
+    from pytest_ddp.report import start_failure_text
+
+    failure = _start_failure("rank 1 could not start:\nTraceback (most recent call last):\nImportError: no torch\n")
+    assert start_failure_text(failure).splitlines() == [
+        "ddp: rank 1 could not start",
+        "",
+        "Traceback (most recent call last):",
+        "ImportError: no torch",
+    ]
+    assert start_failure_text(_start_failure("ranks [1] were not ready in time")) == (
+        "ddp: ranks [1] were not ready in time"
+    )
+
+
+def test_a_start_failures_first_line_cut_in_the_headline_is_whole_below_it() -> None:
+    from pytest_ddp.report import HEADLINE_LIMIT, start_failure_text
+
+    first = "rank 1 exited while starting (exit code 1): " + "the launcher said no; " * 20
+    lines = start_failure_text(_start_failure(f"{first}\nmore")).splitlines()
+    assert lines[0].startswith("ddp: rank 1 exited while starting") and lines[0].endswith("...")
+    assert len(lines[0]) <= HEADLINE_LIMIT
+    assert lines[1:] == ["", first, "more"]

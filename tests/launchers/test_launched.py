@@ -66,7 +66,10 @@ def test_collections_that_differ_stop_every_rank(launcher, unavailable, folder: 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group
 # (--ddp-max-groups=1): the stop's report of each rank, rank 1's from another pytest.
-TEARDOWN_AT_STOP = '''
+# Rank 1's teardown of `resource` runs ``ending``.
+def teardown_at_stop(ending: str) -> str:
+    return f"""
+import os, sys, threading
 import pytest, torch.distributed as dist
 
 
@@ -74,7 +77,8 @@ import pytest, torch.distributed as dist
 def resource(rank):
     yield
     if rank == 1:
-        raise RuntimeError("rank 1's teardown broke")
+        print("rank 1 tears resource down", file=sys.stderr)
+        {ending}
 
 
 @pytest.mark.ddp(world_size=2)
@@ -90,15 +94,47 @@ def test_b():
 @pytest.mark.ddp(world_size=2)
 def test_c():
     dist.barrier()
-'''
+"""
 
 
 @pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
 def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
     if (why := unavailable()) is not None:
         pytest.skip(why)
-    (folder / "test_teardown.py").write_text(TEARDOWN_AT_STOP)
+    (folder / "test_teardown.py").write_text(teardown_at_stop('raise RuntimeError("rank 1\'s teardown broke")'))
     result = suite.run(launcher(2, "--ddp-max-groups=1"), folder)
     assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in result.output, result.output
     assert "RuntimeError: rank 1's teardown broke" in result.output, result.output
+    assert result.returncode != 0
+
+
+# The controller (rank 0's pytest) gives a rank 1 s, not 5, to finish its teardown at a group's stop.
+SHORT_STOP_WAIT = """
+import pytest_ddp.group
+
+
+def pytest_configure(config):
+    pytest_ddp.group.STOP_WAIT = 1.0
+"""
+
+
+@pytest.mark.parametrize(
+    "ending, said",
+    [
+        pytest.param("os._exit(3)", "died (exit code 3) during the teardown", id="exit"),
+        pytest.param("threading.Event().wait()", "did not finish the teardown", id="hang"),
+    ],
+)
+@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
+def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(  # type: ignore[no-untyped-def]
+    launcher, unavailable, folder: Path, ending: str, said: str
+) -> None:
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    (folder / "test_teardown.py").write_text(teardown_at_stop(ending))
+    (folder / "conftest.py").write_text(SHORT_STOP_WAIT)
+    result = suite.run(launcher(2, "--ddp-max-groups=1"), folder)
+    assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in result.output, result.output
+    assert f"{said} of the fixtures it still held when its group was stopped" in result.output, result.output
+    assert "rank 1 tears resource down" in result.output, result.output
     assert result.returncode != 0
