@@ -136,12 +136,9 @@ def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytes
     assert "module teardown broke" in errors[0][1].get("message")
 
 
-def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pytester) -> None:
-    # test_a destroys the process group: its group is stopped right after it,
-    # before it is reported, and `resource` is torn down then.
-    result = ddp_pytester.run(
-        BROKEN_MODULE_FIXTURE
-        + """
+# test_a destroys the process group: its group is stopped right after it, before it is
+# reported, and `resource`, kept for test_b, is torn down then.
+STOPPED_RIGHT_AFTER_TEST_A = """
 @pytest.mark.ddp(world_size=2)
 def test_a(resource):
     dist.destroy_process_group()
@@ -149,7 +146,12 @@ def test_a(resource):
 @pytest.mark.ddp(world_size=2)
 def test_b():
     pass
-""",
+"""
+
+
+def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        BROKEN_MODULE_FIXTURE + STOPPED_RIGHT_AFTER_TEST_A,
     )
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines([
@@ -279,20 +281,9 @@ def test_a_rank_that_ends_in_a_stopped_groups_teardown_is_an_error_naming_it(ddp
 def test_a_rank_that_ends_in_the_teardown_at_the_stop_right_after_a_test_is_that_tests_error(
     ddp_pytester, ending, said
 ) -> None:
-    # test_a destroys the process group: its group is stopped right after it, before it
-    # is reported, and `resource`, kept for test_b, is torn down then.
     ddp_pytester.pytester.makeconftest(SHORT_STOP_WAIT)
     result = ddp_pytester.run(
-        ending_module_fixture(ending)
-        + """
-@pytest.mark.ddp(world_size=2)
-def test_a(resource):
-    dist.destroy_process_group()
-
-@pytest.mark.ddp(world_size=2)
-def test_b():
-    pass
-""",
+        ending_module_fixture(ending) + STOPPED_RIGHT_AFTER_TEST_A,
     )
     result.assert_outcomes(passed=2, errors=1)
     assert result.ret == 1
