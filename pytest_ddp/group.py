@@ -396,8 +396,13 @@ class RankGroup:
         for rp in stopping:
             self._mark_output(rp)  # what each writes from now on is its teardown's
             self._send(rp, Stop())
-        waited = STOP_WAIT
-        took = self._wait_for_exits(stopping, waited)
+        waited, stopped_at = STOP_WAIT, time.time()
+        end = time.monotonic() + waited
+        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
+        while self._news is not None and any(rp.proc.exitcode is None for rp in stopping):
+            if (left := end - time.monotonic()) <= 0:
+                break
+            self._wait(min(left, 0.1))
         ends: dict[int, StopTeardown] = {}
         for rp in self.ranks:  # every rank's log: launched ranks on other hosts have no command pipe here
             for ev in rp.events.read_new():
@@ -405,38 +410,24 @@ class RankGroup:
                     ends[rp.rank] = ev
         # Only a pytest session that ran a test has fixtures to tear down, and reports it.
         if self.config.mode == "pytest" and self.tests_run:
-            ends.update(self._unfinished_teardowns([rp for rp in stopping if rp.rank not in ends], waited, took))
+            ends.update(self._unfinished_teardowns([rp for rp in stopping if rp.rank not in ends], waited, stopped_at))
         self.kill()
         return ends
 
-    def _wait_for_exits(self, ranks: list[RankProcess], limit: float) -> dict[int, float]:
-        """Wait up to ``limit`` seconds for these ranks to exit; the seconds each took, as seen here."""
-        start = time.monotonic()
-        took: dict[int, float] = {}
-        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
-        while self._news is not None and len(took) < len(ranks):
-            if (left := start + limit - time.monotonic()) <= 0:
-                break
-            self._wait(min(left, 0.1))
-            for rp in ranks:
-                if rp.proc.exitcode is not None:
-                    took.setdefault(rp.rank, time.monotonic() - start)
-        return took
-
     def _unfinished_teardowns(
-        self, silent: list[RankProcess], waited: float, took: dict[int, float]
+        self, silent: list[RankProcess], waited: float, stopped_at: float
     ) -> dict[int, UnfinishedTeardown]:
-        """What is known of the ranks that sent no report of their teardown at the stop: how
-        each ended in it or, still in it after ``waited`` seconds, its stacks (it is killed
-        next).  A rank that exited 0 is left out: a pytest session reports before it exits,
-        so its own code ended it there (``os._exit(0)``), and nothing says that failed."""
+        """What is known of the ranks that sent no report of their teardown at the stop (asked at
+        ``stopped_at``): how each ended in it or, still in it after ``waited`` seconds, its stacks
+        (it is killed next).  A rank that exited 0 is left out: a pytest session reports before
+        it exits, so its own code ended it there (``os._exit(0)``), and nothing says that failed."""
         codes = {rp.rank: rp.proc.exitcode for rp in silent}
         stacks = self.dump_stacks([rank for rank, code in codes.items() if code is None])
         return {
             rp.rank: UnfinishedTeardown(
                 exit_code=codes[rp.rank],
                 waited=waited,
-                duration=took.get(rp.rank, waited),
+                duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
                 stderr=read_from(rp.stderr_path, rp.stderr_offset),
                 stacks=stacks.get(rp.rank, ""),
             )
@@ -578,6 +569,7 @@ class RankGroup:
         if key.fileobj is not rp.notify:  # the sentinel: the process ended
             self._news.unregister(key.fileobj)
             rp.exit_code = rp.proc.exitcode
+            rp.died_at = time.time()
             return
         try:
             rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
