@@ -140,6 +140,7 @@ def alone(_: int, folder: str) -> None:
 
 FSDP2 = "an FSDP2 training step"
 FSDP2_LAYERS, FSDP2_WIDTH, FSDP2_BATCH = 4, 256, 8
+FSDP2_WARM_UP = 10  # steps
 
 
 def fsdp2_step() -> tuple[Callable[[torch.Tensor], None], torch.Tensor]:
@@ -165,10 +166,6 @@ def fsdp2_step() -> tuple[Callable[[torch.Tensor], None], torch.Tensor]:
     return step, torch.randn(FSDP2_BATCH, FSDP2_WIDTH)
 
 
-def file_size(path: str) -> int:
-    return os.stat(path).st_size if os.path.exists(path) else 0
-
-
 def count_calls(path: str, offset: int) -> int:
     """The call events written to the log at ``path`` past ``offset``."""
     with open(path, "rb") as f:
@@ -186,9 +183,9 @@ def worker(rank: int, folder: str, calls: int, steps: int, rounds: int) -> None:
     log = EventLog(os.path.join(folder, f"rank{rank}.events"))
     result: dict[str, Any] = {"own": own_cost(log)}
 
-    def measure(call: Callable[[torch.Tensor], Any], argument: torch.Tensor, each: int, arm: bool) -> Any:
-        """Each mode's (wall, CPU) per call in each round, ``each`` calls a round."""
-        loop(call, argument, WARM_UP // each + 1)
+    def measure(call: Callable[[torch.Tensor], Any], argument: torch.Tensor, each: int, arm: bool, warm_up: int) -> Any:
+        """Each mode's (wall, CPU) per call in each round, ``each`` calls a round, after ``warm_up``."""
+        loop(call, argument, warm_up)
         times: dict[str, list[tuple[float, float]]] = {"plain": [], "busy": [], "recorded": []}
         for _ in range(rounds):
             dist.barrier()
@@ -205,10 +202,10 @@ def worker(rank: int, folder: str, calls: int, steps: int, rounds: int) -> None:
         return times
 
     for name, (call, arm) in CALLS.items():
-        result[name] = measure(call, tensor, calls // rounds, arm)
+        result[name] = measure(call, tensor, calls // rounds, arm, WARM_UP)
     step, batch = fsdp2_step()
-    recorded_before = file_size(log.path)
-    result[FSDP2] = measure(step, batch, max(steps // rounds, 1), False)
+    recorded_before = os.path.getsize(log.path)
+    result[FSDP2] = measure(step, batch, max(steps // rounds, 1), False, FSDP2_WARM_UP)
     result["fsdp2 events"] = count_calls(log.path, recorded_before) / (max(steps // rounds, 1) * rounds)
     dist.barrier()
     if rank == 0:
