@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import compiled
 from .ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 
 # record(operation, its arguments by schema name, submit) -> what submit() returns
@@ -55,6 +56,7 @@ Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 _functional_library: Any = None
 _collectives_library: Any = None
 _arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
+_compiled_kernels: Any = None  # the compiled kernels' module, while they are registered
 _arming = threading.Lock()
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
 # caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
@@ -70,20 +72,71 @@ class _Functional(threading.local):
 _functional = _Functional()
 
 
-def install(record: Record, record_functional: Record, wait: Wait, recording: Recording) -> bool:
+def install(
+    record: Record, record_functional: Record, wait: Wait, recording: Recording, compiled_hooks: Any = None
+) -> bool:
     """Hook the functional collectives (recorded by ``record_functional``), and be ready to hook
     every c10d operation (:func:`arm`, recorded by ``record``); False (and nothing hooked) where
-    this torch cannot."""
-    global _functional_library, _arm_with
+    this torch cannot.  Where ``compiled_hooks`` are given and the compiled kernels load
+    (:mod:`pytest_ddp.compiled`), those of the functional collectives that name no rank, and
+    wait_tensor, are recorded by them instead, with the recorder's state those hooks hold."""
+    global _functional_library, _arm_with, _compiled_kernels
     if _functional_library is not None:
         return True
     try:
         at_own_operations = _waits_across_threads()
-        _functional_library = _functional_kernels(record_functional if at_own_operations else None, wait, recording)
+        if at_own_operations and compiled_hooks is not None:
+            _compiled_kernels = _install_compiled(compiled_hooks)
+        compiled = _COMPILED_OPS if _compiled_kernels is not None else ()
+        _functional_library = _functional_kernels(
+            record_functional if at_own_operations else None, wait, recording, compiled
+        )
     except Exception:  # a torch without these operations, keys or registration API
+        if _compiled_kernels is not None:
+            _compiled_kernels.uninstall()
+            _compiled_kernels = None
         return False
     _arm_with = (record, recording)
     return True
+
+
+# The functional collectives the compiled kernels record: those whose event names no root or peer.
+_COMPILED_OPS = tuple(name for name, spec in FUNCTIONAL_OPS.items() if spec.rank is None)
+
+
+def _install_compiled(hooks: Any) -> Any:
+    """The compiled kernels, registered (None where there are none, or they did not register)."""
+    kernels = compiled.kernels()
+    if kernels is None:
+        return None
+    hooks.functional = _functional
+    hooks.arm = arm
+    operations = []
+    for name in _COMPILED_OPS:
+        packet = getattr(torch.ops._c10d_functional, name, None)
+        if packet is None:  # not in this torch
+            continue
+        for overload in packet.overloads():
+            registered = name if overload == "default" else f"{name}.{overload}"
+            own = "" if overload == "default" else overload
+            spec = FUNCTIONAL_OPS[name]
+            operations.append((registered, f"_c10d_functional::{name}", own, spec.op, spec.tensors))
+    try:
+        kernels.install(hooks, operations)
+    except Exception:  # an operation whose schema differs from the table's
+        return None
+    return kernels
+
+
+def compiled_kernels() -> bool:
+    """Whether the compiled kernels record the functional collectives in this process."""
+    return _compiled_kernels is not None
+
+
+def start_test() -> None:
+    """A new test: groups are named anew, so the compiled kernels forget how they described calls."""
+    if _compiled_kernels is not None:
+        _compiled_kernels.forget()
 
 
 def arm() -> None:
@@ -124,11 +177,13 @@ def issued_by_functional() -> str | None:
 
 def uninstall() -> None:
     """Remove the kernels (dropping the libraries deregisters them)."""
-    global _functional_library, _collectives_library, _arm_with
+    global _functional_library, _collectives_library, _arm_with, _compiled_kernels
     for library in (_functional_library, _collectives_library):
         if library is not None:
             library._destroy()
-    _functional_library = _collectives_library = _arm_with = None
+    if _compiled_kernels is not None:
+        _compiled_kernels.uninstall()
+    _functional_library = _collectives_library = _arm_with = _compiled_kernels = None
 
 
 def _collective_kernels(record: Record, recording: Recording) -> Any:
@@ -161,14 +216,16 @@ def _waits_across_threads() -> bool:
     return found
 
 
-def _functional_kernels(record: Record | None, wait: Wait, recording: Recording) -> Any:
-    """Their kernels: each records the call (None: arms the c10d kernels, which record it)."""
+def _functional_kernels(record: Record | None, wait: Wait, recording: Recording, compiled: tuple[str, ...]) -> Any:
+    """Their kernels: each records the call (None: arms the c10d kernels, which record it); none
+    for the ``compiled`` ones, and then none for wait_tensor either (the compiled kernels have them)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
-    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-    functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
+    if not compiled:
+        wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
     for qualified in torch._C._dispatch_get_all_op_names():
         namespace, _, name = qualified.partition("::")
-        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
+        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES or name in compiled:
             continue
         packet = getattr(torch.ops._c10d_functional, name)
         spec = FUNCTIONAL_OPS.get(name)

@@ -93,15 +93,26 @@ def site(frame: FrameType | None) -> str:
         key = (id(code), frame.f_lasti)
         cached = _sites.get(key)
         if cached is None or cached[0] is not code:
-            shown = _shown(code.co_filename)
-            if shown is None:
+            described = frame_site(frame)
+            if described is None:
                 frame = frame.f_back
                 continue
             if len(_sites) > 10000:
                 _sites.clear()
-            cached = _sites[key] = (code, f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename))
+            cached = _sites[key] = (code, *described)
         return cached[1] + (_caller(frame.f_back) if cached[2] else "")
     return '"site":"?"'
+
+
+def frame_site(frame: FrameType) -> tuple[str, bool] | None:
+    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
+    None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction, and
+    so do the compiled kernels (:mod:`pytest_ddp.compiled`)."""
+    code = frame.f_code
+    shown = _shown(code.co_filename)
+    if shown is None:
+        return None
+    return f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename)
 
 
 def _in_library(filename: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from . import compiled
 from . import rank as rank_module
 from . import rank_warnings
 from . import settings as settings_module
@@ -202,12 +203,26 @@ class Controller:
                 queue = self.shared.setdefault(spec.group_key, [])
                 self.position[item.nodeid] = len(queue)
                 queue.append(item)
+        if specs:
+            self._build_kernels()
         if any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
             fork_context()  # the forkserver imports torch while pytest gets going
         if self.world is not None:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
             if difference is not None:
                 pytest.exit(f"pytest-ddp: {difference}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def _build_kernels(self) -> None:
+        """Build the recorder's compiled kernels before any rank starts, where they are not cached
+        (seconds, once per torch); where they cannot be built, say why once, and spare the ranks
+        from trying again: they record in Python."""
+        why = compiled.build()
+        if why is None or not compiled.wanted():
+            return
+        os.environ[compiled.ENV] = "0"
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"pytest-ddp: functional collectives recorded in Python (slower): {why}")
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
         """The spec of a ddp item that can run; None for an ordinary item or a bad one."""

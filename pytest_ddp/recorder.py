@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -118,6 +119,7 @@ def start_test() -> None:
     backend_hook.disarm()  # the test arms the hook again if it needs it
     _numbers.reset()
     describe.start_test()
+    backend_hook.start_test()
     _works.clear()
     _backend_tensors.clear()
     _unwaited.clear()
@@ -412,25 +414,62 @@ def _write_backend_call(
     if _armed:
         injector.on_call(spec.op, sys._getframe(2))
     try:
-        group = describe.group_of(group_in(args))
-        op = OPS[spec.op]
-        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
-        key: tuple[Any, ...] = (group.name,)
-        peer = None
-        if spec.rank is not None:
-            given = args[spec.rank]
-            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
-            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
-        if op.pairs:
-            key = (group.name, op.direction, peer)
-        if issued_async:
-            fields += ',"async":true'
-        site = describe.site(sys._getframe(2))
-        body = f'"op":"{spec.op}",{group.text},{site},"t":{time.time()!r}{fields},"extra":{{"via":"backend"}}'
+        head, tail, key = _call_parts(spec, describe.group_of(group_in(args)), args, issued_async)
+        body = f'{head}{describe.site(sys._getframe(2))},"t":{time.time()!r}{tail}'
     except Exception:  # describing must never break the call
         return None
     index, _ = _numbers.write_call(log, body, key)
     return index
+
+
+def _call_parts(
+    spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
+) -> tuple[str, str, tuple[Any, ...]]:
+    """The call event of an operation recorded at the dispatcher, but for its site and time
+    (what goes before them, what goes after), and its key in the call numbering."""
+    op = OPS[spec.op]
+    fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
+    key: tuple[Any, ...] = (group.name,)
+    peer = None
+    if spec.rank is not None:
+        given = args[spec.rank]
+        peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
+        fields += f',"{"peer" if op.pairs else "root"}":{peer}'
+    if op.pairs:
+        key = (group.name, op.direction, peer)
+    if issued_async:
+        fields += ',"async":true'
+    return f'"op":"{spec.op}",{group.text},', f'{fields},"extra":{{"via":"backend"}}', key
+
+
+def _functional_call_parts(op: str, group_name: str, tensors: Any) -> tuple[str, str, tuple[Any, ...]] | None:
+    """:func:`_call_parts` of functional collective ``op`` (its table name) on the group named
+    ``group_name``, for the compiled kernels, which cache it; None where describing fails."""
+    try:
+        group = describe.group_of(backend_hook.named_group({"group_name": group_name}))
+        return _call_parts(BackendOp(op, "input"), group, {"input": tensors}, True)
+    except Exception:
+        return None
+
+
+def _compiled_hooks() -> SimpleNamespace:
+    """What the compiled kernels (:mod:`pytest_ddp.compiled`) record the functional collectives
+    with: this module's state, which they share with the Python recorder, and its helpers."""
+    return SimpleNamespace(
+        recorder_globals=globals(),
+        local=_local,
+        pending_works=_pending.works,
+        faults=injector.armed,
+        numbers=_numbers,
+        unwaited=_unwaited,
+        backend_tensors=_backend_tensors,
+        sweep=_pending.sweep,
+        call_parts=_functional_call_parts,
+        frame_site=describe.frame_site,
+        site=describe.site,
+        write_ret=_write_ret,
+        returned=_returned,
+    )
 
 
 def _waited(index: int | None, wait: Callable[[], Any]) -> Any:
@@ -497,7 +536,7 @@ def install(log: EventLog) -> None:
         if hasattr(c10d, op):  # else not in this torch
             _patch_function(op, functools.partial(_wrap, op))
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
-    if backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
+    if backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording, _compiled_hooks()):
         # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built
         # by an earlier test, or a module fixture, arms the hook again in this one).
         _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
