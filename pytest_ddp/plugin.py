@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from . import compiled
+from . import compiled, rank_warnings
 from . import rank as rank_module
-from . import rank_warnings
 from . import settings as settings_module
 from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from .launch import LAUNCHER_CHOICES, Launch, LaunchError, detect

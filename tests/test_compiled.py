@@ -1,0 +1,121 @@
+"""The recorder's compiled kernels for the functional collectives (pytest_ddp/compiled.py): they
+record exactly what the Python recorder records, and where they cannot be built, the Python
+recorder records instead, and the session says why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+# A session whose one test runs functional collectives of every kind the compiled kernels take
+# (and one they leave to Python: broadcast names a root), on a subgroup too, mixed with a
+# torch.distributed function, and one never waited for; it writes what rank 0 recorded.
+RECORDED_FUNCTIONAL_COLLECTIVES = """
+import json, os, warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import pytest_ddp
+from pytest_ddp import backend_hook
+
+
+def workload(rank):
+    tensor = torch.arange(4.0) + rank
+    funcol.all_reduce(tensor, "sum", dist.group.WORLD).wait()
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(tensor, 2, dist.group.WORLD.group_name)
+    torch.ops._c10d_functional.wait_tensor(gathered)
+    funcol.reduce_scatter_tensor(tensor, "sum", 0, dist.group.WORLD).wait()
+    for output in funcol.all_reduce_coalesced([tensor, tensor[:2]], "sum", dist.group.WORLD):
+        output.wait()
+    funcol.all_to_all_single(tensor, None, None, dist.group.WORLD).wait()
+    funcol.broadcast(tensor, 0, dist.group.WORLD).wait()
+    pair = dist.new_group([0, 1])
+    funcol.all_reduce(tensor, "max", pair).wait()
+    dist.all_reduce(tensor)
+    funcol.all_reduce(tensor, "sum", dist.group.WORLD)  # never waited for
+    return backend_hook.compiled_kernels()
+
+
+def test_record():
+    result = pytest_ddp.run(workload, world_size=2, timeout=60)
+    assert result.outcome == "passed", result.report
+    calls = [
+        [c.op, c.group, c.group_ranks, c.seq, c.site, c.shapes, c.dtypes, c.root, c.is_async, c.extra, c.state]
+        for c in result.ranks[0].collectives
+    ]
+    with open(os.environ["RECORDED_TO"], "w") as f:
+        json.dump({"compiled": result.values, "calls": calls}, f)
+"""
+
+
+def recorded(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str, **env: str) -> dict[str, Any]:
+    output = pytester.path / f"{name}.json"
+    monkeypatch.setenv("RECORDED_TO", str(output))
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    recorded: dict[str, Any] = json.loads(output.read_text())
+    return recorded
+
+
+def test_the_compiled_kernels_record_what_python_records(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_functional=RECORDED_FUNCTIONAL_COLLECTIVES)
+    compiled = recorded(pytester, monkeypatch, "compiled")
+    in_python = recorded(pytester, monkeypatch, "python", PYTEST_DDP_COMPILED="0")
+    assert compiled["compiled"] == [True, True]
+    assert in_python["compiled"] == [False, False]
+    assert compiled["calls"] == in_python["calls"]
+    ops = [(op, state) for op, *_, state in compiled["calls"]]
+    assert ops == [
+        ("all_reduce", "ok"),
+        ("all_gather_into_tensor", "ok"),
+        ("reduce_scatter_tensor", "ok"),
+        ("all_reduce_coalesced", "ok"),
+        ("all_to_all_single", "ok"),
+        ("broadcast", "ok"),
+        ("new_group", "ok"),
+        ("all_reduce", "ok"),
+        ("all_reduce", "ok"),
+        ("all_reduce", "ok"),
+    ]
+
+
+def test_where_they_cannot_be_built_python_records_and_the_session_says_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A machine without a C++ compiler (here, one that always fails): the session says why once,
+    its functional collectives are recorded all the same, and the failed build leaves nothing but
+    its lock."""
+    cache = tmp_path / "cache"
+    pytester.makepyfile(test_functional=RECORDED_FUNCTIONAL_COLLECTIVES)
+    pytester.makepyfile(
+        test_ddp="""
+        import pytest, torch
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        @pytest.mark.ddp(world_size=2)
+        def test_functional():
+            assert funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait().item() == 2
+        """
+    )
+    monkeypatch.setenv("RECORDED_TO", str(pytester.path / "out.json"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("CXX", "false")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["pytest-ddp: functional collectives recorded in Python (slower): the C++ build failed*"]
+    )
+    assert json.loads((pytester.path / "out.json").read_text())["compiled"] == [False, False]
+    assert [path.suffix for path in (cache / "pytest-ddp").iterdir()] == [".lock"]
