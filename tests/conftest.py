@@ -24,6 +24,10 @@ import pytest
 # sys.modules after each run, and torch imported twice in one process crashes.
 import torch.distributed  # noqa: F401
 
+# pytester gives each inner session a HOME of its own: pin the cache of the recorder's compiled
+# kernels to this session's, or every inner session would build them again (5 to 7 s each).
+os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+
 HEADER = "import os, sys, time\nimport pytest, torch, torch.distributed as dist\n"
 
 
