@@ -21,6 +21,9 @@ for the collectives a recorded torch.distributed function issued.  So:
   in :data:`pytest_ddp.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
   is recorded there; so does every one in a torch whose wait_tensor does not
   find work registered by another thread (:func:`_waits_across_threads`).
+- Where the recorder's compiled kernels load (:mod:`pytest_ddp.compiled`), the functional
+  collectives that name no root or peer, and wait_tensor, get those instead of Python kernels:
+  the same events, at a few microseconds of CPU (:func:`_install_compiled`).
 - The c10d kernels are registered only once a test may issue collectives
   outside those functions and the functional ones (:func:`arm`): what the
   recorder arms it for (DDP's constructor and forward, ...), until the test

@@ -126,7 +126,7 @@ def kernels() -> ModuleType | None:
     if _loaded is not None or _why_not is not None:
         return _loaded
     _why_not = build()
-    torch_dir = _torch_dir()
+    torch_dir = _torch_dir()  # found, where build() found nothing to say
     if _why_not is None and torch_dir is not None:
         try:
             spec = importlib.util.spec_from_file_location(MODULE, library_path(torch_dir))
