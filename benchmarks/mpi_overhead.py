@@ -31,7 +31,7 @@ from pathlib import Path
 
 from overhead import TIMING_CONFTEST  # this folder is on sys.path: the script's own
 
-from pytest_ddp.mpi_group import find_launcher, mpi_unavailable
+from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 WORLD_SIZE = 4
 

@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
-    from pytest_ddp import mpi_recorder
-    from pytest_ddp.protocol import EventLog
+    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.record import mpi_recorder
 
     plain = MPI.COMM_WORLD
     rank = plain.Get_rank()

@@ -175,7 +175,7 @@ def bare_spawn(folder: Path, world_size: int) -> float:
 
 def idle_rank_uss(world_size: int) -> tuple[float, float]:
     """(mean USS, mean RSS) in MB of the ranks of a warm group between tests."""
-    from pytest_ddp.group import GroupConfig, RankGroup
+    from pytest_ddp.groups.group import GroupConfig, RankGroup
 
     with tempfile.TemporaryDirectory() as folder:
         test = Path(folder) / "test_idle.py"

@@ -78,7 +78,7 @@ def loop(
 
 def own_cost(log: Any) -> float:
     """Microseconds the recorder spends per call around a call that costs nothing."""
-    from pytest_ddp import recorder
+    from pytest_ddp.record import recorder
 
     def nothing(tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False) -> None:
         return None
@@ -97,8 +97,8 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> 
     """CPU microseconds per call in a Gloo group of one (no peer to wait for): without the
     recorder, with only its dispatcher kernels, which hand every call on (the c10d ones armed
     where ``arm``), and with the whole recorder (armed the same); best of 5 each."""
-    from pytest_ddp import backend_hook, recorder
-    from pytest_ddp.protocol import EventLog
+    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.record import backend_hook, recorder
 
     tensor = torch.ones(1)
 
@@ -174,8 +174,8 @@ def count_calls(path: str, offset: int) -> int:
 
 
 def worker(rank: int, folder: str, calls: int, steps: int, rounds: int) -> None:
-    from pytest_ddp import backend_hook, recorder
-    from pytest_ddp.protocol import EventLog
+    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.record import backend_hook, recorder
 
     store = dist.FileStore(os.path.join(folder, "store"), 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)

@@ -32,12 +32,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pytest_ddp import watchdog
-from pytest_ddp.report import failure_text
-from pytest_ddp.runner import TestRun
-from pytest_ddp.spec import RankSpec
-from pytest_ddp.state import Call, RankState, Snapshot
-from pytest_ddp.wording import worded
+from pytest_ddp.config.spec import RankSpec
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.state import Call, RankState, Snapshot
+from pytest_ddp.diagnose.wording import worded
+from pytest_ddp.groups.runner import TestRun
+from pytest_ddp.report.failure import failure_text
 
 NOW = 1_000_000.0
 REPEATS = 3
@@ -171,7 +171,8 @@ def real(size: int) -> None:
     """Run the hang through run(), keeping the TestRun it judged (for the ranks' own times)."""
     from verdict_scale import skip_last  # this file as a module the ranks can import (not __main__)
 
-    from pytest_ddp import run, runner
+    from pytest_ddp import run
+    from pytest_ddp.groups import runner
 
     judged: list[TestRun] = []
     plain = runner.GroupPool.run

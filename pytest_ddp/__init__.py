@@ -4,8 +4,8 @@ Mark a test ``@pytest.mark.ddp(world_size=4)`` to run it on 4 ranks; call
 :func:`run` to run a function on fresh ranks and inspect what happened.
 """
 
-from . import faults
-from .api import Diagnosis, RankResult, Result, run
+from pytest_ddp import faults
+from pytest_ddp.api import Diagnosis, RankResult, Result, run
 
 __all__ = ["Diagnosis", "RankResult", "Result", "faults", "run"]
 __version__ = "0.1.0"

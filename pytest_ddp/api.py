@@ -32,24 +32,24 @@ from typing import Any
 
 import pytest
 
-from .consistency import compare_sequences, unfinished_work, unreceived_messages
-from .faults import Fault, FaultError, check_all
-from .group import GroupConfig
-from .machine import GpuShortage, machine_rank_capacity, rank_gpus
-from .mpi_group import mpi_unavailable
-from .protocol import CallFunction
-from .report import failure_text, format_stack, start_failure_text
-from .runner import GroupPool, StartFailure, TestRun
-from .settings import DEFAULT_GRACE
-from .spec import (
+from pytest_ddp.common.protocol import CallFunction
+from pytest_ddp.config.machine import GpuShortage, machine_rank_capacity, rank_gpus
+from pytest_ddp.config.settings import DEFAULT_GRACE
+from pytest_ddp.config.spec import (
     RankSpec,
     parse_backend,
     parse_timeout,
     parse_world_sizes,
     process_group_timeout,
 )
-from .state import Call
-from .wording import difference_line, unfinished_line, unreceived_line
+from pytest_ddp.diagnose.consistency import compare_sequences, unfinished_work, unreceived_messages
+from pytest_ddp.diagnose.state import Call
+from pytest_ddp.diagnose.wording import difference_line, unfinished_line, unreceived_line
+from pytest_ddp.faults import Fault, FaultError, check_all
+from pytest_ddp.groups.group import GroupConfig
+from pytest_ddp.groups.mpi_group import mpi_unavailable
+from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun
+from pytest_ddp.report.failure import failure_text, format_stack, start_failure_text
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 

@@ -11,7 +11,7 @@ A fault fires on rank ``rank`` when that rank enters its ``call``-th call of the
 operation ``at`` in the test (counted per test, over every group, whether the
 call came from a torch.distributed function or reached the backend directly,
 as DDP's gradient all-reduces do), *before* the call takes part: a killed rank
-never enters it.  The recorder fires it (:mod:`pytest_ddp.injector`) and first
+never enters it.  The recorder fires it (:mod:`pytest_ddp.record.injector`) and first
 writes a ``fault`` event, so the report says what was injected.
 
 This module only declares and checks faults; no torch import, so the
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .ops import INIT, OPS
+from pytest_ddp.common.ops import INIT, OPS
 
 Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect"]
 # Faults after which the rank's process is gone: a death the test asked for.
@@ -40,7 +40,7 @@ class Fault:
 
     action: Action
     rank: int
-    at: str  # an operation of pytest_ddp.ops.OPS
+    at: str  # an operation of pytest_ddp.common.ops.OPS
     call: int = 1
     seconds: float = 0.0  # delay
     code: int = 1  # exit

@@ -3,7 +3,7 @@
 In the controller (the main pytest process, or one xdist worker) a ddp item is
 not run: its node id goes to a rank group, and the ranks' reports come back
 merged, one per phase, through pytest's ordinary hooks.  Inside a rank the
-same plugin only provides the fixtures; :mod:`pytest_ddp.rank` runs the items.
+same plugin only provides the fixtures; :mod:`pytest_ddp.rank.entry` runs the items.
 """
 
 from __future__ import annotations
@@ -17,33 +17,34 @@ from typing import Any
 
 import pytest
 
-from . import compiled, rank_warnings
-from . import rank as rank_module
-from . import settings as settings_module
-from .group import SHARED_ROOT_ENV, GroupConfig, fork_context
-from .launch import LAUNCHER_CHOICES, Launch, LaunchError, detect
-from .launched_group import LaunchedGroup
-from .launched_host import GATHER_WAIT, HostSession
-from .launched_world import LaunchedWorld
-from .machine import GpuShortage, machine_rank_capacity, rank_gpus
-from .merge import merged_reports, stopped_group_report
-from .mpi_group import mpi_unavailable
-from .protocol import RunItem
-from .report import sanitize, write_json
-from .runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
-from .settings import (
+from pytest_ddp.common.protocol import RunItem
+from pytest_ddp.config import settings as settings_module
+from pytest_ddp.config.machine import GpuShortage, machine_rank_capacity, rank_gpus
+from pytest_ddp.config.settings import (
     DEFAULT_BACKEND,
     DEFAULT_GRACE,
     DEFAULT_MAX_GROUPS,
     DEFAULT_TIMEOUT,
 )
-from .spec import (
+from pytest_ddp.config.spec import (
     RankSpec,
     SpecError,
     parse_mark,
     parse_timeout_mark,
     process_group_timeout,
 )
+from pytest_ddp.groups.group import SHARED_ROOT_ENV, GroupConfig, fork_context
+from pytest_ddp.groups.mpi_group import mpi_unavailable
+from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
+from pytest_ddp.launched.group import LaunchedGroup
+from pytest_ddp.launched.host import GATHER_WAIT, HostSession
+from pytest_ddp.launched.launch import LAUNCHER_CHOICES, Launch, LaunchError, detect
+from pytest_ddp.launched.world import LaunchedWorld
+from pytest_ddp.rank import entry as rank_module
+from pytest_ddp.record import compiled
+from pytest_ddp.report import rank_warnings
+from pytest_ddp.report.failure import sanitize, write_json
+from pytest_ddp.report.merge import merged_reports, stopped_group_report
 
 WORLD_SIZE_PARAM = "_ddp_world_size"
 # A ddp item's spec, or why it cannot run (reported as its setup error).
@@ -126,7 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _launch(config: pytest.Config, launcher: str) -> Launch | None:
-    """The launch this pytest is part of (:mod:`pytest_ddp.launch`), or None for an ordinary session."""
+    """The launch this pytest is part of (:mod:`pytest_ddp.launched.launch`), or None for an ordinary session."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller's launch, not its own
         return None
     try:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from pytest_ddp import mpi_recorder
-from pytest_ddp.protocol import Done, EventLog, TestStart
+from pytest_ddp.common.protocol import Done, EventLog, TestStart
+from pytest_ddp.record import mpi_recorder
 
 _log: EventLog
 

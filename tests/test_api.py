@@ -117,8 +117,8 @@ def test_local_functions_are_refused() -> None:
 
 def test_ranks_that_could_not_start_are_a_failed_result_that_says_why() -> None:
     from pytest_ddp.api import _result
-    from pytest_ddp.runner import StartFailure
-    from pytest_ddp.spec import RankSpec
+    from pytest_ddp.config.spec import RankSpec
+    from pytest_ddp.groups.runner import StartFailure
 
     spec = RankSpec(2, "gloo", 10.0, grace=2.0)
     failure = StartFailure("m.f", spec, "rank 1 could not start:\nOSError: no route", 0.5)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pytest_ddp
-from pytest_ddp import backend_hook, describe
+from pytest_ddp.record import backend_hook, describe
 
 
 def _never(*args: Any) -> Any:
@@ -164,7 +164,7 @@ def test_a_ddp_model_hooks_the_c10d_operations_for_the_test_that_uses_it(ddp_pyt
     result = ddp_pytester.run(
         """
         from torch.nn.parallel import DistributedDataParallel
-        from pytest_ddp import backend_hook
+        from pytest_ddp.record import backend_hook
 
         @pytest.fixture(scope="module")
         def model():

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pytest_ddp
-from pytest_ddp import backend_hook
+from pytest_ddp.record import backend_hook
 
 
 def workload(rank):

@@ -1,7 +1,7 @@
 """The controller on a fake group: no processes, milliseconds per test.
 
-:class:`FakeGroup` stands in for :class:`pytest_ddp.group.RankGroup` behind
-:class:`pytest_ddp.runner.Group`: after ``begin``, its next ``poll`` folds a
+:class:`FakeGroup` stands in for :class:`pytest_ddp.groups.group.RankGroup` behind
+:class:`pytest_ddp.groups.runner.Group`: after ``begin``, its next ``poll`` folds a
 scripted ending of the test into real :class:`RankState` objects through real
 protocol events, and the real watchdog judges them.  The real-rank behaviour
 is covered end to end in tests/test_warm_groups.py and its neighbours.
@@ -17,13 +17,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddp import watchdog, wording
-from pytest_ddp.consistency import CountDifference, UnfinishedWork
-from pytest_ddp.group import GroupConfig, GroupStartError, StopTeardown
-from pytest_ddp.merge import merged_reports
-from pytest_ddp.ops import DESTROY
-from pytest_ddp.plugin import rank_pytest_args
-from pytest_ddp.protocol import (
+from pytest_ddp.common.ops import DESTROY
+from pytest_ddp.common.protocol import (
     CallEvent,
     CallFunction,
     Done,
@@ -34,10 +29,15 @@ from pytest_ddp.protocol import (
     RunItem,
     TestStart,
 )
-from pytest_ddp.runner import GroupPool, StartFailure, TestRun, group_is_reusable
-from pytest_ddp.spec import RankSpec
-from pytest_ddp.state import RankState, Snapshot
-from pytest_ddp.verdicts import Verdict
+from pytest_ddp.config.spec import RankSpec
+from pytest_ddp.diagnose import watchdog, wording
+from pytest_ddp.diagnose.consistency import CountDifference, UnfinishedWork
+from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.groups.group import GroupConfig, GroupStartError, StopTeardown
+from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun, group_is_reusable
+from pytest_ddp.plugin import rank_pytest_args
+from pytest_ddp.report.merge import merged_reports
 
 SPEC = RankSpec(world_size=2, backend="gloo", timeout=60.0, grace=2.0)
 FAILURE = {"longrepr": {"reprcrash": {"message": "AssertionError: boom"}}}
@@ -121,7 +121,7 @@ def states_of(script: Callable[[int], Ending], world_size: int = 2) -> list[Rank
 
 
 class FakeGroup:
-    """A rank group that replays scripted endings (see :class:`pytest_ddp.runner.Group`)."""
+    """A rank group that replays scripted endings (see :class:`pytest_ddp.groups.runner.Group`)."""
 
     def __init__(self, config: GroupConfig, fleet: Fleet) -> None:
         self.config = config

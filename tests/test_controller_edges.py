@@ -248,15 +248,15 @@ ENDINGS = [
 # The inner session's controller gives a rank 1 s, not 5, to finish its teardown at a
 # group's stop (the hang's wait); put back at its end: the module is this process's too.
 SHORT_STOP_WAIT = """
-import pytest_ddp.group
+import pytest_ddp.groups.group
 
-SAVED = pytest_ddp.group.STOP_WAIT
+SAVED = pytest_ddp.groups.group.STOP_WAIT
 
 def pytest_configure(config):
-    pytest_ddp.group.STOP_WAIT = 1.0
+    pytest_ddp.groups.group.STOP_WAIT = 1.0
 
 def pytest_unconfigure(config):
-    pytest_ddp.group.STOP_WAIT = SAVED
+    pytest_ddp.groups.group.STOP_WAIT = SAVED
 """
 
 
@@ -315,7 +315,7 @@ def test_a(rank, resource):
 
 
 def test_session_end_survives_the_wire() -> None:
-    from pytest_ddp.protocol import SessionEnd, decode, encode
+    from pytest_ddp.common.protocol import SessionEnd, decode, encode
 
     for event in (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5)):
         assert decode(encode(event)) == event
@@ -356,17 +356,17 @@ def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(
 
 
 def _failed_run(summary: str):
-    from pytest_ddp.runner import TestRun
-    from pytest_ddp.spec import RankSpec
-    from pytest_ddp.state import RankState
-    from pytest_ddp.verdicts import Verdict
+    from pytest_ddp.config.spec import RankSpec
+    from pytest_ddp.diagnose.state import RankState
+    from pytest_ddp.diagnose.verdicts import Verdict
+    from pytest_ddp.groups.runner import TestRun
 
     verdict = Verdict("done", "failed", culprits=[0, 1], summary=summary)
     return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), [RankState(0), RankState(1)], verdict, 1.0, 1.0)
 
 
 def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
-    from pytest_ddp.report import HEADLINE_LIMIT, failure_text
+    from pytest_ddp.report.failure import HEADLINE_LIMIT, failure_text
 
     gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:29500"
     summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
@@ -379,7 +379,7 @@ def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below
 
 
 def test_a_short_headline_is_shown_once() -> None:
-    from pytest_ddp.report import failure_text
+    from pytest_ddp.report.failure import failure_text
 
     text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
     assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised ValueError: boom", ""]
@@ -390,7 +390,7 @@ HARNESS = '  File "/venv/lib/python3.11/site-packages/{}.py", line 1 in f'
 
 
 def test_a_dead_ranks_stderr_keeps_the_fatal_error_and_the_tests_frames() -> None:
-    from pytest_ddp.report import stderr_tail
+    from pytest_ddp.report.failure import stderr_tail
 
     stderr = "\n".join(
         [f"warning {i}" for i in range(50)]
@@ -411,7 +411,7 @@ def test_a_dead_ranks_stderr_keeps_the_fatal_error_and_the_tests_frames() -> Non
 
 
 def test_a_dead_ranks_stderr_tail_without_a_fatal_error_is_its_last_lines() -> None:
-    from pytest_ddp.report import stderr_tail
+    from pytest_ddp.report.failure import stderr_tail
 
     tail = stderr_tail("\n".join(f"line {i}" for i in range(100)), "/src/test_x.py").splitlines()
     assert tail == ["(60 earlier lines left out)"] + [f"line {i}" for i in range(60, 100)]
@@ -440,7 +440,7 @@ def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_p
 
 
 def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
-    from pytest_ddp.report import failure_text
+    from pytest_ddp.report.failure import failure_text
 
     summary = "rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"
     text = failure_text(_failed_run(summary), {}, "t.py")
@@ -449,14 +449,14 @@ def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
 
 
 def _start_failure(error: str):
-    from pytest_ddp.runner import StartFailure
-    from pytest_ddp.spec import RankSpec
+    from pytest_ddp.config.spec import RankSpec
+    from pytest_ddp.groups.runner import StartFailure
 
     return StartFailure("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), error, 1.0)
 
 
 def test_a_start_failures_first_line_is_its_headline_once() -> None:
-    from pytest_ddp.report import start_failure_text
+    from pytest_ddp.report.failure import start_failure_text
 
     failure = _start_failure("rank 1 could not start:\nTraceback (most recent call last):\nImportError: no torch\n")
     assert start_failure_text(failure).splitlines() == [
@@ -471,7 +471,7 @@ def test_a_start_failures_first_line_is_its_headline_once() -> None:
 
 
 def test_a_start_failures_first_line_cut_in_the_headline_is_whole_below_it() -> None:
-    from pytest_ddp.report import HEADLINE_LIMIT, start_failure_text
+    from pytest_ddp.report.failure import HEADLINE_LIMIT, start_failure_text
 
     first = "rank 1 exited while starting (exit code 1): " + "the launcher said no; " * 20
     lines = start_failure_text(_start_failure(f"{first}\nmore")).splitlines()

@@ -8,12 +8,13 @@ import json
 import pytest
 
 import pytest_ddp
-from pytest_ddp import faults, watchdog
-from pytest_ddp.protocol import Injected
-from pytest_ddp.report import injected_lines
-from pytest_ddp.runner import not_fired
-from pytest_ddp.spec import RankSpec, SpecError, parse_faults, parse_mark
-from pytest_ddp.state import RankState
+from pytest_ddp import faults
+from pytest_ddp.common.protocol import Injected
+from pytest_ddp.config.spec import RankSpec, SpecError, parse_faults, parse_mark
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.state import RankState
+from pytest_ddp.groups.runner import not_fired
+from pytest_ddp.report.failure import injected_lines
 from tests.test_watchdog import NOW, R3, R4, call, ok, rank, snap
 
 # -- declared and checked -------------------------------------------------------------

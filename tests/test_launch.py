@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp import host_protocol as hp
-from pytest_ddp.group import rank_files
-from pytest_ddp.launch import Launch, LaunchError, channel_address, collection_differences, detect
-from pytest_ddp.launch_link import connect
-from pytest_ddp.launched_host import Host, Slot
-from pytest_ddp.launched_world import ENDING_SIGNALS, LaunchedWorld
+from pytest_ddp.groups.group import rank_files
+from pytest_ddp.launched import protocol as hp
+from pytest_ddp.launched.host import Host, Slot
+from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect
+from pytest_ddp.launched.link import connect
+from pytest_ddp.launched.world import ENDING_SIGNALS, LaunchedWorld
 
 # What each launcher really sets (docs/launchers.md says where each was read).
 TORCHRUN = {

@@ -13,7 +13,7 @@ import pytest
 from test_processes import LOOPBACK_CHECK
 
 from conftest import live_pids, wait_for
-from pytest_ddp.mpi_group import find_launcher, mpi_unavailable
+from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 
@@ -288,6 +288,6 @@ def _processes_in(namespace: str) -> list[int]:
     ],
 )
 def test_open_mpis_launcher_gets_the_options_a_tests_world_needs(version: str, root: bool, options: list[str]) -> None:
-    from pytest_ddp.mpi_group import open_mpi_options
+    from pytest_ddp.groups.mpi_group import open_mpi_options
 
     assert open_mpi_options(version, root) == options

@@ -18,13 +18,13 @@ import pytest
 
 import pytest_ddp
 from conftest import line_of
-from pytest_ddp import watchdog
-from pytest_ddp.consistency import unreceived_messages
-from pytest_ddp.mpi_group import find_launcher
-from pytest_ddp.protocol import CALL_KEYS, RET_KEYS, EventReader, TestStart
-from pytest_ddp.state import RankState, Snapshot
-from pytest_ddp.verdicts import Verdict
-from pytest_ddp.wording import worded
+from pytest_ddp.common.protocol import CALL_KEYS, RET_KEYS, EventReader, TestStart
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.consistency import unreceived_messages
+from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.diagnose.wording import worded
+from pytest_ddp.groups.mpi_group import find_launcher
 
 pytest.importorskip("mpi4py")
 

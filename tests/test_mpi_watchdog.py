@@ -9,11 +9,12 @@ from typing import Any
 
 from test_watchdog import NOW, R2, R4, judge, outline, rank, snap
 
-from pytest_ddp import ops, watchdog
-from pytest_ddp.consistency import unreceived_messages
-from pytest_ddp.protocol import NULL_PEER
-from pytest_ddp.state import Call
-from pytest_ddp.wording import unreceived_line
+from pytest_ddp.common import ops
+from pytest_ddp.common.protocol import NULL_PEER
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.consistency import unreceived_messages
+from pytest_ddp.diagnose.state import Call
+from pytest_ddp.diagnose.wording import unreceived_line
 
 
 def mpi(method: str, seq: int, *, state: str = "running", peer: int | None = None, tag: int | None = None,

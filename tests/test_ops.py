@@ -8,10 +8,10 @@ from pathlib import Path
 import torch.distributed.distributed_c10d as c10d
 from test_watchdog import call, ok, rank
 
-from pytest_ddp import ops
-from pytest_ddp.sequences import sequence_table
+from pytest_ddp.common import ops
+from pytest_ddp.report.sequences import sequence_table
 
-PACKAGE = Path(ops.__file__).parent
+PACKAGE = Path(ops.__file__).parent.parent
 
 
 def test_every_python_op_is_a_torch_distributed_function() -> None:
@@ -34,12 +34,12 @@ def test_no_other_module_lists_op_names() -> None:
     # "send" and "recv" are also the two directions; "barrier" the name of a c10d:: operation.
     names = set(ops.OPS) - {"send", "recv", "barrier"}
     found = []
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         if path.name == "ops.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
-                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert found == []
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import ranks_working_in
-from pytest_ddp import picture
+from pytest_ddp.report import picture
 
 HANG = """
 import pytest, torch, torch.distributed as dist

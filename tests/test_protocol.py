@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ddp import protocol, recorder
-from pytest_ddp.protocol import (
+from pytest_ddp.common import protocol
+from pytest_ddp.common.protocol import (
     CALL_KEYS,
     CallEvent,
     CallFunction,
@@ -30,8 +30,9 @@ from pytest_ddp.protocol import (
     Stop,
     TestStart,
 )
-from pytest_ddp.rank import Channel
-from pytest_ddp.state import Call, RankState
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.rank.entry import Channel
+from pytest_ddp.record import recorder
 
 RECORDS: list[protocol.Record] = [
     RunItem("t.py::test_a", next="t.py::test_b"),

@@ -10,9 +10,11 @@ import threading
 import pytest
 
 from conftest import live_pids, wait_for
-from pytest_ddp import leftovers, rank_warnings, wording
-from pytest_ddp.protocol import WarningRecorded
-from pytest_ddp.state import RankState
+from pytest_ddp.common.protocol import WarningRecorded
+from pytest_ddp.diagnose import wording
+from pytest_ddp.diagnose.state import RankState
+from pytest_ddp.rank import leftovers
+from pytest_ddp.report import rank_warnings
 
 SPAWN = """
 import multiprocessing, subprocess
@@ -244,11 +246,11 @@ def test_merged_warnings_group_by_text_place_and_test():
 
 def test_a_rank_forked_after_its_group_was_given_up_exits_quietly(tmp_path):
     """Ctrl-C while a group starts: the controller removes the folder while a rank is forked."""
-    from pytest_ddp.rank import forked_main
+    from pytest_ddp.rank.entry import forked_main
 
     script = (
         "import multiprocessing, sys\n"
-        "from pytest_ddp.rank import forked_main\n"
+        "from pytest_ddp.rank.entry import forked_main\n"
         "a, b = multiprocessing.Pipe(False)\n"
         f"forked_main({str(tmp_path / 'gone' / 'rank0.json')!r}, a, b)\n"
     )
@@ -262,7 +264,7 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
     script = (
         "import os, signal\n"
         "from multiprocessing import forkserver\n"
-        "from pytest_ddp.group import fork_context\n"
+        "from pytest_ddp.groups.group import fork_context\n"
         "fork_context()\n"
         "os.kill(forkserver._forkserver._forkserver_pid, signal.SIGINT)  # while it imports torch\n"
         "ctx = fork_context()\n"

@@ -22,9 +22,9 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from conftest import line_of
-from pytest_ddp import recorder
-from pytest_ddp.protocol import Done, EventLog, EventReader, TestStart
-from pytest_ddp.state import Call, RankState
+from pytest_ddp.common.protocol import Done, EventLog, EventReader, TestStart
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.record import recorder
 
 HERE = Path(__file__)
 

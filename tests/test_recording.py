@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import pytest_ddp
 from conftest import line_of
-from pytest_ddp import recorder
+from pytest_ddp.record import recorder
 
 
 def many_calls(rank: int) -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from test_watchdog import NOW, R3, call, ok, rank, snap
 
-from pytest_ddp import watchdog
-from pytest_ddp.prefix import shared_prefix
-from pytest_ddp.report import failure_text, run_to_json
-from pytest_ddp.runner import TestRun
-from pytest_ddp.sequences import GROUP_ABOVE, sequence_table
-from pytest_ddp.spec import RankSpec
-from pytest_ddp.state import Call, RankState
-from pytest_ddp.verdicts import Verdict
-from pytest_ddp.wording import rank_list, worded
+from pytest_ddp.config.spec import RankSpec
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.diagnose.wording import rank_list, worded
+from pytest_ddp.groups.runner import TestRun
+from pytest_ddp.report.failure import failure_text, run_to_json
+from pytest_ddp.report.sequences import GROUP_ABOVE, sequence_table
 
 WORLD = tuple(range(64))
 FAULTHANDLER = """\

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import ranks_working_in
-from pytest_ddp.machine import RANK_MEMORY, rank_capacity
-from pytest_ddp.settings import Settings
+from pytest_ddp.config.machine import RANK_MEMORY, rank_capacity
+from pytest_ddp.config.settings import Settings
 
 
 def settings_of(pytester: pytest.Pytester, *args: str) -> Settings:
@@ -144,7 +144,7 @@ def returns_rank(rank: int) -> int:
 
 def test_run_with_too_few_gpus_skips_the_calling_test_or_raises_outside_pytest(monkeypatch) -> None:
     import pytest_ddp
-    from pytest_ddp.machine import GpuShortage, visible_gpus
+    from pytest_ddp.config.machine import GpuShortage, visible_gpus
 
     needed = len(visible_gpus()) + 1
     with pytest.raises(pytest.skip.Exception, match=f"pytest_ddp.run\\(\\): nccl test needs {needed} GPUs"):

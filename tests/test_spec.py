@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ddp.settings import Settings
-from pytest_ddp.spec import (
+from pytest_ddp.config.settings import Settings
+from pytest_ddp.config.spec import (
     MAX_TIMEOUT,
     MarkArgs,
     SpecError,
@@ -166,7 +166,7 @@ def test_bad_option_is_a_usage_error(ddp_pytester, option, message) -> None:
 
 
 def test_xdist_workers_get_disjoint_gpu_shares() -> None:
-    from pytest_ddp.machine import worker_gpus
+    from pytest_ddp.config.machine import worker_gpus
 
     visible = ["0", "1", "2", "3"]
     assert worker_gpus(visible, None, 1) == visible
@@ -176,7 +176,7 @@ def test_xdist_workers_get_disjoint_gpu_shares() -> None:
 
 
 def test_gpu_shortage_names_the_numbers() -> None:
-    from pytest_ddp.machine import gpu_shortage
+    from pytest_ddp.config.machine import gpu_shortage
 
     assert gpu_shortage(needed=2, mine=2, visible=4, workers=2) is None
     assert gpu_shortage(needed=3, mine=2, visible=2, workers=1) == "nccl test needs 3 GPUs, 2 visible"
@@ -186,7 +186,7 @@ def test_gpu_shortage_names_the_numbers() -> None:
 
 
 def test_rank_capacity_is_the_smaller_of_memory_and_process_limit() -> None:
-    from pytest_ddp.machine import RANK_MEMORY, rank_capacity
+    from pytest_ddp.config.machine import RANK_MEMORY, rank_capacity
 
     assert rank_capacity(1000 * RANK_MEMORY, -1, 50) == (1000, "22000 MiB available at about 22 MiB per rank")
     assert rank_capacity(1000 * RANK_MEMORY, 300, 50) == (250, "RLIMIT_NPROC 300 with 50 processes running")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddp import picture, timeline
+from pytest_ddp.report import picture, timeline
 
 T0 = 1000.0  # the hand-over, time.time()
 

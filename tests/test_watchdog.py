@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_ddp import watchdog
-from pytest_ddp.consistency import compare_sequences as compare_data
-from pytest_ddp.state import Call, RankState, Snapshot
-from pytest_ddp.verdicts import Verdict
-from pytest_ddp.wording import describe_call, difference_line, rank_list, worded
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
+from pytest_ddp.diagnose.state import Call, RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list, worded
 
 
 def judge(snapshot: Snapshot) -> Verdict:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from conftest import alive, parent, poll
-from pytest_ddp import prctl
+from pytest_ddp.common import prctl
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # What stop() leaves none of: slurmstepd outlives slurmd by design (it runs the tasks).

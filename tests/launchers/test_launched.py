@@ -110,11 +110,11 @@ def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(launche
 
 # The controller (rank 0's pytest) gives a rank 1 s, not 5, to finish its teardown at a group's stop.
 SHORT_STOP_WAIT = """
-import pytest_ddp.group
+import pytest_ddp.groups.group
 
 
 def pytest_configure(config):
-    pytest_ddp.group.STOP_WAIT = 1.0
+    pytest_ddp.groups.group.STOP_WAIT = 1.0
 """
 
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pytest_ddp
-from pytest_ddp import backend_hook
+from pytest_ddp.record import backend_hook
 
 # FSDP2's all-gather: dist.all_gather_single where torch has it (2.13), else all_gather_into_tensor.
 FSDP2_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"

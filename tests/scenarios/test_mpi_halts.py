@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import pytest_ddp
-from pytest_ddp.mpi_group import mpi_unavailable
+from pytest_ddp.groups.mpi_group import mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 

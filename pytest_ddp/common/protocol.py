@@ -1,0 +1,453 @@
+"""What controller and ranks say to each other: typed commands and events, and their wire format.
+
+The wire format is newline-delimited JSON: one object per line, its kind
+under ``"cmd"`` (commands, controller -> rank) or ``"e"`` (events, rank ->
+controller).  Whole lines travel over anything that carries bytes: the
+command pipe, a rank's event log file, a socket.
+
+Commands:
+
+``run``     run a pytest item: ``id`` (node id), ``next`` (the node id this group runs after it, or null)
+``call``    call a function (:func:`pytest_ddp.run`): ``id``, ``module``, ``qualname``, ``args``
+            (base64 of the pickled ``(args, kwargs)``), ``faults`` (base64 of the pickled faults, or absent)
+``stop``    end the rank's session
+
+Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
+
+``ready``   the rank is up: ``items`` (the node ids it collected), ``errors`` (its collection errors)
+``fatal``   the rank could not go on: ``error`` (a traceback); it exits next
+``test``    a test starts: ``id``
+``phase``   a test phase starts: ``when`` (setup/call/teardown)
+``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
+            (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
+``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``threads_left``,
+            ``interrupted``, ``peak_rss``, ``peak_cuda``
+``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
+            :mod:`pytest_ddp.report.rank_warnings`), ``id`` (the test's node id)
+``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
+            (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
+``call``    a torch.distributed call (or an MPI communicator's) was entered: see :data:`CALL_KEYS`
+``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``); for an MPI
+            receive, the message it got (``src``, ``tag``)
+``fault``   a fault declared for the test (:mod:`pytest_ddp.faults`) fires now: ``text``, ``action``,
+            ``op``, ``call``, ``site``; written before it acts (a killed rank's log holds it)
+
+``call`` and ``ret`` are written by :mod:`pytest_ddp.record.recorder` as hand-built
+JSON strings on its hot path; their keys are defined here, by
+:class:`CallWire` and :class:`RetWire`, and must not change without it.
+
+A rank's event log is an append-only file written with one ``os.write`` per
+event: a line is whole even if the rank dies right after writing it, and the
+controller reads the file while the rank is blocked in C++ or after it died.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
+
+
+class ProtocolError(ValueError):
+    """A message that is not a known command or event, or not the one expected here."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+# -- commands (controller -> rank) ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunItem:
+    """Run the pytest item ``id``; ``next`` is the item this group runs after it (fixtures kept for it)."""
+
+    KIND: ClassVar[Literal["run"]] = "run"
+    id: str
+    next: str | None = None
+
+
+@dataclass(slots=True)
+class CallFunction:
+    """Call ``module.qualname(rank, *args, **kwargs)``; ``args`` is base64 of pickled ``(args, kwargs)``,
+    ``faults`` base64 of the pickled faults to inject (:mod:`pytest_ddp.faults`), if any."""
+
+    KIND: ClassVar[Literal["call"]] = "call"
+    id: str
+    module: str
+    qualname: str
+    args: str
+    faults: str | None = None
+
+
+@dataclass(slots=True)
+class Stop:
+    """End the rank's session (session fixtures are torn down) and exit."""
+
+    KIND: ClassVar[Literal["stop"]] = "stop"
+
+
+Command = RunItem | CallFunction | Stop
+
+
+# -- events (rank -> controller) -----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Ready:
+    KIND: ClassVar[Literal["ready"]] = "ready"
+    items: list[str] = field(default_factory=list)  # node ids collected (pytest mode)
+    errors: list[str] = field(default_factory=list)  # "nodeid: text" per collection error
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class Fatal:
+    KIND: ClassVar[Literal["fatal"]] = "fatal"
+    error: str
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class TestStart:
+    __test__ = False  # not a pytest test class
+    KIND: ClassVar[Literal["test"]] = "test"
+    id: str
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class PhaseStart:
+    KIND: ClassVar[Literal["phase"]] = "phase"
+    when: str
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class Report:
+    KIND: ClassVar[Literal["report"]] = "report"
+    when: str
+    outcome: str  # passed, failed, skipped
+    duration: float = 0.0
+    data: dict[str, Any] | None = None  # None: a plain pass, sent without its report
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class Done:
+    KIND: ClassVar[Literal["done"]] = "done"
+    group_intact: bool = True  # the rank's process group outlived the test
+    # Asynchronous calls whose work had not completed: [{"i": call index, "err": why}].
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    # Threads the test started that still ran after it: [{"name": ..., "stack": ...}].
+    threads_left: list[dict[str, str]] = field(default_factory=list)
+    # pytest.exit() or KeyboardInterrupt in the test: {"kind": "exit" or "KeyboardInterrupt",
+    # "reason": ..., "returncode": ...}; the controller ends its session.
+    interrupted: dict[str, Any] | None = None
+    peak_rss: int | None = None  # bytes
+    peak_cuda: int | None = None
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class WarningRecorded:
+    KIND: ClassVar[Literal["warning"]] = "warning"
+    warning: dict[str, Any]  # message, category, filename, lineno
+    id: str  # the node id pytest recorded it for
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class SessionEnd:
+    """After "stop": the teardown of the fixtures the rank still held (module, session),
+    reported as pytest reports it at the teardown of the last item it ran."""
+
+    KIND: ClassVar[Literal["session_end"]] = "session_end"
+    outcome: str  # passed, failed
+    duration: float = 0.0
+    data: dict[str, Any] | None = None  # the serialized teardown report; None for a pass
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+class CallWire(TypedDict):
+    """The ``call`` event as the recorder writes it (its keys are the wire format)."""
+
+    e: Literal["call"]
+    i: int  # per-rank call number in this test, from 0
+    seq: int  # 1-based; per group for collectives, per (group, direction, peer) for p2p; 0: none
+    op: str
+    group: str  # group name, "WORLD" for the default group
+    ranks: NotRequired[list[int]]  # global ranks of the group
+    site: str  # "file.py:12"
+    caller: NotRequired[str]  # the site is in an installed library: the first frame outside libraries
+    t: float
+    shapes: NotRequired[list[list[int]]]
+    dtypes: NotRequired[list[str]]
+    devices: NotRequired[list[str]]
+    peer: NotRequired[int]  # p2p: the other rank; absent for a receive from any source; -1: MPI.PROC_NULL
+    tag: NotRequired[int]  # MPI p2p: the message's tag; absent for a receive of any tag
+    root: NotRequired[int]  # rooted collectives
+    # "async" is a Python keyword: the TypedDict can only say it in a comment.
+    # async: NotRequired[bool]  (async_op=True)
+    obj_type: NotRequired[str]  # *_object calls
+    obj_size: NotRequired[int]
+    # init: rank, world_size, init_method; "via": "backend"; MPI: "op" (reduction), "bytes",
+    # Sendrecv's receiving end ("recv_from", absent: any source; "recv_tag", absent: any tag)
+    extra: NotRequired[dict[str, Any]]
+
+
+class RetWire(TypedDict):
+    """The ``ret`` event as the recorder writes it."""
+
+    e: Literal["ret"]
+    i: int
+    t: float
+    ok: bool
+    err: NotRequired[str]  # "TypeError: cannot pickle ..." when ok is false
+    src: NotRequired[int]  # an MPI receive from any source: the rank whose message it got
+    tag: NotRequired[int]  # an MPI receive of any tag: the tag of the message it got
+
+
+# MPI's peer for MPI.PROC_NULL: a send or receive that completes at once, with nobody.
+NULL_PEER = -1
+
+# Every key a call event may carry, "async" included.
+CALL_KEYS = frozenset(CallWire.__annotations__) | {"async"}
+RET_KEYS = frozenset(RetWire.__annotations__)
+
+
+@dataclass(slots=True)
+class CallEvent:
+    """A torch.distributed call entered: :class:`CallWire` with names that say what things are."""
+
+    KIND: ClassVar[Literal["call"]] = "call"
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "group_ranks": "ranks", "is_async": "async"}
+    index: int
+    op: str
+    group: str = "WORLD"
+    group_ranks: list[int] = field(default_factory=list)
+    seq: int = 0
+    site: str = "?"
+    caller: str | None = None
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    peer: int | None = None
+    root: int | None = None
+    tag: int | None = None
+    is_async: bool = False
+    obj_type: str | None = None
+    obj_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class RetEvent:
+    """Call ``index`` returned (``ok``) or raised (``error``); an MPI receive also says which
+    message it got (``source``, ``tag``) where its call left them open."""
+
+    KIND: ClassVar[Literal["ret"]] = "ret"
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
+    index: int
+    ok: bool = True
+    error: str | None = None
+    source: int | None = None
+    tag: int | None = None
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class WaitEvent:
+    """The rank waits for call ``index``'s work (``work.wait()``, ``wait_tensor``): it is blocked
+    in that call until the call's ``ret``.  Written by the recorder's hot path as
+    ``{"e":"wait","i":index,"t":time}``."""
+
+    KIND: ClassVar[Literal["wait"]] = "wait"
+    WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
+    index: int
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(slots=True)
+class Injected:
+    """An injected fault fires on this rank (see :mod:`pytest_ddp.faults`)."""
+
+    KIND: ClassVar[Literal["fault"]] = "fault"
+    text: str  # "SIGKILL on rank 1 at all_reduce call 3"
+    action: str
+    op: str
+    call: int
+    site: str = "?"  # where the test made that call
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+Event = (
+    Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | SessionEnd
+    | CallEvent | RetEvent | WaitEvent | Injected
+)
+Record = Command | Event
+
+
+# -- the codec -----------------------------------------------------------------------
+
+_COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
+_COMMAND_TYPES = (RunItem, CallFunction, Stop)
+_EVENTS: dict[str, type[Any]] = {
+    cls.KIND: cls
+    for cls in (
+        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent,
+        Injected,
+    )
+}
+
+
+@dataclass(frozen=True)
+class _Codec:
+    """How one record class travels: its fields as (name, wire key), the keys it needs."""
+
+    fields: tuple[tuple[str, str], ...]
+    required: frozenset[str]  # wire keys without a default (every event's "t" among them)
+    omitted_when_none: frozenset[str]  # fields that default to None are left off the wire when None
+
+
+def _codec(cls: type[Any]) -> _Codec:
+    renames = {"time": "t", **getattr(cls, "WIRE_NAMES", {})}
+    fields = dataclasses.fields(cls)
+    return _Codec(
+        fields=tuple((f.name, renames.get(f.name, f.name)) for f in fields),
+        required=frozenset(
+            renames.get(f.name, f.name)
+            for f in fields
+            if f.name == "time" or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        ),
+        omitted_when_none=frozenset(f.name for f in fields if f.default is None),
+    )
+
+
+_CODECS = {cls: _codec(cls) for cls in (*_COMMANDS.values(), *_EVENTS.values())}
+_encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: dumps() builds one per call
+
+
+def to_wire(record: Record) -> dict[str, Any]:
+    cls = type(record)
+    codec = _CODECS[cls]
+    wire: dict[str, Any] = {"cmd" if cls in _COMMAND_TYPES else "e": cls.KIND}
+    for name, key in codec.fields:
+        value = getattr(record, name)
+        if value is not None or name not in codec.omitted_when_none:
+            wire[key] = value
+    return wire
+
+
+def from_wire(wire: dict[str, Any]) -> Record:
+    """The record for one decoded JSON object: the dispatch on its kind.
+
+    :class:`ProtocolError` for an unknown kind or a missing key; keys a record
+    does not know are ignored."""
+    if "e" in wire:
+        cls = _EVENTS.get(wire["e"])
+    elif "cmd" in wire:
+        cls = _COMMANDS.get(wire["cmd"])
+    else:
+        raise ProtocolError(f"neither a command nor an event: {wire!r:.200}")
+    if cls is None:
+        raise ProtocolError(f"unknown kind: {wire!r:.200}")
+    codec = _CODECS[cls]
+    if not codec.required <= wire.keys():
+        raise ProtocolError(f"{cls.KIND} without {sorted(codec.required - wire.keys())}: {wire!r:.200}")
+    return cls(**{name: wire[key] for name, key in codec.fields if key in wire})
+
+
+def encode(record: Record | CallWire | RetWire) -> bytes:
+    """One line of the wire format, newline included; a wire dict is written as it is."""
+    wire = record if isinstance(record, dict) else to_wire(record)
+    return (_encoder.encode(wire) + "\n").encode()
+
+
+def decode(line: bytes | str) -> Record:
+    """The record on one line (or one message of a framed channel such as a pipe)."""
+    try:
+        wire = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {line!r:.200}") from exc
+    if not isinstance(wire, dict):
+        raise ProtocolError(f"not a JSON object: {line!r:.200}")
+    return from_wire(wire)
+
+
+def decode_command(line: bytes | str) -> Command:
+    record = decode(line)
+    if not isinstance(record, _COMMAND_TYPES):
+        raise ProtocolError(f"not a command: {record.KIND}")
+    return record
+
+
+class LineDecoder:
+    """Records out of a byte stream read piece by piece (a growing file, a socket).
+
+    A line cut short by the end of a chunk waits for the rest.  All whole lines
+    of a chunk are parsed in one ``json.loads``: much cheaper than one per line.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> list[Record]:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # b"" when the chunk ended with a newline
+        lines = [line for line in lines if line.strip()]
+        if not lines:
+            return []
+        return [from_wire(wire) for wire in json.loads(b"[" + b",".join(lines) + b"]")]
+
+
+# -- the event log: a rank's events in an append-only file ---------------------------
+
+
+class EventLog:
+    """The rank side: appends one line per event, with one unbuffered ``os.write``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def write(self, event: Event | CallWire | RetWire) -> None:
+        os.write(self._fd, encode(event))
+
+    def write_line(self, line: str) -> None:
+        """A line already in the wire format, without its newline (the recorder's hot path)."""
+        os.write(self._fd, (line + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class EventReader:
+    """The controller side: the events appended since the last read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Any = None  # opened once the rank has created it
+        self._decoder = LineDecoder()
+
+    def read_new(self) -> list[Event]:
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 - read for the group's life
+            except FileNotFoundError:
+                return []
+        records = self._decoder.feed(self._file.readall())
+        for record in records:
+            if isinstance(record, _COMMAND_TYPES):
+                raise ProtocolError(f"a command in an event log: {record.KIND}")
+        return records  # type: ignore[return-value]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,128 @@
+"""The plugin's settings, resolved once at configure from options, ini values
+and the environment, and each test's spec resolved from them and its marks.
+
+Each setting is looked up as pytest-timeout looks up its own: the command
+line, else the ini file, else the default stated here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ddp.config.spec import (
+    MarkArgs,
+    RankSpec,
+    SpecError,
+    parse_backend,
+    parse_count,
+    parse_faults,
+    parse_launcher,
+    parse_timeout,
+)
+
+DEFAULT_BACKEND = "gloo"
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_GRACE = 2.0
+DEFAULT_MAX_GROUPS = 2
+DEFAULT_LAUNCHER = "auto"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The controller's settings, checked."""
+
+    backend: str  # of marks that name none
+    timeout: float  # of tests whose marks set none: --ddp-timeout, lowered to pytest-timeout's global one
+    grace: float
+    isolate_all: bool
+    max_groups: int
+    report_dir: str | None  # exists and is writable
+    max_world_size: int | None  # None: as many ranks as the machine holds
+    mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
+    launcher: str  # --ddp-launcher: one of launch.LAUNCHER_CHOICES
+
+    def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
+        """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
+        timeout = mark.timeout if mark.timeout is not None else timeout_mark
+        return RankSpec(
+            world_size=world_size,
+            backend=mark.backend or self.backend,
+            timeout=timeout if timeout is not None else self.timeout,
+            grace=self.grace,
+            init=mark.init,
+            isolated=mark.isolated or self.isolate_all or not mark.init,
+            check_collectives=mark.check_collectives,
+            faults=parse_faults(mark.faults, world_size, mark.init),
+        )
+
+
+def from_config(config: pytest.Config) -> Settings:
+    """The settings of this session; a bad value is a UsageError naming its option."""
+    try:
+        timeout = parse_timeout(_value(config, "timeout", DEFAULT_TIMEOUT), "--ddp-timeout")
+        global_timeout = pytest_timeout_global(config)
+        if global_timeout is not None:
+            timeout = min(timeout, global_timeout)
+        max_world_size = config.getoption("--ddp-max-world-size")
+        report_dir = config.getoption("--ddp-report-dir")
+        return Settings(
+            backend=parse_backend(_value(config, "backend", DEFAULT_BACKEND), "--ddp-backend"),
+            timeout=timeout,
+            grace=parse_timeout(_value(config, "grace", DEFAULT_GRACE), "--ddp-grace"),
+            isolate_all=config.getoption("--ddp-isolate"),
+            max_groups=parse_count(_value(config, "max_groups", DEFAULT_MAX_GROUPS), "--ddp-max-groups"),
+            report_dir=None if report_dir is None else writable_dir(report_dir),
+            max_world_size=None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size"),
+            mpi_launcher=_value(config, "mpi_launcher", None),
+            launcher=parse_launcher(_value(config, "launcher", DEFAULT_LAUNCHER)),
+        )
+    except SpecError as exc:
+        raise pytest.UsageError(f"pytest-ddp: {exc}") from None
+
+
+def _value(config: pytest.Config, name: str, default: Any) -> Any:
+    """``--ddp-<name>``, else the ini value ``ddp_<name>``, else the default."""
+    value = config.getoption(f"--ddp-{name.replace('_', '-')}")
+    if value is None:
+        value = config.getini(f"ddp_{name}") or None
+    return default if value is None else value
+
+
+def pytest_timeout_global(config: pytest.Config) -> float | None:
+    """pytest-timeout's global timeout as it reads it: ``--timeout``, else
+    ``PYTEST_TIMEOUT``, else the ``timeout`` ini value; None when unset or
+    <= 0 (no timeout), or without pytest-timeout."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return None
+    for value, where in (
+        (config.getoption("timeout", None), "--timeout"),
+        (os.environ.get("PYTEST_TIMEOUT"), "PYTEST_TIMEOUT"),
+        (config.getini("timeout"), "the timeout ini value"),
+    ):
+        if value is None or value == "":
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise SpecError(f"{where}={value!r}: must be a number of seconds") from None
+        return seconds if seconds > 0 else None
+    return None
+
+
+def writable_dir(path: str) -> str:
+    """The directory ``path``, created if need be, where this process may write."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise SpecError(f"--ddp-report-dir={path!r}: is a file, not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--ddp-report-dir={path!r}: cannot be created: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError(f"--ddp-report-dir={path!r}: is not writable")
+    return path

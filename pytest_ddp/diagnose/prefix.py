@@ -1,0 +1,35 @@
+"""How far the ranks' calls agree, from the first: the part of a long run the watchdog (after a
+test) and the report can skip.  Pure.
+
+Ranks usually make the same thousands of collectives and part ways near the end.  A Python
+loop over every call of every rank costs about a microsecond per call (5 seconds for 512 ranks
+of 10,000 calls); here the comparison runs in the interpreter's C code (``map``, ``compress``),
+at about a quarter of that.  Each rank's calls are compared with the first rank's as they are
+read, without keeping a list per rank: a list of 5 million tuples made the garbage collector
+walk every call (twice as slow again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import compress, count, islice
+from operator import attrgetter, ne
+
+from pytest_ddp.diagnose.state import Call
+
+# Calls equal in these are the same call of the same collective sequence (equal signatures:
+# Call.signature reads a subset of them).
+SAME_CALL = ("group", "seq", "op", "shapes", "dtypes", "root")
+
+
+def shared_prefix(sequences: Sequence[Sequence[Call]], fields: Sequence[str] = SAME_CALL) -> int:
+    """The number of leading positions at which every sequence's call equals the first
+    sequence's in every one of ``fields``."""
+    if not sequences:
+        return 0
+    key = attrgetter(*fields)
+    shared = min(len(s) for s in sequences)
+    reference = list(map(key, islice(sequences[0], shared)))
+    for other in sequences[1:]:
+        shared = next(compress(count(), map(ne, map(key, islice(other, shared)), reference)), shared)
+    return shared

@@ -1,0 +1,309 @@
+"""What the controller knows about each rank: the states built from its events.
+
+A rank tells its controller everything through its event log (the format and
+the log itself are in :mod:`pytest_ddp.common.protocol`).  The controller folds the
+events of the current test into a :class:`RankState`; the watchdog judges a
+:class:`Snapshot` of all of them.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_ddp.common.ops import Op, op
+from pytest_ddp.common.protocol import (
+    NULL_PEER,
+    CallEvent,
+    Done,
+    Event,
+    Fatal,
+    Injected,
+    PhaseStart,
+    ProtocolError,
+    Report,
+    RetEvent,
+    TestStart,
+    WaitEvent,
+    WarningRecorded,
+    to_wire,
+)
+from pytest_ddp.faults import DEADLY
+
+
+def exit_text(code: int | None) -> str:
+    """``exit code 1``, or ``killed by SIGABRT`` for a negative (signal) exit code."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _peer_text(peer: int | None) -> str:
+    return "any" if peer is None else "null" if peer == NULL_PEER else str(peer)
+
+
+def _tag_text(tag: int | None) -> str:
+    return " (any tag)" if tag is None else f" (tag {tag})"
+
+
+@dataclass
+class Call:
+    """One recorded torch.distributed call on one rank."""
+
+    index: int  # per-rank call number in this test, from 0
+    op: str  # function name: "all_reduce", "recv", "init_process_group", ...
+    group: str  # group name: "WORLD" for the default group
+    group_ranks: tuple[int, ...]  # global ranks in the group
+    seq: int  # 1-based; per group for collectives, per (group, op kind, peer) for p2p
+    site: str  # "file.py:12": the first frame outside torch and pytest_ddp
+    enter: float
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    peer: int | None = None  # p2p: the other rank (src of a recv, dst of a send); None = any
+    root: int | None = None  # rooted collectives: broadcast/scatter src, reduce/gather dst
+    tag: int | None = None  # MPI p2p: the message's tag; None: a receive of any tag
+    is_async: bool = False
+    obj_type: str | None = None  # *_object calls: type of the object(s)
+    obj_size: int | None = None  # *_object calls: pickled size in bytes
+    extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
+    caller: str | None = None  # the site is in an installed library: the user's frame that led there
+    exit: float | None = None
+    error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
+    # An MPI receive that returned: the sender and tag of the message it got, where it left them open.
+    got_source: int | None = None
+    got_tag: int | None = None
+
+    @property
+    def state(self) -> str:
+        """"running" while inside the call, then "ok" or "raised"."""
+        if self.exit is None:
+            return "running"
+        return "raised" if self.error is not None else "ok"
+
+    @property
+    def kind(self) -> Op:
+        """What the operation is (see :mod:`pytest_ddp.common.ops`)."""
+        return op(self.op)
+
+    @property
+    def is_p2p(self) -> bool:
+        """A send or receive between two ranks (not batch_isend_irecv, to many at once)."""
+        return self.kind.pairs
+
+    @property
+    def is_recv(self) -> bool:
+        return self.kind.direction == "recv"
+
+    @property
+    def blocks(self) -> bool:
+        """The caller stays inside until the call is done (not so for asynchronous work)."""
+        return not self.is_async and self.kind.blocks
+
+    @property
+    def is_collective(self) -> bool:
+        """Every member of its group must enter it: it has a number in the group's sequence."""
+        return self.kind.is_collective
+
+    @property
+    def label(self) -> str:
+        """``all_reduce #3``, ``recv #1 from 0``, ``Send #1 to 0 (tag 5)``: how reports name a call."""
+        kind = self.kind
+        text = f"{kind.method} #{self.seq}" if self.seq else kind.method
+        if self.is_p2p:
+            direction = "from" if self.is_recv else "to"
+            text += f" {direction} {_peer_text(self.peer)}"
+            if kind.api == "mpi":
+                text += _tag_text(self.tag)
+                if kind.recv_from:  # Sendrecv
+                    text += f", from {_peer_text(self.extra.get('recv_from'))}{_tag_text(self.extra.get('recv_tag'))}"
+        if self.group != "WORLD":
+            text += f" on group {self.group} {list(self.group_ranks)}"
+        return text
+
+    def signature(self) -> tuple[Any, ...]:
+        """What the ranks should agree on for the same collective to mean the same thing on each:
+        op, shapes, dtypes and root; not the shapes of an operation whose splits may be uneven."""
+        shapes = () if self.kind.uneven else tuple(tuple(s) for s in self.shapes)
+        return (self.op, shapes, tuple(self.dtypes), self.root)
+
+    @classmethod
+    def from_event(cls, ev: CallEvent) -> Call:
+        return cls(
+            index=ev.index,
+            op=ev.op,
+            group=ev.group,
+            group_ranks=tuple(ev.group_ranks),
+            seq=ev.seq,
+            site=ev.site,
+            enter=ev.time,
+            shapes=ev.shapes,
+            dtypes=ev.dtypes,
+            devices=ev.devices,
+            peer=ev.peer,
+            root=ev.root,
+            is_async=ev.is_async,
+            obj_type=ev.obj_type,
+            obj_size=ev.obj_size,
+            extra=ev.extra,
+            caller=ev.caller,
+            tag=ev.tag,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "op": self.op,
+            "group": self.group,
+            "group_ranks": list(self.group_ranks),
+            "seq": self.seq,
+            "site": self.site,
+            "caller": self.caller,
+            "state": self.state,
+            "enter": self.enter,
+            "exit": self.exit,
+            "shapes": self.shapes,
+            "dtypes": self.dtypes,
+            "devices": self.devices,
+            "peer": self.peer,
+            "root": self.root,
+            "tag": self.tag,
+            "async": self.is_async,
+            "obj_type": self.obj_type,
+            "obj_size": self.obj_size,
+            "extra": self.extra,
+            "error": self.error,
+        }
+
+
+@dataclass
+class RankState:
+    """One rank during one test, as the controller sees it."""
+
+    rank: int
+    alive: bool = True
+    exit_code: int | None = None  # negative: killed by that signal
+    phase: str = "starting"  # starting, setup, call, teardown, finished
+    # when -> the report event in its wire form (watchdog and merge read it so).
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    finished_at: float | None = None  # the test ended on this rank (done event)
+    failed_at: float | None = None  # first failing report, or death
+    died_at: float | None = None
+    peak_rss: int | None = None  # bytes, reported by the rank when its test ended
+    peak_cuda: int | None = None
+    group_intact: bool = True  # the rank's process group outlived the test (init=True groups)
+    # Asynchronous calls whose work had not completed shortly after the test
+    # ended: [{"i": call index, "err": why}].
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    waiting_on: int | None = None  # index of the asynchronous call whose work the rank waits for
+    threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
+    interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
+    warnings: list[WarningRecorded] = field(default_factory=list)
+    injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
+
+    @property
+    def failed(self) -> bool:
+        return self.failed_at is not None
+
+    @property
+    def died_as_injected(self) -> bool:
+        """The process is gone because a fault the test declared ended it (kill, exit): a
+        death the test asked for, which alone fails nothing."""
+        return not self.alive and any(fault.action in DEADLY for fault in self.injected)
+
+    @property
+    def finished(self) -> bool:
+        """Out of the test for good: its test ended, or its process is gone."""
+        return self.finished_at is not None or not self.alive
+
+    @property
+    def current_call(self) -> Call | None:
+        """The call this rank is blocked in, if any: the asynchronous call whose work it waits
+        for, else its last call if that is still running and blocks (issuing asynchronous work
+        takes a moment, but waits for nobody)."""
+        return self._call_inside() if self.alive else None
+
+    @property
+    def died_in(self) -> Call | None:
+        """The call this rank's process died inside, if any (Gloo aborts a rank inside a
+        collective whose sizes do not match its peer's)."""
+        return None if self.alive else self._call_inside()
+
+    def _call_inside(self) -> Call | None:
+        if self.waiting_on is not None and self.calls[self.waiting_on].state == "running":
+            return self.calls[self.waiting_on]
+        if self.calls and self.calls[-1].state == "running" and self.calls[-1].blocks:
+            return self.calls[-1]
+        return None
+
+    @property
+    def blocked_call(self) -> Call | None:
+        """The call this rank is blocked in; none once it is out of the test, whatever its log says."""
+        return None if self.finished else self.current_call
+
+    def apply(self, ev: Event) -> None:
+        """Fold one event of the current test into this state; :class:`ProtocolError` for an
+        event that has no place in a test."""
+        match ev:
+            case CallEvent():
+                self.calls.append(Call.from_event(ev))
+                self.waiting_on = None  # a wait before it has returned
+            case RetEvent():
+                if ev.index < len(self.calls):
+                    call = self.calls[ev.index]
+                    call.exit = ev.time
+                    if not ev.ok:
+                        call.error = ev.error or "error"
+                    call.got_source, call.got_tag = ev.source, ev.tag
+            case PhaseStart():
+                self.phase = ev.when
+            case Report():
+                self.reports[ev.when] = to_wire(ev)
+                if ev.outcome == "failed" and self.failed_at is None:
+                    self.failed_at = ev.time
+            case Done():
+                self.phase = "finished"
+                self.finished_at = ev.time
+                self.peak_rss = ev.peak_rss
+                self.peak_cuda = ev.peak_cuda
+                self.group_intact = ev.group_intact
+                self.in_flight = ev.in_flight
+                self.threads_left = ev.threads_left
+                self.interrupted = ev.interrupted
+            case WarningRecorded():
+                self.warnings.append(ev)
+            case Injected():
+                self.injected.append(ev)
+            case WaitEvent():
+                if ev.index < len(self.calls):
+                    self.waiting_on = ev.index
+            case TestStart():
+                pass  # the controller knows which test it handed over
+            case Fatal():  # the rank exits next; its stderr says why
+                if self.failed_at is None:
+                    self.failed_at = ev.time
+            case _:
+                raise ProtocolError(f"{type(ev).__name__} event during a test")
+
+    def mark_dead(self, exit_code: int, when: float) -> None:
+        self.alive = False
+        self.exit_code = exit_code
+        self.died_at = when
+        if self.finished_at is None and self.failed_at is None:
+            self.failed_at = when
+
+
+@dataclass
+class Snapshot:
+    """All ranks of one test at one moment: the watchdog's whole input."""
+
+    now: float
+    started: float  # when the test was handed to the ranks
+    timeout: float  # seconds
+    grace: float  # seconds a failed rank's peers get before they are stopped
+    ranks: list[RankState]

@@ -1,0 +1,130 @@
+"""What the watchdog finds, as data: the verdict, and the findings it is worded from.
+
+Kinds of verdict (``Verdict.kind``):
+
+``rank_exited``  a rank raised or died while others wait for it
+``partial``      a rank finished its test normally without calling the
+                 collective its peers wait in (only some ranks call it)
+``mismatch``     ranks entered the same collective with a different op, size
+                 or root, or wait for each other in different collectives
+``p2p_cycle``    point-to-point calls wait for each other in a cycle
+``init``         ``init_process_group`` cannot complete (duplicate rank, rank
+                 out of range, world sizes differ, a process never arrives)
+``timeout``      the test ran out of time without a certain deadlock, or a
+                 ``monitored_barrier`` did, naming the ranks that never came
+``failed``       every rank finished, some failed, no distributed fault seen
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pytest_ddp.diagnose.state import Call
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a blocked rank needs before its call can complete."""
+
+    call: Call
+    peers: list[int]  # ranks it still needs; empty: all arrived, the call is just in progress
+    any_of: bool = False  # one of ``peers`` suffices (a receive from any source)
+
+
+# -- findings: the facts a verdict is worded from (see :mod:`pytest_ddp.diagnose.wording`) -----
+
+
+@dataclass(frozen=True)
+class Departed:
+    """Doomed ranks wait for ranks that left the test (rank_exited, partial)."""
+
+    culprits: list[int]  # left the test, at fault
+    victims: list[int]  # left the test too, broken by a culprit's death inside their collective
+    doomed: list[int]
+    needs: dict[int, list[int]]  # doomed rank -> the gone or doomed ranks it needs
+    left: dict[int, list[int]]  # doomed rank -> the gone ranks it needs
+    waits: dict[int, Wait]
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """Blocked ranks wait for each other in a cycle (p2p_cycle, or a mismatch of order)."""
+
+    culprits: list[int]  # on the cycle
+    waiting: list[int]  # behind it
+    needs: dict[int, list[int]]
+    waits: dict[int, Wait]
+    p2p: bool
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Ranks entered one collective (group, number) in ways that differ."""
+
+    call: Call  # the call the disagreement was found at
+    entered: dict[int, Call]  # each member that entered it -> its call there
+
+
+InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "raised", "never"]
+
+
+@dataclass(frozen=True)
+class InitFault:
+    """init_process_group cannot complete.  Processes are slots (RankState.rank)."""
+
+    check: InitCheck
+    culprits: list[int]
+    blocked: list[int]  # slots blocked in init_process_group
+    rank: int | None = None  # duplicate: the rank passed twice
+    others: list[int] = field(default_factory=list)  # duplicate: the slots that passed it first
+
+
+@dataclass(frozen=True)
+class SlowRanks:
+    """A ``monitored_barrier`` timed out, and torch's message names the ranks that never came."""
+
+    slow: list[int]
+    reporters: dict[int, Call]  # rank -> its monitored_barrier that raised, naming them
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    seconds: float
+    described: list[int]  # the ranks whose activity the summary tells
+    waits: dict[int, Wait]
+
+
+@dataclass(frozen=True)
+class GraceOver:
+    """Ranks failed; the others went on for the grace period and were stopped."""
+
+    failed: list[int]
+    grace: float
+    unfinished: list[int]
+    waits: dict[int, Wait]
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Every rank finished; some failed (``woken``: raised because a rank died)."""
+
+    failed: list[int]
+    woken: list[int] = field(default_factory=list)
+
+
+Finding = Departed | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures
+
+
+@dataclass
+class Verdict:
+    """What the controller should do about a test now, and why."""
+
+    status: str  # "wait" | "done" | "deadlock" | "stopped" | "timeout"
+    kind: str | None = None  # see the module docstring; None for "wait" and for a "done" with no failure
+    culprits: list[int] = field(default_factory=list)  # ranks at fault
+    waiting: list[int] = field(default_factory=list)  # ranks stuck waiting for them
+    collective: str | None = None  # op of the call at fault: "all_reduce"
+    call: str | None = None  # its label: "all_reduce #3"
+    finding: Finding | None = None  # the facts behind it
+    summary: str = ""  # one or two sentences a human can act on: wording.worded() fills it in

@@ -1,0 +1,355 @@
+"""The watchdog: from a snapshot of every rank to a verdict.  Pure: no processes, no I/O.
+
+The question it answers, many times a second while a test runs: can any rank
+still make progress?  A rank blocked in a collective needs the members of its
+group that have not entered the same collective (same group, same sequence
+number); a rank blocked in ``recv`` needs its sender, and a blocked ``send``
+its receiver.  A needed rank that has left the test (finished it, or died)
+will never come; a needed rank that is itself blocked comes only if *it* can
+progress.  The blocked ranks that cannot progress whatever the running ranks
+do form the *doomed* set, found as a greatest fixpoint; if it is not empty,
+the deadlock is certain and the verdict says who is at fault.  Ranks that
+entered the same collective in ways that can never complete together (another
+op or root, another number of bytes) are a certain mismatch at once; a [2, 5]
+tensor against a [10] one completes on Gloo, and is left to
+:func:`compare_sequences` after the test.
+
+Who waits for whom, and the doomed set, are worked out in :mod:`pytest_ddp.diagnose.waits`.
+The verdict and its findings are data (:mod:`pytest_ddp.diagnose.verdicts`);
+:mod:`pytest_ddp.diagnose.wording` puts them in words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+
+from pytest_ddp.common.ops import COLLECTIVES, MONITORED_BARRIER
+from pytest_ddp.diagnose import mpi_matching
+from pytest_ddp.diagnose.init_faults import init_fault
+from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.state import Call, RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import (
+    Cycle,
+    Departed,
+    Disagreement,
+    Failures,
+    GraceOver,
+    SlowRanks,
+    TimedOut,
+    Verdict,
+    Wait,
+)
+from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, group_members, reaches, waits_of
+
+# Bytes per element, to tell mismatches that cannot complete (different sizes on
+# the wire) from those Gloo lets through (a [2, 5] tensor against a [10] one).
+ELEMENT_SIZES = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2,
+    "int32": 4, "float32": 4, "int64": 8, "float64": 8, "complex64": 8, "complex128": 16,
+}
+
+
+# -- certain deadlocks --------------------------------------------------------
+
+
+def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | None:
+    doomed = doomed_ranks(ranks, waits)
+    if not doomed:
+        return None
+    return _gone_verdict(ranks, waits, doomed) or _cycle_verdict(ranks, waits, doomed)
+
+
+def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: set[int]) -> Verdict | None:
+    """Doomed ranks wait for ranks that left the test: rank_exited or partial."""
+    needs = {r: [p for p in waits[r].peers if ranks[p].finished or p in doomed] for r in doomed}
+    left = {r: [p for p in needs[r] if ranks[p].finished] for r in doomed}
+    gone = sorted({p for peers in left.values() for p in peers})
+    if not gone:
+        return None
+    victims = _victims(gone, ranks, waits, left)
+    culprits = [g for g in gone if g not in victims] or gone
+    kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
+
+    first = waits[min(r for r in doomed if left[r])].call
+    finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits)
+    return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
+
+
+def _victims(
+    gone: list[int], ranks: dict[int, RankState], waits: dict[int, Wait], left: dict[int, list[int]]
+) -> set[int]:
+    """Gone ranks that raised inside the very collective others wait in, while another gone rank
+    died outside it: the death broke the collective for them (Gloo: "Connection closed by peer")."""
+    raised_inside = set()
+    for rank, peers in left.items():
+        call = waits[rank].call
+        for g in peers:
+            theirs = collective_at(ranks[g], call.group, call.seq) if call.is_collective else None
+            if theirs is not None and theirs.state == "raised":
+                raised_inside.add(g)
+    deaths = [g for g in gone if not ranks[g].alive and g not in raised_inside]
+    return raised_inside if deaths else set()
+
+
+def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: set[int]) -> Verdict:
+    """Blocked ranks wait for each other: every doomed rank needs another doomed one, so there is
+    a cycle.  The ranks on it are the culprits; the others wait behind it."""
+    needs = {r: [p for p in waits[r].peers if p in doomed] for r in doomed}
+    culprits = sorted(r for r in doomed if reaches(r, r, needs))
+    waiting = sorted(doomed - set(culprits))
+    p2p = any(waits[r].call.is_p2p for r in culprits)
+    first = waits[(waiting or culprits)[0]].call
+    kind = "p2p_cycle" if p2p else "mismatch"
+    cycle = Cycle(culprits, waiting, needs, waits, p2p)
+    return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
+
+
+# -- mismatches ---------------------------------------------------------------
+
+
+def _wire_size(call: Call) -> tuple[object, ...]:
+    """What goes over the wire per tensor: bytes where the dtype is known, else shape and dtype."""
+    sizes: list[object] = []
+    for shape, dtype in zip(call.shapes, call.dtypes):
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        sizes.append(numel * ELEMENT_SIZES[dtype] if dtype in ELEMENT_SIZES else (tuple(shape), dtype))
+    return tuple(sizes)
+
+
+def _completion_key(call: Call) -> tuple[object, ...]:
+    """What two ranks must agree on for Gloo to complete a collective at all."""
+    sizes = () if call.kind.uneven else _wire_size(call)
+    return call.op, call.root, sizes
+
+
+def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+    """A rank blocked, or dead, inside a collective that a peer entered in a way that can never
+    complete with it (the peer may have returned from it: Gloo's size check aborts one rank)."""
+    # (group, number, members) -> each member that entered it -> its completion key: worked out
+    # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
+    entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
+    for rank in sorted(ranks):
+        call = ranks[rank].blocked_call or ranks[rank].died_in
+        if call is None or not call.is_collective:
+            continue
+        key = (call.group, call.seq, call.group_ranks)
+        if key not in entered:
+            entered[key] = {
+                m: _completion_key(theirs)
+                for m in group_members(call, ranks) or []
+                if (theirs := collective_at(ranks[m], call.group, call.seq)) is not None
+            }
+        own, keys = _completion_key(call), entered[key]
+        if set(keys.values()) != {own} and any(k != own for m, k in keys.items() if m != rank):
+            return _mismatch_verdict("deadlock", ranks, call, _completion_key)
+    return None
+
+
+def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+    """After the test: two ranks that entered the same collective with different signatures."""
+    made = {rank: ranks[rank].calls for rank in sorted(ranks)}
+
+    def collectives(calls: list[Call]) -> list[Call]:
+        return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]  # "?": a group the recorder could not name
+
+    # The calls the ranks made alike from the first are alike by signature: only what follows can
+    # differ, unless a (group, number) made there comes again (a group made anew: compare all).
+    shared = shared_prefix(list(made.values()))
+    skipped = {(c.group, c.seq) for c in collectives(next(iter(made.values()), [])[:shared])}
+    rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls[shared:])]
+    if any((call.group, call.seq) in skipped for _, call in rest):
+        rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls)]
+    by_position: dict[tuple[str, int], dict[int, Call]] = {}
+    for rank, call in rest:
+        by_position.setdefault((call.group, call.seq), {})[rank] = call
+    for entered in by_position.values():
+        if len({Call.signature(c) for c in entered.values()}) > 1:
+            return _mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
+    return None
+
+
+def _mismatch_verdict(
+    status: str, ranks: dict[int, RankState], call: Call, key: Callable[[Call], tuple[object, ...]]
+) -> Verdict:
+    members = sorted(set(call.group_ranks or ranks) & set(ranks))
+    entered = {}
+    for r in members:
+        theirs = collective_at(ranks[r], call.group, call.seq)
+        if theirs is not None:
+            entered[r] = theirs
+    culprits, agreeing = _minority(entered, key)
+    ops = {entered[r].op for r in culprits}
+    odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
+    return Verdict(
+        status, "mismatch", culprits, agreeing,
+        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered),
+    )
+
+
+def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:
+    """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
+    is more common than every other (two ranks that disagree, say), that is a tie: every rank is
+    named, none is taken for the norm."""
+    counts = Counter(key(c) for c in entered.values())
+    best = max(counts.values())
+    common = [k for k, n in counts.items() if n == best]
+    if len(common) > 1:
+        return sorted(entered), []
+    culprits = sorted(r for r, c in entered.items() if key(c) != common[0])
+    return culprits, sorted(r for r in entered if r not in culprits)
+
+
+# -- the verdict --------------------------------------------------------------
+
+# A certain deadlock is reported at once unless some ranks are still running or finishing a
+# collective: they get this long to finish or block too, so the report names every culprit.
+SETTLE = 0.5
+
+
+class Watch:
+    """The verdict policy over one test's life, in one place: the timeout and the grace after a
+    failure (the snapshot carries both; :func:`judge` applies them) and the settle time of a
+    certain deadlock."""
+
+    def __init__(self) -> None:
+        self._certain_since: float | None = None
+
+    def verdict(self, snap: Snapshot) -> Verdict | None:
+        """The final verdict on the test, or None while the controller should wait."""
+        verdict = judge(snap)
+        if verdict.status == "deadlock":
+            self._certain_since = self._certain_since or snap.now
+            if _moving(snap, verdict) and snap.now - self._certain_since < SETTLE:
+                return None
+        return None if verdict.status == "wait" else verdict
+
+
+def _moving(snap: Snapshot, verdict: Verdict) -> bool:
+    """Some unfinished rank may still finish or block elsewhere, so the verdict would name more
+    ranks: it runs outside any call; it is in a collective every member entered, finishing it
+    (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); a
+    rank's connections were broken on purpose, so every rank still in a call is about to raise
+    out of it, the broken rank's peers too; or it is in an MPI send, which may return with its
+    message buffered."""
+    waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
+    disconnected = any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
+
+    def may_move(state: RankState) -> bool:
+        call = state.current_call
+        return (
+            call is None
+            or (state.rank in waits and not waits[state.rank].peers)
+            or disconnected
+            or mpi_matching.may_return_alone(call)
+        )
+
+    return any(not s.finished and may_move(s) for s in snap.ranks)
+
+
+def judge(snap: Snapshot) -> Verdict:
+    """What the controller should do now about this test."""
+    ranks = {s.rank: s for s in snap.ranks}
+    if all(s.finished for s in snap.ranks):
+        return _done(ranks)
+    waits = waits_of(ranks)
+    timed_out = snap.now - snap.started >= snap.timeout
+    verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _deadlock(ranks, waits)
+    # Peers of a rank killed on purpose may still recover (their collective raises, at once or
+    # at their own timeout); only the test's timeout makes the deadlock final.
+    if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
+        return verdict
+    if timed_out:
+        return _timeout(snap, ranks, waits)
+    return _stopped(snap, ranks, waits) or Verdict("wait")
+
+
+def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> bool:
+    """Every culprit is a rank that an injected fault ended (see :mod:`pytest_ddp.faults`)."""
+    return bool(culprits) and all(ranks[r].died_as_injected for r in culprits)
+
+
+def _faulty(state: RankState) -> bool:
+    return state.failed or (not state.alive and state.exit_code != 0)
+
+
+def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict:
+    """Culprits: the running ranks that blocked ranks wait for, else every unfinished rank."""
+    unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
+    blocked = [r for r in unfinished if ranks[r].blocked_call is not None]
+    running = set(unfinished) - set(blocked)
+    awaited = sorted({p for wait in waits.values() for p in wait.peers if p in running})
+    culprits = awaited or unfinished
+    described = sorted(set(culprits) & running) + blocked
+    first = ranks[blocked[0]].blocked_call if blocked else None
+    return Verdict(
+        "timeout", "timeout", culprits, blocked,
+        first.op if first else None, first.label if first else None,
+        TimedOut(snap.timeout, described, waits),
+    )
+
+
+# torch's message when a monitored_barrier times out: "Rank 1 failed to pass monitoredBarrier
+# in 1000 ms", or with wait_all_ranks=True "Ranks 1, 2 failed to pass monitoredBarrier ...".
+_SLOW_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def _monitored_barrier_timeout(status: str, ranks: dict[int, RankState]) -> Verdict | None:
+    """Ranks whose monitored_barrier raised, naming the ranks that did not arrive in time: those
+    are the culprits (they are slow, or elsewhere), the ranks that waited for them are not."""
+    reporters: dict[int, Call] = {}
+    slow: set[int] = set()
+    for rank, state in sorted(ranks.items()):
+        last = state.calls[-1] if state.calls else None
+        found = _SLOW_RANKS.search(last.error or "") if last and last.op == MONITORED_BARRIER else None
+        if found and last is not None:
+            reporters[rank] = last
+            slow.update(int(r) for r in found.group(1).replace(",", " ").split())
+    named = sorted(slow & set(ranks))
+    if not named:
+        return None
+    call = reporters[min(reporters)]
+    return Verdict(
+        status, "timeout", named, sorted(reporters), call.op, call.label, SlowRanks(named, reporters)
+    )
+
+
+def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | None:
+    """A rank failed, nothing is certain about the others, and the grace period is over."""
+    culprits = [r for r in sorted(ranks) if _faulty(ranks[r])]
+    waiting = [r for r in sorted(ranks) if not ranks[r].finished and r not in culprits]
+    if not culprits or not waiting or _only_injected_deaths(culprits, ranks):
+        return None
+    times = [t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None]
+    if snap.now - min(times, default=snap.now) < snap.grace:
+        return None
+    slow = _monitored_barrier_timeout("stopped", ranks)
+    if slow is not None:
+        return slow
+    unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
+    finding = GraceOver(culprits, snap.grace, unfinished, waits)
+    return Verdict("stopped", "rank_exited", culprits, waiting, finding=finding)
+
+
+def _done(ranks: dict[int, RankState]) -> Verdict:
+    """Every rank finished: passed, or why some failed."""
+    failed = [r for r in sorted(ranks) if _faulty(ranks[r])]
+    if not failed or _only_injected_deaths(failed, ranks):  # the survivors passed
+        return Verdict("done")
+    found = _finished_mismatch(ranks) or _monitored_barrier_timeout("done", ranks)
+    if found is not None:
+        return found
+    dead = [r for r in failed if not ranks[r].alive]
+    if not dead:
+        return Verdict("done", "failed", failed, [], finding=Failures(failed))
+    # Ranks whose last call raised were woken by the death ("Connection closed by peer").
+    woken = [r for r in sorted(ranks) if r not in dead and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
+    died_in = [call for r in dead if (call := ranks[r].died_in) is not None]
+    shown = died_in[0] if died_in else ranks[woken[0]].calls[-1] if woken else None
+    return Verdict(
+        "done", "rank_exited", dead, woken,
+        shown.op if shown else None, shown.label if shown else None, Failures(dead, woken),
+    )

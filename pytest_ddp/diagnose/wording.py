@@ -1,0 +1,337 @@
+"""The watchdog's findings in words: the one or two sentences a verdict's reader acts on.
+
+The watchdog (:mod:`pytest_ddp.diagnose.watchdog`) decides and returns data; this module
+words it, once per failing test, for the report, the JSON and ``run()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
+
+from pytest_ddp.diagnose import mpi_matching
+from pytest_ddp.diagnose.consistency import CallDifference, SequenceDifference, UnfinishedWork, UnreceivedMessage
+from pytest_ddp.diagnose.init_faults import given, latest_init
+from pytest_ddp.diagnose.state import Call, RankState, exit_text
+from pytest_ddp.diagnose.verdicts import (
+    Cycle,
+    Departed,
+    Disagreement,
+    Failures,
+    GraceOver,
+    InitFault,
+    SlowRanks,
+    TimedOut,
+    Verdict,
+    Wait,
+)
+
+
+def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
+    """``rank 2``, ``ranks 0, 3``, ``ranks 0-3, 6``; ``processes 1, 2`` with ``noun="process"``."""
+    ordered = sorted(set(ranks))
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    if len(ordered) == 1:
+        return f"{noun} {ordered[0]}"
+    runs: list[list[int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    # Runs of three or more read better as a range; "0, 1" stays as it is.
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    return f"{plural} {', '.join(parts)}" if parts else f"no {plural}"
+
+
+def describe_call(call: Call) -> str:
+    """``all_reduce #3 (test_x.py:12)``; group set-up calls are not numbered: ``init_process_group (t.py:4)``."""
+    return f"{call.label} ({call.site})"
+
+
+def _verb(ranks: Iterable[int], one: str, many: str) -> str:
+    return one if len(set(ranks)) == 1 else many
+
+
+def _short_error(state: RankState) -> str:
+    """A failed rank's error in one line: from its last call if that raised, else from its
+    failed report, else ``failed``.  (A call that raised and was followed by others was handled.)"""
+    if state.calls and state.calls[-1].state == "raised":
+        error = state.calls[-1].error or "error"
+        return error.strip().splitlines()[0]  # C++ messages run over many lines
+    for report in state.reports.values():
+        if report.get("outcome") == "failed":
+            message = _report_message(report.get("data"))
+            if message:
+                return message
+    return "failed"
+
+
+def _report_message(data: object) -> str | None:
+    """The first line of the error in a serialized pytest report, or in a ``run()`` result."""
+    if not isinstance(data, dict):
+        return None
+    longrepr = data.get("longrepr")
+    candidates = [data.get("exception"), data.get("message"), longrepr]
+    if isinstance(longrepr, dict):
+        candidates.append((longrepr.get("reprcrash") or {}).get("message"))
+    for text in candidates:
+        if isinstance(text, str) and text.strip():
+            lines = [line for line in text.splitlines() if line.strip()]
+            if text is not longrepr:  # a message starts with its error
+                return lines[0].strip()
+            # A plain-text longrepr marks its error lines "E   " (a missing fixture's ends with
+            # its location); else it ends with its error.
+            marked = [line[1:].strip() for line in lines if line.startswith("E ")]
+            return marked[0] if marked else lines[-1].strip()
+    return None
+
+
+def _how_it_failed(state: RankState) -> str:
+    """``died (killed by SIGABRT) in all_reduce #1 (t.py:3)``, ``raised TypeError: ... in
+    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom)``, ``returned from its test``."""
+    last = state.calls[-1] if state.calls else None
+    if not state.alive:
+        inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
+        return f"died ({exit_text(state.exit_code)}){inside}"
+    if last is not None and last.state == "raised":
+        return f"raised {_short_error(state)} in {describe_call(last)}"
+    if state.failed:
+        error = _short_error(state)
+        return "failed" if error == "failed" else f"failed ({error})"
+    return "returned from its test"
+
+
+def _signature_text(call: Call) -> str:
+    """``all_reduce shapes [[10]] float32``, ``broadcast shapes [[3]] float32 root 0``."""
+    parts = [call.kind.method]
+    if call.shapes:
+        parts.append(f"shapes {[list(s) for s in call.shapes]}")
+    if call.dtypes:
+        parts.append(",".join(sorted(set(call.dtypes))))
+    if call.root is not None:
+        parts.append(f"root {call.root}")
+    return " ".join(parts)
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _grouped(ranks: Iterable[int], key: Callable[[int], K]) -> list[tuple[K, list[int]]]:
+    """Ranks with the same key together, groups in the order of their lowest rank."""
+    groups: dict[K, list[int]] = {}
+    for r in sorted(ranks):
+        groups.setdefault(key(r), []).append(r)
+    return list(groups.items())
+
+
+def _joined(clauses: list[str]) -> str:
+    return " and ".join(clauses) if len(clauses) == 2 else "; ".join(clauses)
+
+
+def _wait_clauses(
+    described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait], needs: dict[int, list[int]]
+) -> str:
+    """``ranks 0, 1 wait in all_reduce #1 (t.py:3) for rank 2``, grouped by call and needed ranks."""
+
+    def key(r: int) -> tuple[str, tuple[int, ...], bool]:
+        call = ranks[r].blocked_call
+        assert call is not None
+        wait = waits.get(r)
+        named = call.is_p2p and call.peer is not None  # the label already names the peer
+        return describe_call(call), () if named else tuple(needs.get(r, [])), bool(wait and wait.any_of)
+
+    clauses = []
+    for (where, needed, any_of), group in _grouped(described, key):
+        clause = f"{rank_list(group)} {_verb(group, 'waits', 'wait')} in {where}"
+        if needed:
+            clause += f" for {'any of ' if any_of and len(needed) > 1 else ''}{rank_list(needed)}"
+        clauses.append(clause)
+    return _joined(clauses)
+
+
+def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Call, plural: bool) -> str:
+    """How a rank others wait for left the test: what it did, or what it never did."""
+    state = ranks[rank]
+    if not state.alive or state.failed:
+        return _how_it_failed(state)
+    test = "their test" if plural else "its test"
+    missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if waited.is_recv else []
+    if missed:  # MPI: it did send, with another tag
+        return f"returned from {test}; its {describe_call(missed[0].call)} matches no receive"
+    if waited.is_p2p:
+        exchange = "sending to" if waited.is_recv else "receiving from"
+        return f"returned from {test} without {exchange} rank {waiter}"
+    return f"returned from {test} without calling {waited.label}"
+
+
+def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait]) -> str:
+    """What unfinished ranks are doing: running outside any call, or waiting in one."""
+    running = [r for r in described if ranks[r].blocked_call is None]
+    blocked = [r for r in described if ranks[r].blocked_call is not None]
+    parts = []
+    if running:
+        parts.append(f"{rank_list(running)} {_verb(running, 'is', 'are')} running outside any collective")
+    if blocked:
+        parts.append(_wait_clauses(blocked, ranks, waits, {r: w.peers for r, w in waits.items()}))
+    return "; ".join(parts)
+
+
+def _failures(failed: list[int], ranks: dict[int, RankState]) -> str:
+    """``rank 1 died (exit code 1); ranks 2, 3 failed (ValueError: boom)``."""
+    return "; ".join(
+        f"{rank_list(group)} {how}" for how, group in _grouped(failed, lambda r: _how_it_failed(ranks[r]))
+    )
+
+
+# -- one function per finding -------------------------------------------------
+
+
+def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
+    def waited_by(g: int) -> tuple[int, Call]:
+        waiter = min(r for r in f.doomed if g in f.left[r])
+        return waiter, f.waits[waiter].call
+
+    def reason(g: int, plural: bool = False) -> str:
+        return _left_reason(ranks, g, *waited_by(g), plural)
+
+    causes = [f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)]
+    causes += [f"rank {v} {reason(v)}" for v in f.victims]
+    return "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
+
+
+def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
+    ending = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
+    text = f"{_wait_clauses(f.culprits, ranks, f.waits, f.needs)}: {ending}"
+    if f.waiting:
+        text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
+    return text + "."
+
+
+def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
+    call, entered = f.call, f.entered
+    same_op = len({c.op for c in entered.values()}) == 1
+    what = call.label if same_op else f"collective #{call.seq}" + (
+        "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
+    )
+    details = ", ".join(
+        f"{rank_list(group)} {text}" for text, group in _grouped(entered, lambda r: _signature_text(entered[r]))
+    )
+    return f"{rank_list(entered)} disagree on {what}: {details}."
+
+
+def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
+    calls = {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}
+    if f.check == "out_of_range":
+        reason = "; ".join(
+            f"process {r} called init_process_group with rank {given(calls[r], 'rank')}, "
+            f"out of range for world_size {given(calls[r], 'world_size')}"
+            for r in f.culprits
+        )
+    elif f.check == "duplicate":
+        reason = (
+            f"{rank_list(f.culprits, 'process')} called init_process_group with rank {f.rank}, "
+            f"as {rank_list(f.others, 'process')} did"
+        )
+    elif f.check == "world_sizes":
+        sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
+        said = ", ".join(f"{rank_list(group, 'process')} passed {size}" for size, group in _grouped(sizes, sizes.get))
+        reason = f"init_process_group world sizes differ: {said}"
+    elif f.check == "raised":
+        reason = "; ".join(f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits)
+    else:
+        reason = "; ".join(
+            f"process {r} {_how_it_failed(ranks[r])} without calling init_process_group" for r in f.culprits
+        )
+    call = ranks[f.blocked[0]].blocked_call
+    assert call is not None
+    waits = f"{rank_list(f.blocked, 'process')} {_verb(f.blocked, 'waits', 'wait')} in {describe_call(call)}"
+    return f"{reason}; {waits}."
+
+
+def _slow_ranks(f: SlowRanks, ranks: dict[int, RankState]) -> str:
+    waited = "; ".join(
+        f"rank {r}'s {describe_call(call)} timed out" for r, call in sorted(f.reporters.items())
+    )
+    late = [r for r in f.slow if r not in f.reporters]
+    how = f"; {_failures(late, ranks)}" if any(ranks[r].failed for r in late) else ""
+    return f"{waited}: torch names {rank_list(f.slow)} as not arriving in time{how}."
+
+
+def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
+    return f"timed out after {f.seconds:g} s: {_activity(f.described, ranks, f.waits)}."
+
+
+def _grace_over(f: GraceOver, ranks: dict[int, RankState]) -> str:
+    return f"{_failures(f.failed, ranks)}; {f.grace:g} s later {_activity(f.unfinished, ranks, f.waits)}."
+
+
+def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:
+    text = _failures(f.failed, ranks)
+    if f.woken:
+        text += f"; then {_failures(f.woken, ranks)}"
+    return text + "."
+
+
+_WORDERS: dict[type, Callable[..., str]] = {
+    Departed: _departed,
+    Cycle: _cycle,
+    Disagreement: _disagreement,
+    InitFault: _init_fault,
+    SlowRanks: _slow_ranks,
+    TimedOut: _timed_out,
+    GraceOver: _grace_over,
+    Failures: _failures_text,
+}
+
+
+def worded(verdict: Verdict, states: list[RankState]) -> Verdict:
+    """The verdict with its summary: its finding in words."""
+    if verdict.finding is None:
+        return verdict
+    ranks = {s.rank: s for s in states}
+    return dataclasses.replace(verdict, summary=_WORDERS[type(verdict.finding)](verdict.finding, ranks))
+
+
+# -- after a passing test -----------------------------------------------------
+
+
+def unfinished_line(work: UnfinishedWork) -> str:
+    """``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
+    what = describe_call(work.call) if work.call is not None else f"call {work.index}"
+    return f"rank {work.rank}: {what}: {work.error}"
+
+
+def unreceived_line(message: UnreceivedMessage) -> str:
+    """``rank 2: Send #1 to 0 (tag 0) (test_x.py:12): sent, never received``."""
+    return f"rank {message.rank}: {describe_call(message.call)}: sent, never received"
+
+
+def difference_line(difference: SequenceDifference) -> str:
+    """``group WORLD: rank 0 made 2 collectives, rank 1 made 1 collective``, or the first
+    collective where a rank's call differs from the lowest member's."""
+    d = difference
+    if isinstance(d, CallDifference):
+        return (
+            f"group {d.group}, collective #{d.position}: rank {d.reference_rank} {_signature_text(d.reference)} "
+            f"({d.reference.site}) vs rank {d.rank} {_signature_text(d.theirs)} ({d.theirs.site})"
+        )
+    made = [
+        f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
+        for n, group_ranks in _grouped(d.counts, d.counts.get)
+    ]
+    return f"group {d.group}: " + ", ".join(made)
+
+
+def threads_left_text(threads: list[dict[str, str]], waited: float) -> str:
+    """The failure of a test that left threads running: what to fix first, then each stack."""
+    names = ", ".join(repr(t["name"]) for t in threads)
+    noun = "thread" if len(threads) == 1 else "threads"
+    lines = [
+        f"{noun} {names} started by the test still running {waited:g} s after it ended "
+        f"(it could take part in a later test's collectives; join it before the test returns)"
+    ]
+    for thread in threads:
+        lines += ["", f"thread {thread['name']!r}:", thread["stack"].rstrip()]
+    return "\n".join(lines)

@@ -1,0 +1,618 @@
+"""A rank group: N rank processes of one world size and backend, and what they share.
+
+The controller owns, per group: a private temporary folder (rank specs, event
+logs, output files, stack dumps), a TCPStore that listens on 127.0.0.1 only,
+and for each rank a command pipe (controller -> rank) and a notify pipe
+(rank -> controller: one message after each event worth waking up for; end of
+file when the rank dies).  Everything else a rank says goes through its event
+log (see :mod:`pytest_ddp.common.protocol`).
+
+Ranks are forked from a forkserver that imported torch and pytest once, so a
+fresh group costs no ``import torch`` and idle ranks share torch's pages.
+
+No orphans: ranks run in their own session (Ctrl-C in a terminal reaches only
+the controller, which then kills them) and ask the kernel for SIGKILL when
+their parent, the forkserver, dies (PR_SET_PDEATHSIG); the forkserver exits
+when the controller dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import selectors
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pytest_ddp.common.protocol import (
+    CallFunction,
+    Command,
+    EventReader,
+    Fatal,
+    Ready,
+    RunItem,
+    SessionEnd,
+    Stop,
+    encode,
+)
+from pytest_ddp.diagnose.state import RankState, exit_text
+
+STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
+STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
+# The environment variable that tells a rank where the directories shared by
+# all ranks of a test live (the ``ddp_shared_path`` fixture).
+SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
+# Variables of the pytest process that are not a rank's: pytest options meant for the session,
+# and an MPI launcher's, which would make a rank take itself for the launched process.
+NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE")
+
+
+class GroupStartError(RuntimeError):
+    """The ranks could not be started; the message says which rank and why."""
+
+
+# Imported once by the forkserver, before it forks any rank.
+PRELOAD = [
+    "torch", "torch.distributed", "pytest",
+    "pytest_ddp.plugin", "pytest_ddp.rank.entry", "pytest_ddp.rank.session", "pytest_ddp.groups.preload",
+]
+
+
+def fork_context() -> Any:
+    """The forkserver context ranks are started from; starts the server, in the background."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    # Started with SIGINT ignored, the forkserver ignores it while it imports torch too
+    # (it ignores it itself only after): Ctrl-C then printed its KeyboardInterrupt traceback.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return context
+
+
+def rank_files(folder: Path, rank: int) -> dict[str, Path]:
+    """A rank's event log, output files and stack dump file in ``folder``."""
+    return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+
+
+def complete_spec(
+    portable: dict[str, Any], env: dict[str, str] | None, folder: Path, pytest_args: list[str], sys_path: list[str]
+) -> dict[str, Any]:
+    """A rank's whole spec: the portable part and what only the machine it runs on knows
+    (its files in ``folder``, its working directory and import path)."""
+    rank = portable["rank"]
+    files = {name: str(path) for name, path in rank_files(folder, rank).items()}
+    return {
+        **portable,
+        **files,
+        "env": env,
+        "cwd": os.getcwd(),
+        "pytest_args": pytest_args,
+        "sys_path": sys_path,
+        "basetemp": str(folder / f"rank{rank}.tmp"),
+    }
+
+
+def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
+    path = folder / f"rank{spec['rank']}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def fork_rank(spec_path: Path, rank: int) -> tuple[Any, Connection, Connection]:
+    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read end."""
+    context = fork_context()
+    command_read, command_write = context.Pipe(duplex=False)
+    notify_read, notify_write = context.Pipe(duplex=False)
+    from pytest_ddp.rank.entry import forked_main
+
+    proc = context.Process(
+        target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+    )
+    proc.start()
+    command_read.close()
+    notify_write.close()
+    return proc, command_write, notify_read
+
+
+_live_groups: weakref.WeakSet[RankGroup] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live_groups() -> None:
+    """Last resort at interpreter exit (before multiprocessing joins its children)."""
+    for group in list(_live_groups):
+        group.kill()
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    proc: Any  # multiprocessing.Process from the forkserver
+    events: EventReader
+    stdout_path: Path
+    stderr_path: Path
+    dump_path: Path
+    commands: Connection | None
+    notify: Connection | None
+    exit_code: int | None = None  # set once the process is seen to have ended
+    died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
+    stdout_offset: int = 0  # where the current test's output starts
+    stderr_offset: int = 0
+    dump_offset: int = 0
+
+
+@dataclass(frozen=True)
+class UnfinishedTeardown:
+    """A rank that sent no :class:`~pytest_ddp.common.protocol.SessionEnd` after "stop", what the
+    controller knows of it: it ended during the teardown of the fixtures it still held
+    (it crashed, was killed, or called ``os._exit``), or was still in it after the wait
+    and was killed."""
+
+    exit_code: int | None  # how it ended (negative: the signal); None: still running when killed
+    waited: float  # seconds it was given to finish (STOP_WAIT)
+    duration: float  # seconds from "stop" to its end as seen here; ``waited`` for one still running
+    stderr: str  # what it wrote to stderr after "stop"
+    stacks: str = ""  # its Python stacks, dumped before it was killed (a rank still running)
+    outcome: ClassVar[str] = "failed"  # as a failed SessionEnd's
+
+
+# A rank's teardown at its group's stop: its own report, or what the controller knows of it.
+StopTeardown = SessionEnd | UnfinishedTeardown
+
+
+def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
+    """A TCPStore server on ``address`` (127.0.0.1 on one machine) and an OS-chosen port.
+
+    TCPStore's own server listens on every interface whatever host it is
+    given; handing it a socket we bound to that address keeps it there.  The
+    socket must outlive the store, so it is returned with it.
+    """
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.listen(128)
+    store = dist.TCPStore(
+        address,
+        sock.getsockname()[1],
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+    )
+    return store, sock
+
+
+@dataclass
+class GroupConfig:
+    """What the ranks of a group need to know beyond their rank."""
+
+    world_size: int
+    backend: str
+    init: bool
+    pg_timeout: float  # the process group's own timeout, above every test's
+    mode: str = "pytest"  # "pytest": run test items; "function": run api.run() functions
+    pytest_args: list[str] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)  # pytest mode: the node ids the ranks collect
+    sys_path: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)  # NCCL: the GPU ids ranks 0..N-1 use
+    mpi_launcher: str | None = None  # MPI: the launcher's command (--ddp-mpi-launcher); None: found
+    # Where the group's folder goes: pytest's basetemp, which pytest rotates, so
+    # even a controller killed with SIGKILL leaves nothing outside it.
+    workdir_parent: str | None = None
+
+
+class RankGroup:
+    """Start, command, watch and stop the ranks of one group."""
+
+    def __init__(self, config: GroupConfig) -> None:
+        self.config = config
+        self.workdir = Path(tempfile.mkdtemp(prefix="pytest-ddp-", dir=config.workdir_parent))
+        self.run_id = uuid.uuid4().hex  # TORCHELASTIC_RUN_ID, the same on every rank
+        self.ranks: list[RankProcess] = []
+        self.states: list[RankState] = []
+        self.tests_run = 0
+        self.current: str | None = None  # id of the test handed over and not yet judged
+        self.last_test: str | None = None  # id of the last test handed over
+        self.handed_over_at = 0.0  # time.time() of that hand-over
+        self._store: Any = None
+        self._store_socket: socket.socket | None = None
+        self._items: set[str] = set()  # collected by every rank (pytest mode)
+        self.collect_errors: list[str] = []  # the ranks' collection errors, each once
+        # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
+        self._news: selectors.BaseSelector | None = selectors.DefaultSelector()
+        self.store_host = "127.0.0.1"  # where the group's store listens
+        _live_groups.add(self)
+
+    # -- life cycle -----------------------------------------------------------
+
+    def start(self, deadline: float) -> None:
+        """Spawn the ranks and wait until each has collected its tests (and joined its group)."""
+        cfg = self.config
+        self._store, self._store_socket = bound_store(self.store_host, cfg.world_size, cfg.pg_timeout)
+        port = self._store_socket.getsockname()[1]
+        try:
+            self._start_ranks(port)
+            self._wait_ready(deadline)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _start_ranks(self, store_port: int) -> None:
+        """Start every rank (each joins the store at ``store_port``); they say when ready."""
+        for rank in range(self.config.world_size):
+            self.ranks.append(self._spawn(rank, store_port))
+
+    def _spawn(self, rank: int, port: int) -> RankProcess:
+        cfg = self.config
+        env = {**os.environ, **self.torchrun_environment(rank, port), **self.rank_environment()}
+        for name in NOT_FOR_RANKS:
+            env.pop(name, None)
+        if cfg.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
+        proc, commands, notify = fork_rank(self.write_spec(rank, env, store_port=port), rank)
+        rp = self.rank_process(rank, proc, commands, notify)
+        assert self._news is not None
+        self._news.register(notify, selectors.EVENT_READ, rp)
+        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
+        return rp
+
+    def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
+        """torchrun's environment for one node running every rank (torch's
+        LocalElasticAgent._start_workers), so that is_torchelastic_launched()
+        is true; the controller hosts the store."""
+        world_size = self.config.world_size
+        return dict(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world_size),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            ROLE_NAME="default",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(world_size),
+            MASTER_ADDR=self.store_host,
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RUN_ID=self.run_id,
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            # As under torchrun: every rank, rank 0 included, is a client of the
+            # store the controller hosts, so a test's own init_process_group
+            # (init=False) opens no listening socket either.
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
+
+    def rank_environment(self) -> dict[str, str]:
+        """What every rank's environment gets on top of the controller's, however it is started."""
+        env = {"PYTHONUNBUFFERED": "1"}
+        if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+            env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        if self.config.workdir_parent is not None:
+            env[SHARED_ROOT_ENV] = str(Path(self.config.workdir_parent) / "ddp_shared")
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        return env
+
+    def _paths(self, rank: int) -> dict[str, Path]:
+        return rank_files(self.workdir, rank)
+
+    def portable_spec(self, rank: int, store_port: int | None) -> dict[str, Any]:
+        """The part of a rank's spec that holds on any machine (see :func:`complete_spec`)."""
+        cfg = self.config
+        return {
+            "rank": rank,
+            "world_size": cfg.world_size,
+            "backend": cfg.backend,
+            "init": cfg.init,
+            "mode": cfg.mode,
+            "pg_timeout": cfg.pg_timeout,
+            "store_host": self.store_host,
+            "store_port": store_port,
+            "local_rank": rank,
+        }
+
+    def write_spec(self, rank: int, env: dict[str, str] | None, store_port: int | None = None) -> Path:
+        """The rank's spec file (see :func:`pytest_ddp.rank.entry.serve`); ``env`` None: the rank keeps
+        the environment it was started with."""
+        portable = self.portable_spec(rank, store_port)
+        spec = complete_spec(portable, env, self.workdir, self.config.pytest_args, self.config.sys_path)
+        return write_spec_file(self.workdir, spec)
+
+    def rank_process(self, rank: int, proc: Any, commands: Connection | None, notify: Connection | None) -> RankProcess:
+        paths = self._paths(rank)
+        return RankProcess(
+            rank=rank,
+            proc=proc,
+            events=EventReader(str(paths["events"])),
+            stdout_path=paths["stdout"],
+            stderr_path=paths["stderr"],
+            dump_path=paths["dump"],
+            commands=commands,
+            notify=notify,
+        )
+
+    def _wait_ready(self, deadline: float) -> None:
+        ready: dict[int, Ready] = {}
+        while len(ready) < len(self.ranks):
+            self._wait(0.05)
+            for rp in self.ranks:
+                for ev in rp.events.read_new():
+                    if isinstance(ev, Ready):
+                        ready[rp.rank] = ev
+                    elif isinstance(ev, Fatal):
+                        raise GroupStartError(f"rank {rp.rank} could not start:\n{ev.error}")
+                if rp.rank not in ready and rp.exit_code is not None:
+                    raise GroupStartError(
+                        f"rank {rp.rank} exited while starting ({exit_text(rp.exit_code)}):\n"
+                        + self.stderr_tail(rp.rank)
+                    )
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(len(self.ranks))) - set(ready))
+                raise GroupStartError(f"ranks {missing} were not ready in time")
+        self._items = set.intersection(*(set(ev.items) for ev in ready.values()))
+        self.collect_errors = list(dict.fromkeys(error for ev in ready.values() for error in ev.errors))
+
+    @property
+    def name(self) -> str:
+        """``world_size=2, gloo`` (``, init=False`` for such groups)."""
+        cfg = self.config
+        return f"world_size={cfg.world_size}, {cfg.backend}" + ("" if cfg.init else ", init=False")
+
+    def can_run(self, test_id: str) -> bool:
+        """Whether these ranks can run that test (in pytest mode: every rank collected it)."""
+        return self.config.mode != "pytest" or test_id in self._items
+
+    @property
+    def alive(self) -> bool:
+        self._wait(0)
+        return bool(self.ranks) and all(rp.exit_code is None for rp in self.ranks)
+
+    def stop(self) -> dict[int, StopTeardown]:
+        """Ask every rank to finish its session (session fixtures' teardown), then make sure.
+
+        Returns each rank's report of that teardown, and for a rank that sent none
+        although it had one to send (see :class:`UnfinishedTeardown`), what is known of it
+        here.  Ranks that had ended before "stop" are left out (they died outside this
+        teardown: one that died in a test is that test's verdict's), and so are ranks that
+        exited 0 without a report: nothing says they failed.
+        Ranks busy with a test handed over ahead, which nobody will now judge, are killed
+        instead: they would read "stop" only after that test.
+        """
+        if self.current is not None or self._news is None:  # busy with a test, or killed already
+            self.kill()
+            return {}
+        self._wait(0)  # hear of ranks that ended since the last look
+        stopping = [rp for rp in self.ranks if rp.proc.exitcode is None]
+        for rp in stopping:
+            self._mark_output(rp)  # what each writes from now on is its teardown's
+            self._send(rp, Stop())
+        waited, stopped_at = STOP_WAIT, time.time()
+        end = time.monotonic() + waited
+        # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
+        while self._news is not None and any(rp.proc.exitcode is None for rp in stopping):
+            if (left := end - time.monotonic()) <= 0:
+                break
+            self._wait(min(left, 0.1))
+        ends: dict[int, StopTeardown] = {}
+        for rp in self.ranks:  # every rank's log: launched ranks on other hosts have no command pipe here
+            for ev in rp.events.read_new():
+                if isinstance(ev, SessionEnd):
+                    ends[rp.rank] = ev
+        # Only a pytest session that ran a test has fixtures to tear down, and reports it.
+        if self.config.mode == "pytest" and self.tests_run:
+            ends.update(self._unfinished_teardowns([rp for rp in stopping if rp.rank not in ends], waited, stopped_at))
+        self.kill()
+        return ends
+
+    def _unfinished_teardowns(
+        self, silent: list[RankProcess], waited: float, stopped_at: float
+    ) -> dict[int, UnfinishedTeardown]:
+        """What is known of the ranks that sent no report of their teardown at the stop (asked at
+        ``stopped_at``): how each ended in it or, still in it after ``waited`` seconds, its stacks
+        (it is killed next).  A rank that exited 0 is left out: a pytest session reports before
+        it exits, so its own code ended it there (``os._exit(0)``), and nothing says that failed."""
+        codes = {rp.rank: rp.proc.exitcode for rp in silent}
+        stacks = self.dump_stacks([rank for rank, code in codes.items() if code is None])
+        return {
+            rp.rank: UnfinishedTeardown(
+                exit_code=codes[rp.rank],
+                waited=waited,
+                duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
+                stderr=read_from(rp.stderr_path, rp.stderr_offset),
+                stacks=stacks.get(rp.rank, ""),
+            )
+            for rp in silent
+            if codes[rp.rank] != 0
+        }
+
+    def kill(self) -> None:
+        """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
+        if self._news is not None:
+            self._news.close()
+            self._news = None
+        for rp in self.ranks:
+            if rp.proc.exitcode is None:
+                rp.proc.kill()
+        for rp in self.ranks:
+            rp.proc.join()
+            for connection in (rp.commands, rp.notify):
+                if connection is not None:
+                    connection.close()
+            rp.commands = rp.notify = None
+            rp.events.close()
+        self._store = None
+        if self._store_socket is not None:
+            # The store closed the listening descriptor it was lent when it went.
+            self._store_socket.detach()
+            self._store_socket = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- one test -------------------------------------------------------------
+
+    def begin(self, command: RunItem | CallFunction) -> None:
+        """Hand the next test to every rank; fresh states start recording it."""
+        self.tests_run += 1
+        self.current = self.last_test = command.id
+        self.handed_over_at = time.time()
+        self.states = [RankState(rank=rp.rank) for rp in self.ranks]
+        for rp in self.ranks:
+            self._mark_output(rp)
+            self._send(rp, command)
+
+    def _mark_output(self, rp: RankProcess) -> None:
+        """What the rank writes to its stdout, stderr and stack dump file from now on is
+        what comes next (a test, or the teardown at the group's stop)."""
+        rp.stdout_offset = file_size(rp.stdout_path)
+        rp.stderr_offset = file_size(rp.stderr_path)
+        rp.dump_offset = file_size(rp.dump_path)
+
+    def poll(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for news, then fold every new event and exit into the states."""
+        self._wait(wait)
+        now = time.time()
+        for rp, state in zip(self.ranks, self.states):
+            # Events first: a rank may have written some just before it died.
+            for ev in rp.events.read_new():
+                state.apply(ev)
+            if state.alive and rp.exit_code is not None:
+                state.mark_dead(rp.exit_code, rp.died_at or now)
+
+    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Make each live rank write every thread's Python stack; return the dumps."""
+        targets = [rp for rp in self.ranks if rp.rank in ranks and rp.exit_code is None]
+        for rp in targets:
+            self._request_dump(rp)
+        dumps: dict[int, str] = {}
+        end = time.monotonic() + STACK_DUMP_WAIT
+        pending = list(targets)
+        while pending and time.monotonic() < end:
+            self._wait(0.01)
+            for rp in list(pending):
+                text = read_from(rp.dump_path, rp.dump_offset)
+                if self._dump_complete(rp, text, dumps.get(rp.rank)):
+                    pending.remove(rp)
+                dumps[rp.rank] = text
+        return {rank: text for rank, text in dumps.items() if text}
+
+    def _request_dump(self, rp: RankProcess) -> None:
+        try:
+            os.kill(rp.proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def _dump_complete(self, rp: RankProcess, text: str, before: str | None) -> bool:
+        return dump_complete(text, before)
+
+    def peak_rss(self, rank: int) -> int | None:
+        """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone."""
+        try:
+            with open(f"/proc/{self.ranks[rank].proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def test_output(self, rank: int) -> dict[str, str]:
+        """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
+        rp = self.ranks[rank]
+        return {
+            "stdout": read_from(rp.stdout_path, rp.stdout_offset),
+            "stderr": read_from(rp.stderr_path, rp.stderr_offset),
+        }
+
+    def stderr_tail(self, rank: int, lines: int = 30) -> str:
+        text = read_from(self.ranks[rank].stderr_path, 0)
+        return "\n".join(text.splitlines()[-lines:])
+
+    def exit_codes(self) -> dict[int, int | None]:
+        """Each rank's exit code (negative: the signal), None while it runs."""
+        return {rp.rank: rp.proc.exitcode for rp in self.ranks}
+
+    def pids(self) -> list[int]:
+        return [rp.proc.pid for rp in self.ranks]
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _send(self, rp: RankProcess, command: Command) -> None:
+        if rp.commands is None:
+            return
+        try:
+            rp.commands.send_bytes(encode(command))
+        except OSError:
+            pass  # the rank is gone; its exit shows in poll()
+
+    def _wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a rank's notify byte or its end;
+        drain the notify pipes and note the exit codes of ended ranks."""
+        if self._news is None:  # killed: nothing to hear of, but the caller still waits
+            time.sleep(timeout)
+            return
+        for key, _ in self._news.select(timeout):
+            self._news_of(key)
+
+    def _news_of(self, key: selectors.SelectorKey) -> None:
+        """A forked rank's notify pipe or sentinel is ready."""
+        assert self._news is not None
+        rp: RankProcess = key.data
+        if key.fileobj is not rp.notify:  # the sentinel: the process ended
+            self._news.unregister(key.fileobj)
+            rp.exit_code = rp.proc.exitcode
+            rp.died_at = time.time()
+            return
+        try:
+            rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
+        except (EOFError, OSError):  # the rank is gone; its sentinel tells how
+            self._news.unregister(rp.notify)
+            rp.notify.close()
+            rp.notify = None
+
+
+def dump_complete(text: str, before: str | None) -> bool:
+    """faulthandler writes the whole dump from its signal handler; a dump that
+    ends with a newline and did not grow since the last look is complete."""
+    return text.endswith("\n") and text == before
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_bytes_from(path: Path, offset: int) -> bytes:
+    """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
+    if file_size(path) <= offset:  # the common case, and a stat is cheaper than a read
+        return b""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def read_from(path: Path, offset: int) -> str:
+    return read_bytes_from(path, offset).decode(errors="replace")

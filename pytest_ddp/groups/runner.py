@@ -1,0 +1,290 @@
+"""Run one test on a rank group under the watchdog's eye; keep warm groups for the next.
+
+The loop is the controller's whole job while a test runs: wait for news from
+the ranks (a byte on a notify pipe, or a poll interval), fold it into the rank
+states, and ask the watchdog.  On any verdict but "done" the live ranks dump
+their stacks and the group is killed; a later test gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_ddp.common.ops import DESTROY
+from pytest_ddp.common.protocol import CallFunction, RunItem
+from pytest_ddp.config.spec import RankSpec
+from pytest_ddp.diagnose import consistency, watchdog, wording
+from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
+
+POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
+START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
+
+
+class Group(Protocol):
+    """What the pool and :func:`supervise` use of a rank group: :class:`RankGroup`, or in
+    tests/test_controller.py a fake that replays scripted rank states."""
+
+    states: list[RankState]  # one per rank, of the test handed over last
+    current: str | None  # id of the test handed over and not yet judged
+    last_test: str | None  # id of the last test handed over
+    handed_over_at: float  # time.time() of that hand-over
+    collect_errors: list[str]
+
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def name(self) -> str: ...
+    def start(self, deadline: float) -> None: ...
+    def can_run(self, test_id: str) -> bool: ...
+    def begin(self, command: RunItem | CallFunction) -> None: ...
+    def poll(self, wait: float) -> None: ...
+    def dump_stacks(self, ranks: list[int]) -> dict[int, str]: ...
+    def peak_rss(self, rank: int) -> int | None: ...
+    def test_output(self, rank: int) -> dict[str, str]: ...
+    def exit_codes(self) -> dict[int, int | None]: ...
+    def pids(self) -> list[int]: ...
+    def stop(self) -> dict[int, StopTeardown]: ...  # each rank's teardown of what it still held
+    def kill(self) -> None: ...
+
+
+@dataclass
+class StoppedGroupFailure:
+    """A warm group stopped after its last test was reported, whose ranks failed to tear
+    down the fixtures they still held (module, session): an error of no test left to report."""
+
+    group: str  # Group.name
+    last_test: str  # node id of the last test the group ran
+    failures: dict[int, StopTeardown]  # rank -> its failed teardown
+
+
+def _failed_teardowns(group: Group) -> dict[int, StopTeardown]:
+    """Stop the group; the teardowns at its stop that failed, by rank."""
+    return {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
+
+
+def _stop(group: Group) -> list[StoppedGroupFailure]:
+    """Stop a group whose last test was already reported; its teardown failure, if any."""
+    failed = _failed_teardowns(group)
+    if not failed or group.last_test is None:
+        return []
+    return [StoppedGroupFailure(group.name, group.last_test, failed)]
+
+
+@dataclass
+class TestRun:
+    """What happened to one test on every rank."""
+
+    __test__ = False  # not a pytest test class
+
+    test_id: str
+    spec: RankSpec
+    states: list[RankState]
+    verdict: watchdog.Verdict
+    elapsed: float  # seconds from hand-over to verdict
+    ended: float  # time.time() of the verdict
+    stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
+    outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
+    sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
+    unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
+    unreceived_messages: list[consistency.UnreceivedMessage] = field(default_factory=list)  # MPI sends nobody took
+    cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
+    exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
+    # The group was stopped right after this test: each rank's failed teardown of
+    # the fixtures it still held, part of this test's teardown.
+    stop_teardown: dict[int, StopTeardown] = field(default_factory=dict)
+    # Other groups stopped to make room for this test, whose teardown failed.
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
+    faults_not_fired: list[str] = field(default_factory=list)  # declared faults whose call never came
+
+    @property
+    def collectives_wrong(self) -> bool:
+        """Fails a test that passed on every rank: the ranks' collective sequences
+        differ, asynchronous work was left in flight, or MPI messages were never received."""
+        return bool(self.sequence_differences or self.unfinished_work or self.unreceived_messages)
+
+    @property
+    def stopped(self) -> bool:
+        """The ranks were stopped before the test ended on all of them."""
+        return self.verdict.status not in ("done", "wait")
+
+
+@dataclass
+class StartFailure:
+    """A test no rank ran: its group could not start, or its ranks did not collect it."""
+
+    test_id: str
+    spec: RankSpec
+    error: str  # which rank and why, or the ranks' collection errors
+    elapsed: float  # seconds spent starting the group
+    stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
+
+
+def supervise(group: Group, spec: RankSpec) -> TestRun:
+    """Watch the test handed over to the group until a verdict."""
+    started = group.handed_over_at
+    watch = watchdog.Watch()
+    verdict = None
+    while verdict is None:
+        group.poll(POLL_INTERVAL)
+        snapshot = Snapshot(
+            now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states
+        )
+        verdict = watch.verdict(snapshot)
+    ended = time.time()
+    verdict = wording.worded(verdict, group.states)
+    run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
+    group.current = None
+    if verdict.status != "done":
+        busy = [s for s in group.states if not s.finished]
+        for state in busy:  # finished ranks reported theirs
+            state.peak_rss = group.peak_rss(state.rank)
+        run.stacks = group.dump_stacks([s.rank for s in busy])
+    run.outputs = {state.rank: group.test_output(state.rank) for state in group.states}
+    if verdict.status != "done":
+        group.kill()
+    if verdict.status == "done" and verdict.kind is None:
+        # A rank an injected fault ended made fewer calls on purpose: the survivors are compared.
+        survivors = [s for s in group.states if not s.died_as_injected]
+        if spec.check_collectives:
+            run.sequence_differences = consistency.compare_sequences(survivors)
+            run.unfinished_work = consistency.unfinished_work(survivors)
+        run.faults_not_fired = not_fired(spec, group.states)
+    if verdict.status == "done" and spec.check_collectives:
+        # Also after a failure: a message left behind would be the next test's on a warm MPI world.
+        run.unreceived_messages = consistency.unreceived_messages(group.states)
+    return run
+
+
+def not_fired(spec: RankSpec, states: list[RankState]) -> list[str]:
+    """The test's declared faults that never fired: its rank made fewer such calls."""
+    fired = {(s.rank, event.text) for s in states for event in s.injected}
+    return [str(f) for f in spec.faults if (f.rank, str(f)) not in fired]
+
+
+def _can_take(group: Group, test_id: str) -> bool:
+    """Whether a warm group can run that test: alive, collected it, and not busy
+    with another test handed over ahead."""
+    return group.alive and group.can_run(test_id) and group.current in (None, test_id)
+
+
+def group_is_reusable(run: TestRun, group: Group) -> bool:
+    """A group may serve the next test only if nothing about it is in doubt."""
+    if run.stopped or not group.alive or run.spec.isolated:
+        return False
+    # An ordinary failure ("failed": ranks raised, no distributed fault) keeps the group.
+    if run.collectives_wrong or run.verdict.kind not in (None, "failed"):
+        return False
+    for state in run.states:
+        if not state.group_intact or state.in_flight or state.threads_left:
+            return False
+        for call in state.calls:
+            if call.state != "ok" or call.op == DESTROY:
+                return False
+    return True
+
+
+def _not_collected(test_id: str, collect_errors: list[str]) -> str:
+    text = f"the ranks did not collect {test_id}"
+    if collect_errors:
+        text += "; their collection errors:\n\n" + "\n\n".join(collect_errors)
+    return text
+
+
+def new_group(config: GroupConfig) -> Group:
+    """A group of ranks, not yet started: started by an MPI launcher for MPI, else forked."""
+    if config.backend == "mpi":
+        from pytest_ddp.groups.mpi_group import MpiGroup
+
+        return MpiGroup(config)
+    return RankGroup(config)
+
+
+class GroupPool:
+    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first.
+
+    ``make_group`` makes a group, not yet started, of a config.
+    """
+
+    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = new_group) -> None:
+        self.max_groups = max_groups
+        self._make_group = make_group
+        self._groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
+        self.groups_started = 0
+
+    def run(
+        self,
+        spec: RankSpec,
+        command: RunItem | CallFunction,
+        make_config: Callable[[], GroupConfig],
+        keep: bool,
+        follow: RunItem | CallFunction | None = None,
+    ) -> TestRun | StartFailure:
+        """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
+
+        ``keep``: whether a later test will want this group; if not, it is
+        stopped after this test.  ``follow``: the command of the test the
+        controller runs right after this one, on this group.  It is handed over
+        as soon as this test passed, so the ranks start it while the controller
+        still reports this one.
+        """
+        key = spec.group_key
+        stopped: list[StoppedGroupFailure] = []
+        # An isolated test gets a group of its own and leaves the warm one be.
+        group = None if spec.isolated else self._groups.pop(key, None)
+        if group is not None and not _can_take(group, command.id):
+            stopped += _stop(group)
+            group = None
+        cold_start = None
+        if group is None:
+            while len(self._groups) >= max(1, self.max_groups):
+                _, oldest = self._groups.popitem(last=False)
+                stopped += _stop(oldest)
+            begin = time.monotonic()
+            group = self._make_group(make_config())
+            self.groups_started += 1
+            try:
+                group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
+                if not group.can_run(command.id):
+                    group.stop()
+                    raise GroupStartError(_not_collected(command.id, group.collect_errors))
+            except GroupStartError as exc:
+                return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
+            cold_start = time.monotonic() - begin
+        if group.current is None:
+            group.begin(command)
+        try:
+            run = supervise(group, spec)
+        except BaseException:  # Ctrl-C, pytest-timeout in the controller, a bug: no orphans
+            group.kill()
+            raise
+        run.cold_start = cold_start
+        run.stopped_groups = stopped
+        if keep and group_is_reusable(run, group):
+            # Only after a clean pass: a failure may end the session (-x), and
+            # the ranks must not have started a test nobody will run.
+            if follow is not None and run.verdict.kind is None:
+                group.begin(follow)
+            self._groups[key] = group
+        else:
+            # Returns at once for ranks already dead or killed.  This test is not
+            # reported yet: a failed teardown of what its ranks still held is its own.
+            run.stop_teardown = _failed_teardowns(group)
+            run.exit_codes = group.exit_codes()
+        return run
+
+    def pids(self) -> list[int]:
+        """The rank processes of the warm groups."""
+        return [pid for group in self._groups.values() for pid in group.pids()]
+
+    def close(self) -> list[StoppedGroupFailure]:
+        """Stop every warm group; the teardown failures of their ranks."""
+        stopped = []
+        while self._groups:
+            _, group = self._groups.popitem()
+            stopped += _stop(group)
+        return [s for s in stopped if s]

@@ -1,0 +1,123 @@
+"""What global rank 0's pytest (the controller) and the other launched pytest processes (hosts) say.
+
+In launched mode (:mod:`pytest_ddp.launched.launch`) every pytest process of the launch
+is a *host*: it holds the rank processes of the tests it takes part in, one
+per group (a *slot*), forked from its own forkserver.  The controller's host is
+the controller itself; the others talk to it over one connection each, framed
+as ``multiprocessing`` connections are.  A message is a JSON header, and for
+:class:`Data` a newline and the raw bytes after it.
+
+Host -> controller: ``hello`` (who it is, what it collected), ``data`` (what a
+rank appended to one of its files: the hosts share no file system with the
+controller, so its event log, output and stack dumps travel; it wakes the
+controller as the rank's notify byte would), ``dumped`` (its stack dump is
+complete), ``exited``.
+
+Controller -> host: ``start`` (fork a rank into a slot), ``command`` (a rank command, as
+:mod:`pytest_ddp.common.protocol` encodes it), ``dump``, ``kill``, ``end`` (the
+session's exit status, which every host exits with, and why it ended before its
+tests, if it did: the ranks collected different tests, or some never said what).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pytest_ddp.common.protocol import ProtocolError
+
+
+@dataclass
+class Hello:
+    KIND: ClassVar[str] = "hello"
+    rank: int
+    local_rank: int
+    node_rank: int
+    node: str  # the host's name (its node, in reports)
+    items: list[str]  # node ids collected, in order
+    errors: list[str]  # collection errors
+    log: str  # where its own pytest output goes
+
+
+@dataclass
+class Data:
+    KIND: ClassVar[str] = "data"
+    slot: int
+    file: str  # which of the rank's files (group.rank_files names them)
+    payload: bytes = b""
+
+
+@dataclass
+class Dumped:
+    KIND: ClassVar[str] = "dumped"
+    slot: int
+
+
+@dataclass
+class Exited:
+    KIND: ClassVar[str] = "exited"
+    slot: int
+    code: int  # negative: the signal
+    time: float  # when it ended, the host's time.time()
+
+
+@dataclass
+class Start:
+    KIND: ClassVar[str] = "start"
+    slot: int
+    spec: dict[str, Any]  # the rank's spec less what only the host knows (files, cwd, sys.path)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the host's environment
+    items: list[str] = field(default_factory=list)  # the group's node ids
+
+
+@dataclass
+class Command:
+    KIND: ClassVar[str] = "command"
+    slot: int
+    payload: bytes = b""  # pytest_ddp.common.protocol.encode(command)
+
+
+@dataclass
+class Dump:
+    KIND: ClassVar[str] = "dump"
+    slot: int
+
+
+@dataclass
+class Kill:
+    KIND: ClassVar[str] = "kill"
+    slot: int
+
+
+@dataclass
+class End:
+    KIND: ClassVar[str] = "end"
+    status: int
+    reason: str = ""  # for the host's log: why the session ended early
+
+
+Message = Hello | Data | Dumped | Exited | Start | Command | Dump | Kill | End
+_TYPES: dict[str, type[Any]] = {
+    t.KIND: t for t in (Hello, Data, Dumped, Exited, Start, Command, Dump, Kill, End)
+}
+_RAW = (Data, Command)  # their payload travels raw after the header
+
+
+def encode(message: Message) -> bytes:
+    fields = dataclasses.asdict(message)
+    payload = fields.pop("payload", b"") if isinstance(message, _RAW) else b""
+    return json.dumps({"k": message.KIND, **fields}).encode() + b"\n" + payload
+
+
+def decode(frame: bytes) -> Message:
+    header, _, payload = frame.partition(b"\n")
+    try:
+        fields = json.loads(header)
+        kind = _TYPES[fields.pop("k")]
+    except (ValueError, KeyError) as exc:
+        raise ProtocolError(f"not a host message: {frame[:80]!r}") from exc
+    if kind in _RAW:
+        fields["payload"] = payload
+    return kind(**fields)

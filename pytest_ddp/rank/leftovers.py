@@ -1,0 +1,189 @@
+"""What a test leaves behind in its rank process: threads still running, processes still alive.
+
+Runs in the rank.  A test's threads and processes are those that were not there
+when it began: torch's, pytest's and the recorder's threads, and the processes
+of fixtures set up for earlier tests, are not its own.
+
+Processes: the rank is its descendants' subreaper (``PR_SET_CHILD_SUBREAPER``),
+so a process whose parent exits is handed to the rank, not to init, and stays
+in the rank's tree until the rank ends it.  A rank killed with SIGKILL cannot
+end anything; its keeper, a small process forked when the rank starts, is told
+by the kernel (``PR_SET_PDEATHSIG``) and kills every process of the rank's
+session.  What neither catches: a process that left the rank's session
+(``setsid``, ``start_new_session=True``) and whose rank was killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from pytest_ddp.common import prctl
+
+KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
+
+
+# -- threads --------------------------------------------------------------------------
+
+
+def threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The Python threads alive now that were not alive at ``before``.  Threads started
+    outside Python (Gloo's, a backend's callback) are not listed: their dummy entries are
+    not the test's."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t is not threading.current_thread() and not isinstance(t, threading._DummyThread)
+    ]
+
+
+def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
+    """The test's threads still running after ``wait`` seconds in all to end:
+    ``[{"name": ..., "stack": ...}]``, the stack as ``traceback.format_stack`` writes it."""
+    deadline = time.monotonic() + wait
+    for thread in threads_started_since(before):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    frames = sys._current_frames()
+    left = []
+    for thread in threads_started_since(before):
+        if thread.is_alive():
+            frame = frames.get(thread.ident or -1)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+            left.append({"name": thread.name, "stack": stack})
+    return left
+
+
+# -- processes ------------------------------------------------------------------------
+
+
+def descendants() -> list[int]:
+    """This process's descendants, parents before their children."""
+    found: list[int] = []
+    parents = [os.getpid()]
+    while parents:
+        parent = parents.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # it exited meanwhile
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(pid) for pid in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            parents += children
+    return found
+
+
+def describe(pid: int) -> str:
+    """``pid 812 (sleep 300)``: the process's command line, else its name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+        with open("/proc/self/cmdline", "rb") as f:
+            if command == f.read():
+                return f"pid {pid} (a fork of the rank)"
+        if not command:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                command = f.read()
+    except OSError:
+        return f"pid {pid}"
+    text = command.replace(b"\0", b" ").decode(errors="replace").strip()
+    return f"pid {pid} ({text[:80]})"
+
+
+def end_processes(pids: list[int]) -> None:
+    """SIGKILL these descendants and reap them.  ``pids`` lists parents before children:
+    once a parent is reaped, its children are this subreaper's and can be reaped too."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # reaped by its own parent, or not ours
+
+
+@dataclass
+class ProcessLedger:
+    """The processes the rank's tests started, and when each may be ended.
+
+    A process born while a test ran its function or its teardown is the test's: ended when
+    the test ends.  One born during setup may belong to a module or session fixture kept for
+    later tests: it is ended once every node set up in that setup has been torn down.
+    """
+
+    kept: set[int] = field(default_factory=set)  # alive before any test: not a test's
+    # pid -> the pytest nodes set up in the setup that saw it born
+    from_setup: dict[int, frozenset[object]] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.kept = set(descendants())
+
+    def after_setup(self, known_before: set[int], new_nodes: frozenset[object]) -> None:
+        for pid in descendants():
+            if pid not in known_before and pid not in self.kept:
+                self.from_setup.setdefault(pid, new_nodes)
+
+    def to_end(self, set_up: set[object]) -> list[int]:
+        """The processes to end now that a test is over and ``set_up`` nodes are still set up."""
+        alive = descendants()
+        ending = [
+            pid
+            for pid in alive
+            if pid not in self.kept and not (set_up & self.from_setup.get(pid, frozenset()))
+        ]
+        for pid in ending:
+            self.from_setup.pop(pid, None)
+        return ending
+
+
+# -- the keeper -----------------------------------------------------------------------
+
+
+def start_keeper(rank: int) -> int:
+    """Fork the process that kills this rank's session once the rank is gone, however it
+    goes; its pid.  Call it from the main thread: the kernel signals the keeper when the
+    thread that forked it exits."""
+    session = os.getsid(0)
+    parent = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {KEEPER_SIGNAL})
+    pid = os.fork()
+    if pid:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {KEEPER_SIGNAL})
+        return pid
+    try:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the rank's pipes must close when it ends
+        prctl.name(f"ddp-keeper{rank}")
+        if prctl.die_with_parent(parent, KEEPER_SIGNAL):  # else the rank died before we asked
+            signal.sigwait({KEEPER_SIGNAL})
+        _kill_session(session)
+    finally:
+        os._exit(0)
+
+
+def _kill_session(session: int) -> None:
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,216 @@
+"""The pytest plugin of a rank's session: runs the items its controller names.
+
+A rank in "pytest" mode (see :mod:`pytest_ddp.rank.entry`) is a pytest session of
+its own that collected the group's tests, like an xdist worker; this plugin
+takes over its run loop and runs each item the controller hands over, with
+``nextitem`` set to the next item of the same group, so module and session
+fixtures live across tests as in plain pytest.  Around each test it puts back
+the environment, and ends what the test left in the rank (threads, processes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import _pytest.config
+import pytest
+
+from pytest_ddp import faults
+from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
+from pytest_ddp.rank import leftovers
+from pytest_ddp.rank.entry import THREAD_JOIN_WAIT, Channel, done_event, fatal, rank_context, start_test
+from pytest_ddp.record import injector
+from pytest_ddp.report import rank_warnings
+
+if TYPE_CHECKING:
+    from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
+
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """A test left processes running in its rank; the rank ended them."""
+
+
+def _restore_environment(saved: dict[str, str]) -> None:
+    """os.environ as it was when the rank was ready: what a test added is removed."""
+    for key in [key for key in os.environ if key not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+class RankSession:
+    """The pytest plugin of a rank's session: runs the items its controller names."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.collect_errors: list[str] = []
+        self.ready = False  # the session reached its run loop and said so
+        self.environment: dict[str, str] = {}  # os.environ when the rank was ready
+        self.processes = leftovers.ProcessLedger()
+        # Per test: what was there before it, and what it left.
+        self.threads_before: set[threading.Thread] = set()
+        self.processes_before: set[int] = set()
+        self.finalizers_before: dict[Any, int] = {}
+        self.threads_left: list[dict[str, str]] = []
+        self.interrupted: dict[str, Any] | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config: Any) -> None:
+        self.config = config
+        # The rank's stdout is the test's output: keep pytest's own progress out of it.
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
+            reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.collect_errors.append(f"{report.nodeid}: {report.longreprtext}")
+
+    def pytest_internalerror(self, excrepr: Any) -> None:
+        # The terminal reporter writes it to /dev/null here (see pytest_configure).
+        fatal(self.channel, f"INTERNALERROR\n{excrepr}\n")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: Any) -> bool:
+        items = {item.nodeid: item for item in session.items}
+        self.environment = dict(os.environ)
+        self.processes.start()
+        self.channel.event(Ready(list(items), self.collect_errors), wake=True)
+        self.ready = True
+        last = None
+        for command in self.channel.commands(RunItem):
+            self._run(items, command.id, command.next)
+            last = items[command.id]
+        if last is not None:  # "stop": tear down what the last item left set up, and say how it went
+            call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
+            # pytest's own report, past the makereport hooks of other plugins: the item was
+            # torn down, and some (pytest-benchmark) read its funcargs, None by now, and raise.
+            report = pytest.TestReport.from_item_and_call(last, call)
+            hook = self.config.hook
+            data = None if report.passed else hook.pytest_report_to_serializable(config=self.config, report=report)
+            self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)
+        return True
+
+    def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:
+        start_test()
+        _restore_environment(self.environment)
+        self.channel.event(TestStart(nodeid))
+        item = items[nodeid]
+        marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
+        declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
+        injector.arm(declared, rank_context().rank, self.channel.log)
+        # Fixtures kept for a next item that this group did not get after all
+        # (xdist scheduled it elsewhere) are torn down before this item sets up.
+        item.session._setupstate.teardown_exact(item)
+        self.threads_before = set(threading.enumerate())
+        self.processes_before = set(leftovers.descendants())
+        self.threads_left, self.interrupted = [], None
+        nextitem = None if next_nodeid is None else items.get(next_nodeid)
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        self.channel.event(done_event(self.threads_left, self.interrupted), wake=True)
+
+    def _phase(self, when: str) -> None:
+        self.channel.event(PhaseStart(when))
+
+    def _finalizers(self, item: Any) -> dict[Any, int]:
+        """How many finalizers each node set up holds: a fixture set up adds one to its scope's node."""
+        return {node: len(finalizers) for node, (finalizers, _) in item.session._setupstate.stack.items()}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: Any) -> Any:
+        self._phase("setup")
+        self.finalizers_before = self._finalizers(item)
+        try:
+            return (yield)
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._interrupt(exc)
+        finally:
+            grown = frozenset(
+                node for node, n in self._finalizers(item).items() if n > self.finalizers_before.get(node, -1)
+            )
+            self.processes.after_setup(self.processes_before, grown | {item})
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: Any) -> Any:
+        self._phase("call")
+        try:
+            return (yield)
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._interrupt(exc)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: Any) -> Any:
+        self._phase("teardown")
+        try:
+            result = yield
+        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            self._end_leftovers(item)
+            self._interrupt(exc)
+        except BaseException:
+            self._end_leftovers(item)
+            raise
+        self._end_leftovers(item)
+        if self.threads_left:
+            from pytest_ddp.diagnose.wording import threads_left_text
+
+            pytest.fail(threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
+        return result
+
+    def _interrupt(self, exc: Exit | KeyboardInterrupt) -> None:
+        """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
+        controller, told in the done event, ends the session as plain pytest would."""
+        if isinstance(exc, KeyboardInterrupt):
+            self.interrupted = {"kind": "KeyboardInterrupt", "reason": "KeyboardInterrupt", "returncode": None}
+            pytest.fail("KeyboardInterrupt", pytrace=False)
+        self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
+        pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)
+
+    def _end_leftovers(self, item: Any) -> None:
+        """After the test's teardown: wait for its threads a little, and end the processes it left."""
+        self.threads_left = leftovers.threads_left(self.threads_before, THREAD_JOIN_WAIT)
+        ending = self.processes.to_end(set(item.session._setupstate.stack))
+        if ending:
+            described = ", ".join(leftovers.describe(pid) for pid in ending)
+            leftovers.end_processes(ending)
+            message = LeftoverProcessWarning(f"processes the test left running were ended: {described}")
+            warnings.warn_explicit(message, LeftoverProcessWarning, str(item.path), item.location[1] + 1)
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
+        if when == "runtest":  # collection and configuration warnings: the controller has its own
+            self.channel.event(WarningRecorded(rank_warnings.serialized(warning_message), nodeid))
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        data = None
+        # A plain pass carries nothing beyond outcome and duration: skip serializing
+        # it (a large share of a warm test's cost in the rank).
+        plain_pass = (
+            report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")
+        )
+        if not plain_pass:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.channel.event(Report(report.when, report.outcome, report.duration, data), wake=report.failed)
+
+    # pytest-timeout must never fire inside a rank: the controller owns the timeout.
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_timeout_set_timer(self, item: Any, settings: Any) -> bool:
+        return True
+
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: Any) -> bool:
+        return True
+
+
+def run_pytest(spec: dict[str, Any], channel: Channel) -> int:
+    session = RankSession(channel)
+    args = [*spec["pytest_args"], "--basetemp", spec["basetemp"]]
+    code = int(pytest.main(args, plugins=[session]))
+    if not session.ready:
+        # Ended before running anything: a named test's module failed to import
+        # ("found no collectors"), a bad option, ...  Its terminal output went nowhere.
+        errors = "".join(f"\n\n{error}" for error in session.collect_errors)
+        fatal(channel, f"its pytest session ended before running any test (exit code {code}){errors}\n")
+    return code

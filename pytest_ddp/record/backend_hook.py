@@ -1,0 +1,352 @@
+"""Every collective that reaches a process group's backend, whoever issued it.
+
+torch routes each collective of a ProcessGroup through a ``c10d::`` dispatcher
+operation (``c10d::allreduce_``, ``c10d::_allgather_base_``, ...): the
+torch.distributed functions, DDP's C++ reducer, the functional collectives of
+DTensor and compiled code, FSDP2.  This module can register a Python kernel for
+each of them under the dispatcher's BackendSelect key, which every call passes
+through, also under inference mode and from inside other operations' kernels,
+where the autograd keys are excluded.  The kernel hands the call to the
+recorder, which runs it by redispatching to the tensors' backend kernel.
+
+A Python kernel on a c10d operation is dear: about 8 us of CPU per call in a
+group of one, and 15-20 us on two ranks (the call arrives from C++, its process
+group and options are boxed), even where it only hands the call on, as it does
+for the collectives a recorded torch.distributed function issued.  So:
+
+- The functional collectives (``_c10d_functional::all_reduce``, ...) are
+  recorded at their own operations, which take a tensor and a group's name, a
+  few microseconds each; ``_c10d_functional::wait_tensor``, where their caller
+  blocks, is hooked too.  A functional collective torch added after the table
+  in :data:`pytest_ddp.common.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
+  is recorded there; so does every one in a torch whose wait_tensor does not
+  find work registered by another thread (:func:`_waits_across_threads`).
+- Where the recorder's compiled kernels load (:mod:`pytest_ddp.record.compiled`), the functional
+  collectives that name no root or peer, and wait_tensor, get those instead of Python kernels:
+  the same events, at a few microseconds of CPU (:func:`_install_compiled`).
+- The c10d kernels are registered only once a test may issue collectives
+  outside those functions and the functional ones (:func:`arm`): what the
+  recorder arms it for (DDP's constructor and forward, ...), until the test
+  ends (:func:`disarm`).
+
+Every private torch name the plugin relies on is used here and nowhere else.
+Where this torch lacks one, :func:`install` returns False and only the
+torch.distributed functions are recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
+from pytest_ddp.record import compiled
+
+# record(operation, its arguments by schema name, submit) -> what submit() returns
+Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
+# Whether a call should be handed to ``record`` now (False inside a recorded function's call)
+Recording = Callable[[], bool]
+# wait(tensor, run) -> what run() returns: the caller blocks in run() until the collective that
+# produces ``tensor`` is done
+Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
+
+# The registrations, which live as long as these library objects: the functional collectives'
+# from install on, the c10d operations' from arm() to disarm().
+_functional_library: Any = None
+_collectives_library: Any = None
+_arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
+_compiled_kernels: Any = None  # the compiled kernels' module, while they are registered
+_arming = threading.Lock()
+# Functional collectives (``_c10d_functional::``) return before their work is done: the
+# caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
+_NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
+
+
+class _Functional(threading.local):
+    # The functional collective this thread runs, where it is recorded at the c10d operation it
+    # issues: its name in FUNCTIONAL_OPS, "" where it has none; None while it runs none.
+    running: str | None = None
+
+
+_functional = _Functional()
+
+
+def install(
+    record: Record, record_functional: Record, wait: Wait, recording: Recording, compiled_hooks: Any = None
+) -> bool:
+    """Hook the functional collectives (recorded by ``record_functional``), and be ready to hook
+    every c10d operation (:func:`arm`, recorded by ``record``); False (and nothing hooked) where
+    this torch cannot.  Where ``compiled_hooks`` are given and the compiled kernels load
+    (:mod:`pytest_ddp.record.compiled`), those of the functional collectives that name no rank, and
+    wait_tensor, are recorded by them instead, with the recorder's state those hooks hold."""
+    global _functional_library, _arm_with, _compiled_kernels
+    if _functional_library is not None:
+        return True
+    try:
+        at_own_operations = _waits_across_threads()
+        if at_own_operations and compiled_hooks is not None:
+            _compiled_kernels = _install_compiled(compiled_hooks)
+        compiled = _COMPILED_OPS if _compiled_kernels is not None else ()
+        _functional_library = _functional_kernels(
+            record_functional if at_own_operations else None, wait, recording, compiled
+        )
+    except Exception:  # a torch without these operations, keys or registration API
+        if _compiled_kernels is not None:
+            _compiled_kernels.uninstall()
+            _compiled_kernels = None
+        return False
+    _arm_with = (record, recording)
+    return True
+
+
+# The functional collectives the compiled kernels record: those whose event names no root or peer.
+_COMPILED_OPS = tuple(name for name, spec in FUNCTIONAL_OPS.items() if spec.rank is None)
+
+
+def _install_compiled(hooks: Any) -> Any:
+    """The compiled kernels, registered (None where there are none, or they did not register)."""
+    kernels = compiled.kernels()
+    if kernels is None:
+        return None
+    hooks.functional = _functional
+    hooks.arm = arm
+    operations = []
+    for name in _COMPILED_OPS:
+        packet = getattr(torch.ops._c10d_functional, name, None)
+        if packet is None:  # not in this torch
+            continue
+        for overload in packet.overloads():
+            registered = name if overload == "default" else f"{name}.{overload}"
+            own = "" if overload == "default" else overload
+            spec = FUNCTIONAL_OPS[name]
+            operations.append((registered, f"_c10d_functional::{name}", own, spec.op, spec.tensors))
+    try:
+        kernels.install(hooks, operations)
+    except Exception:  # an operation whose schema differs from the table's
+        return None
+    return kernels
+
+
+def compiled_kernels() -> bool:
+    """Whether the compiled kernels record the functional collectives in this process."""
+    return _compiled_kernels is not None
+
+
+def start_test() -> None:
+    """A new test: groups are named anew, so the compiled kernels forget how they described calls."""
+    if _compiled_kernels is not None:
+        _compiled_kernels.forget()
+
+
+def arm() -> None:
+    """Hook every c10d operation from now on, until :func:`disarm`: collectives may now reach
+    the backend without a recorded function (2-4 ms; nothing once done)."""
+    global _collectives_library, _arm_with
+    if _collectives_library is not None or _arm_with is None:
+        return
+    with _arming:
+        if _collectives_library is None and _arm_with is not None:
+            try:
+                _collectives_library = _collective_kernels(*_arm_with)
+            except Exception:  # this torch cannot: only the torch.distributed functions are recorded
+                _arm_with = None
+
+
+def disarm() -> None:
+    """Unhook the c10d operations: a new test begins, and arms them again if it needs them (a
+    test after one that built a DDP model would otherwise pay for the hook on every call)."""
+    global _collectives_library
+    with _arming:
+        if _collectives_library is not None:
+            _collectives_library._destroy()
+            _collectives_library = None
+
+
+def armed() -> bool:
+    """Whether every c10d operation is hooked."""
+    return _collectives_library is not None
+
+
+def issued_by_functional() -> str | None:
+    """The functional collective that issued the c10d operation being recorded (it returns before
+    its work is done), where the c10d operation records it (:func:`_arming_kernel`): its name in
+    FUNCTIONAL_OPS, "" where it has none; None if no functional collective issued it."""
+    return _functional.running
+
+
+def uninstall() -> None:
+    """Remove the kernels (dropping the libraries deregisters them)."""
+    global _functional_library, _collectives_library, _arm_with, _compiled_kernels
+    for library in (_functional_library, _collectives_library):
+        if library is not None:
+            library._destroy()
+    if _compiled_kernels is not None:
+        _compiled_kernels.uninstall()
+    _functional_library = _collectives_library = _arm_with = _compiled_kernels = None
+
+
+def _collective_kernels(record: Record, recording: Recording) -> Any:
+    collectives = torch.library.Library("c10d", "IMPL")
+    for name, spec in BACKEND_OPS.items():
+        if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
+            continue
+        overload = getattr(torch.ops.c10d, name).default
+        collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
+    return collectives
+
+
+def _waits_across_threads() -> bool:
+    """Whether a wait_tensor in one thread finds the work that a functional collective of another
+    thread registered.  Not in torch before pytorch#171614 (2026; 2.8 does not): there a thread
+    cannot wait for a functional collective the test never waited for, and the recorder needs each
+    one's Work, which only the c10d operation it issues has (see :func:`_arming_kernel`)."""
+    c10d_c: Any = torch._C._distributed_c10d
+    tensor = torch.empty(1)
+    done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    done.set_result([tensor])
+    before = c10d_c._get_work_registry_size()  # this thread's
+    c10d_c._register_work(tensor, c10d_c._create_work_from_future(done))
+    waiting = threading.Thread(target=torch.ops._c10d_functional.wait_tensor, args=(tensor,))
+    waiting.start()
+    waiting.join()
+    found = c10d_c._get_work_registry_size() == before
+    if not found:
+        torch.ops._c10d_functional.wait_tensor(tensor)  # its registry's entry goes
+    return found
+
+
+def _functional_kernels(record: Record | None, wait: Wait, recording: Recording, compiled: tuple[str, ...]) -> Any:
+    """Their kernels: each records the call (None: arms the c10d kernels, which record it); none
+    for the ``compiled`` ones, and then none for wait_tensor either (the compiled kernels have them)."""
+    functional = torch.library.Library("_c10d_functional", "IMPL")
+    if not compiled:
+        wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = qualified.partition("::")
+        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES or name in compiled:
+            continue
+        packet = getattr(torch.ops._c10d_functional, name)
+        spec = FUNCTIONAL_OPS.get(name)
+        for overload in packet.overloads():
+            registered = name if overload == "default" else f"{name}.{overload}"
+            operation = getattr(packet, overload)
+            if spec is not None and record is not None:
+                kernel = _kernel(operation, spec, record, recording)
+            else:
+                kernel = _arming_kernel(operation, spec.op if spec else "")
+            functional.impl(registered, kernel, "BackendSelect")
+    return functional
+
+
+def tensors_in(values: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in an operation's arguments (tensors, lists of them, lists of lists)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from tensors_in(value)
+
+
+def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The tensors an operation writes: every c10d operation takes them first."""
+    return tensors_in(list(arguments.values())[:1])
+
+
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_BELOW_AUTOGRAD = torch._C._after_ADInplaceOrView_keyset
+_dispatch_keys = torch._C._dispatch_keys
+
+
+def _below_backend_select(args: tuple[Any, ...]) -> Any:
+    """The dispatch keys that reach the tensors' backend kernel, past this hook."""
+    first = args[0]  # every c10d operation takes its tensors first
+    if isinstance(first, torch.Tensor):  # a functional collective's usual case
+        return _dispatch_keys(first) & _BELOW_AUTOGRAD
+    if isinstance(first, list) and first and isinstance(first[0], list):
+        first = first[0] or args[1]  # gather_'s outputs are empty on non-roots
+    tensor = first[0] if isinstance(first, list) and first else first
+    if not isinstance(tensor, torch.Tensor):
+        tensor = next(tensors_in(args), None)
+        if tensor is None:
+            return _CPU
+    return _dispatch_keys(tensor) & _BELOW_AUTOGRAD
+
+
+def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
+    names = [argument.name for argument in overload._schema.arguments]
+    redispatch = overload._handle.redispatch_boxed  # what overload.redispatch calls, a frame less
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        keys = _below_backend_select(args)
+        if not recording():  # a c10d operation's usual case: the torch.distributed function recorded it
+            return redispatch(keys, *args, **kwargs)
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        return record(spec, bound, lambda: redispatch(keys, *args, **kwargs))
+
+    return kernel
+
+
+def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
+    """A functional collective not in FUNCTIONAL_OPS (``name`` ""), or any in a torch whose waits
+    do not cross threads: recorded at the c10d operation it issues, by its ``name`` if it has one."""
+    redispatch = overload._handle.redispatch_boxed
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        arm()
+        outer, _functional.running = _functional.running, name
+        try:
+            return redispatch(_below_backend_select(args), *args, **kwargs)
+        finally:
+            _functional.running = outer
+
+    return kernel
+
+
+def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
+    redispatch = overload._handle.redispatch_boxed
+
+    def kernel(tensor: torch.Tensor) -> Any:
+        return wait(tensor, lambda: redispatch(_dispatch_keys(tensor) & _BELOW_AUTOGRAD, tensor))
+
+    return kernel
+
+
+def wait_tensor(tensor: torch.Tensor) -> None:
+    """Wait for the functional collective that produces ``tensor`` (no timeout; at once if none)."""
+    torch.ops._c10d_functional.wait_tensor(tensor)
+
+
+def groups_made() -> int | None:
+    """How many process groups torch has named in this process (its next group's number);
+    None where this torch does not say."""
+    count = getattr(getattr(dist.distributed_c10d, "_world", None), "group_count", None)
+    return count if isinstance(count, int) else None
+
+
+def process_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
+    """The ProcessGroup a c10d operation was called on (its argument is a script object)."""
+    return dist.ProcessGroup.unbox(arguments["process_group"])
+
+
+def named_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
+    """The ProcessGroup a functional collective was called on: its ``group_name``, which the
+    schema types ``Any`` (a name; a group, boxed, where the caller passed one)."""
+    group = arguments["group_name"]
+    if isinstance(group, str):
+        resolve: Any = dist.distributed_c10d._resolve_process_group  # typed for a NewType of str
+        return resolve(group)
+    return dist.ProcessGroup.unbox(group)
+
+
+def work_of(result: Any) -> dist.Work | None:
+    """The Work a c10d operation returned (alone, or after its tensors); None if it returns none."""
+    boxed = result[-1] if isinstance(result, tuple) and result else result
+    if isinstance(boxed, torch.ScriptObject):
+        return dist.Work.unbox(boxed)
+    return None

@@ -1,0 +1,351 @@
+"""What one torch.distributed call looks like in the event log: its call site, its
+group, its tensors, objects, root or peer, as fragments of the ``call`` event's
+JSON (see :mod:`pytest_ddp.common.protocol`).
+
+Built on the recorder's hot path, so the usual cases are cached: a frame's site
+per instruction, a group's name and ranks, a tensor's shape, dtype and device.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import sys
+import weakref
+from collections.abc import Callable
+from types import CodeType, FrameType, ModuleType
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from pytest_ddp.common.ops import INIT, NEW_GROUP, Op
+from pytest_ddp.record import backend_hook
+
+
+def _package_dir(module: ModuleType) -> str:
+    assert module.__file__ is not None  # a regular package, never a namespace one
+    return os.path.dirname(module.__file__) + os.sep
+
+
+_INTERNAL_DIRS = tuple(
+    _package_dir(module)
+    for module in (torch, sys.modules["pytest_ddp"], __import__("pluggy"), __import__("_pytest"))
+)
+
+
+
+
+_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_UNSEEN = object()
+_site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal
+
+
+def add_internal(module: ModuleType) -> None:
+    """Frames in that package are not call sites either (mpi4py, for the MPI recorder)."""
+    global _INTERNAL_DIRS
+    if _package_dir(module) in _INTERNAL_DIRS:
+        return
+    _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
+    _site_files.clear()
+    _sites.clear()
+
+
+def _site_file(filename: str) -> str | None:
+    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen "):
+        return None
+    if os.path.isabs(filename):
+        relative = os.path.relpath(filename)
+        if not relative.startswith(".."):
+            filename = relative
+    return _json(filename)[1:-1]
+
+
+def _shown(filename: str) -> str | None:
+    """How a call site shows a frame's file (JSON-escaped); None for internal files (cached)."""
+    shown = _site_files.get(filename, _UNSEEN)
+    if shown is _UNSEEN:
+        shown = _site_files[filename] = _site_file(filename)
+    return shown  # type: ignore[return-value]
+
+
+_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# (id(code), f_lasti) -> (code, site, whether the site is in an installed library)
+_sites: dict[tuple[int, int], tuple[CodeType, str, bool]] = {}
+
+
+def site(frame: FrameType | None) -> str:
+    """``"site":"tests/test_x.py:12"``: the first frame outside torch, pytest and this plugin;
+    where that frame is in an installed library (torchmetrics, Lightning, ...), also
+    ``"caller":"tests/test_x.py:30"``: the first frame outside libraries that led there.
+
+    Cached per instruction: ``f_lineno`` scans the code's line table, which costs
+    microseconds in a long function.  The cache holds the code object, so its id
+    cannot be reused by another while cached."""
+    while frame is not None:
+        code = frame.f_code
+        if _site_files.get(code.co_filename, _UNSEEN) is None:  # internal, seen before: the usual case
+            frame = frame.f_back
+            continue
+        key = (id(code), frame.f_lasti)
+        cached = _sites.get(key)
+        if cached is None or cached[0] is not code:
+            described = frame_site(frame)
+            if described is None:
+                frame = frame.f_back
+                continue
+            if len(_sites) > 10000:
+                _sites.clear()
+            cached = _sites[key] = (code, *described)
+        return cached[1] + (_caller(frame.f_back) if cached[2] else "")
+    return '"site":"?"'
+
+
+def frame_site(frame: FrameType) -> tuple[str, bool] | None:
+    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
+    None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction, and
+    so do the compiled kernels (:mod:`pytest_ddp.record.compiled`)."""
+    code = frame.f_code
+    shown = _shown(code.co_filename)
+    if shown is None:
+        return None
+    return f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename)
+
+
+def _in_library(filename: str) -> bool:
+    return any(part in filename for part in _LIBRARY_DIRS)
+
+
+def _caller(frame: FrameType | None) -> str:
+    """``,"caller":"t.py:30"``: the first frame outside torch, pytest, this plugin and libraries."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        shown = _shown(filename)
+        if shown is not None and not _in_library(filename):
+            return f',"caller":"{shown}:{frame.f_lineno}"'
+        frame = frame.f_back
+    return ""
+
+
+class Group(NamedTuple):
+    name: str  # "WORLD" for the default group, else its group_name (the same on every rank)
+    ranks: list[int]  # global ranks, in group rank order
+    text: str  # '"group":"WORLD","ranks":[0,1]'
+
+
+NO_GROUP = Group("WORLD", [], '"group":"WORLD"')  # before init_process_group
+_groups: dict[int, tuple[weakref.ref[Any], Group]] = {}  # id(group) -> (group, description)
+
+
+def group_of(group: Any) -> Group:
+    """A group argument described; cached, as its name and ranks never change."""
+    world = c10d.GroupMember.WORLD
+    if group is None:
+        group = world
+    cached = _groups.get(id(group))
+    if cached is not None and cached[0]() is group:
+        return cached[1]
+    if group is None:  # before init_process_group
+        return NO_GROUP
+    try:
+        name = "WORLD" if group is world else _name_in_test(str(group.group_name))
+        ranks = dist.get_process_group_ranks(group)
+    except Exception:  # not a member (NON_GROUP_MEMBER), or destroyed
+        return Group("?", [], '"group":"?"')
+    described = Group(name, ranks, f'"group":{_json(name)},"ranks":{_json(ranks)}')
+    _groups[id(group)] = (weakref.ref(group), described)
+    return described
+
+
+@functools.lru_cache(maxsize=64)
+def _type_name(thing: Any) -> str:
+    """``"float32"`` for torch.float32, ``"cpu"`` for a device: few, and hashable."""
+    return '"' + str(thing).replace("torch.", "") + '"'
+
+
+def _describe_tensors(tensors: list[torch.Tensor]) -> str:
+    shapes = ",".join(f"[{','.join(map(str, t.shape))}]" for t in tensors)
+    dtypes = ",".join(_type_name(t.dtype) for t in tensors)
+    devices = ",".join(_type_name(t.device) for t in tensors)
+    return f',"shapes":[{shapes}],"dtypes":[{dtypes}],"devices":[{devices}]'
+
+
+_single_tensors: dict[tuple[Any, ...], str] = {}  # (shape, dtype, device) -> description
+
+
+def tensors(value: Any) -> str:
+    """``,"shapes":...,"dtypes":...,"devices":...`` for a tensor or a list of them, else ""."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:  # described as the tensor alone
+        value = value[0]
+    if isinstance(value, torch.Tensor):  # the usual case: cached
+        key = (value.shape, value.dtype, value.device)
+        text = _single_tensors.get(key)
+        if text is None:
+            if len(_single_tensors) > 4096:
+                _single_tensors.clear()
+            text = _single_tensors[key] = _describe_tensors([value])
+        return text
+    if isinstance(value, (list, tuple)):
+        tensors = [v for v in value if isinstance(v, torch.Tensor)]
+        if tensors:
+            return _describe_tensors(tensors)
+    return ""
+
+
+class _ByteCounter:
+    """A file that only counts what is written: a pickled size without a second copy."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+
+
+def _pickled_size(objects: list[Any]) -> int | None:
+    """Bytes pickle.dumps makes of each object (as torch sends them); None if one cannot be pickled."""
+    counter = _ByteCounter()
+    try:
+        for obj in objects:
+            pickle.Pickler(counter).dump(obj)
+    except Exception:  # the real call raises the same, and that is recorded
+        return None
+    return counter.size
+
+
+def _objects(value: Any, is_list: bool) -> str:
+    """``,"obj_type":...,"obj_size":...`` of what a *_object call sends."""
+    objects = list(value) if is_list else [value]
+    name = type(value).__name__
+    if is_list:
+        name = "list[" + ",".join(dict.fromkeys(type(v).__name__ for v in objects)) + "]"
+    return _optional({"obj_type": name, "obj_size": _pickled_size(objects)})
+
+
+def _given_or_env(value: Any, env: str) -> int | None:
+    if value is not None and value != -1:
+        return int(value)
+    text = os.environ.get(env, "")
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    """What init_process_group and new_group will use: their arguments, else the environment."""
+    if op == INIT:
+        method = args.get("init_method") or ("store" if args.get("store") is not None else "env://")
+        extra = {
+            "rank": _given_or_env(args.get("rank"), "RANK"),
+            "world_size": _given_or_env(args.get("world_size"), "WORLD_SIZE"),
+            "init_method": method,
+            "backend": args.get("backend"),  # None: torch's default for the devices
+        }
+        return {k: v for k, v in extra.items() if v is not None}
+    if op == NEW_GROUP:
+        ranks = args.get("ranks")
+        if not ranks:  # None or []: every rank
+            return {"ranks": list(range(dist.get_world_size()))}
+        # Sorted, as torch sorts them by default; an iterator is left for the real call to consume.
+        return {"ranks": sorted(ranks)} if isinstance(ranks, (list, tuple, range, set)) else None
+    return None
+
+
+def _optional(fields: dict[str, Any]) -> str:
+    """``,"key":value`` for each field that is not None or empty."""
+    return "".join(f',"{k}":{_json(v)}' for k, v in fields.items() if v not in (None, [], {}))
+
+
+def _root(spec: Op, args: dict[str, Any], group: Group) -> int | None:
+    """The root or peer as a global rank, however it was given; None if not given."""
+    root = args.get(spec.rank) if spec.rank else None
+    group_rank = args.get(spec.group_rank) if spec.group_rank else None
+    if root is None and group_rank is not None and 0 <= group_rank < len(group.ranks):
+        return group.ranks[group_rank]
+    return root
+
+
+def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
+    obj = args.get(spec.obj) if spec.obj else None
+    if obj is None or (spec.obj_from_root and root != dist.get_rank()):
+        return ""
+    return _objects(obj, spec.obj.endswith("_list"))  # type: ignore[union-attr]
+
+
+# What a describer returns: the group, the event's fields after "t", the key of the
+# sequence counter the call advances (None: it advances none).
+Described = tuple[Group, str, "tuple[Any, ...] | None"]
+
+
+def _describe_collective(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    group = group_of(args.get("group"))
+    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    root = None
+    if spec.rank:
+        root = _root(spec, args, group)
+        root = 0 if root is None else root  # torch's default root
+        fields += f',"root":{root}'
+    if spec.obj:
+        fields += _object_fields(spec, args, root)
+    if args.get("async_op"):
+        fields += ',"async":true'
+    return group, fields, (group.name,)
+
+
+def _describe_p2p(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    group = group_of(args.get("group"))
+    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    peer = _root(spec, args, group)  # None: a receive from any source
+    if peer is not None:
+        fields += f',"peer":{peer}'
+    if spec.obj:
+        fields += _object_fields(spec, args, peer)
+    return group, fields, (group.name, spec.direction, peer)
+
+
+def _describe_batch(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    """batch_isend_irecv: many peers at once, so a count of its own and no peer."""
+    ops = args.get("p2p_op_list") or []
+    group = group_of(ops[0].group if ops else None)
+    return group, tensors([p.tensor for p in ops]), (group.name, "batch")
+
+
+def _describe_group_op(op: str, spec: Op, args: dict[str, Any]) -> Described:
+    """init_process_group, new_group, destroy_process_group: set up or tear down, in no sequence."""
+    group = NO_GROUP if op == INIT else group_of(None)
+    return group, _optional({"extra": _extra(op, args)}), None
+
+
+DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {
+    "collective": _describe_collective,
+    "p2p": _describe_p2p,
+    "batch": _describe_batch,
+    "group": _describe_group_op,
+}
+
+
+_groups_before_test: int | None = None  # torch's count of groups made when the current test began
+
+
+def _name_in_test(torch_name: str) -> str:
+    """A group's name in reports: torch numbers groups for the life of the process, so on warm
+    ranks a test's first subgroup could be group 7 after one test and group 9 after another.
+    Groups made during the test are numbered from 1 in the order made (the same on every member:
+    making a group is collective); groups made before it are ``before-<torch's name>``."""
+    if not torch_name.isdigit() or _groups_before_test is None:  # named by the user, or hashed
+        return torch_name
+    number = int(torch_name) - _groups_before_test + 1  # torch names a group by the count before it
+    return str(number) if number > 0 else f"before-{torch_name}"
+
+
+def start_test() -> None:
+    """A new test begins: groups are named from here on (see :func:`_name_in_test`)."""
+    global _groups_before_test
+    _groups_before_test = backend_hook.groups_made()
+    _groups.clear()
+
+
+def forget_groups() -> None:
+    """Drop the cached group descriptions (for tests that install the recorder again)."""
+    _groups.clear()

@@ -1,0 +1,150 @@
+"""The rank side of fault injection: arms the current test's faults and fires them.
+
+The recorder calls :func:`on_call` on entry of every recorded call while a
+fault is armed (``armed`` is not empty), before the call is written to the
+log: the fault's own ``fault`` event is written first, so the controller
+knows what was injected even when the rank is killed a moment later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+
+from pytest_ddp.common.protocol import EventLog, Injected
+from pytest_ddp.faults import Fault
+from pytest_ddp.record import describe
+
+# op -> the faults armed on this rank at that op; empty when none (the recorder's hot path tests it).
+armed: dict[str, list[Fault]] = {}
+_counts: dict[str, int] = {}  # op -> calls of it this test
+_log: EventLog | None = None
+OOM_CHUNK = 64 * 2**20  # bytes allocated at a time
+OOM_HEADROOM = 256 * 2**20  # address space left to the rank when it allocates until MemoryError
+
+
+def arm(faults: tuple[Fault, ...] | list[Fault], rank: int, log: EventLog) -> None:
+    """The faults of a new test (those of other ranks are ignored); none disarms."""
+    global _log
+    armed.clear()
+    _counts.clear()
+    _log = log
+    for fault in faults:
+        if fault.rank == rank:
+            armed.setdefault(fault.at, []).append(fault)
+
+
+def on_call(op: str, frame: FrameType | None) -> None:
+    """The rank enters a call of ``op``: fire the fault armed at this count, if any."""
+    faults = armed.get(op)
+    if not faults:
+        return
+    count = _counts[op] = _counts.get(op, 0) + 1
+    for fault in faults:
+        if fault.call == count:
+            _fire(fault, json.loads("{" + describe.site(frame) + "}")["site"])
+
+
+def _fire(fault: Fault, site: str) -> None:
+    if _log is not None:
+        _log.write(Injected(str(fault), fault.action, fault.at, fault.call, site))
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.action == "exit":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(fault.code)
+    elif fault.action == "raise":
+        assert fault.exc is not None  # checked by faults.check
+        raise fault.exc
+    elif fault.action == "delay":
+        time.sleep(fault.seconds)
+    elif fault.action == "hang":
+        threading.Event().wait()
+    elif fault.action == "oom":
+        _exhaust_memory(fault)
+    elif fault.action == "disconnect":
+        disconnect_peers()
+
+
+def _exhaust_memory(fault: Fault) -> None:
+    """Allocate (and touch) memory until MemoryError, or ``fault.size`` bytes; then raise
+    MemoryError.  Without a size the address-space limit is lowered first, so that the
+    MemoryError is real but the machine's memory is not used up."""
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    if fault.size is None:
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + OOM_HEADROOM, limits[1]))
+    held: list[bytes] = []
+    allocated = 0
+    try:
+        while fault.size is None or allocated < fault.size:
+            size = OOM_CHUNK if fault.size is None else min(OOM_CHUNK, fault.size - allocated)
+            held.append(b"\x01" * size)
+            allocated += size
+    except MemoryError:
+        pass
+    finally:
+        held.clear()  # freed now: the traceback keeps this frame, not the memory
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+    raise MemoryError(f"injected by pytest-ddp: {fault} ({allocated / 2**20:.0f} MiB allocated)")
+
+
+def _address_space() -> int:
+    """This process's virtual memory size, in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmSize in /proc/self/status")
+
+
+def _established_tcp() -> dict[int, int]:
+    """Socket inode -> remote port of this machine's established TCP connections."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "01":  # ESTABLISHED
+                found[int(fields[9])] = int(fields[2].rsplit(":", 1)[1], 16)
+    return found
+
+
+def disconnect_peers() -> list[int]:
+    """Shut down (both ways) every established TCP connection of this process but those to the
+    rendezvous store (``MASTER_PORT``): the process group's connections to its peers.  The
+    descriptors stay open, so the backend meets the broken connection on its next use.
+    Returns the file descriptors shut down."""
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    connections = _established_tcp()
+    shut = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if not target.startswith("socket:["):
+            continue
+        remote = connections.get(int(target[8:-1]))
+        if remote is None or remote == store_port:
+            continue
+        sock = socket.socket(fileno=int(name))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            shut.append(int(name))
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # the backend still owns the descriptor
+    return shut

@@ -1,0 +1,496 @@
+"""The MPI recorder: every call a rank makes on an mpi4py communicator, written before and after it runs.
+
+mpi4py's types cannot be patched (``MPI.Comm.Send = ...`` raises), but they can be
+subclassed, and a subclass instance made from a communicator refers to the same
+communicator.  So :func:`install` replaces ``MPI.COMM_WORLD`` with a
+:class:`RecordingComm`, whose methods named in :data:`pytest_ddp.common.ops.MPI_OPS` write a
+``call`` event, run mpi4py's method and write a ``ret`` event, like the torch
+recorder (:mod:`pytest_ddp.record.recorder`); the communicators it makes (``Dup``,
+``Split``, ...) record too.  The requests of ``Isend``, ``irecv``, ... are
+:class:`RecordingRequest`: such a call stays running until its request completes,
+and a rank blocked in ``request.Wait()`` has a ``wait`` event saying in which call.
+``MPI.Request`` itself becomes a subclass of it that every request is still an
+instance of, so that ``MPI.Request.Waitall(requests)`` is recorded too.
+
+Calls share the torch recorder's numbering, so a test that makes both kinds of
+calls has one sequence of call indexes.  A receive that left its source or tag
+open (``ANY_SOURCE``, ``ANY_TAG``) says in its ``ret`` which message it got: the
+watchdog's matching (:mod:`pytest_ddp.diagnose.mpi_matching`) needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
+
+import mpi4py
+from mpi4py import MPI
+
+from pytest_ddp.common.ops import MPI_OPS, Op
+from pytest_ddp.common.protocol import NULL_PEER, EventLog
+from pytest_ddp.record import describe, recorder
+
+WORLD = "WORLD"
+
+_log: EventLog | None = None
+_numbers = recorder.numbers()
+_originals: dict[str, Any] = {}  # "COMM_WORLD", "Request": what install replaced in the MPI module
+_test = 0  # which test: a communicator made by an earlier test is named "before-..."
+_comms_made = 0  # communicators made in the current test, for their names
+_world_group: MPI.Group | None = None
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class _Pending(NamedTuple):
+    """A request of the current test whose call has no ret yet."""
+
+    call: int  # its index
+    generation: int  # the numbering's, when the call was made: a later test drops it
+    ranks: list[int] | None  # a receive that left its source or tag open: its communicator's world ranks
+
+
+_pending: dict[int, Any] = {}  # call index -> its RecordingRequest, until it completes
+
+
+# -- what a call looks like --------------------------------------------------------
+
+
+class _Comm(NamedTuple):
+    """A communicator as the event log shows it."""
+
+    name: str  # "WORLD", or by creation order in the test: "1", "2.2" (a Split's part from world rank 2)
+    ranks: list[int]  # the world rank of each of its ranks
+    rank: int  # this process's rank in it
+    text: str  # '"group":"1","ranks":[0,1]'
+    test: int  # the test that named it
+
+    def world(self, rank: int) -> int:
+        """A communicator's rank as a world rank; MPI.PROC_NULL as NULL_PEER."""
+        if rank == MPI.PROC_NULL:
+            return NULL_PEER
+        return self.ranks[rank] if 0 <= rank < len(self.ranks) else rank
+
+
+def _describe_comm(comm: MPI.Intracomm, name: str) -> _Comm:
+    size = comm.Get_size()
+    if name == WORLD or _world_group is None:
+        ranks = list(range(size))
+    else:
+        group = comm.Get_group()
+        ranks = [int(r) for r in group.Translate_ranks(list(range(size)), _world_group)]
+        group.Free()
+    return _Comm(name, ranks, comm.Get_rank(), _group_text(name, ranks), _test)
+
+
+def _group_text(name: str, ranks: list[int]) -> str:
+    return f'"group":{_encode(name)},"ranks":{_encode(ranks)}'
+
+
+def _comm(comm: Any) -> _Comm:
+    """The description of a recording communicator (cached on it)."""
+    described: _Comm | None = getattr(comm, "_ddp", None)
+    if described is None:  # made by a method that is not recorded (Idup, Create_group, ...)
+        described = comm._ddp = _describe_comm(comm, "?")
+    elif described.test != _test and described.name != WORLD:
+        name = described.name if described.name.startswith("before-") else f"before-{described.name}"
+        described = comm._ddp = _describe_comm(comm, name)
+    return described
+
+
+_DTYPE_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
+_dtype_names: dict[Any, str] = {}  # numpy's or torch's dtype, or an MPI datatype's handle -> "float64"
+_FORMATS = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32", "l": "int64",
+            "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64", "?": "bool"}
+
+
+def _datatype_name(datatype: MPI.Datatype) -> str:
+    """``float64`` for MPI.DOUBLE (named as numpy and torch name it), else MPI's name."""
+    name = _dtype_names.get(datatype.handle)
+    if name is None:
+        typestr = datatype.typestr
+        kind, size = typestr[:1], typestr[1:]
+        if kind == "b":
+            name = "bool"
+        elif kind in _DTYPE_KINDS and size.isdigit():
+            name = f"{_DTYPE_KINDS[kind]}{int(size) * 8}"
+        else:
+            name = datatype.Get_name() or "derived"
+        _dtype_names[datatype.handle] = name
+    return name
+
+
+def _data(value: Any) -> tuple[int, str, int] | None:
+    """(count, element type, bytes) of a buffer argument; None for IN_PLACE or no buffer."""
+    if value is None or value is MPI.IN_PLACE or value is MPI.BOTTOM:
+        return None
+    if isinstance(value, (list, tuple)):  # [data, MPI.DOUBLE], [data, count, MPI.DOUBLE], ...
+        data = _data(value[0]) if value else None
+        datatype = value[-1] if isinstance(value[-1], MPI.Datatype) else None
+        if data is None or datatype is None:
+            return data
+        size = datatype.Get_size()
+        count = value[1] if len(value) == 3 and isinstance(value[1], int) else data[2] // max(size, 1)
+        return count, _datatype_name(datatype), count * size
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:  # numpy, torch, cupy, ...
+        name = _dtype_names.get(dtype)
+        if name is None:
+            name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+        nbytes = int(value.nbytes)
+        return nbytes // max(int(value.itemsize), 1), name, nbytes
+    view = memoryview(value)
+    return view.nbytes // max(view.itemsize, 1), _FORMATS.get(view.format, view.format), view.nbytes
+
+
+def _buffer_fields(spec: Op, args: dict[str, Any], extra: list[str]) -> str:
+    assert spec.tensors is not None
+    value = args.get(spec.tensors)
+    if value is MPI.IN_PLACE:  # the data is in the other buffer
+        value = args.get("sendbuf" if spec.tensors == "recvbuf" else "recvbuf")
+    data = _data(value)
+    if data is None:
+        return ""
+    count, dtype, nbytes = data
+    extra.append(f'"bytes":{nbytes}')
+    return f',"shapes":[[{count}]],"dtypes":["{dtype}"]'
+
+
+def _object_fields(obj: Any) -> str:
+    """``,"obj_type":"dict","obj_size":123``: what a lower-case call pickles and sends."""
+    try:
+        size: int | None = len(MPI.pickle.dumps(obj))
+    except Exception:  # the call raises the same, and that is recorded
+        size = None
+    text = f',"obj_type":{_encode(type(obj).__name__)}'
+    return text if size is None else f'{text},"obj_size":{size}'
+
+
+_reductions: dict[int, str] = {}  # an MPI.Op's handle -> '"SUM"' (JSON); filled at install
+
+
+def _reduction(op: Any) -> str:
+    """The reduction's name, as JSON."""
+    if isinstance(op, MPI.Op):
+        return _reductions.get(op.handle, '"user-defined"')
+    return _encode(getattr(op, "__name__", type(op).__name__))  # a Python function given to reduce/allreduce
+
+
+def _extra_text(extra: list[str]) -> str:
+    """``,"extra":{...}`` of its members, written as JSON (cheaper than encoding a dict per call)."""
+    return f',"extra":{{{",".join(extra)}}}' if extra else ""
+
+
+# A describer returns the call event's fields after "t", the key of the sequence counter
+# the call advances, and whether it is a receive that left its source or tag open.
+Described = tuple[str, tuple[Any, ...], bool]
+
+
+def _describe_collective(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
+    extra: list[str] = []
+    fields = ""
+    root = None
+    if spec.rank:
+        root = args[spec.rank]
+        fields += f',"root":{comm.world(root)}'
+    if spec.tensors:
+        fields += _buffer_fields(spec, args, extra)
+    if spec.obj and (not spec.obj_from_root or root == comm.rank):
+        fields += _object_fields(args[spec.obj])
+    if spec.reduction:
+        extra.append(f'"op":{_reduction(args[spec.reduction])}')
+    return fields + _extra_text(extra), (comm.name,), False
+
+
+def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
+    assert spec.rank is not None and spec.tag is not None
+    extra: list[str] = []
+    fields = _buffer_fields(spec, args, extra) if spec.tensors else ""
+    if spec.obj:
+        fields += _object_fields(args[spec.obj])
+    given = args[spec.rank]
+    peer = None if given == MPI.ANY_SOURCE else comm.world(given)
+    if peer is not None:
+        fields += f',"peer":{peer}'
+    tag = args[spec.tag]
+    if tag != MPI.ANY_TAG:
+        fields += f',"tag":{tag}'
+    open_ended = spec.direction == "recv" and not spec.probe and (peer is None or tag == MPI.ANY_TAG)
+    if spec.recv_from and spec.recv_tag:  # Sendrecv: its receiving end
+        source, recv_tag = args[spec.recv_from], args[spec.recv_tag]
+        if source != MPI.ANY_SOURCE:
+            extra.append(f'"recv_from":{comm.world(source)}')
+        if recv_tag != MPI.ANY_TAG:
+            extra.append(f'"recv_tag":{int(recv_tag)}')
+        open_ended = source == MPI.ANY_SOURCE or recv_tag == MPI.ANY_TAG
+    return fields + _extra_text(extra), (comm.name, spec.direction or spec.name, peer), open_ended
+
+
+# -- rets and waits --------------------------------------------------------------------
+
+
+def _ret_line(index: int, status: MPI.Status | None, ranks: list[int] | None) -> str:
+    if status is None or ranks is None:
+        return f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}'
+    source = status.Get_source()
+    got = f',"src":{ranks[source]}' if 0 <= source < len(ranks) else ""
+    return f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true{got},"tag":{status.Get_tag()}}}'
+
+
+def _write_ret(log: EventLog, index: int, error: BaseException | None, line: str = "") -> None:
+    if error is None:
+        log.write_line(line)
+    else:
+        log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"})
+
+
+def _finish(request: Any, pending: _Pending, error: BaseException | None, status: MPI.Status | None = None) -> None:
+    """A request completed (or failed): its call's ret, unless its test is over."""
+    request._ddp = None
+    _pending.pop(pending.call, None)
+    log = _log
+    with _numbers.lock:
+        if log is not None and pending.generation == _numbers.generation:
+            _write_ret(log, pending.call, error, _ret_line(pending.call, status, pending.ranks))
+
+
+def _recorded(request: Any) -> _Pending | None:
+    """The request's pending call, if it is one of the current test's."""
+    pending: _Pending | None = getattr(request, "_ddp", None)
+    return pending if pending is not None and pending.generation == _numbers.generation else None
+
+
+_Request: Any = MPI.Request  # mpi4py's own, whatever install makes of MPI.Request
+
+
+def _tested(result: Any) -> bool:
+    """Whether Test or test completed the request (test returns (flag, object))."""
+    return bool(result[0] if isinstance(result, tuple) else result)
+
+
+class RecordingRequest(MPI.Request):
+    """A request of a recorded call: its completion is the call's ret."""
+
+    __slots__ = ("_ddp",)
+    _ddp: _Pending | None
+
+    def _complete(self, method: Callable[..., Any], status: MPI.Status | None, blocks: bool) -> Any:
+        """mpi4py's ``method``; the call's ret once it completed the request, and before a
+        blocking one a wait event: the rank is now blocked in that call."""
+        pending = _recorded(self)
+        if pending is None:
+            return method(self, status)
+        log = _log
+        if blocks and log is not None:
+            log.write_line(f'{{"e":"wait","i":{pending.call},"t":{time.time()!r}}}')
+        if status is None and pending.ranks is not None:  # to learn which message a receive got
+            status = MPI.Status()
+        try:
+            result = method(self, status)
+        except BaseException as exc:
+            _finish(self, pending, exc)
+            raise
+        if blocks or _tested(result):  # wait's result is the object received, maybe None
+            _finish(self, pending, None, status)
+        return result
+
+    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+        return self._complete(_Request.Wait, status, blocks=True)
+
+    def wait(self, status: MPI.Status | None = None) -> Any:
+        return self._complete(_Request.wait, status, blocks=True)
+
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        return bool(self._complete(_Request.Test, status, blocks=False))
+
+    def test(self, status: MPI.Status | None = None) -> tuple[bool, Any]:
+        return self._complete(_Request.test, status, blocks=False)
+
+    # Waiting for all is waiting for each in turn: MPI progresses every request while
+    # the caller waits for one, so this completes exactly when Waitall would.  Each wait
+    # is recorded: the log says which request the rank still waits for.
+    @classmethod
+    def Waitall(cls, requests: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None) -> Literal[True]:
+        for request, status in zip(requests, _statuses(len(requests), statuses)):
+            RecordingRequest.Wait(request, status)  # type: ignore[arg-type]
+        return True
+
+    @classmethod
+    def waitall(cls, requests: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None) -> list[Any]:
+        return [
+            RecordingRequest.wait(request, status)  # type: ignore[arg-type]
+            for request, status in zip(requests, _statuses(len(requests), statuses))
+        ]
+
+
+def _statuses(count: int, statuses: list[MPI.Status] | None) -> list[MPI.Status | None]:
+    """The caller's statuses for Waitall, one per request, as mpi4py fills them in."""
+    if statuses is None:
+        return [None] * count
+    statuses.extend(MPI.Status() for _ in range(count - len(statuses)))
+    return list(statuses[:count])
+
+
+class _AnyRequest(type):
+    """``isinstance(r, MPI.Request)`` stays true of every request once MPI.Request is ours."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _Request)
+
+    def __subclasscheck__(cls, other: type) -> bool:
+        return issubclass(other, _Request)
+
+
+class _ModuleRequest(RecordingRequest, metaclass=_AnyRequest):
+    """What ``MPI.Request`` is once installed: its Waitall and waitall are recorded."""
+
+    __slots__ = ()
+
+
+# -- the communicator ----------------------------------------------------------------
+
+
+def _made(result: Any, parent: _Comm) -> Any:
+    """A communicator a recorded call made: recording too, named by creation order; a part of
+    the parent (a Split's) also by its lowest world rank, as parts made by one call differ."""
+    global _comms_made
+    _comms_made += 1  # on every member, also those that get COMM_NULL: names agree
+    if not isinstance(result, MPI.Intracomm) or result == MPI.COMM_NULL:
+        return result
+    comm = result if isinstance(result, RecordingComm) else RecordingComm(result)
+    described = _describe_comm(comm, str(_comms_made))
+    if len(described.ranks) < len(parent.ranks):
+        name = f"{_comms_made}.{min(described.ranks)}"
+        described = described._replace(name=name, text=_group_text(name, described.ranks))
+    comm._ddp = described
+    return comm
+
+
+def _wrap(spec: Op) -> Callable[..., Any]:
+    original = getattr(MPI.Intracomm, spec.method)
+    parameters = list(inspect.signature(original).parameters.values())[1:]  # after self
+    names = tuple(p.name for p in parameters)
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    describer = _describe_p2p if spec.pairs else _describe_collective
+    prefix = f'"op":"{spec.name}",'
+    takes_status = "status" in names
+    returns_request = not spec.blocks and not spec.probe
+
+    # The hot path: write the call, run it, write how it ended.
+    @functools.wraps(original)
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        log = _log
+        if log is None:
+            return original(self, *args, **kwargs)
+        try:
+            bound = dict(defaults)
+            bound.update(zip(names, args))
+            if kwargs:
+                bound.update(kwargs)
+            comm = _comm(self)
+            fields, key, open_ended = describer(spec, bound, comm)
+            body = f'{prefix}{comm.text},{describe.site(sys._getframe(1))},"t":{time.time()!r}{fields}'
+        except Exception:  # describing must never break the user's call
+            return original(self, *args, **kwargs)
+        status = None
+        if open_ended and takes_status:
+            status = bound.get("status")
+            if status is None:
+                status = kwargs["status"] = MPI.Status()
+        index, generation = _numbers.write_call(log, body, key)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            _write_ret(log, index, exc)
+            raise
+        if returns_request:
+            request = RecordingRequest(result)
+            request._ddp = _Pending(index, generation, comm.ranks if open_ended else None)
+            _pending[index] = request
+            return request
+        if spec.makes_comm:
+            result = _made(result, comm)
+        log.write_line(_ret_line(index, status, comm.ranks))
+        return result
+
+    return recorded
+
+
+class RecordingComm(MPI.Intracomm):
+    """An intracommunicator whose communication (:data:`pytest_ddp.common.ops.MPI_OPS`) is recorded."""
+
+    __slots__ = ("_ddp",)
+    _ddp: _Comm
+
+
+for _spec in MPI_OPS.values():
+    if hasattr(MPI.Intracomm, _spec.method):
+        setattr(RecordingComm, _spec.method, _wrap(_spec))
+
+
+# -- the rank's side of a test -----------------------------------------------------------
+
+
+def install(log: EventLog) -> None:
+    """Record the calls made on ``MPI.COMM_WORLD``, and on what is made from it, into ``log``
+    (idempotent; a second call only switches the log)."""
+    global _log, _world_group
+    _log = log
+    if _originals:
+        return
+    describe.add_internal(mpi4py)
+    _reductions.update(
+        {op.handle: f'"{name}"' for name, op in vars(MPI).items() if isinstance(op, MPI.Op) and op != MPI.OP_NULL}
+    )
+    world = MPI.COMM_WORLD
+    _originals.update(COMM_WORLD=world, Request=MPI.Request)
+    _world_group = world.Get_group()
+    recording = RecordingComm(world)
+    recording._ddp = _describe_comm(recording, WORLD)
+    setattr(MPI, "COMM_WORLD", recording)  # noqa: B010 - mpi4py's stubs call it final
+    setattr(MPI, "Request", _ModuleRequest)  # noqa: B010
+
+
+def uninstall() -> None:
+    """Put the MPI module back as it was (for tests)."""
+    global _log, _world_group
+    for name, original in _originals.items():
+        setattr(MPI, name, original)
+    _originals.clear()
+    if _world_group is not None:
+        _world_group.Free()
+        _world_group = None
+    _log = None
+
+
+def start_test() -> None:
+    """A new test begins: call numbers start again, the last test's requests are forgotten."""
+    global _test, _comms_made
+    _numbers.reset()
+    _test += 1
+    _comms_made = 0
+    _pending.clear()
+
+
+def unfinished_work(wait: float) -> list[dict[str, Any]]:
+    """The current test's requests (``Isend``, ``irecv``, ...) not complete ``wait`` seconds
+    after it: ``[{"i": call index, "err": why}]``, as :func:`pytest_ddp.record.recorder.unfinished_work`.
+
+    A request completes only when tested or waited for; MPI has no wait with a timeout, so the
+    requests are tested until they are all complete or the time is up."""
+    deadline = time.monotonic() + wait
+    while _pending:
+        for request in list(_pending.values()):
+            RecordingRequest.Test(request)
+        if not _pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)  # polling MPI, not waiting for another process's event
+    unfinished = [{"i": index, "err": f"request not complete {wait:g} s after the test"} for index in sorted(_pending)]
+    for request in _pending.values():
+        request._ddp = None  # forgotten: a later wait on it is not this test's
+    _pending.clear()
+    return unfinished

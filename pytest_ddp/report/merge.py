@@ -1,0 +1,218 @@
+"""Merge the ranks' pytest reports of one test into one report per phase.
+
+Rules, per phase: it failed if any rank failed in it, or was stopped or died
+in it; it was skipped if every rank skipped (an xfail on any rank that was
+not otherwise failed makes the phase xfailed); else it passed.  The call
+phase is reported only when the merged setup passed, as pytest does.  The
+first failing phase carries the whole diagnosis (see :mod:`pytest_ddp.report.failure`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_ddp.diagnose.state import RankState
+from pytest_ddp.groups.group import StopTeardown, UnfinishedTeardown
+from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
+from pytest_ddp.report.failure import (
+    PHASES,
+    failure_text,
+    start_failure_text,
+    stopped_group_text,
+    unfinished_teardown_text,
+)
+
+
+def _expected_phases(state: RankState) -> list[str]:
+    """The phases a rank would report: call only after a passed setup."""
+    setup = state.reports.get("setup")
+    if setup is not None and setup["outcome"] != "passed":
+        return ["setup", "teardown"]
+    return list(PHASES)
+
+
+def _stuck_phase(state: RankState) -> str | None:
+    """The first phase this rank should have reported and did not (stopped or died in it)."""
+    for when in _expected_phases(state):
+        if when not in state.reports:
+            return when
+    return None
+
+
+def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
+    """Seconds a rank spent in the phase it was stopped or died in: from the end of
+    its previous phase (or the hand-over) to its death or the verdict."""
+    earlier = PHASES[: PHASES.index(when)]
+    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=run.ended - run.elapsed)
+    return max(0.0, (state.died_at or run.ended) - began)
+
+
+def merged_reports(
+    item: pytest.Item, run: TestRun | StartFailure, config: pytest.Config
+) -> tuple[list[pytest.TestReport], dict[int, str]]:
+    """The controller's reports for ``item``, and each failing rank's failure text."""
+    if isinstance(run, StartFailure):  # no rank ran it: its setup failed
+        text = start_failure_text(run)
+        return [_report(item, "setup", "failed", text), _report(item, "teardown", "passed", None)], {}
+
+    rank_reports: dict[str, dict[int, pytest.TestReport]] = {when: {} for when in PHASES}
+    rank_failures: dict[int, str] = {}
+    for state in run.states:
+        for when, event in state.reports.items():
+            if "data" in event:
+                rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
+            else:  # a plain pass, sent without its report
+                rep = _report(item, when, "passed", None)
+                rep.duration = event["duration"]
+            rank_reports[when][state.rank] = rep
+            if rep.failed:
+                label = "" if when == "call" else f" (in {when})"
+                rank_failures.setdefault(state.rank, rep.longreprtext + label)
+    # The group was stopped right after this test: the ranks tore down the
+    # fixtures they still held then, and a failure there is this test's teardown error.
+    for rank, end in run.stop_teardown.items():
+        teardown = rank_reports["teardown"].get(rank)
+        rep = _stop_teardown_report(end, str(item.path), config)
+        if rep is None or (teardown is not None and teardown.failed):
+            continue
+        rep.duration += teardown.duration if teardown is not None else 0.0
+        rank_reports["teardown"][rank] = rep
+        # The controller's own text of a rank that sent no report says it was in teardown.
+        label = "" if isinstance(end, UnfinishedTeardown) else " (in teardown)"
+        rank_failures.setdefault(rank, rep.longreprtext + label)
+    # A rank an injected fault ended on purpose was not stuck: the phase stands on the others.
+    stuck = {state.rank: _stuck_phase(state) for state in run.states if not state.died_as_injected}
+    states = {state.rank: state for state in run.states}
+
+    reports: list[pytest.TestReport] = []
+    diagnosed = False
+    for when in PHASES:
+        per_rank = rank_reports[when]
+        stuck_here = sorted(rank for rank, phase in stuck.items() if phase == when)
+        if when == "call" and reports[-1].outcome != "passed":
+            continue
+        outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
+        if outcome == "passed" and when == "call" and (run.collectives_wrong or run.faults_not_fired):
+            outcome = "failed"
+        longrepr: Any = None
+        if outcome == "failed":
+            if not diagnosed:
+                longrepr = failure_text(run, rank_failures, str(item.path))
+                diagnosed = True
+            else:
+                longrepr = "\n\n".join(
+                    f"rank {rank}: {rep.longreprtext}" for rank, rep in sorted(per_rank.items()) if rep.failed
+                )
+        elif outcome == "skipped":
+            longrepr = _skip_longrepr(item, per_rank)
+        report = _report(item, when, outcome, longrepr)
+        if wasxfail is not None:
+            report.wasxfail = wasxfail
+        # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
+        report.duration = max(
+            [rep.duration for rep in per_rank.values()]
+            + [_stuck_duration(states[rank], when, run) for rank in stuck_here],
+            default=0.0,
+        )
+        for rank, rep in sorted(per_rank.items()):
+            for name, content in rep.sections:
+                report.sections.append((f"{name} (rank {rank})", content))
+            report.user_properties.extend(rep.user_properties)
+        reports.append(report)
+    _attach_output(reports, run)
+    return reports, rank_failures
+
+
+def stopped_group_report(
+    failure: StoppedGroupFailure, last_item: tuple[str, tuple[str, int | None, str]], config: pytest.Config
+) -> pytest.TestReport:
+    """An error at teardown of a stopped group, reported after ``last_item`` (node id and
+    location of the item the controller reported last; xdist accepts a worker's reports
+    only under its current item's node id): the test that used the fixtures was reported
+    already.  The location's headline names the group."""
+    test_file, _, test = failure.last_test.partition("::")
+    reps = {rank: _stop_teardown_report(end, test_file, config) for rank, end in failure.failures.items()}
+    texts = {rank: rep.longreprtext for rank, rep in reps.items() if rep is not None}
+    nodeid, (path, _, _) = last_item
+    report = pytest.TestReport(
+        nodeid=nodeid,
+        location=(path, None, f"ddp group {failure.group} (stopped after {test})"),
+        keywords={},
+        outcome="failed",
+        longrepr=stopped_group_text(failure, texts),
+        when="teardown",
+        sections=[],
+        user_properties=[],
+    )
+    report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
+    return report
+
+
+def _stop_teardown_report(end: StopTeardown, test_file: str, config: pytest.Config) -> pytest.TestReport | None:
+    """A rank's failed teardown at its group's stop as a teardown report: its own, or the
+    controller's of a rank that sent none (it died in that teardown, or was killed in it)."""
+    if isinstance(end, UnfinishedTeardown):
+        text = unfinished_teardown_text(end, test_file)
+        report = pytest.TestReport("", (test_file, None, ""), {}, "failed", text, "teardown", [])
+        report.duration = end.duration
+        return report
+    if end.data is None:  # a pass, sent without its report
+        return None
+    return config.hook.pytest_report_from_serializable(config=config, data=end.data)
+
+
+def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:
+    """Each rank's stdout and stderr of the whole test, on the report pytest shows them with:
+    the first failed one, else the call report (``-rP``)."""
+    target = next((r for r in reports if r.failed), None)
+    target = target or next((r for r in reports if r.when == "call"), reports[0])
+    for rank, streams in sorted(run.outputs.items()):
+        for stream, text in streams.items():
+            if text.strip():
+                target.sections.append((f"Captured {stream} (rank {rank})", text))
+
+
+def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:
+    """(outcome, wasxfail) of one phase over the ranks' reports.
+
+    xfail is about the test as a whole: if the expected failure happened on
+    some rank, the test xfailed, even where another rank's strict XPASS
+    would fail it on its own.
+    """
+    strict_xpass = [rep for rep in reps if rep.failed and str(rep.longrepr).startswith("[XPASS(strict)]")]
+    if any_stuck or any(rep.failed and rep not in strict_xpass for rep in reps):
+        return "failed", None
+    xfailed = [rep for rep in reps if rep.skipped and hasattr(rep, "wasxfail")]
+    if xfailed:
+        return "skipped", xfailed[0].wasxfail
+    if strict_xpass:
+        return "failed", None
+    if reps and all(rep.skipped for rep in reps):
+        return "skipped", None
+    xpassed = [rep for rep in reps if hasattr(rep, "wasxfail")]
+    if reps and len(xpassed) == len(reps):
+        return "passed", xpassed[0].wasxfail  # XPASS on every rank
+    return "passed", None
+
+
+def _skip_longrepr(item: pytest.Item, per_rank: dict[int, pytest.TestReport]) -> Any:
+    for rep in per_rank.values():
+        if rep.skipped and isinstance(rep.longrepr, (tuple, list)) and len(rep.longrepr) == 3:
+            return tuple(rep.longrepr)
+    path, lineno, _ = item.location
+    return (str(path), (lineno or 0) + 1, "Skipped")
+
+
+def _report(item: pytest.Item, when: str, outcome: str, longrepr: Any) -> pytest.TestReport:
+    return pytest.TestReport(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={name: 1 for name in item.keywords},
+        outcome=outcome,  # type: ignore[arg-type]
+        longrepr=longrepr,
+        when=when,  # type: ignore[arg-type]
+        sections=[],
+        user_properties=[],
+    )

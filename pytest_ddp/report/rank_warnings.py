@@ -1,0 +1,62 @@
+"""Warnings recorded in the ranks, carried to the controller's warnings summary.
+
+A rank sends each warning pytest records during a test (:func:`serialized`);
+the controller shows a warning raised by several ranks once, labelled with
+them (:func:`merged`), as pytest-xdist does for its workers' warnings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+from pytest_ddp.diagnose.state import RankState
+from pytest_ddp.diagnose.wording import rank_list
+
+
+def serialized(message: warnings.WarningMessage) -> dict[str, Any]:
+    """The fields of a recorded warning that travel: text, category, where it was raised."""
+    category = message.category
+    return {
+        "message": str(message.message),
+        "category": f"{category.__module__}:{category.__qualname__}",
+        "filename": message.filename,
+        "lineno": message.lineno,
+        "line": message.line,
+    }
+
+
+def _category(name: str) -> type[Warning]:
+    module, _, qualname = name.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return UserWarning
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+
+
+def merged(states: list[RankState]) -> list[tuple[warnings.WarningMessage, str]]:
+    """One ``(warning, node id)`` per distinct warning of the test, its message ending with
+    the ranks that raised it: ``boom [ranks 0, 1]``."""
+    ranks: dict[tuple[str, str, str, int, str], list[int]] = {}
+    lines: dict[tuple[str, str, str, int, str], str | None] = {}
+    for state in states:
+        for event in state.warnings:
+            w = event.warning
+            key = (w["message"], w["category"], w["filename"], w["lineno"], event.id)
+            ranks.setdefault(key, []).append(state.rank)
+            lines[key] = w.get("line")
+    found = []
+    for key, raised_by in ranks.items():
+        text, category_name, filename, lineno, nodeid = key
+        category = _category(category_name)
+        labelled = f"{text} [{rank_list(raised_by)}]"
+        try:
+            message: Warning = category(labelled)
+        except Exception:  # a category that does not take one message argument
+            message = UserWarning(labelled)
+        found.append((warnings.WarningMessage(message, type(message), filename, lineno, line=lines[key]), nodeid))
+    return found

@@ -1,0 +1,206 @@
+"""The ranks' collective sequences side by side, and where the ranks part ways.
+
+For the failure text (:mod:`pytest_ddp.report.failure`): each group's collectives around
+the first number where the ranks' calls differ (another op, shape, dtype or
+root, or a rank that did not make it).  Above :data:`GROUP_ABOVE` ranks, ranks
+whose columns are the same share one, headed ``ranks 0-61, 63``, and the report
+names the *divergence*: that first collective, the ranks on each side of it,
+and the minority (as the Flight Recorder analyzer names the point where ranks
+diverge).
+
+Cost: one pass over each rank's calls, the long prefix the ranks share
+compared in C (:mod:`pytest_ddp.diagnose.prefix`), then a few cells per rank around
+the divergence.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from operator import attrgetter, lt
+
+from pytest_ddp.common.ops import COLLECTIVES
+from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.wording import rank_list
+
+GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a stack section
+SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence
+
+
+@dataclass
+class RankSequence:
+    """One rank's collectives on one group, in the order it made them."""
+
+    calls: list[Call]
+    seqs: list[int]
+    # None while the numbers only grow (found by bisection); else, for a group made again under
+    # the same name, each number's latest call.
+    latest: dict[int, Call] | None
+
+    @classmethod
+    def of(cls, calls: list[Call]) -> RankSequence:
+        seqs = list(map(attrgetter("seq"), calls))
+        ordered = all(map(lt, seqs, seqs[1:]))
+        return cls(calls, seqs, None if ordered else dict(zip(seqs, calls)))
+
+    @property
+    def ordered(self) -> bool:
+        return self.latest is None
+
+    def at(self, seq: int) -> Call | None:
+        """The call numbered ``seq``; the latest such if the numbers started over."""
+        if self.latest is not None:
+            return self.latest.get(seq)
+        i = bisect_left(self.seqs, seq)
+        return self.calls[i] if i < len(self.seqs) and self.seqs[i] == seq else None
+
+
+@dataclass
+class GroupSequences:
+    """One group's collectives on each of its members."""
+
+    name: str
+    members: tuple[int, ...]  # () when the recorder did not list them
+    by_rank: dict[int, RankSequence]
+    last: int  # the highest number any member reached
+    diverges: int | None  # the first number where the members' calls differ
+
+    @property
+    def label(self) -> str:
+        return f"group {self.name}" + ("" if self.name == "WORLD" else f" {list(self.members)}")
+
+
+def group_sequences(states: list[RankState]) -> list[GroupSequences]:
+    """Each group's sequences, groups in the order they first appear."""
+    collectives = {s.rank: [c for c in s.calls if c.op in COLLECTIVES] for s in states}
+    members: dict[str, tuple[int, ...]] = {}
+    for calls in collectives.values():
+        for name in dict.fromkeys(map(attrgetter("group"), calls)):
+            if name not in members:
+                members[name] = next(c.group_ranks for c in calls if c.group == name)
+    groups = []
+    for name, listed in members.items():
+        by_rank = {
+            s.rank: RankSequence.of(
+                [c for c in collectives[s.rank] if c.group == name] if len(members) > 1 else collectives[s.rank]
+            )
+            for s in states
+            if s.rank in listed or not listed
+        }
+        last = max((max(seq.seqs, default=0) for seq in by_rank.values()), default=0)
+        if last:
+            groups.append(GroupSequences(name, listed, by_rank, last, _first_divergence(by_rank, last)))
+    return groups
+
+
+def _first_divergence(by_rank: dict[int, RankSequence], last: int) -> int | None:
+    """The first number where the members' calls differ by signature, or where some made it and
+    others did not."""
+    sequences = list(by_rank.values())
+    start = 1
+    if all(s.ordered for s in sequences):
+        # Skip the prefix the ranks share call for call: there, with growing numbers, every
+        # rank has the same numbers and the same signatures.
+        shared = shared_prefix([s.calls for s in sequences])
+        start = sequences[0].seqs[shared - 1] + 1 if shared else 1
+    for seq in range(start, last + 1):
+        cells = [s.at(seq) for s in sequences]
+        if len({c.signature() if c else None for c in cells}) > 1:
+            return seq
+    return None
+
+
+def _cell(call: Call | None, with_site: bool = False) -> str:
+    if call is None:
+        return "-"
+    shapes = ",".join("x".join(str(d) for d in shape) or "scalar" for shape in call.shapes)
+    text = call.kind.method + (f" [{shapes}]" if shapes else "")
+    if call.dtypes:
+        text += " " + ",".join(sorted(set(call.dtypes)))
+    if call.root is not None:
+        text += f" root={call.root}"
+    if with_site:  # ranks met in this collective from different lines: say where each came from
+        text += f" at {call.site}" + (f" from {call.caller}" if call.caller else "")
+    if call.state == "running":
+        text += " (waiting)"
+    elif call.state == "raised":
+        text += " (raised)"
+    return text
+
+
+def _sites_differ(calls: list[Call | None]) -> bool:
+    return len({(c.site, c.caller) for c in calls if c is not None}) > 1
+
+
+def sequence_table(states: list[RankState]) -> list[str]:
+    """Each group's collectives side by side, around the first place the ranks differ."""
+    return table(group_sequences(states))
+
+
+def table(groups: list[GroupSequences]) -> list[str]:
+    """The sequence table of these groups; above :data:`GROUP_ABOVE` ranks, one column per set of
+    ranks whose columns are the same."""
+    lines: list[str] = []
+    for group in groups:
+        centre = group.diverges if group.diverges is not None else group.last
+        first, end = max(1, centre - SEQUENCE_CONTEXT), min(group.last, centre + SEQUENCE_CONTEXT)
+        numbers = range(first, end + 1)
+        ranks = sorted(group.by_rank)
+        cells = {r: [group.by_rank[r].at(seq) for seq in numbers] for r in ranks}
+        with_site = [_sites_differ([cells[r][i] for r in ranks]) for i in range(len(numbers))]
+        columns = {r: tuple(_cell(c, site) for c, site in zip(cells[r], with_site)) for r in ranks}
+        heads: dict[tuple[str, ...], list[int]] = {}
+        for r in ranks:  # one column per rank, or per set of ranks alike
+            heads.setdefault(columns[r] if len(ranks) > GROUP_ABOVE else (str(r),), []).append(r)
+        shown = [(rank_list(together), columns[together[0]]) for together in heads.values()]
+        rows = [["#"] + [head for head, _ in shown]]
+        rows += [[str(seq)] + [column[i] for _, column in shown] for i, seq in enumerate(numbers)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines.append(f"collectives on {group.label}:")
+        for row, row_seq in zip(rows, [None, *numbers]):
+            text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+            mark = "  <-- ranks differ" if row_seq is not None and row_seq == group.diverges else ""
+            lines.append("  " + text + mark)
+    return lines
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first collective where the ranks part ways: who did what there."""
+
+    group: str
+    seq: int
+    call: str  # its label, as the majority (else the lowest rank that made it) made it
+    sides: list[tuple[str, list[int]]]  # what some ranks did there -> those ranks; the largest side first
+    minority: list[int]  # the ranks not on the largest side; empty when no side is larger than every other
+
+
+def divergence(groups: list[GroupSequences], absent: dict[int, str]) -> Divergence | None:
+    """Where the ranks first part ways, in the first group where they do.  ``absent``: what
+    to say of each rank that did not make that collective."""
+    for group in groups:
+        if group.diverges is None:
+            continue
+        seq = group.diverges
+        made = {r: s.at(seq) for r, s in sorted(group.by_rank.items())}
+        with_site = _sites_differ(list(made.values()))
+        sides: dict[str, list[int]] = {}
+        for r, call in made.items():
+            did = f"entered {_cell(call, with_site)}" if call is not None else absent[r]
+            sides.setdefault(did, []).append(r)
+        ordered = sorted(sides.items(), key=lambda side: (-len(side[1]), side[1][0]))
+        tie = len(ordered) > 1 and len(ordered[0][1]) == len(ordered[1][1])
+        majority = [] if tie else ordered[0][1]
+        labelled = next(c for r in [*majority, *made] if (c := made[r]) is not None)
+        minority = [] if tie else [r for r in made if r not in majority]
+        return Divergence(group.name, seq, labelled.label, ordered, minority)
+    return None
+
+
+def divergence_line(found: Divergence) -> str:
+    """``the ranks part ways at all_reduce #12 (minority: rank 63): ranks 0-62 entered all_reduce [4]
+    float32 (waiting); rank 63 did not enter it, finished (passed)``."""
+    odd = f"minority: {rank_list(found.minority)}" if found.minority else "no majority"
+    sides = "; ".join(f"{rank_list(ranks)} {did}" for did, ranks in found.sides)
+    return f"the ranks part ways at {found.call} ({odd}): {sides}"

@@ -1,0 +1,191 @@
+"""A failing test's JSON report (:func:`pytest_ddp.report.failure.run_to_json`) as a timeline: each rank's
+calls as slices in time, the calls still running when the report was made marked as stuck, and
+that timeline as a Chrome trace (the Trace Event Format, which Perfetto and chrome://tracing open).
+The HTML page drawn from the same slices is :mod:`pytest_ddp.report.picture`.
+
+Pure: a report dict in, data and text out.  Times are seconds from the moment the test was handed
+to the ranks (the report's ``started``); a report from before that field existed starts at its
+first call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_ddp.common.ops import OPS
+
+RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One call on one rank, placed in time."""
+
+    rank: int
+    lane: int  # 0, or a further lane for a call that overlaps an earlier one (asynchronous work)
+    start: float  # seconds from the test's start
+    end: float
+    call: dict[str, Any]  # the report's call
+    stuck: bool  # still running at the verdict, on a rank still alive
+    died_in: bool  # still running when its rank died
+
+    @property
+    def label(self) -> str:
+        """``all_reduce #3`` (the report's label; op and number for a report without one)."""
+        call = self.call
+        return str(call.get("label") or (f"{call['op']} #{call['seq']}" if call.get("seq") else call["op"]))
+
+    @property
+    def kind(self) -> str:
+        """The operation's kind (collective, p2p, batch, group), ``other`` for a name not in the table."""
+        known = OPS.get(self.call["op"])
+        return known.kind if known is not None else "other"
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The report's calls in time: ``verdict`` is when the report was made (its last event for a
+    report without that time), ``end`` the later of it and the last event."""
+
+    verdict: float
+    end: float
+    slices: list[Slice]
+    lanes: dict[int, int]  # rank -> number of lanes (at least 1)
+    rank_ends: dict[int, tuple[str, float]]  # rank -> ("finished" or "died", when)
+
+
+def _origin(report: dict[str, Any]) -> float:
+    if report.get("started") is not None:
+        return float(report["started"])
+    enters = [c["enter"] for r in report["ranks"] for c in r["calls"]]
+    return min(enters, default=0.0)
+
+
+def timeline(report: dict[str, Any]) -> Timeline:
+    """Place every call of every rank of ``report`` in time."""
+    origin = _origin(report)
+    ended = report.get("ended")
+    times = [t - origin for r in report["ranks"] for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
+    times += [r[key] - origin for r in report["ranks"] for key in ("finished_at", "died_at") if r.get(key) is not None]
+    verdict = float(ended) - origin if ended is not None else max(times, default=0.0)
+    end = max([verdict, *times])
+    slices: list[Slice] = []
+    lanes: dict[int, int] = {}
+    rank_ends: dict[int, tuple[str, float]] = {}
+    for rank in report["ranks"]:
+        alive = rank.get("alive", True)
+        stop = verdict  # where a call still running ends: the verdict, or the rank's death
+        if not alive and rank.get("died_at") is not None:
+            stop = rank["died_at"] - origin
+            rank_ends[rank["rank"]] = ("died", stop)
+        elif rank.get("finished_at") is not None:
+            rank_ends[rank["rank"]] = ("finished", rank["finished_at"] - origin)
+        lane_ends: list[float] = []  # where each lane's last call ended
+        for call in sorted(rank["calls"], key=lambda c: (c["enter"], c["index"])):
+            start = call["enter"] - origin
+            running = call.get("exit") is None
+            finish = max(start, stop if running else call["exit"] - origin)
+            lane = next((i for i, last in enumerate(lane_ends) if last <= start), len(lane_ends))
+            if lane == len(lane_ends):
+                lane_ends.append(finish)
+            lane_ends[lane] = finish
+            slices.append(Slice(rank["rank"], lane, start, finish, call, running and alive, running and not alive))
+        lanes[rank["rank"]] = max(1, len(lane_ends))
+    return Timeline(verdict, end, slices, lanes, rank_ends)
+
+
+def verdict_name(report: dict[str, Any]) -> str:
+    """``deadlock (partial)``, ``timeout``, ``not started``: the verdict in a few words."""
+    status = str(report.get("status") or "failed").replace("_", " ")
+    kind = report.get("kind")
+    return f"{status} ({kind})" if kind and kind != status else status
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The report's headline, or one made of its verdict and summary for a report without it."""
+    if report.get("headline"):
+        return str(report["headline"])
+    if report.get("start_error"):
+        return f"ddp: not started: {report['start_error'].splitlines()[0]}"
+    summary = report.get("summary") or ""
+    return f"ddp: {verdict_name(report)}" + (f": {summary}" if summary else "")
+
+
+# -- the Chrome trace ------------------------------------------------------------------------------
+
+PID = 1  # the whole test is one process in the trace; each rank (and lane) a thread
+STUCK_CNAME = "terrible"  # chrome://tracing's reserved red; Perfetto colours by name
+US = 1e6  # the format's times are microseconds
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * US, 3)
+
+
+def _args(piece: Slice) -> dict[str, Any]:
+    call = piece.call
+    keys = ("op", "seq", "group", "group_ranks", "shapes", "dtypes", "site", "caller", "peer", "root", "error")
+    args = {key: call[key] for key in keys if call.get(key) not in (None, [], "")}
+    args["state"] = "stuck" if piece.stuck else "running when the rank died" if piece.died_in else call.get("state")
+    if call.get("async"):
+        args["async"] = True
+    return args
+
+
+def trace(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as a Chrome trace (Trace Event Format, JSON object form): one process for the
+    test, a track per rank (more for a rank whose calls overlap), a complete ("X") slice per call,
+    stuck calls named ``... [stuck]`` with an instant event where they stood at the verdict, each
+    rank's end as an instant, and the verdict as a global instant at the end."""
+    line = timeline(report)
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": PID, "name": "process_name", "args": {"name": f"{report['test']}: {verdict_name(report)}"}}
+    ]
+    tids: dict[tuple[int, int], int] = {}
+    for rank in sorted(line.lanes):
+        for lane in range(line.lanes[rank]):
+            tid = tids[rank, lane] = len(tids) + 1
+            name = f"rank {rank}" + (f" (overlapping calls {lane})" if lane else "")
+            events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    for piece in line.slices:
+        tid = tids[piece.rank, piece.lane]
+        event = {
+            "ph": "X",
+            "pid": PID,
+            "tid": tid,
+            "ts": _us(piece.start),
+            "dur": _us(piece.end - piece.start),
+            "name": piece.label + (" [stuck]" if piece.stuck else ""),
+            "cat": "stuck" if piece.stuck else piece.kind,
+            "args": _args(piece),
+        }
+        if piece.stuck:
+            event["cname"] = STUCK_CNAME
+            marker = {"ph": "i", "s": "t", "pid": PID, "tid": tid, "ts": _us(piece.end), "cat": "stuck"}
+            events += [event, {**marker, "name": f"stuck in {piece.label}", "cname": STUCK_CNAME}]
+        else:
+            if piece.call.get("state") == "raised" or piece.died_in:
+                event["cname"] = "bad"
+            events.append(event)
+    for rank, (how, when) in sorted(line.rank_ends.items()):
+        end = {"ph": "i", "s": "t", "pid": PID, "tid": tids[rank, 0], "ts": _us(when)}
+        events.append({**end, "name": f"rank {rank} {how}"})
+    verdict = {
+        "ph": "i",
+        "s": "g",
+        "pid": PID,
+        "ts": _us(line.verdict),
+        "name": f"verdict: {verdict_name(report)}",
+        "args": {key: report.get(key) for key in ("summary", "culprits", "waiting", "call", "elapsed")},
+    }
+    events.append(verdict)
+    other = {"test": report["test"], "headline": headline(report), "verdict": verdict_name(report)}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def trace_json(report: dict[str, Any]) -> str:
+    """:func:`trace` as the text of a ``.trace.json`` file."""
+    return json.dumps(trace(report), default=str)
