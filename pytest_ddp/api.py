@@ -22,9 +22,7 @@ a pytest run) that calls ``run()`` needs the usual ``if __name__ ==
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ddp.common.protocol import CallFunction
+from pytest_ddp.common.protocol import CallFunction, decode_value, encode_value
 from pytest_ddp.config.machine import GpuShortage, machine_rank_capacity, rank_gpus
 from pytest_ddp.config.settings import DEFAULT_GRACE
 from pytest_ddp.config.spec import (
@@ -171,8 +169,8 @@ def run(
         id=f"{module}.{fn.__qualname__}",
         module=module,
         qualname=fn.__qualname__,
-        args=base64.b64encode(pickle.dumps((tuple(args), dict(kwargs or {})))).decode(),
-        faults=base64.b64encode(pickle.dumps(checked)).decode() if checked else None,
+        args=encode_value((tuple(args), dict(kwargs or {}))),
+        faults=encode_value(checked) if checked else None,
     )
     config = GroupConfig(
         world_size=size,
@@ -242,7 +240,7 @@ def _rank_result(test_run: TestRun, rank: int) -> RankResult:
         if report["outcome"] == "passed":
             result.outcome = "passed"
             encoded = data.get("value")
-            result.value = pickle.loads(base64.b64decode(encoded)) if encoded else None
+            result.value = decode_value(encoded) if encoded else None
         else:
             result.outcome = "failed"
             result.exception = data.get("exception")

@@ -3,7 +3,7 @@
 In the controller (the main pytest process, or one xdist worker) a ddp item is
 not run: its node id goes to a rank group, and the ranks' reports come back
 merged, one per phase, through pytest's ordinary hooks.  Inside a rank the
-same plugin only provides the fixtures; :mod:`pytest_ddp.rank.entry` runs the items.
+same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pytest_ddp.launched.group import LaunchedGroup
 from pytest_ddp.launched.host import GATHER_WAIT, HostSession
 from pytest_ddp.launched.launch import LAUNCHER_CHOICES, Launch, LaunchError, detect
 from pytest_ddp.launched.world import LaunchedWorld
-from pytest_ddp.rank import entry as rank_module
+from pytest_ddp.rank import channel as rank_module
 from pytest_ddp.record import compiled
 from pytest_ddp.report import rank_warnings
 from pytest_ddp.report.failure import sanitize, write_json

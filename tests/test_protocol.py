@@ -31,7 +31,7 @@ from pytest_ddp.common.protocol import (
     TestStart,
 )
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.rank.entry import Channel
+from pytest_ddp.rank.channel import Channel
 from pytest_ddp.record import recorder
 
 RECORDS: list[protocol.Record] = [

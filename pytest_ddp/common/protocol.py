@@ -23,7 +23,7 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``threads_left``,
             ``interrupted``, ``peak_rss``, ``peak_cuda``
 ``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
-            :mod:`pytest_ddp.report.rank_warnings`), ``id`` (the test's node id)
+            :meth:`WarningRecorded.of`), ``id`` (the test's node id)
 ``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
             (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call (or an MPI communicator's) was entered: see :data:`CALL_KEYS`
@@ -43,10 +43,13 @@ controller reads the file while the rank is blocked in C++ or after it died.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
+import pickle
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
@@ -82,6 +85,16 @@ class CallFunction:
     qualname: str
     args: str
     faults: str | None = None
+
+
+def encode_value(value: Any) -> str:
+    """A Python value as it travels in a ``call`` command or a function's result: base64 of its pickle."""
+    return base64.b64encode(pickle.dumps(value)).decode()
+
+
+def decode_value(encoded: str) -> Any:
+    """The value :func:`encode_value` encoded."""
+    return pickle.loads(base64.b64decode(encoded))
 
 
 @dataclass(slots=True)
@@ -156,9 +169,22 @@ class Done:
 @dataclass(slots=True)
 class WarningRecorded:
     KIND: ClassVar[Literal["warning"]] = "warning"
-    warning: dict[str, Any]  # message, category, filename, lineno
+    warning: dict[str, Any]  # message, category, filename, lineno, line
     id: str  # the node id pytest recorded it for
     time: float = field(default_factory=_now, kw_only=True)
+
+    @classmethod
+    def of(cls, message: warnings.WarningMessage, nodeid: str) -> WarningRecorded:
+        """The fields of a recorded warning that travel: text, category, where it was raised."""
+        category = message.category
+        fields = {
+            "message": str(message.message),
+            "category": f"{category.__module__}:{category.__qualname__}",
+            "filename": message.filename,
+            "lineno": message.lineno,
+            "line": message.line,
+        }
+        return cls(fields, nodeid)
 
 
 @dataclass(slots=True)

@@ -322,16 +322,3 @@ def difference_line(difference: SequenceDifference) -> str:
         for n, group_ranks in _grouped(d.counts, d.counts.get)
     ]
     return f"group {d.group}: " + ", ".join(made)
-
-
-def threads_left_text(threads: list[dict[str, str]], waited: float) -> str:
-    """The failure of a test that left threads running: what to fix first, then each stack."""
-    names = ", ".join(repr(t["name"]) for t in threads)
-    noun = "thread" if len(threads) == 1 else "threads"
-    lines = [
-        f"{noun} {names} started by the test still running {waited:g} s after it ended "
-        f"(it could take part in a later test's collectives; join it before the test returns)"
-    ]
-    for thread in threads:
-        lines += ["", f"thread {thread['name']!r}:", thread["stack"].rstrip()]
-    return "\n".join(lines)

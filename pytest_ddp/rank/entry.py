@@ -16,118 +16,24 @@ rather than fails, and the controller's watchdog says why.
 
 from __future__ import annotations
 
-import base64
 import faulthandler
-import importlib
 import io
 import json
 import os
-import pickle
-import resource
 import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from types import ModuleType
+from typing import Any, NoReturn
 
 from pytest_ddp.common import prctl
-from pytest_ddp.common.protocol import (
-    CallFunction,
-    Done,
-    Event,
-    EventLog,
-    Fatal,
-    PhaseStart,
-    ProtocolError,
-    Ready,
-    Report,
-    RunItem,
-    Stop,
-    TestStart,
-    decode_command,
-)
 from pytest_ddp.rank import leftovers
-from pytest_ddp.record import injector
-
-if TYPE_CHECKING:
-    pass  # what pytest.exit() raises (pytest.exit.Exception)
-
-# Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
-# collective nobody waited for) gets to complete once the test is over.
-IN_FLIGHT_WAIT = 1.0
-# Seconds in all that threads a test started get to end once the test is over.
-THREAD_JOIN_WAIT = 1.0
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """Who this process is: what the ``rank``, ``world_size`` and ``device`` fixtures return."""
-
-    rank: int
-    world_size: int
-    backend: str
-    init: bool
-    local_rank: int  # the GPU it uses with NCCL: its rank on one machine, LOCAL_RANK when launched
-
-    @property
-    def device(self) -> str:
-        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
-
-
-_context: RankContext | None = None
-# The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
-_recorders: list[Any] = []
-WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
-
-
-def current() -> RankContext | None:
-    """The context of this rank process, or None in the controller."""
-    return _context
-
-
-def rank_context() -> RankContext:
-    assert _context is not None  # set before the rank's session starts
-    return _context
-
-
-class Channel:
-    """The rank's end of its link to the controller."""
-
-    def __init__(self, events_path: str, commands: Connection, notify: Connection) -> None:
-        self.log = EventLog(events_path)
-        self._commands = commands
-        self._notify = notify
-
-    def event(self, event: Event, wake: bool = False) -> None:
-        self.log.write(event)
-        if wake:
-            try:
-                self._notify.send_bytes(b"!")
-            except OSError:
-                pass  # the controller is gone; the next command read ends this rank
-
-    def commands(self, accepted: type[WorkCommand]) -> Iterator[WorkCommand]:
-        """The controller's commands for this rank's mode (``RunItem`` in a pytest session,
-        ``CallFunction`` in function mode), until "stop" or until it closes the pipe (it is gone).
-
-        Any other command is the controller's bug: :class:`ProtocolError`.
-        """
-        while True:
-            try:
-                message = self._commands.recv_bytes()
-            except (EOFError, OSError):
-                return
-            command = decode_command(message)
-            if isinstance(command, Stop):
-                return
-            if not isinstance(command, accepted):
-                raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
-            yield command
+from pytest_ddp.rank.channel import Channel, RankContext, enter, fatal
+from pytest_ddp.rank.functions import serve_functions
+from pytest_ddp.rank.session import run_pytest
 
 
 def _become_rank(rank: int, parent_pid: int) -> None:
@@ -187,7 +93,7 @@ def _init_group(spec: dict[str, Any]) -> None:
     )
 
 
-def _join_mpi_world(spec: dict[str, Any]) -> None:
+def _join_mpi_world(spec: dict[str, Any]) -> ModuleType:
     """An MPI rank: MPI_Init (importing mpi4py's MPI does it), in the world the launcher made."""
     from mpi4py import MPI
 
@@ -197,104 +103,9 @@ def _join_mpi_world(spec: dict[str, Any]) -> None:
             f"the MPI launcher made this process rank {world.Get_rank()} of {world.Get_size()}, "
             f"not rank {spec['rank']} of {spec['world_size']}"
         )
-    from pytest_ddp.record import mpi_recorder
+    from pytest_ddp.record import mpi_recorder  # imports mpi4py: only in an MPI rank
 
-    _recorders.append(mpi_recorder)
-
-
-def start_test() -> None:
-    for recorder in _recorders:
-        recorder.start_test()
-
-
-def _unfinished_work() -> list[dict[str, Any]]:
-    """Asynchronous work of the test (torch's and, in an MPI group, mpi4py's) still not done
-    IN_FLIGHT_WAIT seconds after the test ended."""
-    return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
-
-
-def _group_intact() -> bool:
-    """Whether the default process group this rank was started with is still there."""
-    context = current()
-    if context is None:
-        return True
-    if context.backend == "mpi":  # the world the launcher made, until MPI_Finalize
-        from mpi4py import MPI
-
-        return not MPI.Is_finalized()
-    if not context.init:
-        return True
-    import torch.distributed as dist
-
-    return dist.is_initialized()
-
-
-def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
-    """The test is over on this rank: the state it leaves the rank in.  With the
-    other ranks' events, this is the after-test check of the group."""
-    in_flight = _unfinished_work()
-    peak_cuda = None
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        peak_cuda = int(torch.cuda.max_memory_allocated())
-    # ru_maxrss is in KiB on Linux.
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Done(
-        group_intact=_group_intact(),
-        in_flight=in_flight,
-        threads_left=threads_left,
-        interrupted=interrupted,
-        peak_rss=peak_rss,
-        peak_cuda=peak_cuda,
-    )
-
-
-def fatal(channel: Channel, error: str) -> None:
-    """The rank cannot go on: tell the controller, and say why on stderr, which the
-    controller shows for a rank that died."""
-    channel.event(Fatal(error), wake=True)
-    sys.stderr.write(error)
-
-
-def _serve_functions(spec: dict[str, Any], channel: Channel) -> int:
-    """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
-    channel.event(Ready(), wake=True)
-    for command in channel.commands(CallFunction):
-        start_test()
-        armed = pickle.loads(base64.b64decode(command.faults)) if command.faults else ()
-        injector.arm(armed, spec["rank"], channel.log)
-        threads_before = set(threading.enumerate())
-        channel.event(TestStart(command.id))
-        channel.event(PhaseStart("call"))
-        data: dict[str, Any]
-        try:
-            fn: Any = importlib.import_module(command.module)
-            for part in command.qualname.split("."):
-                fn = getattr(fn, part)
-            args, kwargs = pickle.loads(base64.b64decode(command.args))
-            value = fn(spec["rank"], *args, **kwargs)
-            outcome, data = "passed", {"value": _encode(value)}
-        except BaseException as exc:  # the function's failure is the result, whatever it is
-            outcome = "failed"
-            data = {
-                "exception": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(),
-            }
-        threads_left = leftovers.threads_left(threads_before, THREAD_JOIN_WAIT)
-        if threads_left and outcome == "passed":
-            from pytest_ddp.diagnose.wording import threads_left_text
-
-            outcome, data = "failed", {"exception": threads_left_text(threads_left, THREAD_JOIN_WAIT)}
-        channel.event(Report("call", outcome, data=data), wake=True)
-        channel.event(done_event(threads_left), wake=True)
-    return 0
-
-
-def _encode(value: Any) -> str | None:
-    try:
-        return base64.b64encode(pickle.dumps(value)).decode()
-    except Exception:
-        return None
+    return mpi_recorder
 
 
 def forked_main(spec_path: str, commands: Connection, notify: Connection) -> None:
@@ -316,7 +127,6 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection) -> Non
 def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
     """The rest of a rank's life, however it was started (forked, or by an MPI launcher):
     join the group, run what the controller hands over, exit."""
-    global _context
     _become_rank(spec["rank"], parent)
     prctl.become_subreaper()
     keeper = leftovers.start_keeper(spec["rank"])
@@ -329,19 +139,17 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
     if spec["sys_path"]:
         sys.path[:] = spec["sys_path"]
     try:
-        if spec["backend"] == "mpi":
-            _join_mpi_world(spec)
-        elif spec["init"]:
+        mpi = _join_mpi_world(spec) if spec["backend"] == "mpi" else None
+        if spec["backend"] != "mpi" and spec["init"]:
             _init_group(spec)
-        from pytest_ddp.record import recorder
+        from pytest_ddp.record import recorder  # imports torch: only in a rank
 
-        _recorders.insert(0, recorder)
-        for each in _recorders:
+        recorders = [recorder] if mpi is None else [recorder, mpi]
+        for each in recorders:
             each.install(channel.log)
-        _context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"])
-        from pytest_ddp.rank.session import run_pytest
-
-        run = run_pytest if spec["mode"] == "pytest" else _serve_functions
+        context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"])
+        enter(context, recorders)
+        run = run_pytest if spec["mode"] == "pytest" else serve_functions
         code = run(spec, channel)
     except BaseException:
         fatal(channel, traceback.format_exc())

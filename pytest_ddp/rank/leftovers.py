@@ -58,6 +58,19 @@ def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, s
     return left
 
 
+def threads_left_text(threads: list[dict[str, str]], waited: float) -> str:
+    """The failure of a test that left threads running: what to fix first, then each stack."""
+    names = ", ".join(repr(t["name"]) for t in threads)
+    noun = "thread" if len(threads) == 1 else "threads"
+    lines = [
+        f"{noun} {names} started by the test still running {waited:g} s after it ended "
+        f"(it could take part in a later test's collectives; join it before the test returns)"
+    ]
+    for thread in threads:
+        lines += ["", f"thread {thread['name']!r}:", thread["stack"].rstrip()]
+    return "\n".join(lines)
+
+
 # -- processes ------------------------------------------------------------------------
 
 

@@ -92,7 +92,8 @@ def _rank(folder: str, rank: int, connection: Connection, stand_in: int) -> None
         spec = json.loads((Path(folder) / f"rank{rank}.json").read_text())
         connection.send_bytes(json.dumps({"rank": rank, "pid": os.getpid(), "stand_in": stand_in}).encode())
         os.setsid()  # as a forked rank: its keeper ends its session, no other rank's
-        from pytest_ddp.rank.entry import Channel, redirect_output, serve
+        from pytest_ddp.rank.channel import Channel
+        from pytest_ddp.rank.entry import redirect_output, serve
 
         redirect_output(spec)
         serve(spec, Channel(spec["events"], connection, connection), stand_in)

@@ -21,9 +21,8 @@ import pytest
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
 from pytest_ddp.rank import leftovers
-from pytest_ddp.rank.entry import THREAD_JOIN_WAIT, Channel, done_event, fatal, rank_context, start_test
+from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, rank_context, start_test
 from pytest_ddp.record import injector
-from pytest_ddp.report import rank_warnings
 
 if TYPE_CHECKING:
     from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
@@ -155,9 +154,7 @@ class RankSession:
             raise
         self._end_leftovers(item)
         if self.threads_left:
-            from pytest_ddp.diagnose.wording import threads_left_text
-
-            pytest.fail(threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
+            pytest.fail(leftovers.threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
         return result
 
     def _interrupt(self, exc: Exit | KeyboardInterrupt) -> None:
@@ -181,7 +178,7 @@ class RankSession:
 
     def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
         if when == "runtest":  # collection and configuration warnings: the controller has its own
-            self.channel.event(WarningRecorded(rank_warnings.serialized(warning_message), nodeid))
+            self.channel.event(WarningRecorded.of(warning_message, nodeid))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         data = None

@@ -1,6 +1,7 @@
 """Warnings recorded in the ranks, carried to the controller's warnings summary.
 
-A rank sends each warning pytest records during a test (:func:`serialized`);
+A rank sends each warning pytest records during a test
+(:meth:`pytest_ddp.common.protocol.WarningRecorded.of`);
 the controller shows a warning raised by several ranks once, labelled with
 them (:func:`merged`), as pytest-xdist does for its workers' warnings.
 """
@@ -13,18 +14,6 @@ from typing import Any
 
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.wording import rank_list
-
-
-def serialized(message: warnings.WarningMessage) -> dict[str, Any]:
-    """The fields of a recorded warning that travel: text, category, where it was raised."""
-    category = message.category
-    return {
-        "message": str(message.message),
-        "category": f"{category.__module__}:{category.__qualname__}",
-        "filename": message.filename,
-        "lineno": message.lineno,
-        "line": message.line,
-    }
 
 
 def _category(name: str) -> type[Warning]:

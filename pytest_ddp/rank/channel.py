@@ -1,0 +1,161 @@
+"""A rank's link to its controller, and who it is: its context, its command pipe and event log,
+and the state it reports when a test is over.
+
+The rank's other modules (:mod:`pytest_ddp.rank.session`, :mod:`pytest_ddp.rank.functions`)
+talk to the controller through this module; :mod:`pytest_ddp.rank.entry` starts them.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from types import ModuleType
+from typing import Any, TypeVar
+
+from pytest_ddp.common.protocol import (
+    CallFunction,
+    Done,
+    Event,
+    EventLog,
+    Fatal,
+    ProtocolError,
+    RunItem,
+    Stop,
+    decode_command,
+)
+
+# Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
+# collective nobody waited for) gets to complete once the test is over.
+IN_FLIGHT_WAIT = 1.0
+# Seconds in all that threads a test started get to end once the test is over.
+THREAD_JOIN_WAIT = 1.0
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this process is: what the ``rank``, ``world_size`` and ``device`` fixtures return."""
+
+    rank: int
+    world_size: int
+    backend: str
+    init: bool
+    local_rank: int  # the GPU it uses with NCCL: its rank on one machine, LOCAL_RANK when launched
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
+
+
+_context: RankContext | None = None
+# The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
+_recorders: list[Any] = []
+WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
+
+
+def current() -> RankContext | None:
+    """The context of this rank process, or None in the controller."""
+    return _context
+
+
+def rank_context() -> RankContext:
+    assert _context is not None  # set before the rank's session starts
+    return _context
+
+
+class Channel:
+    """The rank's end of its link to the controller."""
+
+    def __init__(self, events_path: str, commands: Connection, notify: Connection) -> None:
+        self.log = EventLog(events_path)
+        self._commands = commands
+        self._notify = notify
+
+    def event(self, event: Event, wake: bool = False) -> None:
+        self.log.write(event)
+        if wake:
+            try:
+                self._notify.send_bytes(b"!")
+            except OSError:
+                pass  # the controller is gone; the next command read ends this rank
+
+    def commands(self, accepted: type[WorkCommand]) -> Iterator[WorkCommand]:
+        """The controller's commands for this rank's mode (``RunItem`` in a pytest session,
+        ``CallFunction`` in function mode), until "stop" or until it closes the pipe (it is gone).
+
+        Any other command is the controller's bug: :class:`ProtocolError`.
+        """
+        while True:
+            try:
+                message = self._commands.recv_bytes()
+            except (EOFError, OSError):
+                return
+            command = decode_command(message)
+            if isinstance(command, Stop):
+                return
+            if not isinstance(command, accepted):
+                raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
+            yield command
+
+
+def enter(context: RankContext, recorders: list[ModuleType]) -> None:
+    """This process is now the rank ``context`` says, recording with ``recorders``."""
+    global _context
+    _context = context
+    _recorders[:] = recorders
+
+
+def start_test() -> None:
+    for recorder in _recorders:
+        recorder.start_test()
+
+
+def _unfinished_work() -> list[dict[str, Any]]:
+    """Asynchronous work of the test (torch's and, in an MPI group, mpi4py's) still not done
+    IN_FLIGHT_WAIT seconds after the test ended."""
+    return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
+
+
+def _group_intact() -> bool:
+    """Whether the default process group this rank was started with is still there."""
+    context = current()
+    if context is None:
+        return True
+    if context.backend == "mpi":  # the world the launcher made, until MPI_Finalize
+        from mpi4py import MPI
+
+        return not MPI.Is_finalized()
+    if not context.init:
+        return True
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
+    """The test is over on this rank: the state it leaves the rank in.  With the
+    other ranks' events, this is the after-test check of the group."""
+    in_flight = _unfinished_work()
+    peak_cuda = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak_cuda = int(torch.cuda.max_memory_allocated())
+    # ru_maxrss is in KiB on Linux.
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return Done(
+        group_intact=_group_intact(),
+        in_flight=in_flight,
+        threads_left=threads_left,
+        interrupted=interrupted,
+        peak_rss=peak_rss,
+        peak_cuda=peak_cuda,
+    )
+
+
+def fatal(channel: Channel, error: str) -> None:
+    """The rank cannot go on: tell the controller, and say why on stderr, which the
+    controller shows for a rank that died."""
+    channel.event(Fatal(error), wake=True)
+    sys.stderr.write(error)
