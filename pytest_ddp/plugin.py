@@ -27,6 +27,7 @@ from pytest_ddp.config.settings import (
     DEFAULT_TIMEOUT,
 )
 from pytest_ddp.config.spec import (
+    LAUNCHER_CHOICES,
     RankSpec,
     SpecError,
     parse_mark,
@@ -36,10 +37,9 @@ from pytest_ddp.config.spec import (
 from pytest_ddp.groups.group import SHARED_ROOT_ENV, GroupConfig, fork_context
 from pytest_ddp.groups.mpi_group import mpi_unavailable
 from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.launched.group import LaunchedGroup
 from pytest_ddp.launched.host import GATHER_WAIT, HostSession
-from pytest_ddp.launched.launch import LAUNCHER_CHOICES, Launch, LaunchError, detect
-from pytest_ddp.launched.world import LaunchedWorld
+from pytest_ddp.launched.launch import Launch, LaunchError, detect
+from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld
 from pytest_ddp.rank import channel as rank_module
 from pytest_ddp.record import compiled
 from pytest_ddp.report import rank_warnings
@@ -363,7 +363,7 @@ class Controller:
             backend=spec.backend,
             init=spec.init,
             pg_timeout=process_group_timeout(longest),
-            pytest_args=rank_pytest_args(self.config, items),
+            pytest_args=settings_module.rank_pytest_args(self.config, items),
             items=[i.nodeid for i in items],
             sys_path=list(sys.path),
             # pytest's own basetemp (tmp_path's root); it has no public accessor.
@@ -445,35 +445,6 @@ def _end_session_if_interrupted(run: TestRun) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    """The command line of a rank's pytest session: this session's set-up, these items only."""
-    # No capture in the ranks: their fds 1 and 2 go to files the controller
-    # reads, which keeps a rank's output even when it is killed or crashes.
-    args = ["-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath)]
-    if config.inipath is not None:
-        args += ["-c", str(config.inipath)]
-    for plugin in config.option.plugins or []:
-        args += ["-p", plugin]
-    for override in config.option.override_ini or []:
-        args += ["-o", override]
-    for warning in config.known_args_namespace.pythonwarnings or []:
-        args += ["-W", warning]
-    args += [f"--import-mode={config.option.importmode}", f"--tb={config.option.tbstyle}"]
-    if config.option.strict_markers:
-        args.append("--strict-markers")
-    if config.option.confcutdir:
-        args += ["--confcutdir", str(config.option.confcutdir)]
-    if config.option.noconftest:
-        args.append("--noconftest")
-    if config.option.showlocals:
-        args.append("--showlocals")
-    root = config.rootpath
-    for item in items:
-        path, _, rest = item.nodeid.partition("::")
-        args.append(f"{root / path}::{rest}" if rest else str(root / path))
-    return args
 
 
 def _gpu_shortage(spec: RankSpec) -> str | None:

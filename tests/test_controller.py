@@ -29,6 +29,7 @@ from pytest_ddp.common.protocol import (
     RunItem,
     TestStart,
 )
+from pytest_ddp.config.settings import rank_pytest_args
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import watchdog, wording
 from pytest_ddp.diagnose.consistency import CountDifference, UnfinishedWork
@@ -36,7 +37,6 @@ from pytest_ddp.diagnose.state import RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, StopTeardown
 from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun, group_is_reusable
-from pytest_ddp.plugin import rank_pytest_args
 from pytest_ddp.report.merge import merged_reports
 
 SPEC = RankSpec(world_size=2, backend="gloo", timeout=60.0, grace=2.0)

@@ -44,7 +44,7 @@ class Settings:
     report_dir: str | None  # exists and is writable
     max_world_size: int | None  # None: as many ranks as the machine holds
     mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
-    launcher: str  # --ddp-launcher: one of launch.LAUNCHER_CHOICES
+    launcher: str  # --ddp-launcher: one of spec.LAUNCHER_CHOICES
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -126,3 +126,32 @@ def writable_dir(path: str) -> str:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise SpecError(f"--ddp-report-dir={path!r}: is not writable")
     return path
+
+
+def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """The command line of a rank's pytest session: this session's set-up, these items only."""
+    # No capture in the ranks: their fds 1 and 2 go to files the controller
+    # reads, which keeps a rank's output even when it is killed or crashes.
+    args = ["-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath)]
+    if config.inipath is not None:
+        args += ["-c", str(config.inipath)]
+    for plugin in config.option.plugins or []:
+        args += ["-p", plugin]
+    for override in config.option.override_ini or []:
+        args += ["-o", override]
+    for warning in config.known_args_namespace.pythonwarnings or []:
+        args += ["-W", warning]
+    args += [f"--import-mode={config.option.importmode}", f"--tb={config.option.tbstyle}"]
+    if config.option.strict_markers:
+        args.append("--strict-markers")
+    if config.option.confcutdir:
+        args += ["--confcutdir", str(config.option.confcutdir)]
+    if config.option.noconftest:
+        args.append("--noconftest")
+    if config.option.showlocals:
+        args.append("--showlocals")
+    root = config.rootpath
+    for item in items:
+        path, _, rest = item.nodeid.partition("::")
+        args.append(f"{root / path}::{rest}" if rest else str(root / path))
+    return args

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddp.faults import Fault, FaultError, check_all
-from pytest_ddp.launched.launch import LAUNCHER_CHOICES
 
 BACKENDS = ("gloo", "nccl", "mpi")
+# The launchers launched mode joins (pytest_ddp.launched.launch), and --ddp-launcher's choices.
+LAUNCHERS = ("torchrun", "slurm", "mpi")
+LAUNCHER_CHOICES = ("auto", "local", *LAUNCHERS)
 # The longest timeout (or grace) accepted, about 11.6 days: the process
 # group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
 # epoll/poll and some store calls take (2**31 ms is about 24.8 days).

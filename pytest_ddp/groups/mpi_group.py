@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common import prctl
+from pytest_ddp.common.protocol import parse_exit_message
 from pytest_ddp.groups.group import GroupStartError, RankGroup, RankProcess
-from pytest_ddp.rank.mpi_standin import parse_exit_message
 
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")

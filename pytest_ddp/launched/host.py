@@ -35,6 +35,7 @@ from typing import Any
 import _pytest.config
 import pytest
 
+from pytest_ddp.config.settings import rank_pytest_args
 from pytest_ddp.groups.group import (
     NOT_FOR_RANKS,
     STACK_DUMP_WAIT,
@@ -226,8 +227,6 @@ class HostSession:
 
     def _rank_args(self, node_ids: list[str]) -> list[str]:
         """The pytest command line of a rank that runs these of this session's items."""
-        from pytest_ddp.plugin import rank_pytest_args
-
         return rank_pytest_args(self.config, [self.items[i] for i in node_ids if i in self.items])
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:

@@ -19,9 +19,6 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-LAUNCHERS = ("torchrun", "slurm", "mpi")
-LAUNCHER_CHOICES = ("auto", "local", *LAUNCHERS)  # --ddp-launcher
-
 
 class LaunchError(ValueError):
     """The environment does not describe the launch asked for, or lacks what launched mode needs."""

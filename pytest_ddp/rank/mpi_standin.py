@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pytest_ddp.common import prctl
+from pytest_ddp.common.protocol import exit_message
 
 # Where launchers put a process's rank in the world they start (MPICH's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -42,19 +43,6 @@ def launched_rank() -> int:
         if name in os.environ:
             return int(os.environ[name])
     raise RuntimeError(f"started by no MPI launcher this knows: none of {', '.join(RANK_VARIABLES)} is set")
-
-
-def exit_message(code: int, when: float) -> bytes:
-    """What the stand-in sends when its rank has ended (a notify message of its own kind)."""
-    return b"exit " + json.dumps({"code": code, "time": when}).encode()
-
-
-def parse_exit_message(message: bytes) -> tuple[int, float] | None:
-    """(exit code, time of death) from :func:`exit_message`; None for any other message."""
-    if not message.startswith(b"exit "):
-        return None
-    fields = json.loads(message[5:])
-    return int(fields["code"]), float(fields["time"])
 
 
 def _become_stand_in(rank: int, parent: int) -> None:
