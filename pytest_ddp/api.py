@@ -23,29 +23,21 @@ a pytest run) that calls ``run()`` needs the usual ``if __name__ ==
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from pytest_ddp.common.protocol import CallFunction, decode_value, encode_value
-from pytest_ddp.config.machine import GpuShortage, machine_rank_capacity, rank_gpus
-from pytest_ddp.config.settings import DEFAULT_GRACE
-from pytest_ddp.config.spec import (
-    RankSpec,
-    parse_backend,
-    parse_timeout,
-    parse_world_sizes,
-    process_group_timeout,
-)
+from pytest_ddp.config.machine import GpuShortage
+from pytest_ddp.config.settings import current as current_settings
+from pytest_ddp.config.spec import SpecError, parse_mark, parse_timeout
 from pytest_ddp.diagnose.consistency import compare_sequences, unfinished_work, unreceived_messages
 from pytest_ddp.diagnose.state import Call
 from pytest_ddp.diagnose.wording import difference_line, unfinished_line, unreceived_line
-from pytest_ddp.faults import Fault, FaultError, check_all
-from pytest_ddp.groups.group import GroupConfig
-from pytest_ddp.groups.mpi_group import mpi_unavailable
+from pytest_ddp.faults import Fault
+from pytest_ddp.groups.admission import Admission
 from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun
 from pytest_ddp.report.failure import failure_text, format_stack, start_failure_text
 
@@ -112,56 +104,55 @@ def run(
     init: bool = True,
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
-    grace: float = DEFAULT_GRACE,
+    grace: float | None = None,
     mpi_launcher: str | None = None,
     faults: list[Fault] | tuple[Fault, ...] = (),
 ) -> Result:
     """Run ``fn(rank, *args, **kwargs)`` on ``world_size`` fresh ranks and say what happened.
 
+    The run is admitted as a ``@pytest.mark.ddp`` test is, under the settings of the pytest
+    session it is called in: ``backend``, ``grace`` and ``mpi_launcher`` default to the
+    session's (``--ddp-backend``, ``--ddp-grace``, ``--ddp-mpi-launcher``, else gloo, 2 s and
+    MPICH's), and a world size above what the machine holds (or ``--ddp-max-world-size``) is
+    refused.  Never raises for what the ranks do.
+
     ``init=False`` gives the ranks the torchrun environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT, ...) but no process group: ``fn`` calls
-    ``init_process_group`` itself.  Never raises for what the ranks do.
+    ``init_process_group`` itself.
 
-    ``backend="nccl"`` with fewer GPUs than ranks skips the calling test
-    (``pytest.skip``) inside pytest, and raises GpuShortage elsewhere.
+    ``backend="nccl"`` with fewer GPUs than ranks (this xdist worker's share of them) skips the
+    calling test (``pytest.skip``) inside pytest, and raises GpuShortage elsewhere.
 
     ``backend="mpi"`` runs ``fn`` on the ranks of one MPI world (``MPI.COMM_WORLD``
-    in ``fn``), started by ``mpi_launcher`` (default: MPICH's, see
-    ``--ddp-mpi-launcher``); without mpi4py or a launcher it skips the calling
-    test inside pytest, and raises RuntimeError elsewhere.
+    in ``fn``); without mpi4py or a launcher it skips the calling test inside pytest, and
+    raises RuntimeError elsewhere.
 
     ``faults``: faults to inject (:mod:`pytest_ddp.faults`), as on the mark.  A rank
     that one of them ends (kill, exit) does not by itself fail the run; a fault
     that never fires does.
     """
-    (size,), _ = parse_world_sizes(world_size)
-    limit, why = machine_rank_capacity()
-    if size > limit:
-        raise ValueError(f"world_size={size}: this machine holds at most {limit} ranks ({why})")
+    settings = current_settings()
     try:
-        checked = check_all(faults, size, init)
-    except FaultError as exc:
-        raise ValueError(f"run(): faults: {exc}") from None
-    spec = RankSpec(
-        faults=checked,
-        world_size=size,
-        backend=parse_backend(backend or "gloo"),
-        timeout=parse_timeout(timeout),
-        grace=parse_timeout(grace, "grace"),
-        init=init,
-        isolated=True,
-        check_collectives=False,
-    )
-    try:
-        gpus = rank_gpus(size) if spec.backend == "nccl" else []
-    except GpuShortage as exc:
-        if "PYTEST_CURRENT_TEST" in os.environ:
-            pytest.skip(f"pytest_ddp.run(): {exc}")
-        raise
-    if spec.backend == "mpi" and (reason := mpi_unavailable(mpi_launcher)) is not None:
+        settings = replace(
+            settings,
+            grace=settings.grace if grace is None else parse_timeout(grace, "grace"),
+            mpi_launcher=mpi_launcher or settings.mpi_launcher,
+        )
+        mark = parse_mark(
+            (),
+            {"world_size": world_size, "backend": backend, "timeout": timeout, "init": init, "isolated": True,
+             "check_collectives": False, "faults": faults},
+        )
+        if mark.parametrized:
+            raise SpecError(f"world_size={world_size!r}: run() takes one world size")
+        admission = Admission(settings)
+        spec = admission.spec(mark, mark.world_sizes[0])
+    except SpecError as exc:
+        raise ValueError(f"run(): {exc}") from None
+    if (reason := admission.unavailable(spec)) is not None:
         if "PYTEST_CURRENT_TEST" in os.environ:
             pytest.skip(f"pytest_ddp.run(): {reason}")
-        raise RuntimeError(f"pytest_ddp.run(): {reason}")
+        raise (GpuShortage if spec.backend == "nccl" else RuntimeError)(f"pytest_ddp.run(): {reason}")
     module = fn.__module__
     if module == "__main__" or "<locals>" in fn.__qualname__:
         raise ValueError(f"run(): {fn.__qualname__} must be a module-level function of an importable module")
@@ -170,21 +161,13 @@ def run(
         module=module,
         qualname=fn.__qualname__,
         args=encode_value((tuple(args), dict(kwargs or {}))),
-        faults=encode_value(checked) if checked else None,
-    )
-    config = GroupConfig(
-        world_size=size,
-        backend=spec.backend,
-        init=init,
-        pg_timeout=process_group_timeout(spec.timeout),
-        mode="function",
-        sys_path=list(sys.path),
-        gpus=gpus,
-        mpi_launcher=mpi_launcher,
+        faults=encode_value(spec.faults) if spec.faults else None,
     )
     pool = GroupPool(max_groups=1)
     try:
-        test_run = pool.run(spec, command, make_config=lambda: config, keep=False)
+        test_run = pool.run(
+            spec, command, make_config=lambda: admission.group_config(spec, spec.timeout, mode="function"), keep=False
+        )
     finally:
         pool.close()
     return _result(test_run)

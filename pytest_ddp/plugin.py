@@ -1,54 +1,29 @@
-"""The pytest plugin: the ``ddp`` marker, its options and fixtures, and the controller protocol.
+"""The pytest plugin (the ``pytest11`` entry point): the ``ddp`` marker, its options, the
+world-size parametrization and the rank fixtures.
 
-In the controller (the main pytest process, or one xdist worker) a ddp item is
-not run: its node id goes to a rank group, and the ranks' reports come back
-merged, one per phase, through pytest's ordinary hooks.  Inside a rank the
-same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
+At configure it registers the session's side: the controller (:mod:`pytest_ddp.controller`), or
+under a launcher on a rank other than 0 the host (:mod:`pytest_ddp.launched.host`).  Inside a rank
+the same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_ddp.common.protocol import RunItem
 from pytest_ddp.config import settings as settings_module
-from pytest_ddp.config.machine import GpuShortage, machine_rank_capacity, rank_gpus
-from pytest_ddp.config.settings import (
-    DEFAULT_BACKEND,
-    DEFAULT_GRACE,
-    DEFAULT_MAX_GROUPS,
-    DEFAULT_TIMEOUT,
-)
-from pytest_ddp.config.spec import (
-    LAUNCHER_CHOICES,
-    RankSpec,
-    SpecError,
-    parse_mark,
-    parse_timeout_mark,
-    process_group_timeout,
-)
-from pytest_ddp.groups.group import SHARED_ROOT_ENV, GroupConfig, fork_context
-from pytest_ddp.groups.mpi_group import mpi_unavailable
-from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.launched.host import GATHER_WAIT, HostSession
+from pytest_ddp.config.settings import DEFAULT_BACKEND, DEFAULT_GRACE, DEFAULT_MAX_GROUPS, DEFAULT_TIMEOUT
+from pytest_ddp.config.spec import LAUNCHER_CHOICES, WORLD_SIZE_PARAM, SpecError, parse_mark
+from pytest_ddp.controller import Controller
+from pytest_ddp.groups.group import SHARED_ROOT_ENV
+from pytest_ddp.launched.host import HostSession
 from pytest_ddp.launched.launch import Launch, LaunchError, detect
-from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld
 from pytest_ddp.rank import channel as rank_module
-from pytest_ddp.record import compiled
-from pytest_ddp.report import rank_warnings
-from pytest_ddp.report.failure import sanitize, write_json
-from pytest_ddp.report.merge import merged_reports, stopped_group_report
-
-WORLD_SIZE_PARAM = "_ddp_world_size"
-# A ddp item's spec, or why it cannot run (reported as its setup error).
-spec_key = pytest.StashKey["RankSpec | SpecError"]()
+from pytest_ddp.report.failure import sanitize
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -119,6 +94,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if rank_module.current() is not None:
         return
     settings = settings_module.from_config(config)
+    previous = settings_module.current()
+    settings_module.set_current(settings)  # for pytest_ddp.run() in this session's tests
+    config.add_cleanup(lambda: settings_module.set_current(previous))
     launch = _launch(config, settings.launcher)
     if launch is not None and not launch.controller:
         config.pluginmanager.register(HostSession(config, launch), "ddp_host")
@@ -160,315 +138,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(
             WORLD_SIZE_PARAM, mark.world_sizes, ids=[f"ws{n}" for n in mark.world_sizes]
         )
-
-
-class Controller:
-    """The controller side: resolves specs, runs ddp items on rank groups, reports."""
-
-    def __init__(self, config: pytest.Config, settings: settings_module.Settings, launch: Launch | None) -> None:
-        self.config = config
-        self.settings = settings
-        self.launch = launch
-        self.world: LaunchedWorld | None = None
-        self.session: pytest.Session | None = None
-        if launch is None:
-            self.pool = GroupPool(settings.max_groups)
-        else:
-            try:
-                world = self.world = LaunchedWorld(launch, GATHER_WAIT)
-            except LaunchError as exc:
-                raise pytest.UsageError(f"pytest-ddp: {exc}") from None
-            self.pool = GroupPool(settings.max_groups, lambda group_config: LaunchedGroup(group_config, world))
-        self._rank_capacity: tuple[int, str] | None = None
-        self.runs: list[TestRun | StartFailure] = []
-        self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
-        self.position: dict[str, int] = {}
-        self._last_item: tuple[str, tuple[str, int | None, str]] = ("", ("", None, ""))  # logged last
-
-    # -- collection -------------------------------------------------------------
-
-    def pytest_report_header(self) -> str | None:
-        return None if self.launch is None else f"ddp: {self.launch.describe()}"
-
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.session = session
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        # The ddp items each warm group may serve, in session order, and where each stands.
-        self.shared = {}
-        self.position = {}
-        specs = [(item, spec) for item in session.items if (spec := self.spec(item)) is not None]
-        for item, spec in specs:
-            if not spec.isolated:
-                queue = self.shared.setdefault(spec.group_key, [])
-                self.position[item.nodeid] = len(queue)
-                queue.append(item)
-        if specs:
-            self._build_kernels()
-        if any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
-            fork_context()  # the forkserver imports torch while pytest gets going
-        if self.world is not None:
-            difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
-            if difference is not None:
-                pytest.exit(f"pytest-ddp: {difference}", returncode=pytest.ExitCode.USAGE_ERROR)
-
-    def _build_kernels(self) -> None:
-        """Build the recorder's compiled kernels before any rank starts, where they are not cached
-        (seconds, once per torch); where they cannot be built, say why once, and spare the ranks
-        from trying again: they record in Python."""
-        why = compiled.build()
-        if why is None or not compiled.wanted():
-            return
-        os.environ[compiled.ENV] = "0"
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"pytest-ddp: functional collectives recorded in Python (slower): {why}")
-
-    def spec(self, item: pytest.Item) -> RankSpec | None:
-        """The spec of a ddp item that can run; None for an ordinary item or a bad one."""
-        resolved = self._resolve(item)
-        return resolved if isinstance(resolved, RankSpec) else None
-
-    def _resolve(self, item: pytest.Item) -> RankSpec | SpecError | None:
-        """A ddp item's spec, or why it cannot run; None for an ordinary item."""
-        if spec_key in item.stash:
-            return item.stash[spec_key]
-        marker = item.get_closest_marker("ddp")
-        if marker is None or not isinstance(item, pytest.Function):
-            return None
-        try:
-            resolved: RankSpec | SpecError = self._spec_of(item, marker)
-        except SpecError as exc:
-            resolved = SpecError(f"{item.nodeid}: {exc}")
-        item.stash[spec_key] = resolved
-        return resolved
-
-    def _spec_of(self, item: pytest.Function, marker: pytest.Mark) -> RankSpec:
-        try:
-            mark = parse_mark(marker.args, marker.kwargs)
-        except SpecError as exc:
-            raise SpecError(f"@pytest.mark.ddp: {exc}") from None
-        timeout_marker = item.get_closest_marker("timeout")
-        try:
-            timeout_mark = (
-                None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
-            )
-        except SpecError as exc:
-            # pytest-timeout reads the mark again around the test, and a value it
-            # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
-            item.add_marker(pytest.mark.timeout(0), append=False)
-            raise SpecError(f"@pytest.mark.timeout: {exc}") from None
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and WORLD_SIZE_PARAM in callspec.params:
-            world_size = callspec.params[WORLD_SIZE_PARAM]
-        else:
-            world_size = mark.world_sizes[0]
-        self._check_capacity(world_size)
-        return self.settings.spec(mark, world_size, timeout_mark)
-
-    def _check_capacity(self, world_size: int) -> None:
-        """Refuse a world size this machine cannot hold, before anything is started
-        (launched: a test needing more ranks than were launched is skipped, see _unavailable)."""
-        if self.launch is not None:
-            return
-        if self.settings.max_world_size is not None:
-            if world_size > self.settings.max_world_size:
-                raise SpecError(f"world_size={world_size}: above --ddp-max-world-size={self.settings.max_world_size}")
-            return
-        if self._rank_capacity is None:
-            self._rank_capacity = machine_rank_capacity()
-        limit, why = self._rank_capacity
-        if world_size > limit:
-            raise SpecError(
-                f"world_size={world_size}: this machine holds at most {limit} ranks ({why}); "
-                f"--ddp-max-world-size=N overrides this check"
-            )
-
-    # -- running ----------------------------------------------------------------
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        spec = self._resolve(item)
-        if spec is None:
-            return None
-        ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        run = None
-        stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
-        if isinstance(spec, SpecError):
-            reports = [_setup_error_report(item, str(spec))]
-        elif (skip_reason := self._unavailable(spec)) is not None:
-            reports = [_skip_report(item, skip_reason)]
-        else:
-            run = self._run(item, spec, nextitem)
-            stopped = run.stopped_groups
-            reports, rank_failures = merged_reports(item, run, self.config)
-            if self.settings.report_dir and any(r.failed for r in reports):
-                write_json(self.settings.report_dir, run, rank_failures)
-        # Fixtures this controller set up for ordinary tests before this one.
-        item.session._setupstate.teardown_exact(nextitem)
-        for report in reports:
-            ihook.pytest_runtest_logreport(report=report)
-        if isinstance(run, TestRun):
-            for warning, nodeid in rank_warnings.merged(run.states):
-                kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
-                self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        self._report_stopped_groups(stopped)
-        if isinstance(run, TestRun):
-            _end_session_if_interrupted(run)
-        return True
-
-    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self._last_item = (nodeid, location)
-
-    def _report_stopped_groups(self, failures: list[StoppedGroupFailure]) -> None:
-        """Errors at teardown of groups stopped after their last test was reported: extra
-        teardown reports of the item reported last."""
-        for failure in failures:
-            report = stopped_group_report(failure, self._last_item, self.config)
-            self.config.hook.pytest_runtest_logreport(report=report)
-
-    def _run(self, item: pytest.Item, spec: RankSpec, nextitem: pytest.Item | None) -> TestRun | StartFailure:
-        later = self._later_items(item, spec)
-        # The next item this controller runs, if it runs on this group too.
-        follow = self._command(later[0], spec) if later and later[0] is nextitem else None
-        run = self.pool.run(
-            spec,
-            self._command(item, spec),
-            make_config=lambda: self._group_config(item, spec, later),
-            keep=bool(later),
-            follow=follow,
-        )
-        self.runs.append(run)
-        return run
-
-    def _command(self, item: pytest.Item, spec: RankSpec) -> RunItem:
-        """What a group's ranks are told to run: the item, and the item after it
-        on the same group, whose fixtures they keep."""
-        later = self._later_items(item, spec)
-        return RunItem(item.nodeid, later[0].nodeid if later else None)
-
-    def _later_items(self, item: pytest.Item, spec: RankSpec) -> list[pytest.Item]:
-        """The items after this one that may run on the same warm group, in order."""
-        if spec.isolated or item.nodeid not in self.position:
-            return []
-        return self.shared[spec.group_key][self.position[item.nodeid] + 1 :]
-
-    def _group_config(self, item: pytest.Item, spec: RankSpec, later: list[pytest.Item]) -> GroupConfig:
-        items = [item, *later]
-        longest = max(self.spec(i).timeout for i in items)  # type: ignore[union-attr]
-        return GroupConfig(
-            world_size=spec.world_size,
-            backend=spec.backend,
-            init=spec.init,
-            pg_timeout=process_group_timeout(longest),
-            pytest_args=settings_module.rank_pytest_args(self.config, items),
-            items=[i.nodeid for i in items],
-            sys_path=list(sys.path),
-            # pytest's own basetemp (tmp_path's root); it has no public accessor.
-            workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
-            # Launched: each rank's GPU is its LOCAL_RANK's, as the launcher set the node up.
-            gpus=rank_gpus(spec.world_size) if spec.backend == "nccl" and self.launch is None else [],
-            mpi_launcher=self.settings.mpi_launcher,
-        )
-
-    def _unavailable(self, spec: RankSpec) -> str | None:
-        """Why this machine cannot run the test (it is skipped saying so): too few GPUs, no MPI,
-        too few launched ranks."""
-        if self.launch is not None:
-            if spec.backend == "mpi":
-                return "backend='mpi' tests do not run under a launcher: run them with plain pytest"
-            if spec.world_size > self.launch.world_size:
-                return f"needs world_size={spec.world_size}; {self.launch.describe()}"
-            return None
-        if spec.backend == "mpi":
-            return mpi_unavailable(self.settings.mpi_launcher)
-        return _gpu_shortage(spec)
-
-    # pytest-timeout must not fire in the controller while the ranks run: the
-    # ddp timeout includes its value, and the controller reports the hang.
-    @pytest.hookimpl(tryfirst=True, optionalhook=True)
-    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
-        return True if self._resolve(item) is not None else None
-
-    @pytest.hookimpl(tryfirst=True, optionalhook=True)
-    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self._resolve(item) is not None else None
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> Any:
-        result = yield
-        # Stopped here, not at session finish: their teardown errors still count
-        # for the exit status, and an xdist worker still sends them to the controller.
-        self._report_stopped_groups(self.pool.close())
-        return result
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        # Groups still warm when the test loop was cut short (-x, an interrupt).
-        failures = self.pool.close()
-        self._report_stopped_groups(failures)
-        if failures and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def pytest_unconfigure(self) -> None:
-        self.pool.close()
-        if self.world is not None:
-            # Every other rank's pytest exits with this session's status.
-            status = self.session.exitstatus if self.session is not None else pytest.ExitCode.INTERRUPTED
-            self.world.end(status)
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.world is not None:
-            terminalreporter.write_line("ddp: the other ranks' pytest output: " + "; ".join(self.world.logs()))
-        if not self.runs:
-            return
-        costs = [
-            run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs
-        ]
-        terminalreporter.write_line(
-            f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
-            f"median {statistics.median(costs) * 1000:.0f} ms per test"
-        )
-
-
-def _end_session_if_interrupted(run: TestRun) -> None:
-    """A rank's test called ``pytest.exit()`` or raised KeyboardInterrupt: end this session
-    as plain pytest would, with its reason (the ranks are stopped as the session ends)."""
-    for state in run.states:
-        if state.interrupted is None:
-            continue
-        if state.interrupted["kind"] == "KeyboardInterrupt":
-            raise KeyboardInterrupt
-        pytest.exit(state.interrupted["reason"], returncode=state.interrupted["returncode"])
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _gpu_shortage(spec: RankSpec) -> str | None:
-    if spec.backend != "nccl":
-        return None
-    try:
-        rank_gpus(spec.world_size)
-    except GpuShortage as exc:
-        return str(exc)
-    return None
-
-
-def _setup_error_report(item: pytest.Item, message: str) -> pytest.TestReport:
-    """An error at the setup of ``item``, with ``message`` and no traceback."""
-    call = pytest.CallInfo.from_call(lambda: pytest.fail(message, pytrace=False), "setup")
-    return pytest.TestReport.from_item_and_call(item, call)
-
-
-def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:
-    path, lineno, _ = item.location
-    return pytest.TestReport(
-        item.nodeid, item.location, {k: 1 for k in item.keywords}, "skipped",
-        (str(path), (lineno or 0) + 1, f"Skipped: {reason}"), "setup",
-    )
 
 
 # -- fixtures (they work inside the ranks) -------------------------------------

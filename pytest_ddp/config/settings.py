@@ -61,6 +61,32 @@ class Settings:
         )
 
 
+# Before (and outside) a pytest session: every setting at its default.
+DEFAULTS = Settings(
+    backend=DEFAULT_BACKEND,
+    timeout=DEFAULT_TIMEOUT,
+    grace=DEFAULT_GRACE,
+    isolate_all=False,
+    max_groups=DEFAULT_MAX_GROUPS,
+    report_dir=None,
+    max_world_size=None,
+    mpi_launcher=None,
+    launcher=DEFAULT_LAUNCHER,
+)
+_current = DEFAULTS
+
+
+def current() -> Settings:
+    """The settings of the pytest session in this process (:func:`pytest_ddp.run` runs under
+    them), or :data:`DEFAULTS` outside one."""
+    return _current
+
+
+def set_current(settings: Settings) -> None:
+    global _current
+    _current = settings
+
+
 def from_config(config: pytest.Config) -> Settings:
     """The settings of this session; a bad value is a UsageError naming its option."""
     try:

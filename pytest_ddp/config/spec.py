@@ -20,6 +20,8 @@ LAUNCHER_CHOICES = ("auto", "local", *LAUNCHERS)
 # group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
 # epoll/poll and some store calls take (2**31 ms is about 24.8 days).
 MAX_TIMEOUT = 1_000_000
+# The parameter a list of world sizes parametrizes a ddp test on (one test per size).
+WORLD_SIZE_PARAM = "_ddp_world_size"
 MARK_ARGUMENTS = ("world_size", "backend", "timeout", "init", "isolated", "check_collectives", "faults")
 
 
