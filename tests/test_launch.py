@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp.groups.group import rank_files
+from pytest_ddp.groups.spawn import rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect

@@ -32,7 +32,7 @@ from pytest_ddp.common.protocol import (
 )
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.rank.channel import Channel
-from pytest_ddp.record import recorder
+from pytest_ddp.record import numbering
 
 RECORDS: list[protocol.Record] = [
     RunItem("t.py::test_a", next="t.py::test_b"),
@@ -102,7 +102,7 @@ def test_an_event_log_reads_back_what_was_written(tmp_path: Path) -> None:
 
 def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -> None:
     log = EventLog(str(tmp_path / "events"))
-    numbers = recorder._Numbers()
+    numbers = numbering.Numbers()
     # The body as the recorder builds it for an async broadcast on a subgroup.
     body = (
         '"op":"broadcast","group":"g1","ranks":[0,2],"site":"t.py:9","t":1.5,'
@@ -111,8 +111,8 @@ def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -
     numbers.write_call(log, body, ("g1",))
     numbers.write_call(log, '"op":"send_object_list","group":"WORLD","ranks":[0,1],"site":"t.py:12","t":1.75,'
                        '"peer":1,"obj_type":"dict","obj_size":120', ("WORLD", "send", 1))
-    recorder._write_ret(log, 0, None)
-    recorder._write_ret(log, 1, TypeError("cannot pickle"))
+    numbering.write_ret(log, 0, None)
+    numbering.write_ret(log, 1, TypeError("cannot pickle"))
     log.close()
 
     lines = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]

@@ -264,7 +264,7 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
     script = (
         "import os, signal\n"
         "from multiprocessing import forkserver\n"
-        "from pytest_ddp.groups.group import fork_context\n"
+        "from pytest_ddp.groups.spawn import fork_context\n"
         "fork_context()\n"
         "os.kill(forkserver._forkserver._forkserver_pid, signal.SIGINT)  # while it imports torch\n"
         "ctx = fork_context()\n"

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import pytest_ddp
 from conftest import line_of
-from pytest_ddp.record import recorder
+from pytest_ddp.record import numbering, recorder
 
 
 def many_calls(rank: int) -> None:
@@ -120,6 +120,7 @@ class Lines:
 def lines(monkeypatch: pytest.MonkeyPatch) -> Lines:
     log = Lines()
     monkeypatch.setattr(recorder, "_log", log)
+    monkeypatch.setattr(recorder._pending, "log", log)
     return log
 
 
@@ -128,7 +129,8 @@ def rets(lines: Lines) -> list[tuple[int, bool]]:
 
 
 def test_an_asynchronous_calls_ret_is_written_when_its_wait_returns_or_its_work_completes(lines: Lines) -> None:
-    pending = recorder._Pending()
+    pending = numbering.Pending()
+    pending.log = lines
     waited, completing, failing = HandMadeWork(), HandMadeWork(), HandMadeWork(RuntimeError("peer gone"))
     for index, work in enumerate((waited, completing, failing)):
         assert pending.add(index, work)
@@ -142,14 +144,16 @@ def test_an_asynchronous_calls_ret_is_written_when_its_wait_returns_or_its_work_
 
 
 def test_work_without_a_future_is_not_left_pending(lines: Lines) -> None:
-    pending = recorder._Pending()
+    pending = numbering.Pending()
+    pending.log = lines
     assert not pending.add(0, SendWork())  # the caller writes its ret at once
     assert pending.works == {}
 
 
 def test_work_nobody_waits_for_gets_its_ret_from_the_looking_thread(lines: Lines) -> None:
     # DDP's reducer waits for its buckets in C++: no recorded wait, and maybe no later call.
-    pending = recorder._Pending()
+    pending = numbering.Pending()
+    pending.log = lines
     pending.start_looking()
     work = HandMadeWork()
     work.completed = True

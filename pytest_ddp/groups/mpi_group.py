@@ -44,7 +44,8 @@ from typing import Any
 
 from pytest_ddp.common import prctl
 from pytest_ddp.common.protocol import parse_exit_message
-from pytest_ddp.groups.group import GroupStartError, RankGroup, RankProcess
+from pytest_ddp.groups.group import GroupStartError, RankGroup
+from pytest_ddp.groups.spawn import RankProcess
 
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")

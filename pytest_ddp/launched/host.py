@@ -36,9 +36,9 @@ import _pytest.config
 import pytest
 
 from pytest_ddp.config.settings import rank_pytest_args
-from pytest_ddp.groups.group import (
+from pytest_ddp.groups.group import STACK_DUMP_WAIT
+from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
-    STACK_DUMP_WAIT,
     complete_spec,
     dump_complete,
     file_size,

@@ -23,7 +23,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pytest_ddp.common.protocol import Command, encode
-from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, RankProcess, rank_files
+from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
+from pytest_ddp.groups.spawn import RankProcess, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, collection_differences
 from pytest_ddp.launched.link import listen

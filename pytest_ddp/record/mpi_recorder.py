@@ -33,12 +33,12 @@ from mpi4py import MPI
 
 from pytest_ddp.common.ops import MPI_OPS, Op
 from pytest_ddp.common.protocol import NULL_PEER, EventLog
-from pytest_ddp.record import describe, recorder
+from pytest_ddp.record import describe, numbering
 
 WORLD = "WORLD"
 
 _log: EventLog | None = None
-_numbers = recorder.numbers()
+_numbers = numbering.numbers()
 _originals: dict[str, Any] = {}  # "COMM_WORLD", "Request": what install replaced in the MPI module
 _test = 0  # which test: a communicator made by an earlier test is named "before-..."
 _comms_made = 0  # communicators made in the current test, for their names

@@ -20,7 +20,7 @@ functions' ``async_op=True`` collectives are asynchronous: a ``wait`` event is
 written when the caller waits for one (``work.wait()``, ``wait_tensor``), so a
 rank waiting for a gradient bucket shows as inside ``all_reduce #k``, and its
 ``ret`` when that wait returns, or else when the rank next sees its work
-complete (see :class:`_Pending`); a functional collective never waited for, at
+complete (see :class:`~pytest_ddp.record.numbering.Pending`); a functional collective never waited for, at
 the test's end (:func:`unfinished_work`).
 
 While a test has faults armed (:mod:`pytest_ddp.record.injector`), each recorded call
@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 import sys
 import threading
 import time
@@ -50,6 +49,7 @@ from pytest_ddp.common.ops import OPS, BackendOp
 from pytest_ddp.common.protocol import EventLog
 from pytest_ddp.record import backend_hook, describe, injector
 from pytest_ddp.record.injector import armed as _armed
+from pytest_ddp.record.numbering import Pending, first_line, numbers, write_ret
 
 
 class _Depth(threading.local):
@@ -57,6 +57,8 @@ class _Depth(threading.local):
 
 
 _local = _Depth()
+_numbers = numbers()
+_pending = Pending()
 _log: EventLog | None = None
 _originals: dict[tuple[Any, str], Any] = {}
 # id(work) -> (call index, work) of the current test's asynchronous calls: isend,
@@ -69,47 +71,6 @@ _backend_tensors: dict[int, int] = {}
 # The current test's functional collectives not waited for yet: call index -> what the call
 # returned (its output tensors, kept to be waited for at the test's end).
 _unwaited: dict[int, Any] = {}
-
-
-# -- numbering -------------------------------------------------------------------
-
-
-class _Numbers:
-    """Call index and sequence numbers of the current test.  The call event is written
-    under the same lock that numbers it, so indices reach the log in order, as
-    ``RankState.apply`` expects (``ret`` events find their call by index)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.generation = 0  # which test: a late ret of an earlier test is dropped
-        self.index = 0
-        self.seq: dict[tuple[Any, ...], int] = {}
-
-    def reset(self) -> None:
-        with self.lock:
-            self.generation += 1
-            self.index = 0
-            self.seq = {}
-
-    def write_call(self, log: EventLog, body: str, key: tuple[Any, ...] | None) -> tuple[int, int]:
-        """Number the call (seq 0 without a key), write it; returns (index, generation)."""
-        with self.lock:
-            index = self.index
-            self.index += 1
-            seq = 0
-            if key is not None:
-                seq = self.seq[key] = self.seq.get(key, 0) + 1
-            log.write_line(f'{{"e":"call","i":{index},"seq":{seq},{body}}}')
-            return index, self.generation
-
-
-_numbers = _Numbers()
-
-
-def numbers() -> _Numbers:
-    """This rank's call numbering, shared by every recorder (:mod:`pytest_ddp.record.mpi_recorder` too),
-    so that a test that makes torch and MPI calls has one sequence of call indexes."""
-    return _numbers
 
 
 def start_test() -> None:
@@ -150,7 +111,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         try:
             wait_unrecorded(work, remaining)
         except Exception as exc:  # timed out, or the work failed
-            unfinished.append({"i": index, "err": _first_line(exc)})
+            unfinished.append({"i": index, "err": first_line(exc)})
     _works.clear()
     _pending.sweep()
     _pending.clear()  # what is left timed out, and is listed
@@ -182,8 +143,8 @@ def _wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
             with lock:
                 if index in returned:  # the deadline passed
                     return
-                returned[index] = None if error is None else _first_line(error)
-                _write_ret(log, index, error)
+                returned[index] = None if error is None else first_line(error)
+                write_ret(log, index, error)
 
     waiting = threading.Thread(target=wait_all, name="pytest-ddp-unwaited-work", daemon=True)
     waiting.start()
@@ -192,101 +153,6 @@ def _wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
         for index, _ in calls:
             returned.setdefault(index, f"never waited for, and still running {wait:g} s after the test")
     return [{"i": index, "err": why} for index, why in returned.items() if why is not None]
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or ["?"])[0][:200]
-
-
-def _write_ret(log: EventLog, index: int, error: BaseException | None) -> None:
-    if error is None:
-        log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
-    else:
-        log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"})
-
-
-# -- asynchronous work: when its ret is written ---------------------------------------
-
-SWEEP_INTERVAL = 0.005  # seconds between looks at pending work that nobody waits for
-
-
-class _Pending:
-    """The current test's asynchronous calls whose ret is not written yet.
-
-    A call's ret is written when its caller's wait for it returns, or else when the rank sees
-    its work complete: at the rank's next recorded call, or from a thread that looks every
-    SWEEP_INTERVAL while any call is pending (DDP waits for its buckets in C++, out of sight).
-    Not from a done callback on the work's future: that runs in the backend's thread and takes
-    the GIL from the caller once per collective (measured: +50 us of CPU and +75 us of wall
-    time per functional all_reduce in a group of one)."""
-
-    def __init__(self) -> None:
-        self.works: dict[int, tuple[Any, Any]] = {}  # call index -> (work, its future)
-        self._wake = threading.Event()  # set while works are pending
-        self._looker_pid: int | None = None  # the process whose thread looks (threads do not survive fork)
-
-    def add(self, index: int, work: Any) -> bool:
-        """Leave the call's ret to its wait or its work's completion; False where the work has no
-        future (Gloo's send and receive work, complete only inside ``wait()``)."""
-        try:
-            future = work.get_future()
-        except Exception:
-            return False
-        with _numbers.lock:
-            self.works[index] = (work, future)
-        if not self._wake.is_set():  # setting it takes a lock and wakes the thread
-            self._wake.set()
-        return True
-
-    def sweep(self, waited: int | None = None, error: BaseException | None = None) -> bool:
-        """Write the ret of each call whose work completed, and of ``waited``, whose wait returned
-        (with ``error`` if it raised); whether any call is still pending."""
-        log = _log
-        with _numbers.lock:
-            for index, (work, future) in list(self.works.items()):
-                if index == waited:
-                    failure = error
-                elif work.is_completed():
-                    failure = _failure(future)
-                else:
-                    continue
-                del self.works[index]
-                if log is not None:
-                    _write_ret(log, index, failure)
-            return bool(self.works)
-
-    def start_looking(self) -> None:
-        """Have this process's thread look at pending work (started before a test, so that the
-        test's leftover threads do not include it)."""
-        if self._looker_pid != os.getpid():
-            self._looker_pid = os.getpid()
-            threading.Thread(target=self._look, name="pytest-ddp-pending-work", daemon=True).start()
-
-    def clear(self) -> None:
-        """Forget the pending calls (their test is over)."""
-        with _numbers.lock:
-            self.works.clear()
-
-    def _look(self) -> None:
-        while True:
-            self._wake.wait()
-            time.sleep(SWEEP_INTERVAL)
-            if not self.sweep():
-                self._wake.clear()
-                if self.works:  # added between the sweep and the clear
-                    self._wake.set()
-
-
-def _failure(future: Any) -> BaseException | None:
-    """What a completed work's future failed with, if anything."""
-    try:
-        future.value()
-    except Exception as exc:
-        return exc
-    return None
-
-
-_pending = _Pending()
 
 
 # -- the Python functions ------------------------------------------------------
@@ -321,7 +187,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                _write_ret(log, index, exc)
+                write_ret(log, index, exc)
                 raise
             if result is not None and (spec.kind in ("p2p", "batch") or bound.get("async_op")):
                 works = [w for w in (result if isinstance(result, list) else [result]) if isinstance(w, dist.Work)]
@@ -361,7 +227,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     try:
         result = submit()
     except BaseException as exc:
-        _write_ret(log, index, exc)
+        write_ret(log, index, exc)
         raise
     work = backend_hook.work_of(result)
     if work is None or not _pending.add(index, work):
@@ -386,7 +252,7 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
     try:
         result = submit()
     except BaseException as exc:
-        _write_ret(log, index, exc)
+        write_ret(log, index, exc)
         raise
     finally:
         _local.depth = 0
@@ -467,7 +333,7 @@ def _compiled_hooks() -> SimpleNamespace:
         call_parts=_functional_call_parts,
         frame_site=describe.frame_site,
         site=describe.site,
-        write_ret=_write_ret,
+        write_ret=write_ret,
         returned=_returned,
     )
 
@@ -493,7 +359,7 @@ def _returned(log: EventLog, index: int, error: BaseException | None) -> None:
     if _unwaited.pop(index, None) is None:
         _pending.sweep(index, error)
     else:
-        _write_ret(log, index, error)
+        write_ret(log, index, error)
 
 
 def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
@@ -529,7 +395,7 @@ def install(log: EventLog) -> None:
     """Record this process's torch.distributed calls into ``log`` (idempotent; a second
     call only switches the log)."""
     global _log
-    _log = log
+    _log = _pending.log = log
     if _originals:
         return
     for op in (name for name, spec in OPS.items() if spec.python):
@@ -579,4 +445,4 @@ def uninstall() -> None:
     _originals.clear()
     backend_hook.uninstall()
     describe.forget_groups()
-    _log = None
+    _log = _pending.log = None

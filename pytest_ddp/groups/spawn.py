@@ -1,0 +1,164 @@
+"""How a rank process comes to be, and how its files are read: the forkserver ranks are forked
+from, a rank's spec and files, the fork itself, and the TCPStore the ranks of a group meet at.
+
+Used by :mod:`pytest_ddp.groups.group` on one machine, and by a launched host
+(:mod:`pytest_ddp.launched.host`) for the ranks it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pytest_ddp.common.protocol import EventReader
+
+# Variables of the pytest process that are not a rank's: pytest options meant for the session,
+# and an MPI launcher's, which would make a rank take itself for the launched process.
+NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE")
+
+# Imported once by the forkserver, before it forks any rank.
+PRELOAD = [
+    "torch", "torch.distributed", "pytest",
+    "pytest_ddp.plugin", "pytest_ddp.rank.entry", "pytest_ddp.rank.session", "pytest_ddp.groups.preload",
+]
+
+
+def fork_context() -> Any:
+    """The forkserver context ranks are started from; starts the server, in the background."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+
+    # Started with SIGINT ignored, the forkserver ignores it while it imports torch too
+    # (it ignores it itself only after): Ctrl-C then printed its KeyboardInterrupt traceback.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return context
+
+
+def rank_files(folder: Path, rank: int) -> dict[str, Path]:
+    """A rank's event log, output files and stack dump file in ``folder``."""
+    return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+
+
+def complete_spec(
+    portable: dict[str, Any], env: dict[str, str] | None, folder: Path, pytest_args: list[str], sys_path: list[str]
+) -> dict[str, Any]:
+    """A rank's whole spec: the portable part and what only the machine it runs on knows
+    (its files in ``folder``, its working directory and import path)."""
+    rank = portable["rank"]
+    files = {name: str(path) for name, path in rank_files(folder, rank).items()}
+    return {
+        **portable,
+        **files,
+        "env": env,
+        "cwd": os.getcwd(),
+        "pytest_args": pytest_args,
+        "sys_path": sys_path,
+        "basetemp": str(folder / f"rank{rank}.tmp"),
+    }
+
+
+def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
+    path = folder / f"rank{spec['rank']}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def fork_rank(spec_path: Path, rank: int) -> tuple[Any, Connection, Connection]:
+    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read end."""
+    context = fork_context()
+    command_read, command_write = context.Pipe(duplex=False)
+    notify_read, notify_write = context.Pipe(duplex=False)
+    from pytest_ddp.rank.entry import forked_main
+
+    proc = context.Process(
+        target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+    )
+    proc.start()
+    command_read.close()
+    notify_write.close()
+    return proc, command_write, notify_read
+
+
+@dataclass
+class RankProcess:
+    """A started rank as its group sees it: its process, its files and pipes, how it ended."""
+
+    rank: int
+    proc: Any  # multiprocessing.Process from the forkserver
+    events: EventReader
+    stdout_path: Path
+    stderr_path: Path
+    dump_path: Path
+    commands: Connection | None
+    notify: Connection | None
+    exit_code: int | None = None  # set once the process is seen to have ended
+    died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
+    stdout_offset: int = 0  # where the current test's output starts
+    stderr_offset: int = 0
+    dump_offset: int = 0
+
+
+def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
+    """A TCPStore server on ``address`` (127.0.0.1 on one machine) and an OS-chosen port.
+
+    TCPStore's own server listens on every interface whatever host it is
+    given; handing it a socket we bound to that address keeps it there.  The
+    socket must outlive the store, so it is returned with it.
+    """
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.listen(128)
+    store = dist.TCPStore(
+        address,
+        sock.getsockname()[1],
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+    )
+    return store, sock
+
+
+def dump_complete(text: str, before: str | None) -> bool:
+    """faulthandler writes the whole dump from its signal handler; a dump that
+    ends with a newline and did not grow since the last look is complete."""
+    return text.endswith("\n") and text == before
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_bytes_from(path: Path, offset: int) -> bytes:
+    """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
+    if file_size(path) <= offset:  # the common case, and a stat is cheaper than a read
+        return b""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def read_from(path: Path, offset: int) -> str:
+    return read_bytes_from(path, offset).decode(errors="replace")

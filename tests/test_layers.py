@@ -1,0 +1,180 @@
+"""The package's folders are its layers: every import goes one way, and no module imports itself
+back through others (docs/design.md, "The folders").  Read from the source: no processes."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest_ddp
+
+PACKAGE = Path(pytest_ddp.__file__).parent
+# The face: the pytest entry, the controller and the public API may import anything.
+FACE = {"pytest_ddp", "pytest_ddp.plugin", "pytest_ddp.controller", "pytest_ddp.api"}
+# What each layer may import besides itself.  groups/ may import one module of rank/: the entry
+# point a spawner starts (as pytest-xdist's workermanage imports its remote module).
+ALLOWED: dict[str, set[str]] = {
+    "launched": {"groups", "config", "common"},
+    "report": {"groups", "diagnose", "common"},
+    "groups": {"config", "diagnose", "common", "pytest_ddp.rank.entry"},
+    "diagnose": {"common", "faults"},
+    "record": {"common", "faults"},
+    "rank": {"record", "common", "faults"},
+    "config": {"common", "faults"},
+    "faults": {"common"},
+    "common": set(),
+}
+MAX_LINES = 500
+
+
+def layer(module: str) -> str:
+    """``face``, a subpackage's name, or ``faults`` (a public module that lower layers use)."""
+    if module in FACE:
+        return "face"
+    parts = module.split(".")
+    return "faults" if parts[1] == "faults" else parts[1]
+
+
+def sources(root: Path = PACKAGE) -> dict[str, str]:
+    """Every module of the package: its dotted name -> its source."""
+    found = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path.read_text()
+    return found
+
+
+def imports(module: str, source: str, modules: Mapping[str, str]) -> Iterator[tuple[str, int]]:
+    """The package's modules that ``module`` imports, anywhere in it (function-local and
+    TYPE_CHECKING imports included), with the line of each import."""
+    package = module if module in modules and _is_package(module, modules) else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # ``from a import b``: b is a module of a, or a name defined in a.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] == "pytest_ddp" and target != module:
+                yield target, node.lineno
+
+
+def _is_package(module: str, modules: Mapping[str, str]) -> bool:
+    return any(other.startswith(module + ".") for other in modules)
+
+
+def violations(modules: Mapping[str, str]) -> list[str]:
+    """Each import against the direction of the layers, as ``importer:line -> imported``."""
+    found = []
+    for module, source in modules.items():
+        own = layer(module)
+        if own == "face":
+            continue
+        for target, line in imports(module, source, modules):
+            theirs = layer(target)
+            if theirs != own and theirs not in ALLOWED[own] and target not in ALLOWED[own]:
+                found.append(f"{module}:{line} -> {target}")
+    return sorted(found)
+
+
+def cycles(modules: Mapping[str, str]) -> list[list[str]]:
+    """The import cycles between modules (each strongly connected component of more than one)."""
+    graph = {m: sorted({t for t, _ in imports(m, s, modules) if t in modules}) for m, s in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_import_goes_the_way_of_the_layers() -> None:
+    assert violations(sources()) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(sources()) == []
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    assert {layer(m) for m in sources()} - {"face"} <= set(ALLOWED)
+
+
+def test_no_module_over_500_lines() -> None:
+    long = {m: n for m, s in sources().items() if (n := len(s.splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+# -- the checker itself, on hand-made packages ----------------------------------------------
+
+
+def test_a_function_local_import_against_the_direction_is_found() -> None:
+    modules = {
+        "pytest_ddp.common.ops": "",
+        "pytest_ddp.diagnose.wording": "",
+        "pytest_ddp.rank.session": "def f():\n    from pytest_ddp.diagnose.wording import text\n",
+        "pytest_ddp.rank.entry": "from pytest_ddp.common import ops\n",
+    }
+    assert violations(modules) == ["pytest_ddp.rank.session:2 -> pytest_ddp.diagnose.wording"]
+
+
+def test_groups_may_import_the_rank_entry_point_only() -> None:
+    modules = {
+        "pytest_ddp.rank.entry": "",
+        "pytest_ddp.rank.channel": "",
+        "pytest_ddp.groups.group": "from pytest_ddp.rank.entry import main\nfrom pytest_ddp.rank import channel\n",
+    }
+    assert violations(modules) == ["pytest_ddp.groups.group:2 -> pytest_ddp.rank.channel"]
+
+
+def test_a_relative_import_and_the_package_itself_count() -> None:
+    modules = {
+        "pytest_ddp": "",
+        "pytest_ddp.plugin": "",
+        "pytest_ddp.common.ops": "from ..plugin import x\nimport pytest_ddp\n",
+    }
+    assert violations(modules) == [
+        "pytest_ddp.common.ops:1 -> pytest_ddp.plugin",
+        "pytest_ddp.common.ops:2 -> pytest_ddp",
+    ]
+
+
+def test_a_cycle_through_a_type_checking_import_is_found() -> None:
+    modules = {
+        "pytest_ddp.launched.world": "from pytest_ddp.launched.group import LaunchedGroup\n",
+        "pytest_ddp.launched.group": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from pytest_ddp.launched.world import LaunchedWorld\n",
+        "pytest_ddp.launched.host": "from pytest_ddp.launched import world\n",
+    }
+    assert cycles(modules) == [["pytest_ddp.launched.group", "pytest_ddp.launched.world"]]
