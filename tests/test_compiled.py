@@ -1,4 +1,4 @@
-"""The recorder's compiled kernels for the functional collectives (pytest_ddp/compiled.py): they
+"""The recorder's compiled kernels for the functional collectives (pytest_ddp/record/compiled.py): they
 record exactly what the Python recorder records, and where they cannot be built, the Python
 recorder records instead, and the session says why."""
 

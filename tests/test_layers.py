@@ -4,6 +4,7 @@ back through others (docs/design.md, "The folders").  Read from the source: no p
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -178,3 +179,81 @@ def test_a_cycle_through_a_type_checking_import_is_found() -> None:
         "pytest_ddp.launched.host": "from pytest_ddp.launched import world\n",
     }
     assert cycles(modules) == [["pytest_ddp.launched.group", "pytest_ddp.launched.world"]]
+
+
+# -- module paths written as text -----------------------------------------------------------
+
+DOTTED = re.compile(r"\bpytest_ddp(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+ROOT = PACKAGE.parent
+# Where the package's module paths are written as text: docstrings, the forkserver's preload
+# list, ``-m`` commands, the tests' generated conftests, the docs.
+WRITTEN_IN = ["pytest_ddp/**/*.py", "pytest_ddp/**/*.cpp", "tests/**/*.py", "benchmarks/*.py", "examples/**/*.py",
+              "docs/**/*.md", "README.md", "pyproject.toml", "Makefile"]
+
+
+def top_level_names(source: str) -> dict[str, ast.AST]:
+    """The names a module defines at its top level (functions, classes, assignments, imports)."""
+    names: dict[str, ast.AST] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    names[target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = node
+    return names
+
+
+def unresolved(dotted: str, modules: Mapping[str, str]) -> bool:
+    """Whether ``dotted`` names neither a module of the package nor a name defined in one
+    (a class's own attributes are looked up in its body too)."""
+    parts = dotted.split(".")
+    if parts[-1].startswith("__"):  # a module's own attribute: __file__, __version__
+        parts.pop()
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if module in modules:
+            break
+    else:
+        return True
+    rest = parts[cut:]
+    if not rest:
+        return False
+    names = top_level_names(modules[module])
+    if rest[0] not in names:
+        return True
+    node = names[rest[0]]
+    if len(rest) > 1 and isinstance(node, ast.ClassDef):
+        members = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        members |= {t.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(t := n.target, ast.Name)}
+        members |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        return rest[1] not in members
+    return False
+
+
+def test_every_module_path_written_as_text_names_a_module_or_a_name_in_one() -> None:
+    """An import checker does not see these: a module moved or renamed leaves them pointing nowhere."""
+    modules = sources()
+    found = []
+    for pattern in WRITTEN_IN:
+        for path in sorted(ROOT.glob(pattern)):
+            if path == Path(__file__):  # its hand-made packages name modules that do not exist
+                continue
+            for line_number, line in enumerate(path.read_text().splitlines(), 1):
+                for dotted in DOTTED.findall(line):
+                    if unresolved(dotted.rstrip("."), modules):
+                        found.append(f"{path.relative_to(ROOT)}:{line_number} {dotted}")
+    assert found == []
+
+
+def test_the_checker_of_written_paths_finds_a_moved_module_and_a_missing_name() -> None:
+    entry = "def serve():\n    pass\nclass Channel:\n    def event(self): pass\n"
+    modules = {"pytest_ddp": "", "pytest_ddp.rank.entry": entry}
+    assert not unresolved("pytest_ddp.rank.entry.serve", modules)
+    assert not unresolved("pytest_ddp.rank.entry.Channel.event", modules)
+    assert unresolved("pytest_ddp.rank_session", modules)  # the module moved
+    assert unresolved("pytest_ddp.rank.entry.run_pytest", modules)  # not defined there
+    assert unresolved("pytest_ddp.rank.entry.Channel.commands", modules)

@@ -1,4 +1,4 @@
-// The recorder's hot path for the functional collectives, compiled (see pytest_ddp/compiled.py).
+// The recorder's hot path for the functional collectives, compiled (see pytest_ddp/record/compiled.py).
 //
 // A Python kernel on a functional collective and on wait_tensor costs about 35 us of CPU per
 // call on two ranks, most of it the Python that runs after each wait with cold caches.  These
@@ -82,7 +82,7 @@ struct Hooks {
   PyObject* call_parts;        // (op, group name, tensors) -> (head, tail, seq key) | None
   PyObject* frame_site;        // describe.frame_site(frame) -> (site, in a library) | None
   PyObject* site;              // describe.site(frame)
-  PyObject* write_ret;         // recorder._write_ret(log, index, error)
+  PyObject* write_ret;         // numbering.write_ret(log, index, error)
   PyObject* returned;          // recorder._returned(log, index, error)
 };
 
@@ -147,7 +147,7 @@ void forget_cached() {
 // -- what a call looks like -------------------------------------------------------------------
 
 struct Op {
-  std::string name;  // the table's name (pytest_ddp.ops.FUNCTIONAL_OPS)
+  std::string name;  // the table's name (pytest_ddp.common.ops.FUNCTIONAL_OPS)
   Ref py_name;
   size_t tensors;  // argument positions in the schema
   size_t group;
@@ -277,7 +277,7 @@ void write_wait_or_ret(PyObject* log, const char* event, long index) {
   write_line(log, line);
 }
 
-// recorder._Numbers.write_call: number the call and write it, under the numbering's lock.
+// numbering.Numbers.write_call: number the call and write it, under the numbering's lock.
 bool write_call(PyObject* log, const Parts& parts, const std::string& site, long& index) {
   std::string body = parts.head + site + ",\"t\":";
   append_time(body);
@@ -310,7 +310,7 @@ bool write_call(PyObject* log, const Parts& parts, const std::string& site, long
   return ok;
 }
 
-// The Python exception a failed redispatch stands for, as recorder._write_ret describes it.
+// The Python exception a failed redispatch stands for, as numbering.write_ret describes it.
 PyObject* error_of(const std::exception_ptr& failure) {
   try {
     std::rethrow_exception(failure);
