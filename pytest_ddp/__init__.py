@@ -2,10 +2,30 @@
 
 Mark a test ``@pytest.mark.ddp(world_size=4)`` to run it on 4 ranks; call
 :func:`run` to run a function on fresh ranks and inspect what happened.
+
+The public names are imported on first use: pytest loads this package with the plugin in every
+session, and a session without ddp tests must not pay for them.
 """
 
-from pytest_ddp import faults
-from pytest_ddp.api import Diagnosis, RankResult, Result, run
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_ddp import faults
+    from pytest_ddp.api import Diagnosis, RankResult, Result, run
 
 __all__ = ["Diagnosis", "RankResult", "Result", "faults", "run"]
 __version__ = "0.1.0"
+
+# Where each public name is defined.
+_PUBLIC = {"Diagnosis": "pytest_ddp.api", "RankResult": "pytest_ddp.api", "Result": "pytest_ddp.api",
+           "run": "pytest_ddp.api", "faults": "pytest_ddp.faults"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'pytest_ddp' has no attribute {name!r}")
+    module = importlib.import_module(_PUBLIC[name])
+    return module if name == "faults" else getattr(module, name)

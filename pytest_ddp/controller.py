@@ -3,7 +3,8 @@
 In the controller (the main pytest process, or one xdist worker) a ddp item is not run: its
 node id goes to a rank group (:mod:`pytest_ddp.groups`), and the ranks' reports come back
 merged, one per phase, through pytest's ordinary hooks (:mod:`pytest_ddp.report`).  Registered
-by :mod:`pytest_ddp.plugin` at configure, as pytest-xdist's ``DSession`` is by its plugin.
+by :mod:`pytest_ddp.plugin` once the session has collected a ddp test (under a launcher, at
+configure), as pytest-xdist's ``DSession`` is by its plugin.
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ class Controller:
     def pytest_report_header(self) -> str | None:
         return None if self.launch is None else f"ddp: {self.launch.describe()}"
 
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def collected(self, session: pytest.Session) -> None:
+        """The session's items are known (called by the plugin at the end of collection, once
+        a ddp item is among them, or always under a launcher): plan the warm groups, get the
+        kernels and the forkserver ready, and under a launcher compare the collections."""
         self.session = session
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
         # The ddp items each warm group may serve, in session order, and where each stands.
         self.shared = {}
         self.position = {}
@@ -74,9 +76,10 @@ class Controller:
                 queue = self.shared.setdefault(spec.group_key, [])
                 self.position[item.nodeid] = len(queue)
                 queue.append(item)
-        if specs:
+        runs = not session.config.option.collectonly
+        if specs and runs:
             self._build_kernels()
-        if any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
+        if runs and any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
             fork_context()  # the forkserver imports torch while pytest gets going
         if self.world is not None:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)

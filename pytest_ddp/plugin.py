@@ -1,9 +1,12 @@
 """The pytest plugin (the ``pytest11`` entry point): the ``ddp`` marker, its options, the
 world-size parametrization and the rank fixtures.
 
-At configure it registers the session's side: the controller (:mod:`pytest_ddp.controller`), or
-under a launcher on a rank other than 0 the host (:mod:`pytest_ddp.launched.host`).  Inside a rank
-the same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
+Nothing until used: pytest loads this module in every session, so it imports only the settings
+and the rank's context.  The controller (:mod:`pytest_ddp.controller`), and with it torch, the
+kernels' build and the forkserver, starts once the session has collected a ddp test.  Under a
+launcher the session is a ddp job from the start: the controller (rank 0) or the host
+(:mod:`pytest_ddp.launched.host`, the other ranks) is registered at configure.  Inside a rank the
+same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
 """
 
 from __future__ import annotations
@@ -11,19 +14,20 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_ddp.config import settings as settings_module
-from pytest_ddp.config.settings import DEFAULT_BACKEND, DEFAULT_GRACE, DEFAULT_MAX_GROUPS, DEFAULT_TIMEOUT
+from pytest_ddp.config.settings import DEFAULT_BACKEND, DEFAULT_GRACE, DEFAULT_MAX_GROUPS, DEFAULT_TIMEOUT, Settings
 from pytest_ddp.config.spec import LAUNCHER_CHOICES, WORLD_SIZE_PARAM, SpecError, parse_mark
-from pytest_ddp.controller import Controller
-from pytest_ddp.groups.group import SHARED_ROOT_ENV
-from pytest_ddp.launched.host import HostSession
-from pytest_ddp.launched.launch import Launch, LaunchError, detect
-from pytest_ddp.rank import channel as rank_module
-from pytest_ddp.report.failure import sanitize
+from pytest_ddp.rank import context as rank_module
+
+if TYPE_CHECKING:
+    from pytest_ddp.launched.launch import Launch
+
+# The settings of a session whose controller starts when it has collected a ddp test.
+settings_key = pytest.StashKey[Settings]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -98,16 +102,41 @@ def pytest_configure(config: pytest.Config) -> None:
     settings_module.set_current(settings)  # for pytest_ddp.run() in this session's tests
     config.add_cleanup(lambda: settings_module.set_current(previous))
     launch = _launch(config, settings.launcher)
-    if launch is not None and not launch.controller:
-        config.pluginmanager.register(HostSession(config, launch), "ddp_host")
-    else:
+    if launch is None:
+        config.stash[settings_key] = settings
+    elif launch.controller:
+        from pytest_ddp.controller import Controller
+
         config.pluginmanager.register(Controller(config, settings, launch), "ddp_controller")
+    else:
+        from pytest_ddp.launched.host import HostSession
+
+        config.pluginmanager.register(HostSession(config, launch), "ddp_host")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The controller starts here, once the session has collected a ddp test (under a launcher
+    it is there already, and compares the launched collections whatever they hold)."""
+    config = session.config
+    controller = config.pluginmanager.get_plugin("ddp_controller")
+    if controller is None:
+        settings = config.stash.get(settings_key, None)
+        if settings is None or not any(item.get_closest_marker("ddp") is not None for item in session.items):
+            return
+        from pytest_ddp.controller import Controller
+
+        controller = Controller(config, settings, None)
+        config.pluginmanager.register(controller, "ddp_controller")
+    controller.collected(session)
 
 
 def _launch(config: pytest.Config, launcher: str) -> Launch | None:
     """The launch this pytest is part of (:mod:`pytest_ddp.launched.launch`), or None for an ordinary session."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller's launch, not its own
         return None
+    from pytest_ddp.launched.launch import LaunchError, detect
+
     try:
         launch = detect(os.environ, launcher)
     except LaunchError as exc:
@@ -198,6 +227,9 @@ def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
     """A directory for this test, the same path on every rank (checkpoints, files one rank
     writes and another reads); under the controller's basetemp, which pytest rotates."""
     _context("ddp_shared_path")
+    from pytest_ddp.groups.group import SHARED_ROOT_ENV
+    from pytest_ddp.report.failure import sanitize
+
     root = os.environ.get(SHARED_ROOT_ENV)
     if root is None:
         raise pytest.UsageError("ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)")

@@ -192,7 +192,8 @@ WRITTEN_IN = ["pytest_ddp/**/*.py", "pytest_ddp/**/*.cpp", "tests/**/*.py", "ben
 
 
 def top_level_names(source: str) -> dict[str, ast.AST]:
-    """The names a module defines at its top level (functions, classes, assignments, imports)."""
+    """The names a module defines at its top level (functions, classes, assignments, imports,
+    and those its ``__all__`` lists)."""
     names: dict[str, ast.AST] = {}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -201,6 +202,9 @@ def top_level_names(source: str) -> dict[str, ast.AST]:
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(target, ast.Name):
                     names[target.id] = node
+                if isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
+                    # Public names a module defines on first use (a module __getattr__).
+                    names.update(dict.fromkeys(ast.literal_eval(node.value), node))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 names[(alias.asname or alias.name).split(".")[0]] = node

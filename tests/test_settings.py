@@ -8,11 +8,12 @@ import pytest
 from conftest import ranks_working_in
 from pytest_ddp.config.machine import RANK_MEMORY, rank_capacity
 from pytest_ddp.config.settings import Settings
+from pytest_ddp.plugin import settings_key
 
 
 def settings_of(pytester: pytest.Pytester, *args: str) -> Settings:
     config = pytester.parseconfigure(*args)
-    return config.pluginmanager.get_plugin("ddp_controller").settings
+    return config.stash[settings_key]
 
 
 @pytest.mark.parametrize(

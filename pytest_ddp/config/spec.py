@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_ddp.faults import Fault, FaultError, check_all
+if TYPE_CHECKING:
+    from pytest_ddp.faults import Fault
 
 BACKENDS = ("gloo", "nccl", "mpi")
 # The launchers launched mode joins (pytest_ddp.launched.launch), and --ddp-launcher's choices.
@@ -187,6 +188,10 @@ def parse_mark(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> MarkArgs:
 
 def parse_faults(value: Any, world_size: int | None, init: bool) -> tuple[Fault, ...]:
     """The ``faults=[...]`` argument, checked (against ``world_size`` once it is known)."""
+    if isinstance(value, (list, tuple)) and not value:
+        return ()
+    from pytest_ddp.faults import FaultError, check_all  # for a mark with faults only: not at configure
+
     try:
         return check_all(value, world_size, init)
     except FaultError as exc:

@@ -1,5 +1,5 @@
-"""A rank's link to its controller, and who it is: its context, its command pipe and event log,
-and the state it reports when a test is over.
+"""A rank's link to its controller: its command pipe and event log, and the state it reports
+when a test is over.
 
 The rank's other modules (:mod:`pytest_ddp.rank.session`, :mod:`pytest_ddp.rank.functions`)
 talk to the controller through this module; :mod:`pytest_ddp.rank.entry` starts them.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import ModuleType
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from pytest_ddp.common.protocol import (
     Stop,
     decode_command,
 )
+from pytest_ddp.rank.context import RankContext, current, set_current
 
 # Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
 # collective nobody waited for) gets to complete once the test is over.
@@ -34,35 +34,9 @@ IN_FLIGHT_WAIT = 1.0
 THREAD_JOIN_WAIT = 1.0
 
 
-@dataclass(frozen=True)
-class RankContext:
-    """Who this process is: what the ``rank``, ``world_size`` and ``device`` fixtures return."""
-
-    rank: int
-    world_size: int
-    backend: str
-    init: bool
-    local_rank: int  # the GPU it uses with NCCL: its rank on one machine, LOCAL_RANK when launched
-
-    @property
-    def device(self) -> str:
-        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
-
-
-_context: RankContext | None = None
 # The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
 _recorders: list[Any] = []
 WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
-
-
-def current() -> RankContext | None:
-    """The context of this rank process, or None in the controller."""
-    return _context
-
-
-def rank_context() -> RankContext:
-    assert _context is not None  # set before the rank's session starts
-    return _context
 
 
 class Channel:
@@ -102,8 +76,7 @@ class Channel:
 
 def enter(context: RankContext, recorders: list[ModuleType]) -> None:
     """This process is now the rank ``context`` says, recording with ``recorders``."""
-    global _context
-    _context = context
+    set_current(context)
     _recorders[:] = recorders
 
 

@@ -31,7 +31,8 @@ from typing import Any, NoReturn
 
 from pytest_ddp.common import prctl
 from pytest_ddp.rank import leftovers
-from pytest_ddp.rank.channel import Channel, RankContext, enter, fatal
+from pytest_ddp.rank.channel import Channel, enter, fatal
+from pytest_ddp.rank.context import RankContext
 from pytest_ddp.rank.functions import serve_functions
 from pytest_ddp.rank.session import run_pytest
 

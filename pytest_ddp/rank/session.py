@@ -21,7 +21,8 @@ import pytest
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
 from pytest_ddp.rank import leftovers
-from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, rank_context, start_test
+from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
+from pytest_ddp.rank.context import rank_context
 from pytest_ddp.record import injector
 
 if TYPE_CHECKING:

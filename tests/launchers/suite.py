@@ -74,7 +74,7 @@ def test_needs_eight(rank):
 # after unconfigure) to codes/rank<N>; the ranks pytest-ddp forks write nothing.
 CONFTEST = '''
 import os
-from pytest_ddp.rank import channel as _rank
+from pytest_ddp.rank import context as _rank
 
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
 _session = None

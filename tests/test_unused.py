@@ -1,0 +1,77 @@
+"""Nothing until used: a session without ddp tests costs what it costs without the plugin (no
+torch, no mpi4py, no controller, no kernels' build, no forkserver); the first ddp test starts it all."""
+
+from __future__ import annotations
+
+import pytest
+
+PLAIN_TESTS = """
+import sys
+
+HEAVY = ("torch", "mpi4py", "pytest_ddp.controller", "pytest_ddp.api", "pytest_ddp.groups.group")
+
+
+def test_plain():
+    assert [name for name in HEAVY if name in sys.modules] == []
+
+
+def test_plain_too(tmp_path):
+    assert [name for name in HEAVY if name in sys.modules] == []
+"""
+
+
+def plain_session(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str) -> pytest.RunResult:
+    cache = pytester.path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    pytester.makepyfile(test_plain=PLAIN_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    assert not cache.exists() or not any(cache.rglob("*")), "the kernels were built"
+    return result
+
+
+def test_a_session_of_plain_tests_imports_no_torch(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = plain_session(pytester, monkeypatch)
+    result.assert_outcomes(passed=2)
+    assert "ddp:" not in result.stdout.str()  # no controller summary
+
+
+def test_xdist_workers_of_plain_tests_import_no_torch(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain_session(pytester, monkeypatch, "-n", "2").assert_outcomes(passed=2)
+
+
+def test_a_session_that_calls_run_from_a_plain_test_gets_the_sessions_settings(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest_ddp.run() needs no ddp test in the session, and runs under its settings:
+    --ddp-max-world-size refuses a world size above it, as it does for a marked test."""
+    pytester.makepyfile(
+        test_run="""
+        import pytest
+        import pytest_ddp
+
+        def test_run():
+            with pytest.raises(ValueError, match="above --ddp-max-world-size=1"):
+                pytest_ddp.run(print, world_size=2)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-max-world-size=1")
+    result.assert_outcomes(passed=1)
+
+
+def test_collect_only_of_ddp_tests_starts_nothing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = pytester.path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    pytester.makepyfile(
+        test_marked="""
+        import pytest
+
+        @pytest.mark.ddp(world_size=2)
+        def test_marked(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    assert "test_marked.py::test_marked" in result.stdout.str()
+    assert not cache.exists(), "the kernels were built for a --collect-only"
