@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from . import suite
-from .test_launched import _torchrun_unavailable, torchrun
-
-# Each launched pytest in a basetemp of its own (its log is there), not one that the others wipe.
-OWN_BASETEMP = '''
-import pytest
+from .runs import Shared, shared
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    if _rank.current() is None:
-        rank = next(os.environ[name] for name in RANK_VARIABLES if name in os.environ)
-        config.option.basetemp = os.path.abspath("basetemp" + rank)
-'''
-
-
-def test_a_host_logs_why_the_session_ended_when_collections_differ(folder: Path) -> None:
-    if (why := _torchrun_unavailable()) is not None:
-        pytest.skip(why)
-    suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
-    result = suite.run(torchrun(4), folder)
-    suite.check_collection_differs(result)
+def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: dict[str, Shared | str]) -> None:
+    # The session test_launched.py's test_collections_that_differ_stop_every_rank reads too
+    # (tests/launchers/conftest.py), each launched pytest in a basetemp of its own.
+    run = shared(collections_differ, "torchrun")
+    suite.check_collection_differs(run.result)
     for rank in (1, 2, 3):
-        log = (folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
+        log = (run.folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
         assert "ddp: the ranks collected different tests" in log and "test_needs_eight" in log, log

@@ -2,72 +2,43 @@
 
 torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
+
+Each session runs once under each launcher (the two started together, tests/launchers/runs.py),
+and the tests read it: the suite, the collections that differ, the teardowns at a group's stop.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from . import suite
-from .nodes import TORCHRUN, isolated_node_command, namespaces_unavailable
+from .runs import LAUNCHERS, Shared, launched_together, shared
 
-PYTHON = sys.executable
-MPIEXEC = str(Path(PYTHON).parent / "mpiexec")
-
-
-def torchrun(nproc: int, *pytest_args: str) -> list[str]:
-    command = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python", PYTHON]
-    return isolated_node_command([*command, *suite.pytest_command(*pytest_args)])
+LAUNCHER_NAMES = list(LAUNCHERS)
 
 
-def mpiexec(nproc: int, *pytest_args: str) -> list[str]:
-    """MPICH's hydra (its control port listens on every interface: isolated too).  Not
-    gforker: it cuts a process's output at its first byte above 127 (measured), and
-    torch's own messages carry emoji."""
-    return isolated_node_command([MPIEXEC, "-n", str(nproc), PYTHON, *suite.pytest_command(*pytest_args)])
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared | str]:
+    return launched_together(lambda name: tmp_path_factory.mktemp(f"suite-{name}"), suite.write_suite, 4, "-rs")
 
 
-def _torchrun_unavailable() -> str | None:
-    return namespaces_unavailable() or (None if Path(TORCHRUN).exists() else "no torchrun beside this Python")
+@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
+def test_one_session_under_the_launcher(suite_runs: dict[str, Shared | str], launcher: str) -> None:
+    run = shared(suite_runs, launcher)
+    suite.check_suite(run.result, run.folder)
 
 
-def _mpiexec_unavailable() -> str | None:
-    return namespaces_unavailable() or (
-        None if Path(MPIEXEC).exists() else "no MPICH mpiexec beside this Python (pip install 'pytest-ddp[mpi]')"
-    )
-
-
-LAUNCHERS = [
-    pytest.param(torchrun, _torchrun_unavailable, id="torchrun"),
-    pytest.param(mpiexec, _mpiexec_unavailable, id="mpiexec"),
-]
-
-
-@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
-def test_one_session_under_the_launcher(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
-    if (why := unavailable()) is not None:
-        pytest.skip(why)
-    suite.write_suite(folder)
-    result = suite.run(launcher(4, "-rs"), folder)
-    suite.check_suite(result, folder)
-
-
-@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
-def test_collections_that_differ_stop_every_rank(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
-    if (why := unavailable()) is not None:
-        pytest.skip(why)
-    suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
-    result = suite.run(launcher(4), folder)
-    suite.check_collection_differs(result)
+@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
+def test_collections_that_differ_stop_every_rank(collections_differ: dict[str, Shared | str], launcher: str) -> None:
+    suite.check_collection_differs(shared(collections_differ, launcher).result)
 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group
 # (--ddp-max-groups=1): the stop's report of each rank, rank 1's from another pytest.
-# Rank 1's teardown of `resource` runs ``ending``.
-def teardown_at_stop(ending: str) -> str:
+# Rank 1's teardown of `resource` runs ``ending``. One module per ending, all in one session.
+def teardown_at_stop(name: str, ending: str) -> str:
     return f"""
 import os, sys, threading
 import pytest, torch.distributed as dist
@@ -77,7 +48,7 @@ import pytest, torch.distributed as dist
 def resource(rank):
     yield
     if rank == 1:
-        print("rank 1 tears resource down", file=sys.stderr)
+        print("rank 1 tears resource down ({name})", file=sys.stderr)
         {ending}
 
 
@@ -97,16 +68,11 @@ def test_c():
 """
 
 
-@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
-def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(launcher, unavailable, folder: Path) -> None:  # type: ignore[no-untyped-def]
-    if (why := unavailable()) is not None:
-        pytest.skip(why)
-    (folder / "test_teardown.py").write_text(teardown_at_stop('raise RuntimeError("rank 1\'s teardown broke")'))
-    result = suite.run(launcher(2, "--ddp-max-groups=1"), folder)
-    assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in result.output, result.output
-    assert "RuntimeError: rank 1's teardown broke" in result.output, result.output
-    assert result.returncode != 0
-
+ENDINGS = {
+    "raise": 'raise RuntimeError("rank 1\'s teardown broke")',
+    "exit": "os._exit(3)",
+    "hang": "threading.Event().wait()",
+}
 
 # The controller (rank 0's pytest) gives a rank 1 s, not 5, to finish its teardown at a group's stop.
 SHORT_STOP_WAIT = """
@@ -118,23 +84,51 @@ def pytest_configure(config):
 """
 
 
+@pytest.fixture(scope="module")
+def teardown_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared | str]:
+    """A session of one module per ending (test_teardown_<ending>.py), on 2 processes."""
+
+    def prepare(folder: Path) -> None:
+        for name, ending in ENDINGS.items():
+            (folder / f"test_teardown_{name}.py").write_text(teardown_at_stop(name, ending))
+        (folder / "conftest.py").write_text(SHORT_STOP_WAIT)
+
+    return launched_together(lambda name: tmp_path_factory.mktemp(f"teardown-{name}"), prepare, 2, "--ddp-max-groups=1")
+
+
+def stop_report(output: str, ending: str) -> str:
+    """The report of the stop of the group that held test_teardown_<ending>.py's `resource`."""
+    output = output.split("short test summary info")[0]
+    sections = output.split("ERROR at teardown of ddp group")
+    [section] = [part for part in sections if f"test_teardown_{ending}.py::test_a" in part]
+    return section
+
+
+@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
+def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(
+    teardown_runs: dict[str, Shared | str], launcher: str
+) -> None:
+    output = shared(teardown_runs, launcher).result.output
+    report = stop_report(output, "raise")
+    assert "ranks 0, 1: failed" not in output and "rank 1: failed" in report, output
+    assert "RuntimeError: rank 1's teardown broke" in report, output
+    assert shared(teardown_runs, launcher).result.returncode != 0
+
+
 @pytest.mark.parametrize(
     "ending, said",
     [
-        pytest.param("os._exit(3)", "died (exit code 3) during the teardown", id="exit"),
-        pytest.param("threading.Event().wait()", "did not finish the teardown", id="hang"),
+        pytest.param("exit", "died (exit code 3) during the teardown", id="exit"),
+        pytest.param("hang", "did not finish the teardown", id="hang"),
     ],
 )
-@pytest.mark.parametrize("launcher, unavailable", LAUNCHERS)
-def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(  # type: ignore[no-untyped-def]
-    launcher, unavailable, folder: Path, ending: str, said: str
+@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
+def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(
+    teardown_runs: dict[str, Shared | str], launcher: str, ending: str, said: str
 ) -> None:
-    if (why := unavailable()) is not None:
-        pytest.skip(why)
-    (folder / "test_teardown.py").write_text(teardown_at_stop(ending))
-    (folder / "conftest.py").write_text(SHORT_STOP_WAIT)
-    result = suite.run(launcher(2, "--ddp-max-groups=1"), folder)
-    assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in result.output, result.output
-    assert f"{said} of the fixtures it still held when its group was stopped" in result.output, result.output
-    assert "rank 1 tears resource down" in result.output, result.output
+    result = shared(teardown_runs, launcher).result
+    report = stop_report(result.output, ending)
+    assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in report, result.output
+    assert f"{said} of the fixtures it still held when its group was stopped" in report, result.output
+    assert f"rank 1 tears resource down ({ending})" in report, result.output
     assert result.returncode != 0
