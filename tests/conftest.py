@@ -7,6 +7,7 @@ rank processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,8 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -169,36 +171,55 @@ def wait_for(condition: Callable[[], object], what: str, limit: float = 60.0) ->
         raise AssertionError(f"gave up waiting for {what}")
 
 
-@pytest.fixture
-def start_controller(pytester: pytest.Pytester):
-    """``start(source)``: a pytest controller running the test module ``source`` (as
-    ``test_hang.py``), whose 2 ranks each write their pid to ``$PID_DIR/<rank>.pid``; returns
-    once they have, with the controller and that folder.  No controller outlives the test."""
-    started: list[subprocess.Popen[bytes]] = []
+@contextlib.contextmanager
+def controllers_started_together(folder: Path, sources: dict[str, str]) -> Iterator[dict[str, Controller]]:
+    """A pytest controller per name, each running its test module ``sources[name]`` (as
+    ``test_hang.py``, in a folder of its own under ``folder``) whose 2 ranks each write their
+    pid to ``$PID_DIR/<rank>.pid``: all started at once, then waited for until every one's
+    ranks have (a controller and its ranks mostly wait for their imports and each other: the
+    controllers of one parametrization start together, not one after another). By name; no
+    controller outlives the block."""
     # A killed controller cannot remove what multiprocessing put in its TMPDIR
-    # (the forkserver's socket): give it one of its own, removed here. Short,
+    # (the forkserver's socket): give them one of their own, removed here. Short,
     # for the socket's path.
     tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
+    started: dict[str, Controller] = {}
+    try:
+        for name, source in sources.items():
+            cwd = folder / name
+            pid_dir = cwd / "pids"
+            pid_dir.mkdir(parents=True)
+            (cwd / "test_hang.py").write_text(source)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+                cwd=cwd,
+                env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
+            started[name] = Controller(process, pid_dir)
+        for name, controller in started.items():
+            wait_for(controller.ranks_started, f"both ranks of {name} to start")
+        yield started
+    finally:
+        for controller in started.values():
+            if controller.process.poll() is None:
+                controller.process.kill()
+                controller.process.wait()
+        shutil.rmtree(tmpdir)
 
-    def start(source: str) -> tuple[subprocess.Popen[bytes], Path]:
-        pytester.makepyfile(test_hang=source)
-        pid_dir = pytester.mkdir("pids")
-        controller = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
-            cwd=pytester.path,
-            env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        started.append(controller)
-        wait_for(lambda: len([p for p in pid_dir.glob("*.pid") if p.read_text()]) == 2, "both ranks to start")
-        return controller, pid_dir
 
-    yield start
-    for controller in started:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-    shutil.rmtree(tmpdir)
+@dataclass
+class Controller:
+    """A controller of controllers_started_together, and where its ranks wrote their pids."""
+
+    process: subprocess.Popen[bytes]
+    pid_dir: Path
+
+    def ranks_started(self) -> bool:
+        return len([p for p in self.pid_dir.glob("*.pid") if p.read_text()]) == 2
+
+    def rank_pids(self) -> list[int]:
+        return [int(p.read_text()) for p in self.pid_dir.glob("*.pid")]

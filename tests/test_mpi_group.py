@@ -7,12 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_processes import LOOPBACK_CHECK
 
-from conftest import live_pids, wait_for
+from conftest import Controller, controllers_started_together, live_pids, wait_for
 from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
@@ -143,19 +144,35 @@ def _shared_memory(pid: int) -> set[str]:
         return {line.split(maxsplit=5)[5].strip() for line in maps if " /dev/shm/" in line}
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
-def test_no_mpi_process_outlives_its_controller(start_controller, how: signal.Signals) -> None:
+MPI_SIGNALS = [signal.SIGKILL, signal.SIGINT]
+
+
+@pytest.fixture(scope="module")
+def mpi_controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Controller]]:
+    """The controllers of the test below, one per signal, started together."""
+    sources = {how.name: HANGING_MPI_TEST for how in MPI_SIGNALS}
+    with controllers_started_together(tmp_path_factory.mktemp("controllers"), sources) as started:
+        yield started
+        # One that no test ended (deselected) is killed: its world's shared memory goes here.
+        unended = [c for c in started.values() if c.process.poll() is None]
+        segments = {s for c in unended for pid in live_pids(c.rank_pids()) for s in _shared_memory(pid)}
+    for segment in segments:
+        Path(segment).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("how", MPI_SIGNALS, ids=lambda s: s.name)
+def test_no_mpi_process_outlives_its_controller(mpi_controllers: dict[str, Controller], how: signal.Signals) -> None:
     """Ranks, their stand-ins and the launcher all go with the controller, however it ends;
     after Ctrl-C the world's shared memory goes too."""
-    controller, pid_dir = start_controller(HANGING_MPI_TEST)
-    ranks = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    controller = mpi_controllers[how.name]
+    ranks = controller.rank_pids()
     stand_ins = [_parent(pid) for pid in ranks]
     launcher = _parent(stand_ins[0])
     segments = set().union(*(_shared_memory(pid) for pid in ranks))
     assert segments, "MPICH maps its shared memory in /dev/shm"
     try:
-        controller.send_signal(how)
-        controller.wait(timeout=60)
+        controller.process.send_signal(how)
+        controller.process.wait(timeout=60)
         everything = [*ranks, *stand_ins, launcher]
         wait_for(lambda: not live_pids(everything), "the MPI processes to die", limit=10)
         if how == signal.SIGINT:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import inspect
 import signal
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from conftest import LOOPBACK, listening_addresses, live_pids, wait_for
+from conftest import LOOPBACK, Controller, controllers_started_together, listening_addresses, live_pids, wait_for
 
 LOOPBACK_CHECK = f"""
 {inspect.getsource(listening_addresses)}
@@ -74,23 +74,32 @@ def test_hang(rank):
 """
 
 
-def _rank_pids(pid_dir: Path) -> list[int]:
-    return [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+SIGNALS = [signal.SIGKILL, signal.SIGINT, signal.SIGTERM]
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
-def test_ranks_die_with_their_controller(start_controller, how) -> None:
-    controller, pid_dir = start_controller(HANGING_TEST.format(body="time.sleep(3600)"))
-    ranks = _rank_pids(pid_dir)
-    controller.send_signal(how)
-    controller.wait(timeout=60)
+@pytest.fixture(scope="module")
+def controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Controller]]:
+    """The controllers of the tests below, started together: one whose ranks sleep per signal,
+    and one whose rank 0 is blocked in a barrier."""
+    sleeping = HANGING_TEST.format(body="time.sleep(3600)")
+    blocked = HANGING_TEST.format(body="if rank == 0: dist.barrier()\n    time.sleep(3600)")
+    sources = {how.name: sleeping for how in SIGNALS} | {"blocked": blocked}
+    with controllers_started_together(tmp_path_factory.mktemp("controllers"), sources) as started:
+        yield started
+
+
+@pytest.mark.parametrize("how", SIGNALS, ids=lambda s: s.name)
+def test_ranks_die_with_their_controller(controllers: dict[str, Controller], how: signal.Signals) -> None:
+    controller = controllers[how.name]
+    ranks = controller.rank_pids()
+    controller.process.send_signal(how)
+    controller.process.wait(timeout=60)
     wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
 
 
-def test_ranks_blocked_in_a_collective_die_with_their_controller(start_controller) -> None:
-    body = "if rank == 0: dist.barrier()\n    time.sleep(3600)"
-    controller, pid_dir = start_controller(HANGING_TEST.format(body=body))
-    ranks = _rank_pids(pid_dir)
-    controller.kill()
-    controller.wait(timeout=60)
+def test_ranks_blocked_in_a_collective_die_with_their_controller(controllers: dict[str, Controller]) -> None:
+    controller = controllers["blocked"]
+    ranks = controller.rank_pids()
+    controller.process.kill()
+    controller.process.wait(timeout=60)
     wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
