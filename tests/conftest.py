@@ -51,6 +51,42 @@ class DdpPytester:
         return self.pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=timeout)
 
 
+def sessions_together(
+    folder: Path, sessions: dict[str, tuple[str, ...]], timeout: float = 120
+) -> dict[str, pytest.RunResult]:
+    """Inner pytest sessions in subprocesses, as ``DdpPytester.run_subprocess`` runs one, all
+    started at once and then waited for: ``sessions[name]`` is a test module's body (HEADER
+    goes before it), then the session's arguments; each runs in ``folder/name``. Such a
+    session spends much of its time waiting (for its ranks, for a stopped rank), so the ones
+    of a file whose tests each assert on one of them run together. Their results by name."""
+    started: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, (body, *args) in sessions.items():
+            cwd = folder / name
+            cwd.mkdir(parents=True)
+            (cwd / "test_it.py").write_text(HEADER + textwrap.dedent(body))
+            env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
+            paths = [str(cwd), env.get("PYTHONPATH", "")]
+            env.update(HOME=str(cwd), PY_COLORS="0", PYTHONPATH=os.pathsep.join(filter(None, paths)))
+            command = [sys.executable, "-m", "pytest", f"--basetemp={cwd / 'basetemp'}", "-p", "no:cacheprovider"]
+            with open(cwd / "stdout", "w") as out, open(cwd / "stderr", "w") as err:
+                started[name] = subprocess.Popen(
+                    [*command, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+                )
+        deadline = time.monotonic() + timeout
+        results = {}
+        for name, process in started.items():
+            ret = process.wait(timeout=max(deadline - time.monotonic(), 0))
+            out, err = ((folder / name / stream).read_text().splitlines() for stream in ("stdout", "stderr"))
+            results[name] = pytest.RunResult(ret, out, err, 0.0)
+        return results
+    finally:
+        for process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 # 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 

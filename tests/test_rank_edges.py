@@ -6,10 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from conftest import live_pids, wait_for
+from conftest import live_pids, sessions_together, wait_for
 from pytest_ddp.common.protocol import WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
@@ -31,11 +32,8 @@ def spawn(path):
 """
 
 
-def test_processes_a_test_left_are_ended_after_it_and_named(ddp_pytester, pytester):
-    pids = pytester.path / "pids"
-    result = ddp_pytester.run_subprocess(
-        SPAWN
-        + f"""
+def spawning(pids: Path) -> str:
+    return SPAWN + f"""
 @pytest.mark.ddp(world_size=2)
 def test_spawns(rank):
     if rank == 1:
@@ -46,9 +44,51 @@ def test_spawns(rank):
 def test_next(rank):
     dist.barrier()
 """
-    )
+
+
+def dying(pids: Path) -> str:
+    return SPAWN.replace("start_new_session=True", "") + f"""
+@pytest.mark.ddp(world_size=2)
+def test_dies(rank):
+    if rank == 1:
+        spawn({str(pids)!r})
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+"""
+
+
+STOPPING = """
+@pytest.mark.ddp(world_size=2)
+def test_stops(rank):
+    if rank == 1:
+        {raise_it}
+
+@pytest.mark.ddp(world_size=2)
+def test_never_runs(rank):
+    pass
+"""
+STOPS = {
+    "exit": ('pytest.exit("enough for today", returncode=3)', ["*Exit: enough for today*"]),
+    "interrupt": ("raise KeyboardInterrupt", ["*KeyboardInterrupt*"]),
+}
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
+    """The sessions of the tests below that need a pytest of their own (a rank's processes, the
+    session's end), started together: by name, the result and its folder (where the ranks of
+    "spawns" and "dies" write their children's pids, to ``pids``)."""
+    folder = tmp_path_factory.mktemp("sessions")
+    bodies = {"spawns": spawning(folder / "spawns" / "pids"), "dies": dying(folder / "dies" / "pids")}
+    bodies |= {name: STOPPING.format(raise_it=raise_it) for name, (raise_it, _) in STOPS.items()}
+    results = sessions_together(folder, {name: (body,) for name, body in bodies.items()})
+    return {name: (result, folder / name) for name, result in results.items()}
+
+
+def test_processes_a_test_left_are_ended_after_it_and_named(sessions):
+    result, folder = sessions["spawns"]
     result.assert_outcomes(passed=2, warnings=1)
-    left = [int(pid) for pid in pids.read_text().split()]
+    left = [int(pid) for pid in (folder / "pids").read_text().split()]
     assert live_pids(left) == []  # ended and reaped before the next test
     result.stdout.fnmatch_lines(
         [
@@ -59,21 +99,10 @@ def test_next(rank):
     )
 
 
-def test_processes_of_a_killed_rank_die_with_it(ddp_pytester, pytester):
-    pids = pytester.path / "pids"
-    result = ddp_pytester.run_subprocess(
-        SPAWN.replace("start_new_session=True", "")
-        + f"""
-@pytest.mark.ddp(world_size=2)
-def test_dies(rank):
-    if rank == 1:
-        spawn({str(pids)!r})
-        os.kill(os.getpid(), 9)
-    dist.barrier()
-"""
-    )
+def test_processes_of_a_killed_rank_die_with_it(sessions):
+    result, folder = sessions["dies"]
     result.assert_outcomes(failed=1)
-    left = [int(pid) for pid in pids.read_text().split()]
+    left = [int(pid) for pid in (folder / "pids").read_text().split()]
     wait_for(lambda: not live_pids(left), f"processes {left} to end")
 
 
@@ -128,26 +157,10 @@ def test_threads_left_lists_only_the_tests_threads_with_their_stacks():
     assert leftovers.threads_left(before, wait=0.0) == []
 
 
-@pytest.mark.parametrize(
-    ("raise_it", "expected"),
-    [
-        ('pytest.exit("enough for today", returncode=3)', ["*Exit: enough for today*"]),
-        ("raise KeyboardInterrupt", ["*KeyboardInterrupt*"]),
-    ],
-)
-def test_exit_or_keyboard_interrupt_in_a_rank_stops_the_session(ddp_pytester, raise_it, expected):
-    result = ddp_pytester.run_subprocess(
-        f"""
-@pytest.mark.ddp(world_size=2)
-def test_stops(rank):
-    if rank == 1:
-        {raise_it}
-
-@pytest.mark.ddp(world_size=2)
-def test_never_runs(rank):
-    pass
-"""
-    )
+@pytest.mark.parametrize("name", STOPS)
+def test_exit_or_keyboard_interrupt_in_a_rank_stops_the_session(sessions, name):
+    raise_it, expected = STOPS[name]
+    result, _ = sessions[name]
     assert result.ret == (3 if "exit" in raise_it else pytest.ExitCode.INTERRUPTED)
     result.stdout.fnmatch_lines(expected)
     result.stdout.no_fnmatch_line("*died*")
