@@ -40,6 +40,8 @@ from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun, group_is_
 from pytest_ddp.report.merge import merged_reports
 
 SPEC = RankSpec(world_size=2, backend="gloo", timeout=60.0, grace=2.0)
+# A group whose default group cannot be joined afresh: MPI_Finalize ends it for good.
+MPI_SPEC = dataclasses.replace(SPEC, backend="mpi")
 FAILURE = {"longrepr": {"reprcrash": {"message": "AssertionError: boom"}}}
 
 
@@ -436,14 +438,14 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
             lambda: made_run(states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]),
             standing(),
         ),
-        (lambda: made_run(states_of(with_done(group_intact=False))), standing()),
+        (lambda: made_run(states_of(with_done(group_intact=False)), spec=MPI_SPEC), standing()),
         (lambda: made_run(states_of(with_done(in_flight=[{"i": 0, "err": "Timed out"}]))), standing()),
         (lambda: made_run(states_of(with_calls(collective(0, outcome="raised")))), standing()),
         (
             lambda: made_run(states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")),
             standing(),
         ),
-        (lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0)))), standing()),
+        (lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0))), spec=MPI_SPEC), standing()),
     ],
     ids=[
         "stopped verdict",
@@ -453,11 +455,11 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
         "isolated",
         "collectives differ",
         "unfinished work",
-        "group not intact",
+        "MPI world finalized",
         "async work in flight",
         "a call raised",
         "a call still running",
-        "destroy_process_group",
+        "destroy_process_group in an MPI world",
     ],
 )
 def test_a_group_is_dropped(make_run: Callable[[], TestRun], group: FakeGroup) -> None:

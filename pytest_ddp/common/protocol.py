@@ -67,11 +67,14 @@ def _now() -> float:
 
 @dataclass(slots=True)
 class RunItem:
-    """Run the pytest item ``id``; ``next`` is the item this group runs after it (fixtures kept for it)."""
+    """Run the pytest item ``id``; ``next`` is the item this group runs after it (fixtures kept for it).
+    ``store_port``: the last test ended or made a default process group, so this one starts on a fresh
+    store, listening there (see :mod:`pytest_ddp.rank.default_group`)."""
 
     KIND: ClassVar[Literal["run"]] = "run"
     id: str
     next: str | None = None
+    store_port: int | None = None
 
 
 @dataclass(slots=True)
@@ -167,7 +170,10 @@ class Report:
 @dataclass(slots=True)
 class Done:
     KIND: ClassVar[Literal["done"]] = "done"
-    group_intact: bool = True  # the rank's process group outlived the test
+    # The default process group the rank joined outlived the test, neither ended nor replaced; in
+    # an init=False group: the test left no default group of its own (pytest_ddp.rank.default_group).
+    group_intact: bool = True
+    group_alive: bool = False  # a default process group is left
     # Asynchronous calls whose work had not completed: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
     # Threads the test started that still ran after it: [{"name": ..., "stack": ...}].

@@ -55,7 +55,7 @@ class Settings:
             timeout=timeout if timeout is not None else self.timeout,
             grace=self.grace,
             init=mark.init,
-            isolated=mark.isolated or self.isolate_all or not mark.init,
+            isolated=mark.isolated or self.isolate_all,
             check_collectives=mark.check_collectives,
             faults=parse_faults(mark.faults, world_size, mark.init),
         )

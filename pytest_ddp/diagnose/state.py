@@ -12,7 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddp.common.ops import Op, op
+from pytest_ddp.common.ops import INIT, Op, op
 from pytest_ddp.common.protocol import (
     NULL_PEER,
     CallEvent,
@@ -48,6 +48,10 @@ def _peer_text(peer: int | None) -> str:
 
 def _tag_text(tag: int | None) -> str:
     return " (any tag)" if tag is None else f" (tag {tag})"
+
+
+# init_process_group's rendezvous that use no store of the rank group's: a store passed, a file.
+_OWN_STORES = ("store", "file://")
 
 
 @dataclass
@@ -196,7 +200,8 @@ class RankState:
     died_at: float | None = None
     peak_rss: int | None = None  # bytes, reported by the rank when its test ended
     peak_cuda: int | None = None
-    group_intact: bool = True  # the rank's process group outlived the test (init=True groups)
+    group_intact: bool = True  # see protocol.Done
+    group_alive: bool = False  # see protocol.Done
     # Asynchronous calls whose work had not completed shortly after the test
     # ended: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
@@ -209,6 +214,12 @@ class RankState:
     @property
     def failed(self) -> bool:
         return self.failed_at is not None
+
+    @property
+    def used_store(self) -> bool:
+        """The test made a default group by a rendezvous on its rank group's store (``env://``, or
+        ``tcp://`` to it), whose keys stay there: no later rendezvous can be made on that store."""
+        return any(c.op == INIT and not str(c.extra.get("init_method")).startswith(_OWN_STORES) for c in self.calls)
 
     @property
     def died_as_injected(self) -> bool:
@@ -277,6 +288,7 @@ class RankState:
                 self.interrupted = ev.interrupted
             case WarningRecorded():
                 self.warnings.append(ev)
+                self.group_alive = ev.group_alive
             case Injected():
                 self.injected.append(ev)
             case WaitEvent():

@@ -19,11 +19,11 @@ when the controller dies, however it dies.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import selectors
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import uuid
@@ -47,8 +47,8 @@ from pytest_ddp.common.protocol import (
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
+    GroupStore,
     RankProcess,
-    bound_store,
     complete_spec,
     dump_complete,
     file_size,
@@ -130,8 +130,7 @@ class RankGroup:
         self.current: str | None = None  # id of the test handed over and not yet judged
         self.last_test: str | None = None  # id of the last test handed over
         self.handed_over_at = 0.0  # time.time() of that hand-over
-        self._store: Any = None
-        self._store_socket: socket.socket | None = None
+        self._store: GroupStore | None = None
         self._items: set[str] = set()  # collected by every rank (pytest mode)
         self.collect_errors: list[str] = []  # the ranks' collection errors, each once
         # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
@@ -144,8 +143,8 @@ class RankGroup:
     def start(self, deadline: float) -> None:
         """Spawn the ranks and wait until each has collected its tests (and joined its group)."""
         cfg = self.config
-        self._store, self._store_socket = bound_store(self.store_host, cfg.world_size, cfg.pg_timeout)
-        port = self._store_socket.getsockname()[1]
+        self._store = GroupStore(self.store_host, cfg.world_size, cfg.pg_timeout)
+        port = self._store.port
         try:
             self._start_ranks(port)
             self._wait_ready(deadline)
@@ -356,17 +355,19 @@ class RankGroup:
                     connection.close()
             rp.commands = rp.notify = None
             rp.events.close()
-        self._store = None
-        if self._store_socket is not None:
-            # The store closed the listening descriptor it was lent when it went.
-            self._store_socket.detach()
-            self._store_socket = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- one test -------------------------------------------------------------
 
     def begin(self, command: RunItem | CallFunction) -> None:
-        """Hand the next test to every rank; fresh states start recording it."""
+        """Hand the next test to every rank; fresh states start recording it.  After a test that
+        ended, replaced or made a default group, the ranks join the next on a fresh store (a group
+        of run()'s functions serves one call)."""
+        if isinstance(command, RunItem) and self._store is not None and self._store.spent(self.states):
+            command = dataclasses.replace(command, store_port=self._store.renew())
         self.tests_run += 1
         self.current = self.last_test = command.id
         self.handed_over_at = time.time()

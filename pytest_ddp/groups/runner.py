@@ -179,11 +179,14 @@ def group_is_reusable(run: TestRun, group: Group) -> bool:
     # An ordinary failure ("failed": ranks raised, no distributed fault) keeps the group.
     if run.collectives_wrong or run.verdict.kind not in (None, "failed"):
         return False
+    # A default group the test ended, replaced or made is joined afresh on a fresh store before
+    # the next test (RankGroup.begin); an MPI world is not: MPI_Finalize ends it for good.
+    renewable = run.spec.backend != "mpi"
     for state in run.states:
-        if not state.group_intact or state.in_flight or state.threads_left:
+        if (not state.group_intact and not renewable) or state.in_flight or state.threads_left:
             return False
         for call in state.calls:
-            if call.state != "ok" or call.op == DESTROY:
+            if call.state != "ok" or (call.op == DESTROY and not renewable):
                 return False
     return True
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common.protocol import EventReader
+from pytest_ddp.diagnose.state import RankState
 
 # Variables of the pytest process that are not a rank's: pytest options meant for the session,
 # and an MPI launcher's, which would make a rank take itself for the launched process.
@@ -133,6 +134,38 @@ def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, soc
         master_listen_fd=sock.fileno(),
     )
     return store, sock
+
+
+class GroupStore:
+    """The TCPStore server a group's default process groups meet at: replaced by a fresh one for a
+    test after one that ended or made a default group (:mod:`pytest_ddp.rank.default_group`)."""
+
+    def __init__(self, address: str, world_size: int, timeout: float) -> None:
+        self._args = (address, world_size, timeout)
+        self._store, self._socket = bound_store(*self._args)
+        self.used = False  # a test's own rendezvous (env://) was made on it
+
+    @property
+    def port(self) -> int:
+        return int(self._socket.getsockname()[1])
+
+    def spent(self, states: list[RankState]) -> bool:
+        """After a test: whether the next needs a fresh store.  It does where a rank's default group
+        was ended or replaced (``init=True``) or the test left its own (``init=False``), or where a
+        test's own rendezvous used this store and no default group that may still use it is left."""
+        self.used = self.used or any(state.used_store for state in states)
+        return any(not s.group_intact for s in states) or (self.used and not any(s.group_alive for s in states))
+
+    def renew(self) -> int:
+        """A fresh store in place of this one, which goes (every rank is done with it); its port."""
+        self.close()
+        self._store, self._socket = bound_store(*self._args)
+        self.used = False
+        return self.port
+
+    def close(self) -> None:
+        self._store = None  # it closes the listening descriptor it was lent
+        self._socket.detach()
 
 
 def dump_complete(text: str, before: str | None) -> bool:

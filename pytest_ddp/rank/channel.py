@@ -91,20 +91,18 @@ def _unfinished_work() -> list[dict[str, Any]]:
     return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
 
 
-def _group_intact() -> bool:
-    """Whether the default process group this rank was started with is still there."""
+def _group_state() -> tuple[bool, bool]:
+    """(intact, alive) of the rank's default process group, as :class:`Done` reports them."""
     context = current()
     if context is None:
-        return True
+        return True, False
     if context.backend == "mpi":  # the world the launcher made, until MPI_Finalize
         from mpi4py import MPI
 
-        return not MPI.Is_finalized()
-    if not context.init:
-        return True
-    import torch.distributed as dist
+        return not MPI.Is_finalized(), False
+    from pytest_ddp.rank import default_group
 
-    return dist.is_initialized()
+    return default_group.test_ended()
 
 
 def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
@@ -117,8 +115,10 @@ def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] |
         peak_cuda = int(torch.cuda.max_memory_allocated())
     # ru_maxrss is in KiB on Linux.
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    intact, alive = _group_state()
     return Done(
-        group_intact=_group_intact(),
+        group_intact=intact,
+        group_alive=alive,
         in_flight=in_flight,
         threads_left=threads_left,
         interrupted=interrupted,

@@ -23,14 +23,13 @@ import os
 import signal
 import sys
 import traceback
-from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
 from pytest_ddp.common import prctl
-from pytest_ddp.rank import leftovers
+from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import Channel, enter, fatal
 from pytest_ddp.rank.context import RankContext
 from pytest_ddp.rank.functions import serve_functions
@@ -70,28 +69,6 @@ def redirect_output(spec: dict[str, Any]) -> None:
         os.close(target)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
-
-
-def _init_group(spec: dict[str, Any]) -> None:
-    import torch
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=spec["pg_timeout"])
-    store = dist.TCPStore(
-        spec["store_host"], spec["store_port"], spec["world_size"], is_master=False, timeout=timeout
-    )
-    kwargs: dict[str, Any] = {}
-    if spec["backend"] == "nccl":
-        torch.cuda.set_device(spec["local_rank"])
-        kwargs["device_id"] = torch.device("cuda", spec["local_rank"])
-    dist.init_process_group(
-        spec["backend"],
-        store=store,
-        rank=spec["rank"],
-        world_size=spec["world_size"],
-        timeout=timeout,
-        **kwargs,
-    )
 
 
 def _join_mpi_world(spec: dict[str, Any]) -> ModuleType:
@@ -141,8 +118,8 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
         sys.path[:] = spec["sys_path"]
     try:
         mpi = _join_mpi_world(spec) if spec["backend"] == "mpi" else None
-        if spec["backend"] != "mpi" and spec["init"]:
-            _init_group(spec)
+        if mpi is None:
+            default_group.start(spec)
         from pytest_ddp.record import recorder  # imports torch: only in a rank
 
         recorders = [recorder] if mpi is None else [recorder, mpi]

@@ -20,7 +20,7 @@ import pytest
 
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
-from pytest_ddp.rank import leftovers
+from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
 from pytest_ddp.rank.context import rank_context
 from pytest_ddp.record import injector
@@ -83,6 +83,9 @@ class RankSession:
         self.ready = True
         last = None
         for command in self.channel.commands(RunItem):
+            if command.store_port is not None:  # the last test ended or made a default group
+                default_group.renew(command.store_port)
+                self.environment["MASTER_PORT"] = os.environ["MASTER_PORT"]
             self._run(items, command.id, command.next)
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
@@ -109,6 +112,7 @@ class RankSession:
         self.threads_before = set(threading.enumerate())
         self.processes_before = set(leftovers.descendants())
         self.threads_left, self.interrupted = [], None
+        default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self.channel.event(done_event(self.threads_left, self.interrupted), wake=True)
@@ -133,6 +137,7 @@ class RankSession:
                 node for node, n in self._finalizers(item).items() if n > self.finalizers_before.get(node, -1)
             )
             self.processes.after_setup(self.processes_before, grown | {item})
+            default_group.setup_ended(wider_scope=bool(grown - {item}))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: Any) -> Any:

@@ -29,13 +29,14 @@ first asks the injector, which may kill, delay or raise before the call is writt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -84,6 +85,18 @@ def start_test() -> None:
     _works.clear()
     _backend_tensors.clear()
     _unwaited.clear()
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """This thread's torch.distributed calls in the block are no test's: the rank's own set-up of
+    its process group (:mod:`pytest_ddp.rank.default_group`)."""
+    depth = _local.depth
+    _local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _local.depth = depth
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:

@@ -1,0 +1,104 @@
+"""A rank's default process group: joined when the rank starts (``init=True`` groups), whose it is at
+a test's end, and joined afresh, on a fresh store, for a test that follows one which ended it.
+
+A test may end the default group (``destroy_process_group()``, as each of torch's ``with_comms``
+tests does) or make one of its own (``init=False``).  Warm ranks cannot meet again at the store the
+last rendezvous used: its keys are still there, and Gloo connects to the old group's addresses
+(measured: "Gloo connectFullMesh failed ... Connect timeout").  So the controller hands the next test
+a fresh store (``RunItem.store_port``, :class:`pytest_ddp.groups.spawn.GroupStore`), and before that
+test every rank points ``MASTER_PORT`` there (a test's own ``env://`` rendezvous) and, in an
+``init=True`` group, drops what is left of its default group and its subgroups and joins a fresh
+one: names, keys and sequence numbers start afresh, as on fresh ranks.  In an ``init=False`` group
+it ends a default group the test made and left, as the test's own process would have at its exit;
+one a fixture of a wider scope made (a class's, a module's) stays for the tests that share it.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from datetime import timedelta
+from typing import Any
+
+# What joining needs, kept from the rank's spec.
+_JOIN_FIELDS = ("backend", "rank", "world_size", "init", "local_rank", "pg_timeout", "store_host")
+_spec: dict[str, Any] = {}
+_joined: weakref.ref[Any] | None = None  # the default group this rank joined last (init=True)
+# init=False: the default groups that are not the current test's own: there when it started, or
+# made while it set up a fixture of a wider scope.
+_not_the_tests: list[weakref.ref[Any]] = []
+_left_own = False  # the last test left a default group of its own
+
+
+def start(spec: dict[str, Any]) -> None:
+    """At the rank's start: keep what joining again needs, and join (``init=True`` groups)."""
+    _spec.clear()
+    _spec.update({name: spec[name] for name in _JOIN_FIELDS})
+    if spec["init"]:
+        _join(spec["store_port"])
+
+
+def _join(store_port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=_spec["pg_timeout"])
+    store = dist.TCPStore(_spec["store_host"], store_port, _spec["world_size"], is_master=False, timeout=timeout)
+    kwargs: dict[str, Any] = {}
+    if _spec["backend"] == "nccl":
+        torch.cuda.set_device(_spec["local_rank"])
+        kwargs["device_id"] = torch.device("cuda", _spec["local_rank"])
+    dist.init_process_group(
+        _spec["backend"], store=store, rank=_spec["rank"], world_size=_spec["world_size"], timeout=timeout, **kwargs
+    )
+    global _joined
+    _joined = weakref.ref(dist.distributed_c10d._get_default_group())
+
+
+def _current() -> Any:
+    """The default group, or None (also in a rank with no torch.distributed group at all)."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+
+
+def test_starts() -> None:
+    """A test starts: the default group now, if any, is not its own."""
+    current = _current()
+    _not_the_tests[:] = [] if current is None else [weakref.ref(current)]
+
+
+def setup_ended(wider_scope: bool) -> None:
+    """The test's setup ended; ``wider_scope``: it set up a fixture of a wider scope than the test's,
+    which owns a default group made meanwhile."""
+    current = _current()
+    if wider_scope and current is not None:
+        _not_the_tests.append(weakref.ref(current))
+
+
+def test_ended() -> tuple[bool, bool]:
+    """(intact, alive) as :class:`~pytest_ddp.common.protocol.Done` reports them."""
+    global _left_own
+    current = _current()
+    if _spec.get("init"):
+        joined = None if _joined is None else _joined()
+        return joined is not None and joined is current, current is not None
+    _left_own = current is not None and all(ref() is not current for ref in _not_the_tests)
+    return not _left_own, current is not None
+
+
+def renew(store_port: int) -> None:
+    """Before a test whose predecessor on these ranks ended a default group or made one: a test's
+    own ``env://`` rendezvous goes to the fresh store at ``store_port``; an ``init=True`` rank drops
+    what is left of its default group and joins a fresh one there, an ``init=False`` rank ends the
+    last test's own (unrecorded: no test's calls)."""
+    os.environ["MASTER_PORT"] = str(store_port)
+    import torch.distributed as dist
+
+    from pytest_ddp.record.recorder import unrecorded
+
+    with unrecorded():
+        if dist.is_initialized() and (_spec.get("init") or _left_own):
+            dist.destroy_process_group()
+        if _spec.get("init"):
+            _join(store_port)
