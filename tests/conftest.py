@@ -17,7 +17,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -51,27 +51,41 @@ class DdpPytester:
         return self.pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=timeout)
 
 
-def sessions_together(
-    folder: Path, sessions: dict[str, tuple[str, ...]], timeout: float = 120
-) -> dict[str, pytest.RunResult]:
-    """Inner pytest sessions in subprocesses, as ``DdpPytester.run_subprocess`` runs one, all
-    started at once and then waited for: ``sessions[name]`` is a test module's body (HEADER
-    goes before it), then the session's arguments; each runs in ``folder/name``. Such a
-    session spends much of its time waiting (for its ranks, for a stopped rank), so the ones
-    of a file whose tests each assert on one of them run together. Their results by name."""
+@dataclass
+class Session:
+    """An inner pytest session of sessions_together: its files (name -> source, dedented), its
+    arguments, and what it sets in the environment."""
+
+    files: dict[str, str]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, body: str, *args: str, **env: str) -> Session:
+        """The session of one module, test_it.py: HEADER, then ``body``."""
+        return cls({"test_it.py": HEADER + textwrap.dedent(body)}, args, env)
+
+
+def sessions_together(folder: Path, sessions: dict[str, Session], timeout: float = 120) -> dict[str, pytest.RunResult]:
+    """Inner pytest sessions in subprocesses, as ``pytester.runpytest_subprocess`` runs one, all
+    started at once and then waited for; each runs in ``folder/<its name>``. Such a session
+    spends much of its time waiting (for its ranks, for a stopped rank), so the ones of a file
+    whose tests each assert on one of them run together. Their results by name."""
     started: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for name, (body, *args) in sessions.items():
+        for name, session in sessions.items():
             cwd = folder / name
             cwd.mkdir(parents=True)
-            (cwd / "test_it.py").write_text(HEADER + textwrap.dedent(body))
+            for file, source in session.files.items():
+                (cwd / file).write_text(textwrap.dedent(source))
             env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
             paths = [str(cwd), env.get("PYTHONPATH", "")]
             env.update(HOME=str(cwd), PY_COLORS="0", PYTHONPATH=os.pathsep.join(filter(None, paths)))
+            env.update(session.env)
             command = [sys.executable, "-m", "pytest", f"--basetemp={cwd / 'basetemp'}", "-p", "no:cacheprovider"]
             with open(cwd / "stdout", "w") as out, open(cwd / "stderr", "w") as err:
                 started[name] = subprocess.Popen(
-                    [*command, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+                    [*command, *session.args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
                 )
         deadline = time.monotonic() + timeout
         results = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["pytester"]
+from conftest import Session, sessions_together
 
 # A session whose one test runs functional collectives of every kind the compiled kernels take
 # (and one they leave to Python: broadcast names a root), on a subgroup too, mixed with a
@@ -55,23 +55,46 @@ def test_record():
 """
 
 
-def recorded(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str, **env: str) -> dict[str, Any]:
-    output = pytester.path / f"{name}.json"
-    monkeypatch.setenv("RECORDED_TO", str(output))
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+DDP_TEST = """
+import pytest, torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+@pytest.mark.ddp(world_size=2)
+def test_functional():
+    assert funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait().item() == 2
+"""
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
+    """The three sessions of the tests below, started together: the workload recorded by the
+    compiled kernels, by Python alone (PYTEST_DDP_COMPILED=0), and on a machine where they
+    cannot be built (with a ddp test too). By name, the result and the session's folder (what
+    rank 0 recorded is in its recorded.json)."""
+    folder = tmp_path_factory.mktemp("compiled")
+    no_compiler = {"XDG_CACHE_HOME": str(folder / "cache"), "CXX": "false"}  # a compiler that always fails
+    envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}, "no_compiler": no_compiler}
+    files = {"test_functional.py": RECORDED_FUNCTIONAL_COLLECTIVES}
+    sessions = {
+        name: Session(files | ({"test_ddp.py": DDP_TEST} if name == "no_compiler" else {}),
+                      env={"RECORDED_TO": str(folder / name / "recorded.json"), **env})
+        for name, env in envs.items()
+    }  # fmt: skip
+    results = sessions_together(folder, sessions)
+    return {name: (result, folder / name) for name, result in results.items()}
+
+
+def recorded(sessions: dict[str, tuple[pytest.RunResult, Path]], name: str) -> dict[str, Any]:
+    result, folder = sessions[name]
     result.assert_outcomes(passed=1)
-    recorded: dict[str, Any] = json.loads(output.read_text())
+    recorded: dict[str, Any] = json.loads((folder / "recorded.json").read_text())
     return recorded
 
 
-def test_the_compiled_kernels_record_what_python_records(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytester.makepyfile(test_functional=RECORDED_FUNCTIONAL_COLLECTIVES)
-    compiled = recorded(pytester, monkeypatch, "compiled")
-    in_python = recorded(pytester, monkeypatch, "python", PYTEST_DDP_COMPILED="0")
+def test_the_compiled_kernels_record_what_python_records(sessions: dict[str, tuple[pytest.RunResult, Path]]) -> None:
+    compiled = recorded(sessions, "compiled")
+    in_python = recorded(sessions, "python")
     assert compiled["compiled"] == [True, True]
     assert in_python["compiled"] == [False, False]
     assert compiled["calls"] == in_python["calls"]
@@ -91,31 +114,15 @@ def test_the_compiled_kernels_record_what_python_records(
 
 
 def test_where_they_cannot_be_built_python_records_and_the_session_says_why(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    sessions: dict[str, tuple[pytest.RunResult, Path]],
 ) -> None:
     """A machine without a C++ compiler (here, one that always fails): the session says why once,
     its functional collectives are recorded all the same, and the failed build leaves nothing but
     its lock."""
-    cache = tmp_path / "cache"
-    pytester.makepyfile(test_functional=RECORDED_FUNCTIONAL_COLLECTIVES)
-    pytester.makepyfile(
-        test_ddp="""
-        import pytest, torch
-        import torch.distributed as dist
-        import torch.distributed._functional_collectives as funcol
-
-        @pytest.mark.ddp(world_size=2)
-        def test_functional():
-            assert funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait().item() == 2
-        """
-    )
-    monkeypatch.setenv("RECORDED_TO", str(pytester.path / "out.json"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setenv("CXX", "false")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result, folder = sessions["no_compiler"]
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         ["pytest-ddp: functional collectives recorded in Python (slower): the C++ build failed*"]
     )
-    assert json.loads((pytester.path / "out.json").read_text())["compiled"] == [False, False]
-    assert [path.suffix for path in (cache / "pytest-ddp").iterdir()] == [".lock"]
+    assert json.loads((folder / "recorded.json").read_text())["compiled"] == [False, False]
+    assert [path.suffix for path in (folder.parent / "cache" / "pytest-ddp").iterdir()] == [".lock"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import live_pids, sessions_together, wait_for
+from conftest import Session, live_pids, sessions_together, wait_for
 from pytest_ddp.common.protocol import WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
@@ -81,7 +81,7 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest
     folder = tmp_path_factory.mktemp("sessions")
     bodies = {"spawns": spawning(folder / "spawns" / "pids"), "dies": dying(folder / "dies" / "pids")}
     bodies |= {name: STOPPING.format(raise_it=raise_it) for name, (raise_it, _) in STOPS.items()}
-    results = sessions_together(folder, {name: (body,) for name, body in bodies.items()})
+    results = sessions_together(folder, {name: Session.of(body) for name, body in bodies.items()})
     return {name: (result, folder / name) for name, result in results.items()}
 
 
