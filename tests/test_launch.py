@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,9 @@ from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect
 from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.world import ENDING_SIGNALS, LaunchedWorld
+from pytest_ddp.launched.secret import session_files
+from pytest_ddp.launched.signals import ENDING_SIGNALS
+from pytest_ddp.launched.world import LaunchedWorld
 
 # What each launcher really sets (docs/launchers.md says where each was read).
 TORCHRUN = {
@@ -70,13 +74,15 @@ def test_mpi_launchers() -> None:
     assert {hydra.launcher, gforker.launcher, ompi.launcher} == {"mpi"}
 
 
-def test_one_node_meets_on_an_abstract_socket_named_after_the_launch() -> None:
+def test_one_node_meets_on_a_unix_socket_in_a_private_folder_named_after_the_launch() -> None:
     one_node = {**TORCHRUN, "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "4"}
     launch = detect(one_node)
     assert launch is not None
-    assert channel_address(launch) == "\0pytest-ddp-torchrun.abc.0"
+    assert channel_address(launch) is None
+    socket_path = session_files(launch, one_node).socket
+    assert socket_path.parent.name == f"pytest-ddp-{os.getuid()}"
     restarted = detect({**one_node, "TORCHELASTIC_RESTART_COUNT": "1"})
-    assert restarted is not None and channel_address(restarted) != channel_address(launch)
+    assert restarted is not None and session_files(restarted, one_node).socket != socket_path
 
 
 def test_srun_across_nodes_needs_master_addr_and_port() -> None:
@@ -211,18 +217,28 @@ def test_a_host_tells_a_second_dump_whole_only_once_it_is_written(tmp_path: Path
 def test_every_host_is_told_why_the_session_ends_when_collections_differ() -> None:
     """A host's log says why it ends without running a test (it writes End's reason there)."""
     controller = _launch(job=f"end-reason-{os.getpid()}")
-    world = LaunchedWorld(controller, 5)
-    host = connect(dataclasses.replace(controller, rank=1), 5)
     handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
+    world = LaunchedWorld(controller, 5)
+    hosts = []  # rank 1's link, proven to rank 0's pytest while it gathers
+    hello = hp.encode(hp.Hello(1, 0, 0, "node", ["t::a", "t::b"], [], "/log"))
+
+    def join() -> None:
+        hosts.append(connect(dataclasses.replace(controller, rank=1), 5))
+        hosts[0].send_bytes(hello)
+
+    joining = threading.Thread(target=join)
+    joining.start()
     try:
-        host.send_bytes(hp.encode(hp.Hello(1, 0, 0, "node", ["t::a", "t::b"], [], "/log")))
         difference = world.gather(["t::a"], 5)
+        joining.join()
+        host = hosts[0]
         world.end(pytest.ExitCode.USAGE_ERROR)  # what rank 0's pytest does once it stopped the session
         assert difference is not None and "1 only on this rank: t::b" in difference
-        assert hp.decode(host.recv_bytes()) == hp.End(pytest.ExitCode.USAGE_ERROR, difference)
+        assert hp.decode(host.recv_frame(time.monotonic() + 5)) == hp.End(pytest.ExitCode.USAGE_ERROR, difference)
     finally:
-        for number, handler in handlers.items():  # end() made the launcher's signals end this process
+        for number, handler in handlers.items():  # the world took SIGINT and SIGTERM, its end the launcher's signals
             signal.signal(number, handler)
-        host.close()
+        for link in hosts:
+            link.close()
         for link in world.hosts.values():
             link.connection.close()

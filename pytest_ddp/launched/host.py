@@ -35,6 +35,7 @@ from typing import Any
 import _pytest.config
 import pytest
 
+from pytest_ddp.common.protocol import ProtocolError
 from pytest_ddp.config.settings import rank_pytest_args
 from pytest_ddp.groups.group import STACK_DUMP_WAIT
 from pytest_ddp.groups.spawn import (
@@ -51,8 +52,9 @@ from pytest_ddp.groups.spawn import (
 )
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
-from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.world import exit_on_signal
+from pytest_ddp.launched.link import Link, LinkError, connect
+from pytest_ddp.launched.signals import exit_on_signal, interrupt_on_signals
+from pytest_ddp.launched.world import log_line
 
 CONTROLLER_EXIT_WAIT = 60.0  # seconds a host waits for rank 0's pytest to exit before it does
 TICK = 0.02  # seconds between looks at the ranks' files while any rank lives
@@ -77,10 +79,14 @@ class Slot:
 class Host:
     """The relay loop of one host (see the module's docstring)."""
 
-    def __init__(self, connection: Connection, folder: Path, pytest_args: Callable[[list[str]], list[str]]) -> None:
+    def __init__(
+        self, connection: Link, folder: Path, pytest_args: Callable[[list[str]], list[str]],
+        log: Callable[[str], None] = log_line,
+    ) -> None:
         self.connection = connection
         self.folder = folder
         self.pytest_args = pytest_args  # node ids -> the rank's pytest command line
+        self.log = log  # what was dropped, and why
         self.slots: dict[int, Slot] = {}
         self.selector = selectors.DefaultSelector()
         self.selector.register(connection, selectors.EVENT_READ, None)
@@ -91,13 +97,9 @@ class Host:
             while True:
                 for key, _ in self.selector.select(TICK if self.slots else None):
                     if key.data is None:
-                        try:
-                            message = hp.decode(self.connection.recv_bytes())
-                        except (EOFError, OSError):
-                            return hp.End(pytest.ExitCode.INTERRUPTED, "rank 0's pytest went away")
-                        if isinstance(message, hp.End):
-                            return message
-                        self._obey(message)
+                        end = self._orders()
+                        if end is not None:
+                            return end
                     else:
                         self._rank_news(key)
                 for slot in list(self.slots.values()):
@@ -109,6 +111,26 @@ class Host:
                 slot.proc.join()
                 self._close(slot)
             self.selector.close()
+
+    def _orders(self) -> hp.End | None:
+        """Obey what the controller sent: its End, or one of this host's if it went away."""
+        try:
+            frames = self.connection.receive()
+        except LinkError as exc:  # none after the handshake: a frame's length is not limited then
+            self.log(f"ddp: dropped the link to rank 0's pytest: {exc}")
+            frames, self.connection.closed = [], True
+        for frame in frames:
+            try:
+                message = hp.decode(frame)
+            except ProtocolError as exc:
+                self.log(f"ddp: dropped a message from rank 0's pytest: {exc}")
+                continue
+            if isinstance(message, hp.End):
+                return message
+            self._obey(message)
+        if self.connection.closed:
+            return hp.End(pytest.ExitCode.INTERRUPTED, "rank 0's pytest went away")
+        return None
 
     def _obey(self, message: hp.Message) -> None:
         if isinstance(message, hp.Start):
@@ -207,9 +229,10 @@ class HostSession:
         self.basetemp: Path | None = None  # pytest's, once the session starts
         self.items: dict[str, pytest.Item] = {}  # collected, by node id
         self.collect_errors: list[str] = []
-        self.connection: Connection | None = None  # to the controller, once collected
+        self.connection: Link | None = None  # to the controller, once collected
         # Only rank 0 writes junitxml (this runs before junitxml's configure).
         config.option.xmlpath = None
+        interrupt_on_signals()  # SIGTERM stops the session as Ctrl-C does
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes its header
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -250,7 +273,7 @@ class HostSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         assert self.connection is not None and self.basetemp is not None  # collected, started
-        self.end = Host(self.connection, self.basetemp / "ddp-host", self._rank_args).serve()
+        self.end = Host(self.connection, self.basetemp / "ddp-host", self._rank_args, self._log).serve()
         exit_on_signal(self.end.status)
         if self.end.reason:  # before the controller exits: the launcher may then end this process
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -259,18 +282,26 @@ class HostSession:
         _wait_for_end_of(self.connection, CONTROLLER_EXIT_WAIT)
         return True
 
+    def _log(self, line: str) -> None:
+        """A line in this host's log (its pytest output)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            log_line(line)
+        else:
+            reporter.write_line(line)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.end is not None:
             session.exitstatus = self.end.status
 
 
-def _wait_for_end_of(connection: Connection, timeout: float) -> None:
+def _wait_for_end_of(connection: Link, timeout: float) -> None:
     """Until the controller's process has exited (its end of the connection closes)."""
     deadline = time.monotonic() + timeout
     try:
-        while connection.poll(max(0.0, deadline - time.monotonic())):
-            connection.recv_bytes()
-    except (EOFError, OSError):
+        while True:
+            connection.recv_frame(deadline)
+    except (EOFError, OSError, LinkError):  # TimeoutError is an OSError
         pass
     connection.close()

@@ -169,17 +169,17 @@ def detect(env: Mapping[str, str], launcher: str = "auto") -> Launch | None:
     return None
 
 
-def channel_address(launch: Launch) -> str | tuple[str, int]:
+def channel_address(launch: Launch) -> tuple[str, int] | None:
     """Where the controller listens for the other ranks' pytest processes.
 
-    On one node: a Unix socket in Linux's abstract namespace named after the
-    launch (no file, no network address).  On several: a TCP address, which
-    must be one every node reaches: MASTER_ADDR (torchrun sets it; for srun and
-    mpiexec the job script sets it, as torch's ``env://`` needs), with an
-    OS-chosen port published in torchrun's store, or MASTER_PORT without torchrun.
+    On one node: None, a Unix socket in the launch's folder private to the user
+    (:mod:`pytest_ddp.launched.secret`), no network address.  On several: a TCP
+    address, which must be one every node reaches: MASTER_ADDR (torchrun sets it;
+    for srun and mpiexec the job script sets it, as torch's ``env://`` needs), with
+    an OS-chosen port published in torchrun's store, or MASTER_PORT without torchrun.
     """
     if launch.one_node:
-        return f"\0pytest-ddp-{launch.job}"
+        return None
     if not launch.master_addr:
         raise LaunchError(f"{launch.describe()}: set MASTER_ADDR to an address of the first node "
                           f"that every node reaches (and MASTER_PORT), as for torch's env:// init")

@@ -1,56 +1,312 @@
 """The link between the launched pytest processes: the controller listens, every other rank's pytest connects.
 
-Where is :func:`pytest_ddp.launched.launch.channel_address`'s answer: a Unix socket in
-the abstract namespace on one node; on several, a TCP address on the first
-node, whose OS-chosen port torchrun's own store carries to the others.
+Where: on one node, a Unix socket (mode 0600) in the launch's private folder
+(:mod:`pytest_ddp.launched.secret`); on several, a TCP address on the first
+node (:func:`pytest_ddp.launched.launch.channel_address`), whose OS-chosen port
+torchrun's own store carries to the others.
+
+A frame is an 8-byte big-endian length and that many bytes.  A :class:`Link`
+never blocks on a read: it keeps the bytes of a frame that is not whole yet
+until the rest comes, so a peer that sends half a frame and holds it stalls no
+one; a read that must wait for a frame waits until a deadline.
+
+Before anything else each end proves to the other that it holds the session's
+secret (:class:`Incoming` on the controller's side, :func:`connect` on the
+other): the controller sends a random challenge; the peer answers with an HMAC
+of it and a challenge of its own, which the controller answers in turn.  Until
+a peer has proven itself, no frame it sends may be longer than that answer.
+A peer must prove itself too: the controller tells the others what to fork.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
+import os
+import secrets
+import select
 import socket
+import struct
 import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, store_key
+from pytest_ddp.launched.secret import (
+    SECRET_ENV,
+    SessionFiles,
+    create_secret,
+    given_secret,
+    private_folder,
+    read_secret,
+    remove_files,
+    session_files,
+)
 
 RETRY = 0.05  # seconds between attempts to reach a controller not listening yet
+HEADER = struct.Struct("!Q")
+NONCE = 32  # bytes of a challenge, and of an HMAC-SHA256 proof
+CHUNK = 1 << 18  # bytes asked of the socket per read
+CONTROLLER, PEER = b"pytest-ddp controller", b"pytest-ddp rank"  # whose proof: one is never the other's
+SAME_SECRET = f"every launched process must hold the same secret ({SECRET_ENV} the same on all, or unset on all)"
 
 
-def listen(launch: Launch, timeout: float) -> socket.socket:
-    """The controller's listening socket (non-blocking), published where the others look."""
-    address = channel_address(launch)
-    if isinstance(address, str):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+class LinkError(Exception):
+    """What a peer sent is not what the link allows: its connection is dropped, and why is logged."""
+
+
+class Link:
+    """One end of a connection between two launched pytest processes: frames out, whole frames in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(True)  # sends wait for room; reads never wait (MSG_DONTWAIT)
+        self.sock = sock
+        self.limit: int | None = 2 * NONCE  # the longest frame taken: a handshake's until the peer is proven
+        self.closed = False  # the peer closed its end, or the connection broke
+        self._buffer = bytearray()
+        self._frames: deque[bytes] = deque()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send_bytes(self, frame: bytes) -> None:
+        header = HEADER.pack(len(frame))
+        if len(frame) < CHUNK:
+            self.sock.sendall(header + frame)
+        else:  # no copy of a large frame
+            self.sock.sendall(header)
+            self.sock.sendall(frame)
+
+    def receive(self) -> list[bytes]:
+        """The whole frames that have come, without waiting for more.  ``closed`` then says whether
+        the peer's end is closed; LinkError for a frame longer than ``limit``."""
+        self._read()
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame if one has come, else None, without waiting."""
+        if not self._frames:
+            self._read()
+        return self._frames.popleft() if self._frames else None
+
+    def recv_frame(self, deadline: float) -> bytes:
+        """The next whole frame, waited for until ``deadline`` (``time.monotonic()``) at most:
+        TimeoutError if it is not whole by then, EOFError if the peer closes first."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        while (frame := self.next_frame()) is None:
+            if self.closed:
+                raise EOFError
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            poller.poll(left * 1000)
+        return frame
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _read(self) -> None:
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            self.closed = not chunk
+            self._buffer += chunk
+            if len(chunk) < CHUNK:
+                break  # what was there is read: a peer that keeps sending does not keep this here
+        while len(self._buffer) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buffer)
+            if self.limit is not None and size > self.limit:
+                raise LinkError(f"a frame of {size} bytes, over the {self.limit} allowed before it proved itself")
+            end = HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            self._frames.append(bytes(self._buffer[HEADER.size : end]))
+            del self._buffer[:end]
+
+
+def _proof(secret: bytes, role: bytes, challenge: bytes) -> bytes:
+    return hmac.new(secret, role + challenge, hashlib.sha256).digest()
+
+
+class Incoming:
+    """A connection to the controller, from its accept until the peer has proven that it holds
+    the session's secret and sent its first frame (its hello)."""
+
+    def __init__(self, link: Link, secret: bytes) -> None:
+        self.link, self.secret = link, secret
+        self.challenge = secrets.token_bytes(NONCE)
+        self.proven = False
+        link.send_bytes(self.challenge)
+
+    def first_frame(self) -> bytes | None:
+        """The peer's first frame after its proof, once whole; None until then (never waits).
+        LinkError if the peer fails to prove itself, or goes away first."""
+        while (frame := self.link.next_frame()) is not None:
+            if self.proven:
+                return frame
+            expected = _proof(self.secret, PEER, self.challenge)
+            if len(frame) != 2 * NONCE or not hmac.compare_digest(frame[:NONCE], expected):
+                raise LinkError(f"it did not prove that it holds the session's secret ({SAME_SECRET})")
+            self.proven = True
+            self.link.limit = None
+            self.link.send_bytes(_proof(self.secret, CONTROLLER, frame[NONCE:]))
+        if self.link.closed:
+            raise LinkError("it closed the connection before " + ("its hello" if self.proven else "proving itself"))
+        return None
+
+
+@dataclass
+class Listener:
+    """The controller's listening socket (non-blocking), and the files it made for the launch."""
+
+    sock: socket.socket
+    secret: bytes
+    files: SessionFiles
+
+    def accept(self) -> Incoming | None:
+        """A new connection, challenged; None if there was none after all, or it broke at once."""
         try:
-            sock.bind(address.encode())
-        except OSError as exc:
+            sock, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return None
+        try:
+            return Incoming(Link(sock), self.secret)
+        except OSError:
             sock.close()
-            raise LaunchError(f"{launch.describe()}: another pytest of this launch listens already ({exc})") from None
+            return None
+
+    def close(self) -> None:
+        """Stop listening; remove the socket's and the secret's files (every rank has them by now, or never will)."""
+        self.sock.close()
+        remove_files(self.files)
+
+
+_T = TypeVar("_T")
+
+
+def _in_private_folder(files: SessionFiles, make: Callable[[], _T]) -> _T:
+    """``make()`` in the launch's private folder, made again if another launch, leaving it empty, removed it."""
+    for _ in range(3):
+        private_folder(files)
+        try:
+            return make()
+        except FileNotFoundError:
+            continue
+    raise LaunchError(f"{files.folder} keeps disappearing: another process removes it")
+
+
+def listen(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) -> Listener:
+    """The controller's listening socket, published where the others look, after the secret is where they read it."""
+    files = session_files(launch, env)
+    address = channel_address(launch)
+    if address is None:
+        sock = _in_private_folder(files, lambda: _bind_unix(launch, files))
     else:
         sock = socket.create_server(address)
-        if address[1] == 0:
+    try:
+        secret = given_secret(env) or _in_private_folder(files, lambda: create_secret(files))
+        sock.listen(launch.world_size)
+        sock.setblocking(False)
+        if address is not None and address[1] == 0:
             host, port = sock.getsockname()[:2]
             _torchrun_store(launch, timeout).set(store_key(launch), f"{host}:{port}")
-    sock.listen(launch.world_size)
-    sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        remove_files(files)
+        raise
+    return Listener(sock, secret, files)
+
+
+def _bind_unix(launch: Launch, files: SessionFiles) -> socket.socket:
+    """A Unix socket bound at ``files.socket``, taking the place of one whose pytest was killed."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(files.socket)
+    try:
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            if _answers(path):
+                raise LaunchError(f"{launch.describe()}: another pytest of this launch listens already") from None
+            os.unlink(path)
+            sock.bind(path)
+        os.chmod(path, 0o600)
+    except OSError as exc:
+        sock.close()
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise LaunchError(f"{launch.describe()}: cannot listen at {path} ({exc}); a shorter TMPDIR may help") from None
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
-def connect(launch: Launch, timeout: float) -> Connection:
-    """This rank's connection to the controller, which may not listen yet: tried until ``timeout``."""
-    address = channel_address(launch)
+def _answers(path: str) -> bool:
+    """Whether some process listens at the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) -> Link:
+    """This rank's link to the controller, which may not listen yet (tried until ``timeout``),
+    once each end has proven to the other that it holds the session's secret."""
     deadline = time.monotonic() + timeout
-    if not isinstance(address, str) and address[1] == 0:
+    sock = _reach(launch, timeout, deadline, session_files(launch, env))
+    link = Link(sock)
+    try:
+        secret = given_secret(env) or read_secret(session_files(launch, env))
+        challenge = link.recv_frame(deadline)
+        if len(challenge) != NONCE:
+            raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest does not speak its protocol")
+        mine = secrets.token_bytes(NONCE)
+        link.send_bytes(_proof(secret, PEER, challenge) + mine)
+        if not hmac.compare_digest(link.recv_frame(deadline), _proof(secret, CONTROLLER, mine)):
+            raise LaunchError(f"rank {launch.rank}: rank 0's pytest did not prove that it holds the session's "
+                              f"secret; {SAME_SECRET}")
+    except TimeoutError:  # before OSError, its base
+        link.close()
+        raise LaunchError(f"rank {launch.rank}: rank 0's pytest did not take this rank within {timeout:g} s") from None
+    except (EOFError, OSError, LinkError):
+        link.close()
+        raise LaunchError(f"rank {launch.rank}: rank 0's pytest refused this rank's proof of the session's secret "
+                          f"(or went away); {SAME_SECRET}") from None
+    except BaseException:
+        link.close()
+        raise
+    link.limit = None
+    return link
+
+
+def _reach(launch: Launch, timeout: float, deadline: float, files: SessionFiles) -> socket.socket:
+    """A connected socket to where the controller listens, tried until ``deadline``."""
+    address: str | tuple[str, int] | None = channel_address(launch)
+    if address is None:
+        address = str(files.socket)
+    elif address[1] == 0:
         host, _, port = _torchrun_store(launch, timeout).get(store_key(launch)).decode().rpartition(":")
         address = (host, int(port))
     while True:
-        family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX if isinstance(address, str) else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.connect(address.encode() if isinstance(address, str) else address)
-            return Connection(sock.detach())
+            sock.connect(address)
+            return sock
         except (ConnectionRefusedError, FileNotFoundError):
             sock.close()
             if time.monotonic() > deadline:

@@ -3,9 +3,10 @@
 In launched mode (:mod:`pytest_ddp.launched.launch`) every pytest process of the launch
 is a *host*: it holds the rank processes of the tests it takes part in, one
 per group (a *slot*), forked from its own forkserver.  The controller's host is
-the controller itself; the others talk to it over one connection each, framed
-as ``multiprocessing`` connections are.  A message is a JSON header, and for
-:class:`Data` a newline and the raw bytes after it.
+the controller itself; the others talk to it over one link each
+(:mod:`pytest_ddp.launched.link`), a message a frame: a JSON header, and for
+:class:`Data` and :class:`Command` a newline and the raw bytes after it.  A
+frame that is not such a message, field for field, is a ProtocolError.
 
 Host -> controller: ``hello`` (who it is, what it collected), ``data`` (what a
 rank appended to one of its files: the hosts share no file system with the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -111,13 +113,32 @@ def encode(message: Message) -> bytes:
     return json.dumps({"k": message.KIND, **fields}).encode() + b"\n" + payload
 
 
+# Each field's annotation -> whether a decoded JSON value is one.
+_IS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bytes": lambda v: isinstance(v, bytes),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "dict[str, str]": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    "dict[str, Any]": lambda v: isinstance(v, dict),
+}
+
+
 def decode(frame: bytes) -> Message:
     header, _, payload = frame.partition(b"\n")
     try:
         fields = json.loads(header)
         kind = _TYPES[fields.pop("k")]
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ProtocolError(f"not a host message: {frame[:80]!r}") from exc
     if kind in _RAW:
         fields["payload"] = payload
+    declared = {f.name: f for f in dataclasses.fields(kind)}
+    required = {name for name, f in declared.items() if f.default is f.default_factory is dataclasses.MISSING}
+    if (
+        not required <= fields.keys() <= declared.keys()
+        or not all(_IS[str(declared[name].type)](value) for name, value in fields.items())
+    ):
+        raise ProtocolError(f"a malformed {kind.KIND} message: {frame[:80]!r}")
     return kind(**fields)

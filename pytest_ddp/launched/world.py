@@ -1,8 +1,8 @@
 """The controller's side of a launched world: the other launched pytest processes (hosts), and their ranks.
 
 Global rank 0's pytest listens (:mod:`pytest_ddp.launched.link`) for every other
-rank's pytest, each of which says hello with what it collected; the
-collections are compared before any test runs.  From then on each host holds
+rank's pytest, each of which proves that it holds the session's secret and says
+hello with what it collected; the collections are compared before any test runs.  From then on each host holds
 the rank processes of the groups the controller forms (:class:`LaunchedGroup`, below),
 one *slot* each, and its messages (:mod:`pytest_ddp.launched.protocol`) are routed
 here to the group that owns the slot: whatever group is waiting reads them, so
@@ -16,34 +16,32 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_ddp.common.protocol import Command, encode
+from pytest_ddp.common.protocol import Command, ProtocolError, encode
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import RankProcess, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, collection_differences
-from pytest_ddp.launched.link import listen
-
-# What launchers send the processes of a run they end (torchrun SIGTERM, gforker SIGQUIT).
-ENDING_SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.SIGHUP)
+from pytest_ddp.launched.link import Incoming, Link, LinkError, Listener, listen
+from pytest_ddp.launched.signals import exit_on_signal, interrupt_on_signals
 
 
-def exit_on_signal(status: int) -> None:
-    """From now on, a launcher's signal ends this process at once with ``status`` (its work is done)."""
-    for number in ENDING_SIGNALS:
-        signal.signal(number, lambda *_: os._exit(int(status)))
+def log_line(line: str) -> None:
+    """Where a launched pytest says what it dropped, when it is given nowhere else."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass
 class HostLink:
     """One other rank's pytest process, as the controller knows it."""
 
-    connection: Connection
+    connection: Link
     hello: hp.Hello
     alive: bool = True
 
@@ -51,9 +49,10 @@ class HostLink:
 class LaunchedWorld:
     """Every rank of the launch, seen from global rank 0 (see the module's docstring)."""
 
-    def __init__(self, launch: Launch, timeout: float) -> None:
+    def __init__(self, launch: Launch, timeout: float, log: Callable[[str], None] = log_line) -> None:
         self.launch = launch
-        self.listener: socket.socket | None = listen(launch, timeout)
+        self.log = log  # what was dropped, and why
+        self.listener: Listener | None = listen(launch, timeout)
         self.hosts: dict[int, HostLink] = {}
         self.slots: dict[int, tuple[LaunchedGroup, int]] = {}  # slot -> (its group, its rank there)
         self.groups: weakref.WeakSet[LaunchedGroup] = weakref.WeakSet()
@@ -61,40 +60,73 @@ class LaunchedWorld:
         self.problem: str | None = None  # what gather found wrong: the session ends, every host is told why
         # Where groups' stores listen: loopback on one node, else the address every node reached.
         self.store_host = "127.0.0.1" if launch.one_node else socket.gethostbyname(launch.master_addr or "")
+        interrupt_on_signals()  # SIGTERM stops the session as Ctrl-C does
 
     # -- before the tests ---------------------------------------------------------
 
     def gather(self, items: list[str], timeout: float) -> str | None:
-        """Wait for every other rank's hello; what their collections differ in, or why some never came."""
+        """Wait for every other rank's hello; what their collections differ in, or why some never came.
+
+        A connection that does not prove it holds the session's secret, sends what is not a
+        hello, or a second hello of a rank, is dropped, and logged; one whose hello is not
+        whole by the deadline counts as a rank that did not say what it collected.
+        """
         assert self.listener is not None
         pending = selectors.DefaultSelector()
-        pending.register(self.listener, selectors.EVENT_READ, None)
+        pending.register(self.listener.sock, selectors.EVENT_READ, None)
         deadline = time.monotonic() + timeout
         expected = self.launch.world_size - 1
         try:
             while len(self.hosts) < expected and (left := deadline - time.monotonic()) > 0:
                 for key, _ in pending.select(left):
                     if key.data is None:
-                        try:
-                            sock, _ = self.listener.accept()
-                        except BlockingIOError:
-                            continue
-                        sock.setblocking(True)
-                        pending.register(Connection(sock.detach()), selectors.EVENT_READ, "new")
+                        incoming = self.listener.accept()
+                        if incoming is not None:
+                            pending.register(incoming.link, selectors.EVENT_READ, incoming)
                         continue
-                    connection: Connection = key.fileobj  # type: ignore[assignment]
-                    pending.unregister(connection)
+                    incoming = key.data
                     try:
-                        hello = hp.decode(connection.recv_bytes())
-                    except (EOFError, OSError):
-                        connection.close()
-                        continue
-                    assert isinstance(hello, hp.Hello)
-                    self.hosts[hello.rank] = HostLink(connection, hello)
+                        frame = incoming.first_frame()
+                        if frame is not None:
+                            pending.unregister(incoming.link)
+                            self._admit(incoming.link, frame)
+                    except LinkError as exc:
+                        self._drop(incoming, pending, str(exc))
         finally:
+            for key in list(pending.get_map().values()):
+                if key.data is not None:
+                    self._drop(key.data, pending, f"no hello within {timeout:g} s")
             pending.close()
+            self.listener.close()  # every rank is here, or the session ends: no one else may join
+            self.listener = None
         self.problem = self._collection_problem(items, timeout)
         return self.problem
+
+    def _admit(self, link: Link, frame: bytes) -> None:
+        """The proven peer's hello: its rank joins; LinkError if it is no hello of a rank still expected."""
+        try:
+            hello = hp.decode(frame)
+        except ProtocolError as exc:
+            link.close()
+            raise LinkError(str(exc)) from None
+        problem = None
+        if not isinstance(hello, hp.Hello):
+            problem = f"{hello.KIND!r} where its hello was due"
+        elif not 0 < hello.rank < self.launch.world_size:
+            problem = f"a hello from rank {hello.rank}, not a rank of this launch of {self.launch.world_size}"
+        elif hello.rank in self.hosts:
+            problem = f"a second hello from rank {hello.rank}"
+        if problem is not None:
+            link.close()
+            raise LinkError(problem)
+        assert isinstance(hello, hp.Hello)
+        self.hosts[hello.rank] = HostLink(link, hello)
+
+    def _drop(self, incoming: Incoming, pending: selectors.BaseSelector, why: str) -> None:
+        if incoming.link.fileno() >= 0:
+            pending.unregister(incoming.link)
+            incoming.link.close()
+        self.log(f"pytest-ddp: dropped a connection to rank 0's pytest: {why}")
 
     def _collection_problem(self, items: list[str], timeout: float) -> str | None:
         """Ranks that never said what they collected, or how the collections differ; None if alike."""
@@ -134,24 +166,34 @@ class LaunchedWorld:
         except OSError:
             pass  # its end shows when its connection is read
 
-    def receive(self, connection: Connection) -> None:
-        """Route every message waiting on a host's connection to the group of its slot."""
+    def receive(self, link: Link) -> None:
+        """Route every message that has come whole on a host's link to the group of its slot."""
         try:
-            while True:
-                message = hp.decode(connection.recv_bytes())
-                self._route(message)
-                if not connection.poll(0):
-                    return
-        except (EOFError, OSError):
-            self._host_gone(connection)
+            frames = link.receive()
+        except LinkError as exc:  # none after the handshake: a frame's length is not limited then
+            self.log(f"pytest-ddp: dropped the link of a rank's pytest: {exc}")
+            frames, link.closed = [], True
+        sender = next(rank for rank, host in self.hosts.items() if host.connection is link)
+        for frame in frames:
+            try:
+                self._route(sender, hp.decode(frame))
+            except ProtocolError as exc:
+                self.log(f"pytest-ddp: dropped a message from rank {sender}'s pytest: {exc}")
+        if link.closed:
+            self._host_gone(link)
 
-    def _route(self, message: hp.Message) -> None:
+    def _route(self, sender: int, message: hp.Message) -> None:
         owner = self.slots.get(getattr(message, "slot", -1))
         if owner is None:
             return
         group, rank = owner
+        if rank != sender:
+            raise ProtocolError(f"a {message.KIND} message for a slot of rank {rank}")
         if isinstance(message, hp.Data):
-            with open(rank_files(group.workdir, rank)[message.file], "ab") as f:
+            path = rank_files(group.workdir, rank).get(message.file)
+            if path is None:
+                raise ProtocolError(f"data for a file a rank does not have: {message.file[:80]!r}")
+            with open(path, "ab") as f:
                 f.write(message.payload)
         elif isinstance(message, hp.Dumped):
             group.dumped.add(rank)
@@ -159,7 +201,7 @@ class LaunchedWorld:
             group.ended(rank, message.code, message.time)
             self.release(message.slot)
 
-    def _host_gone(self, connection: Connection) -> None:
+    def _host_gone(self, connection: Link) -> None:
         """A host's pytest ended or was killed: its ranks with it."""
         for rank, link in self.hosts.items():
             if link.connection is connection and link.alive:
@@ -191,7 +233,7 @@ class LaunchedWorld:
         for rank, link in self.hosts.items():
             self.send(rank, hp.End(int(status), self.problem or ""))
             link.alive = False
-        if self.listener is not None:
+        if self.listener is not None:  # it never gathered (an interrupt, an error in collection)
             self.listener.close()
             self.listener = None
 
