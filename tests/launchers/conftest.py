@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from . import suite
-from .runs import OWN_BASETEMP, Shared, launched_together
+from .runs import OWN_BASETEMP, Sessions
 from .slurm import SlurmCluster, slurm_unavailable
 
 
@@ -22,16 +22,16 @@ def folder(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared | str]:
+def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), under torchrun and under mpiexec
-    (started together, 4 processes each), each launched pytest in a basetemp of its own: by
+    (one after the other, 4 processes each), each launched pytest in a basetemp of its own: by
     launcher, the session (test_launched.py reads its report, test_host_protocol.py its hosts'
     logs) or why it could not run."""
 
     def prepare(folder: Path) -> None:
         suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
 
-    return launched_together(lambda name: tmp_path_factory.mktemp(f"differ-{name}"), prepare, 4)
+    return Sessions(lambda name: tmp_path_factory.mktemp(f"differ-{name}"), prepare, 4)
 
 
 @pytest.fixture(scope="session")

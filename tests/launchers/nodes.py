@@ -183,13 +183,10 @@ class TwoNodes:
         out, err = process.communicate(timeout=timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-    def torchrun(
-        self, argv: Sequence[str], cwd: str | os.PathLike[str], stdouts: Sequence[IO[Any]] | None = None, **kwargs: Any
-    ) -> list[subprocess.Popen[Any]]:
+    def torchrun(self, argv: Sequence[str], cwd: str | os.PathLike[str], **kwargs: Any) -> list[subprocess.Popen[Any]]:
         """Start one torchrun agent on each node (``--nnodes=2``, 2 processes each, node 0's
-        store), each running ``argv`` (a program: ``--no-python``); ``stdouts``, each agent's
-        stdout (node 0's first) where given; keyword arguments go to ``popen``. The agents,
-        node 0's first."""
+        store), each running ``argv`` (a program: ``--no-python``); keyword arguments go to
+        ``popen``. The agents, node 0's first."""
         # Both namespaces are new: nothing listens there, so any port is free; it is drawn,
         # not fixed, as every test here must.
         port = random.randrange(20000, 60000)
@@ -197,8 +194,7 @@ class TwoNodes:
         for node in (0, 1):
             torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
                         f"--master-addr={self.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
-            where = {} if stdouts is None else {"stdout": stdouts[node]}
-            agents.append(self.popen(node, [*torchrun, *argv], cwd, **where, **kwargs))
+            agents.append(self.popen(node, [*torchrun, *argv], cwd, **kwargs))
         return agents
 
     def pids(self) -> list[int]:

@@ -1,26 +1,19 @@
-"""The launchers' command lines on one machine, and launched sessions started together and
-shared among the tests that assert different things about the same run.
+"""The launchers' command lines on one machine, and launched sessions shared among the tests
+that assert different things about the same run.
 
-A launched session costs 10 to 25 s: four pytest processes that each import torch, their
-ranks, the launcher. Each is run once, and the tests that read it assert on that one run
-(a fixture of module or session scope). Runs that are alike (the same suite under torchrun
-and under mpiexec) start together: a run spends about half of its time waiting (for its
-processes, for a hang to be judged, for a stopped rank), so two at once take little more
-than one on two cores; no more than two, so that the machine is not oversubscribed.
+A launched session costs 8 to 25 s: pytest processes that each import torch (and so does
+each one's forkserver), their ranks, the launcher. Each is run once (Sessions, held by a
+fixture of module or session scope), and the tests read it. The runs of a session under
+torchrun and under mpiexec go one after the other: they are CPU-bound, and two at once took
+as long on 2 cores (measured: 23.8 and 27.0 s together, 25.9 and 25.5 s one after the other).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 import pytest
 
@@ -73,111 +66,56 @@ def pytest_configure(config):
 '''
 
 
-class Started:
-    """One launched session under way: its processes (a launcher, or one agent per node), each
-    one's output in a file of its own (read once all ended: no pipe fills meanwhile), and what
-    to do once they ended (``close``: the nodes they ran on go)."""
-
-    def __init__(self, folder: Path, timeout: float = 240, close: Callable[[], object] = lambda: None) -> None:
-        self.folder = folder
-        self.deadline = time.monotonic() + timeout
-        self.processes: list[subprocess.Popen[Any]] = []
-        self.outputs: list[IO[str]] = []
-        self.close = close
-
-    def output(self) -> IO[str]:
-        """A file for one more process's output (its stdout and stderr)."""
-        self.outputs.append(tempfile.TemporaryFile("w+", errors="replace"))  # noqa: SIM115 (closed in finish)
-        return self.outputs[-1]
-
-    def finish(self) -> list[tuple[int, str]]:
-        """Each process's exit status and output, once all have ended; killed at the deadline."""
-        try:
-            for process in self.processes:
-                process.wait(timeout=max(self.deadline - time.monotonic(), 0))
-        finally:
-            self.kill()
-        ended = []
-        for process, output in zip(self.processes, self.outputs):
-            output.seek(0)
-            ended.append((process.returncode, output.read()))
-            output.close()
-        return ended
-
-    def kill(self) -> None:
-        """Whatever still runs (after a failure) goes; then ``close``."""
-        for process in self.processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)  # each in a session of its own
-                except ProcessLookupError:
-                    pass
-                process.wait()
-        close, self.close = self.close, lambda: None
-        close()
-
-
-def start_launcher(argv: list[str], folder: Path, timeout: float = 240) -> Started:
-    """``argv`` (a launcher's command line) run in ``folder`` as suite.run runs it, in the background."""
-    run = Started(folder, timeout)
-    run.processes.append(subprocess.Popen(argv, cwd=folder, env=suite.launched_environment(), stdout=run.output(),
-                                          stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
-    return run
-
-
 @dataclass
 class Shared:
-    """A finished launched session, for the tests that assert on it: the result of its first
-    process (the launcher, or node 0's agent), and each process's exit status and output."""
+    """A finished launched session, for the tests that assert on it; ``left``: its processes
+    that outlived it (each ended once seen)."""
 
     result: suite.Result
     folder: Path
-    ended: list[tuple[int, str]]
+    left: list[str]
 
 
-def together(started: Mapping[str, Started | str]) -> dict[str, Shared | str]:
-    """Wait for sessions started together (a name's value is a skip reason where one could not
-    start); then check that none of them left a process behind. The sessions by name (or the
-    reason)."""
-    done: dict[str, Shared | str] = {}
-    runs = [run for run in started.values() if not isinstance(run, str)]
-    try:
-        for name, run in started.items():
-            if isinstance(run, str):
-                done[name] = run
-                continue
-            ended = run.finish()
-            done[name] = Shared(suite.collect(run.folder, *ended[0]), run.folder, ended)
-    finally:
-        for run in runs:
-            run.kill()  # after a failure above: the others go too
-        left = [line for run in runs for line in suite.wait_for_no_leftovers(str(run.folder))]
-    assert not left, f"left behind: {left}"
-    return done
+class Sessions:
+    """The same launched session under each launcher, each run the first time a test asks for
+    it (``prepare`` writes the session's files into its folder): then the tests that assert on
+    one run read it. ``sessions[name]``: that launcher's session, or why it cannot run here."""
+
+    def __init__(
+        self, folder: Callable[[str], Path], prepare: Callable[[Path], object], nproc: int, *pytest_args: str
+    ) -> None:
+        self._folder = folder
+        self._prepare = prepare
+        self._argv = (nproc, *pytest_args)
+        self._runs: dict[str, Shared | str | Exception] = {}
+
+    def __getitem__(self, name: str) -> Shared | str:
+        if name not in self._runs:
+            command, unavailable = LAUNCHERS[name]
+            try:
+                self._runs[name] = unavailable() or self._run(name, command)
+            except Exception as error:  # a run that timed out, say: not run again for the next test
+                self._runs[name] = error
+        run = self._runs[name]
+        if isinstance(run, Exception):
+            raise run
+        return run
+
+    def _run(self, name: str, command: Callable[..., list[str]]) -> Shared:
+        where = self._folder(name)
+        self._prepare(where)
+        try:
+            result = suite.run(command(*self._argv), where)
+        finally:
+            left = suite.wait_for_no_leftovers(str(where))
+        return Shared(result, where, left)
 
 
-def launched_together(
-    folder: Callable[[str], Path], prepare: Callable[[Path], object], nproc: int, *pytest_args: str
-) -> dict[str, Shared | str]:
-    """The same session (``prepare`` writes its files into the folder) under each launcher that
-    can run here, started together; by launcher name, the session or why it could not run."""
-    started: dict[str, Started | str] = {}
-    for name, (command, unavailable) in LAUNCHERS.items():
-        if (why := unavailable()) is not None:
-            started[name] = why
-            continue
-        started[name] = start_launcher(command(nproc, *pytest_args), prepared(folder(name), prepare))
-    return together(started)
-
-
-def prepared(folder: Path, prepare: Callable[[Path], object]) -> Path:
-    prepare(folder)
-    return folder
-
-
-def shared(runs: Mapping[str, Shared | str], name: str) -> Shared:
-    """The session of this name, or a skip saying why it could not run."""
+def shared(runs: Sessions, name: str) -> Shared:
+    """The session of this name, which no process of it outlived; a skip saying why it could
+    not run where it could not."""
     run = runs[name]
     if isinstance(run, str):
         pytest.skip(run)
+    assert not run.left, f"left behind: {run.left}"
     return run

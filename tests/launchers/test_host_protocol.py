@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from . import suite
-from .runs import Shared, shared
+from .runs import Sessions, shared
 
 
-def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: dict[str, Shared | str]) -> None:
+def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: Sessions) -> None:
     # The session test_launched.py's test_collections_that_differ_stop_every_rank reads too
     # (tests/launchers/conftest.py), each launched pytest in a basetemp of its own.
     run = shared(collections_differ, "torchrun")

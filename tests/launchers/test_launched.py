@@ -3,7 +3,7 @@
 torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
-Each session runs once under each launcher (the two started together, tests/launchers/runs.py),
+Each session runs once under each launcher (a fixture, tests/launchers/runs.py),
 and the tests read it: the suite, the collections that differ, the teardowns at a group's stop.
 """
 
@@ -14,24 +14,24 @@ from pathlib import Path
 import pytest
 
 from . import suite
-from .runs import LAUNCHERS, Shared, launched_together, shared
+from .runs import LAUNCHERS, Sessions, shared
 
 LAUNCHER_NAMES = list(LAUNCHERS)
 
 
 @pytest.fixture(scope="module")
-def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared | str]:
-    return launched_together(lambda name: tmp_path_factory.mktemp(f"suite-{name}"), suite.write_suite, 4, "-rs")
+def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
+    return Sessions(lambda name: tmp_path_factory.mktemp(f"suite-{name}"), suite.write_suite, 4, "-rs")
 
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_one_session_under_the_launcher(suite_runs: dict[str, Shared | str], launcher: str) -> None:
+def test_one_session_under_the_launcher(suite_runs: Sessions, launcher: str) -> None:
     run = shared(suite_runs, launcher)
     suite.check_suite(run.result, run.folder)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_collections_that_differ_stop_every_rank(collections_differ: dict[str, Shared | str], launcher: str) -> None:
+def test_collections_that_differ_stop_every_rank(collections_differ: Sessions, launcher: str) -> None:
     suite.check_collection_differs(shared(collections_differ, launcher).result)
 
 
@@ -85,7 +85,7 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="module")
-def teardown_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared | str]:
+def teardown_runs(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     """A session of one module per ending (test_teardown_<ending>.py), on 2 processes."""
 
     def prepare(folder: Path) -> None:
@@ -93,7 +93,7 @@ def teardown_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Shared 
             (folder / f"test_teardown_{name}.py").write_text(teardown_at_stop(name, ending))
         (folder / "conftest.py").write_text(SHORT_STOP_WAIT)
 
-    return launched_together(lambda name: tmp_path_factory.mktemp(f"teardown-{name}"), prepare, 2, "--ddp-max-groups=1")
+    return Sessions(lambda name: tmp_path_factory.mktemp(f"teardown-{name}"), prepare, 2, "--ddp-max-groups=1")
 
 
 def stop_report(output: str, ending: str) -> str:
@@ -106,7 +106,7 @@ def stop_report(output: str, ending: str) -> str:
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(
-    teardown_runs: dict[str, Shared | str], launcher: str
+    teardown_runs: Sessions, launcher: str
 ) -> None:
     output = shared(teardown_runs, launcher).result.output
     report = stop_report(output, "raise")
@@ -124,7 +124,7 @@ def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(
 )
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(
-    teardown_runs: dict[str, Shared | str], launcher: str, ending: str, said: str
+    teardown_runs: Sessions, launcher: str, ending: str, said: str
 ) -> None:
     result = shared(teardown_runs, launcher).result
     report = stop_report(result.output, ending)
