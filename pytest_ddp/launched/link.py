@@ -178,7 +178,7 @@ class Listener:
         """A new connection, challenged; None if there was none after all, or it broke at once."""
         try:
             sock, _ = self.sock.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+        except OSError:  # none after all, or it broke, or no file descriptor is left (a flood of them)
             return None
         try:
             return Incoming(Link(sock), self.secret)
