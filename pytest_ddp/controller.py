@@ -27,8 +27,7 @@ from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld
 from pytest_ddp.record import compiled
 from pytest_ddp.report import rank_warnings
-from pytest_ddp.report.failure import write_json
-from pytest_ddp.report.merge import merged_reports, stopped_group_report
+from pytest_ddp.report.merge import merged_reports, stopped_group_report, write_files
 
 # A ddp item's spec, or why it cannot run (reported as its setup error).
 spec_key = pytest.StashKey["RankSpec | SpecError"]()
@@ -159,7 +158,7 @@ class Controller:
             stopped = run.stopped_groups
             reports, rank_failures = merged_reports(item, run, self.config)
             if self.settings.report_dir and any(r.failed for r in reports):
-                write_json(self.settings.report_dir, run, rank_failures)
+                write_files(self.settings.report_dir, run, rank_failures, reports)
         # Fixtures this controller set up for ordinary tests before this one.
         item.session._setupstate.teardown_exact(nextitem)
         for report in reports:

@@ -11,7 +11,6 @@ same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -222,20 +221,26 @@ def comm() -> Any:
     return MPI.COMM_WORLD
 
 
+_attempt_key = pytest.StashKey[int]()  # ddp_shared_path's set-ups of an item in this rank
+
+
 @pytest.fixture
 def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
     """A directory for this test, the same path on every rank (checkpoints, files one rank
     writes and another reads); under the controller's basetemp, which pytest rotates."""
     _context("ddp_shared_path")
     from pytest_ddp.groups.group import SHARED_ROOT_ENV
-    from pytest_ddp.report.failure import sanitize
+    from pytest_ddp.report.writable import file_name
 
     root = os.environ.get(SHARED_ROOT_ENV)
     if root is None:
         raise pytest.UsageError("ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)")
-    nodeid = request.node.nodeid
-    # Every rank derives the same name; the hash keeps node ids that sanitize alike apart.
-    name = f"{sanitize(nodeid)[:60]}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
+    # Every rank derives the same name.  A plugin that runs the test again in the ranks
+    # (pytest-rerunfailures) sets this fixture up again on each: each attempt gets a directory
+    # of its own, as tmp_path does, so that none sees the files of the one before.
+    attempt = request.node.stash.get(_attempt_key, 0) + 1
+    request.node.stash[_attempt_key] = attempt
+    name = file_name(request.node.nodeid) + (f"-rerun{attempt - 1}" if attempt > 1 else "")
     path = Path(root) / name
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -24,6 +24,7 @@ import pytest
 
 from conftest import ranks_working_in
 from pytest_ddp.report import picture
+from pytest_ddp.report.writable import file_name
 
 HANG = """
 import pytest, torch, torch.distributed as dist
@@ -35,7 +36,7 @@ def test_rank1_skips_an_all_reduce(rank):
     if rank == 0:
         dist.all_reduce(torch.ones(4))
 """
-NAME = "test_hang.py_test_rank1_skips_an_all_reduce"
+NAME = file_name("test_hang.py::test_rank1_skips_an_all_reduce")
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(

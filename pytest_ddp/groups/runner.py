@@ -248,15 +248,19 @@ class GroupPool:
                 _, oldest = self._groups.popitem(last=False)
                 stopped += _stop(oldest)
             begin = time.monotonic()
-            group = self._make_group(make_config())
-            self.groups_started += 1
+            config = make_config()
             try:
+                group = self._make_group(config)
+                self.groups_started += 1
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
                 if not group.can_run(command.id):
                     group.stop()
                     raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
                 return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
+            except OSError as exc:  # its files (a full disk), a fork, its store's socket; start() killed its ranks
+                error = f"the rank group could not start: {exc} (its files go under {config.workdir_parent})"
+                return StartFailure(command.id, spec, error, time.monotonic() - begin, stopped)
             cold_start = time.monotonic() - begin
         if group.current is None:
             group.begin(command)

@@ -67,8 +67,10 @@ def redirect_output(spec: dict[str, Any]) -> None:
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    # UTF-8, as the controller reads them; a lone surrogate (a non-UTF-8 file name) printed as
+    # its escape, as Python's stderr does, not an error that fails the test.
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True)
 
 
 def _join_mpi_world(spec: dict[str, Any]) -> ModuleType:

@@ -39,6 +39,7 @@ from pytest_ddp.report.sequences import (
     group_sequences,
     table,
 )
+from pytest_ddp.report.writable import file_name, printable_data
 
 PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
@@ -293,11 +294,6 @@ def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
     return lines
 
 
-def sanitize(nodeid: str) -> str:
-    """A file name for a node id."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:200] or "test"
-
-
 def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> dict[str, Any]:
     if isinstance(run, StartFailure):
         return {
@@ -382,12 +378,13 @@ def write_json(directory: str, run: TestRun | StartFailure, rank_failures: dict[
     page with its timeline (``<test>.html``); the JSON's path."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    name = sanitize(run.test_id)
-    report = json.loads(json.dumps(run_to_json(run, rank_failures), default=str))  # as a reader gets it
+    name = file_name(run.test_id)
+    # As a reader gets it, every string in it one that UTF-8 can encode.
+    report = printable_data(json.loads(json.dumps(run_to_json(run, rank_failures), default=str)))
     target = path / f"{name}.json"
     target.write_text(json.dumps(report, indent=2))
     (path / f"{name}.trace.json").write_text(timeline.trace_json(report))
-    test_file = run.test_id.split("::")[0]
+    test_file = report["test"].split("::")[0]
     page = picture.page(report, lambda text: format_stack(text, test_file))
     (path / f"{name}.html").write_text(page, encoding="utf-8")
     return target

@@ -22,7 +22,11 @@ from pytest_ddp.report.failure import (
     start_failure_text,
     stopped_group_text,
     unfinished_teardown_text,
+    write_json,
 )
+from pytest_ddp.report.writable import printable, printable_data
+
+RERUN = "rerun"  # pytest-rerunfailures' outcome of a failed attempt that it runs again
 
 
 def _expected_phases(state: RankState) -> list[str]:
@@ -34,10 +38,15 @@ def _expected_phases(state: RankState) -> list[str]:
 
 
 def _stuck_phase(state: RankState) -> str | None:
-    """The first phase this rank should have reported and did not (stopped or died in it)."""
+    """The phase this rank was stopped or died in: the first it should have reported and did
+    not; or, if it never said it was done with the test, the phase it was in.  A plugin that
+    runs a failed test again inside the rank (pytest-rerunfailures' flaky mark) has it report
+    every phase, the failure as "rerun", before the attempt it was stopped in."""
     for when in _expected_phases(state):
         if when not in state.reports:
             return when
+    if state.finished_at is None and state.phase in PHASES:
+        return state.phase
     return None
 
 
@@ -67,8 +76,10 @@ def merged_reports(
                 rep = _report(item, when, "passed", None)
                 rep.duration = event["duration"]
             rank_reports[when][state.rank] = rep
-            if rep.failed:
+            if rep.failed or rep.outcome == RERUN:
                 label = "" if when == "call" else f" (in {when})"
+                if rep.outcome == RERUN:
+                    label += " (then the rank ran the test again, alone: a plugin's rerun, e.g. the flaky mark's)"
                 rank_failures.setdefault(state.rank, rep.longreprtext + label)
     # The group was stopped right after this test: the ranks tore down the
     # fixtures they still held then, and a failure there is this test's teardown error.
@@ -122,7 +133,21 @@ def merged_reports(
             report.user_properties.extend(rep.user_properties)
         reports.append(report)
     _attach_output(reports, run)
-    return reports, rank_failures
+    return [_printable(report) for report in reports], rank_failures
+
+
+def write_files(
+    directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str], reports: list[pytest.TestReport]
+) -> None:
+    """A failed test's report files (:func:`pytest_ddp.report.failure.write_json`).  Where they
+    cannot be written (a full disk, a folder removed or made read-only), its failure says why
+    and the session goes on: a side job must not end it."""
+    try:
+        write_json(directory, run, rank_failures)
+    except Exception as exc:
+        failed = next(report for report in reports if report.failed)
+        why = f"ddp: this test's report files were not written to {directory}: {type(exc).__name__}: {exc}"
+        failed.longrepr = printable(f"{failed.longrepr}\n\n{why}")
 
 
 def stopped_group_report(
@@ -147,7 +172,7 @@ def stopped_group_report(
         user_properties=[],
     )
     report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
-    return report
+    return _printable(report)
 
 
 def _stop_teardown_report(end: StopTeardown, test_file: str, config: pytest.Config) -> pytest.TestReport | None:
@@ -172,6 +197,21 @@ def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:
         for stream, text in streams.items():
             if text.strip():
                 target.sections.append((f"Captured {stream} (rank {rank})", text))
+
+
+def _printable(report: pytest.TestReport) -> pytest.TestReport:
+    """``report`` with the ranks' text in it (failure, skip reason, output, xfail reason, user
+    properties) as UTF-8 can encode it: the terminal, junitxml and pytest-xdist's channel write it."""
+    if isinstance(report.longrepr, str):
+        report.longrepr = printable(report.longrepr)
+    elif isinstance(report.longrepr, tuple):
+        path, lineno, reason = report.longrepr
+        report.longrepr = (printable(str(path)), lineno, printable(str(reason)))
+    report.sections = [(printable(name), printable(content)) for name, content in report.sections]
+    if hasattr(report, "wasxfail"):
+        report.wasxfail = printable(str(report.wasxfail))
+    report.user_properties = [(printable_data(name), printable_data(value)) for name, value in report.user_properties]
+    return report
 
 
 def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.wording import rank_list
+from pytest_ddp.report.writable import printable
 
 
 def _category(name: str) -> type[Warning]:
@@ -42,10 +43,14 @@ def merged(states: list[RankState]) -> list[tuple[warnings.WarningMessage, str]]
     for key, raised_by in ranks.items():
         text, category_name, filename, lineno, nodeid = key
         category = _category(category_name)
-        labelled = f"{text} [{rank_list(raised_by)}]"
+        labelled = printable(f"{text} [{rank_list(raised_by)}]")
         try:
             message: Warning = category(labelled)
         except Exception:  # a category that does not take one message argument
             message = UserWarning(labelled)
-        found.append((warnings.WarningMessage(message, type(message), filename, lineno, line=lines[key]), nodeid))
+        line = lines[key]
+        warning = warnings.WarningMessage(
+            message, type(message), printable(filename), lineno, line=None if line is None else printable(line)
+        )
+        found.append((warning, printable(nodeid)))
     return found
