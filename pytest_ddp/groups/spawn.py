@@ -21,9 +21,12 @@ from typing import Any
 from pytest_ddp.common.protocol import EventReader
 from pytest_ddp.diagnose.state import RankState
 
+# The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
+SECRET_ENV = "PYTEST_DDP_SECRET"
 # Variables of the pytest process that are not a rank's: pytest options meant for the session,
-# and an MPI launcher's, which would make a rank take itself for the launched process.
-NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE")
+# an MPI launcher's, which would make a rank take itself for the launched process, and the
+# launched session's secret, which no test needs.
+NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 
 # Imported once by the forkserver, before it forks any rank.
 PRELOAD = [

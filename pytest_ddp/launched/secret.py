@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched.launch import Launch, LaunchError
 
-SECRET_ENV = "PYTEST_DDP_SECRET"
 SECRET_BYTES = 32
 # Where it is, and what to do if it is not, in the words of a LaunchError.
 HOW_TO_SET = (
