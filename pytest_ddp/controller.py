@@ -87,12 +87,12 @@ class Controller:
 
     def _build_kernels(self) -> None:
         """Build the recorder's compiled kernels before any rank starts, where they are not cached
-        (seconds, once per torch); where they cannot be built, say why once, and spare the ranks
-        from trying again: they record in Python."""
-        why = compiled.build()
-        if why is None or not compiled.wanted():
-            return
-        os.environ[compiled.ENV] = "0"
+        (seconds, once per torch), or fail verification; say in one line why they were rebuilt, or
+        why they cannot be had, and then spare the ranks from trying again: they record in Python."""
+        built = compiled.build()
+        line = built.line() if compiled.wanted() else None
+        if built.why_not is not None:
+            os.environ[compiled.ENV] = "0"
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"pytest-ddp: functional collectives recorded in Python (slower): {why}")
