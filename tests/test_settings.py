@@ -134,8 +134,8 @@ def test_world_size_the_machine_cannot_hold_is_refused_before_any_process_starts
 
 def test_capacity_of_a_24_gib_machine_holds_600_ranks() -> None:
     available, limit = 20 * 2**30, 96365  # this project's machine, with 4 GiB in use
-    assert rank_capacity(available, limit, processes=500)[0] >= 600
-    assert rank_capacity(available, limit, processes=500)[0] < 2000
+    assert rank_capacity(available, limit, tasks=500)[0] >= 600
+    assert rank_capacity(available, limit, tasks=500)[0] < 2000
     assert rank_capacity(2000 * RANK_MEMORY - 1, -1, 0)[0] == 1999
 
 

@@ -189,4 +189,7 @@ def test_rank_capacity_is_the_smaller_of_memory_and_process_limit() -> None:
     from pytest_ddp.config.machine import RANK_MEMORY, rank_capacity
 
     assert rank_capacity(1000 * RANK_MEMORY, -1, 50) == (1000, "22000 MiB available at about 22 MiB per rank")
-    assert rank_capacity(1000 * RANK_MEMORY, 300, 50) == (250, "RLIMIT_NPROC 300 with 50 processes running")
+    assert rank_capacity(1000 * RANK_MEMORY, 300, 50) == (  # 7 threads a rank, 3 more for the session
+        35,
+        "RLIMIT_NPROC 300 with 50 threads of this user running, at least 7 per rank",
+    )

@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Iterable, Iterator
 
 # An idle rank costs about 22 MB of its own (USS); torch's pages are shared
 # with the forkserver the ranks are forked from.
 RANK_MEMORY = 22 * 2**20
+# RLIMIT_NPROC counts a user's threads.  A Gloo rank in its WORLD group runs 7 at its peak, 6 idle:
+# its main thread, two of the plugin's, Gloo's TCP loop and the process group's two workers (a
+# further group adds three, torch's intra-op pool a thread per core).  A session, once it runs a
+# group, has 3 more than when it admits one (the forkserver, the store's thread).  Measured: a
+# 1-, 2-, 4- and 8-rank session peaks at 13, 20, 34 and 62 threads (docs/measured/nproc.md).
+RANK_TASKS = 7
+SESSION_TASKS = 3
+CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24  # linux/capability.h
 
 
 class GpuShortage(RuntimeError):
@@ -61,15 +70,45 @@ def rank_gpus(world_size: int) -> list[str]:
     return mine[:world_size]
 
 
-def rank_capacity(mem_available: int, nproc_limit: int, processes: int) -> tuple[int, str]:
-    """How many idle ranks fit, and why: ``mem_available`` bytes at RANK_MEMORY
-    each, and the ``nproc_limit`` (RLIMIT_NPROC, -1 for none) less the
-    ``processes`` this user already runs."""
+def rank_capacity(mem_available: int, nproc_limit: int, tasks: int) -> tuple[int, str]:
+    """How many idle ranks fit, and why: ``mem_available`` bytes at RANK_MEMORY each, and the
+    ``nproc_limit`` (RLIMIT_NPROC as the kernel enforces it on this process, -1 where it does
+    not) less the ``tasks`` (threads) this user already runs, at RANK_TASKS a rank; never below 0."""
     memory = f"{mem_available // 2**20} MiB available at about {RANK_MEMORY // 2**20} MiB per rank"
     limits = [(mem_available // RANK_MEMORY, memory)]
     if nproc_limit >= 0:
-        limits.append((nproc_limit - processes, f"RLIMIT_NPROC {nproc_limit} with {processes} processes running"))
-    return min(limits)
+        why = f"RLIMIT_NPROC {nproc_limit} with {tasks} threads of this user running, at least {RANK_TASKS} per rank"
+        limits.append(((nproc_limit - tasks - SESSION_TASKS) // RANK_TASKS, why))
+    capacity, why = min(limits)
+    return max(0, capacity), why
+
+
+def nproc_enforced(limit: int, real_uid: int, effective_caps: int, uid_map: str) -> bool:
+    """Whether the kernel holds a process to its RLIMIT_NPROC ``limit`` (RLIM_INFINITY: none):
+    not where its real uid is root, or it has CAP_SYS_ADMIN or CAP_SYS_RESOURCE (setrlimit(2)),
+    both meaning the initial user namespace's (``uid_map``: /proc/self/uid_map; in another
+    namespace root is a user like any other, and its capabilities are that namespace's)."""
+    if limit == resource.RLIM_INFINITY:
+        return False
+    initial = uid_map.split() == ["0", "0", "4294967295"]
+    kernel_uid = None
+    for line in uid_map.splitlines():
+        inside, outside, count = (int(field) for field in line.split())
+        if inside <= real_uid < inside + count:
+            kernel_uid = outside + real_uid - inside
+    exempt_caps = 1 << CAP_SYS_ADMIN | 1 << CAP_SYS_RESOURCE
+    return not (kernel_uid == 0 or (initial and effective_caps & exempt_caps))
+
+
+def user_tasks(statuses: Iterable[str], real_uid: int) -> int:
+    """The tasks (threads) whose real uid is ``real_uid``, what RLIMIT_NPROC counts, in the
+    /proc/PID/status texts of the processes."""
+    count = 0
+    for status in statuses:
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == real_uid:
+            count += int(fields["Threads"])
+    return count
 
 
 def machine_rank_capacity() -> tuple[int, str]:
@@ -78,18 +117,21 @@ def machine_rank_capacity() -> tuple[int, str]:
         fields = dict(line.split(":", 1) for line in f)
     mem_available = int(fields["MemAvailable"].split()[0]) * 1024
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    if soft == resource.RLIM_INFINITY:
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    with open("/proc/self/uid_map") as f:
+        uid_map = f.read()
+    real_uid = os.getuid()
+    if not nproc_enforced(soft, real_uid, int(status["CapEff"], 16), uid_map):
         return rank_capacity(mem_available, -1, 0)
-    return rank_capacity(mem_available, soft, _user_processes())
+    return rank_capacity(mem_available, soft, user_tasks(_statuses(), real_uid))
 
 
-def _user_processes() -> int:
-    uid = os.getuid()
-    count = 0
+def _statuses() -> Iterator[str]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                count += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
+                with open(f"/proc/{entry}/status") as f:
+                    yield f.read()
+            except OSError:  # gone since listed
                 continue
-    return count
