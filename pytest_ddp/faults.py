@@ -143,8 +143,9 @@ def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault
         isinstance(fault.seconds, bool) or not isinstance(fault.seconds, (int, float)) or not fault.seconds >= 0
     ):
         raise FaultError(f"{name}: seconds={fault.seconds!r} must be a number >= 0")
-    if fault.action == "exit" and not _is_int(fault.code):
-        raise FaultError(f"{name}: code={fault.code!r} must be an int")
+    if fault.action == "exit" and not (_is_int(fault.code) and 0 <= fault.code <= 255):
+        # The exit status is the code's low byte: os._exit(256) exits 0.
+        raise FaultError(f"{name}: code={fault.code!r} must be an int from 0 to 255 (an exit status)")
     if fault.action == "oom" and fault.size is not None and (not _is_int(fault.size) or fault.size < 1):
         raise FaultError(f"{name}: size={fault.size!r} must be an int >= 1 (bytes) or None")
     if fault.action == "raise" and not isinstance(fault.exc, BaseException):
@@ -163,4 +164,8 @@ def check_all(value: Any, world_size: int | None = None, init: bool = True) -> t
     for place in places:
         if places.count(place) > 1:
             raise FaultError(f"two faults on rank {place[0]} at {place[1]} call {place[2]}")
+    for fault in checked:
+        for deadly in checked:
+            if deadly.deadly and (deadly.rank, deadly.at) == (fault.rank, fault.at) and deadly.call < fault.call:
+                raise FaultError(f"{fault} can never fire: {deadly} ends the rank's process before it")
     return checked

@@ -225,7 +225,12 @@ class RankState:
     def died_as_injected(self) -> bool:
         """The process is gone because a fault the test declared ended it (kill, exit): a
         death the test asked for, which alone fails nothing."""
-        return not self.alive and any(fault.action in DEADLY for fault in self.injected)
+        return self.ended_by is not None
+
+    @property
+    def ended_by(self) -> Injected | None:
+        """The injected fault (kill, exit) that ended this rank's process, if one did."""
+        return None if self.alive else next((f for f in self.injected if f.action in DEADLY), None)
 
     @property
     def finished(self) -> bool:

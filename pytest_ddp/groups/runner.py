@@ -161,9 +161,15 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
 
 
 def not_fired(spec: RankSpec, states: list[RankState]) -> list[str]:
-    """The test's declared faults that never fired: its rank made fewer such calls."""
+    """The test's declared faults that never fired: its rank made fewer such calls, or an
+    injected fault had ended it before (said so)."""
     fired = {(s.rank, event.text) for s in states for event in s.injected}
-    return [str(f) for f in spec.faults if (f.rank, str(f)) not in fired]
+    ended = {s.rank: s.ended_by.text for s in states if s.ended_by is not None}
+    return [
+        str(f) + (f" (never reached: {ended[f.rank]} ended the rank first)" if f.rank in ended else "")
+        for f in spec.faults
+        if (f.rank, str(f)) not in fired
+    ]
 
 
 def _can_take(group: Group, test_id: str) -> bool:
