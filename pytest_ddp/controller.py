@@ -94,8 +94,8 @@ class Controller:
         if built.why_not is not None:
             os.environ[compiled.ENV] = "0"
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"pytest-ddp: functional collectives recorded in Python (slower): {why}")
+        if reporter is not None and line is not None:
+            reporter.write_line(f"pytest-ddp: {line}")
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
         """The spec of a ddp item that can run; None for an ordinary item or a bad one."""
