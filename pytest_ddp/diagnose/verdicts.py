@@ -113,7 +113,15 @@ class Failures:
     woken: list[int] = field(default_factory=list)
 
 
-Finding = Departed | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures
+@dataclass(frozen=True)
+class NoneFinished:
+    """Every rank's process ended before its test did (injected faults ended them, or they
+    exited): no rank ran the test to its end, so the test did not pass."""
+
+    ranks: list[int]
+
+
+Finding = Departed | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
 
 
 @dataclass

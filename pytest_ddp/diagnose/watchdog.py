@@ -36,6 +36,7 @@ from pytest_ddp.diagnose.verdicts import (
     Disagreement,
     Failures,
     GraceOver,
+    NoneFinished,
     SlowRanks,
     TimedOut,
     Verdict,
@@ -337,7 +338,9 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
 def _done(ranks: dict[int, RankState]) -> Verdict:
     """Every rank finished: passed, or why some failed."""
     failed = [r for r in sorted(ranks) if _faulty(ranks[r])]
-    if not failed or _only_injected_deaths(failed, ranks):  # the survivors passed
+    if not failed or _only_injected_deaths(failed, ranks):  # the survivors passed, if any
+        if all(state.finished_at is None for state in ranks.values()):  # every rank's process ended
+            return Verdict("done", "rank_exited", sorted(ranks), finding=NoneFinished(sorted(ranks)))
         return Verdict("done")
     found = _finished_mismatch(ranks) or _monitored_barrier_timeout("done", ranks)
     if found is not None:

@@ -21,6 +21,7 @@ from pytest_ddp.diagnose.verdicts import (
     Failures,
     GraceOver,
     InitFault,
+    NoneFinished,
     SlowRanks,
     TimedOut,
     Verdict,
@@ -274,6 +275,14 @@ def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:
     return text + "."
 
 
+def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
+    injected = [r for r in f.ranks if ranks[r].died_as_injected]
+    if injected == f.ranks:
+        return f"no rank ran the test to its end: injected faults ended every rank: {_failures(f.ranks, ranks)}."
+    ended = f"; {rank_list(injected)} by injected faults" if injected else ""
+    return f"no rank ran the test to its end: {_failures(f.ranks, ranks)}{ended}."
+
+
 _WORDERS: dict[type, Callable[..., str]] = {
     Departed: _departed,
     Cycle: _cycle,
@@ -283,6 +292,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     TimedOut: _timed_out,
     GraceOver: _grace_over,
     Failures: _failures_text,
+    NoneFinished: _none_finished,
 }
 
 

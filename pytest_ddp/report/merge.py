@@ -93,8 +93,10 @@ def merged_reports(
         # The controller's own text of a rank that sent no report says it was in teardown.
         label = "" if isinstance(end, UnfinishedTeardown) else " (in teardown)"
         rank_failures.setdefault(rank, rep.longreprtext + label)
-    # A rank an injected fault ended on purpose was not stuck: the phase stands on the others.
-    stuck = {state.rank: _stuck_phase(state) for state in run.states if not state.died_as_injected}
+    # A rank an injected fault ended on purpose was not stuck: the phase stands on the others (on
+    # every rank where injected faults ended them all: none ran the test to its end).
+    survivors = [state for state in run.states if not state.died_as_injected] or run.states
+    stuck = {state.rank: _stuck_phase(state) for state in survivors}
     states = {state.rank: state for state in run.states}
 
     reports: list[pytest.TestReport] = []
