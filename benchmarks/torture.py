@@ -14,7 +14,10 @@ TMPDIR of its own under it, then lists what the run left behind:
    closed, a segfault, a forked child left alive, a thread left running),
    each followed by a plain 2-rank test that must pass;
 4. ``signals``: the controller killed by SIGINT, SIGTERM and SIGKILL while a
-   ddp test runs (once its ranks exist).
+   ddp test runs (once its ranks exist);
+5. ``limits``: three ddp tests (2, 4 and 2 ranks) under ``ulimit -n 64``, each
+   passing or an error saying "Too many open files", never a stall or an
+   INTERNALERROR; and one 32-rank test, passing or refused saying why.
 
 After each part and at the end it lists the processes the run started that
 are still alive (named ``ddp-rank*``/``ddp-keeper*``, or with ``pytest_ddp``
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -326,9 +330,10 @@ PYTEST = (sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q")
 
 
 def run_pytest(
-    root: Path, label: str, test_file: str, source: str, args: list[str], limit: float
+    root: Path, label: str, test_file: str, source: str, args: list[str], limit: float, preexec_fn=None
 ) -> dict:
-    """Run pytest on one generated file; return outcome counts, reports, wall time, whether it stalled."""
+    """Run pytest on one generated file (``preexec_fn`` run in its process first); return outcome
+    counts, reports, wall time, whether it stalled."""
     (root / test_file).write_text(source)
     reports = root / f"{label}.jsonl"
     log = root / f"{label}.log"
@@ -341,6 +346,7 @@ def run_pytest(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
         stalled = False
         try:
@@ -587,6 +593,87 @@ def part_signals(root: Path, census: Census, args) -> bool:
     return ok
 
 
+LIMITS_FDS_TEST = """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.ddp(world_size=2)
+def test_two(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+
+@pytest.mark.ddp(world_size=4)
+def test_four(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 4
+
+@pytest.mark.ddp(world_size=2)
+def test_two_again(rank):
+    dist.barrier(group=dist.new_group([0, 1]))
+"""
+
+LIMITS_WIDE_TEST = """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.ddp(world_size=32, timeout=240)
+def test_32(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 32
+"""
+
+
+def part_limits(root: Path, census: Census, args) -> bool:
+    """``ulimit -n 64`` and a world of 32 ranks on this machine's cores."""
+    print("== limits: three ddp tests under ulimit -n 64; one 32-rank test")
+    res = run_pytest(
+        root,
+        "fds",
+        "test_fds.py",
+        LIMITS_FDS_TEST,
+        [],
+        limit=args.limit,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+    )
+    log = res["log"].read_text(errors="replace")
+    outcomes = {}
+    for r in res["rows"]:
+        name = r["nodeid"].split("::")[-1]
+        if r["outcome"] == "failed" and r["when"] != "call":
+            outcomes[name] = "error" + (": too many open files" if "Too many open files" in r["message"] else "")
+        elif r["when"] == "call":
+            outcomes.setdefault(name, r["outcome"])
+    expected = {"passed", "error: too many open files"}
+    ok = (
+        not res["stalled"]
+        and "INTERNALERROR" not in log
+        and sorted(outcomes) == ["test_four", "test_two", "test_two_again"]
+        and set(outcomes.values()) <= expected
+    )
+    print(
+        f"  ulimit -n 64: {res['wall']:.1f} s, rc {res['rc']}, {outcomes}"
+        + (" STALLED" if res["stalled"] else "")
+        + (" INTERNALERROR" if "INTERNALERROR" in log else "")
+        + ("" if ok else "  <-- expected each passed or a clear error")
+    )
+    if not ok:
+        print(tail(res["log"], 30))
+    wide = run_pytest(root, "wide", "test_wide.py", LIMITS_WIDE_TEST, [], limit=args.limit)
+    refused = "this machine holds at most" in wide["log"].read_text(errors="replace")
+    good = not wide["stalled"] and (wide["counts"] == {"passed": 1} or refused)
+    print(
+        f"  world_size=32 on {os.cpu_count()} cores: {wide['wall']:.1f} s, rc {wide['rc']}, "
+        + ("refused" if refused else str(wide["counts"]))
+        + (" STALLED" if wide["stalled"] else "")
+        + ("" if good else "  <-- expected a pass or a clear refusal")
+    )
+    if not good:
+        print(tail(wide["log"], 30))
+    tmpdirs = {"fds": (root / "tmp-fds", False), "wide": (root / "tmp-wide", False)}
+    return census.check("limits", tmpdirs) and ok and good
+
+
 RUN_ID = uuid.uuid4().hex
 
 
@@ -612,7 +699,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--parts",
-        default="many,output,faults,signals",
+        default="many,output,faults,signals,limits",
         help="comma-separated parts to run",
     )
     parser.add_argument(
@@ -628,6 +715,7 @@ def main() -> int:
         "output": part_output,
         "faults": part_faults,
         "signals": part_signals,
+        "limits": part_limits,
     }
     results = {}
     start = time.monotonic()
