@@ -24,7 +24,14 @@ import pytest
 
 # Imported here, before any in-process inner session: pytester restores
 # sys.modules after each run, and torch imported twice in one process crashes.
+# The plugin imports its modules on first use (nothing until used): imported inside an inner
+# session, they would be imported again by the next, and a Fault made from one copy of
+# pytest_ddp.faults would not be a Fault to the other.
 import torch.distributed  # noqa: F401
+
+import pytest_ddp.api
+import pytest_ddp.controller
+import pytest_ddp.faults  # noqa: F401
 
 # pytester gives each inner session a HOME of its own: pin the cache of the recorder's compiled
 # kernels to this session's, or every inner session would build them again (5 to 7 s each).

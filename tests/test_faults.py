@@ -15,6 +15,7 @@ from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.groups.runner import not_fired
 from pytest_ddp.report.failure import injected_lines
+from pytest_ddp.report.writable import file_name
 from tests.test_watchdog import NOW, R3, R4, call, ok, rank, snap
 
 # -- declared and checked -------------------------------------------------------------
@@ -183,7 +184,7 @@ def test_faults_fire_only_in_their_test_and_are_reported(ddp_pytester, tmp_path)
     )
     result.assert_outcomes(passed=2, failed=1)  # the next test on the warm group has no fault
     result.stdout.fnmatch_lines(["injected: hang on rank 0 at barrier call 2 (test_it.py:*)"])
-    report = json.loads((tmp_path / "test_it.py_test_hang.json").read_text())
+    report = json.loads((tmp_path / f"{file_name('test_it.py::test_hang')}.json").read_text())
     assert (report["kind"], report["culprits"]) == ("timeout", [0])
     assert [i["text"] for i in report["injected"]] == ["hang on rank 0 at barrier call 2"]
 
