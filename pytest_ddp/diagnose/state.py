@@ -288,12 +288,12 @@ class RankState:
                 self.peak_rss = ev.peak_rss
                 self.peak_cuda = ev.peak_cuda
                 self.group_intact = ev.group_intact
+                self.group_alive = ev.group_alive
                 self.in_flight = ev.in_flight
                 self.threads_left = ev.threads_left
                 self.interrupted = ev.interrupted
             case WarningRecorded():
                 self.warnings.append(ev)
-                self.group_alive = ev.group_alive
             case Injected():
                 self.injected.append(ev)
             case WaitEvent():
