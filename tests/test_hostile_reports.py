@@ -135,7 +135,8 @@ def test_a_test_id_with_a_surrogate_gets_its_report_files_and_shared_path(ddp_py
     reports = ddp_pytester.pytester.path / "reports"
     # Not with --junitxml: pytest's own junitxml cannot write such a node id (plain pytest neither);
     # not through pytester, which cannot read the file name pytest prints.
-    result = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--ddp-report-dir={reports}"], path)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={path / 'basetemp'}"]
+    result = _run([*command, f"--ddp-report-dir={reports}"], path)
     _no_internal_error(result)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*rank 1 failed (assert 1 == 0)*"])
