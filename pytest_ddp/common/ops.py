@@ -167,8 +167,11 @@ MPI_OPS: dict[str, Op] = _table(
     _mpi("Split", "collective", makes_comm=True),
     _mpi("Split_type", "collective", makes_comm=True),
     _mpi("Create", "collective", makes_comm=True),
+    # Ends every rank of the world: recorded as the aborting rank's last call, never returns.
+    _mpi("Abort", "group"),
 )
 OPS.update(MPI_OPS)
+MPI_ABORT = f"{MPI_PREFIX}Abort"
 
 # The names of the collectives, for passes over every call of a long run (a set lookup
 # costs a tenth of Call.is_collective).

@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
-from pytest_ddp.common.ops import COLLECTIVES, MONITORED_BARRIER
+from pytest_ddp.common.ops import COLLECTIVES, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.prefix import shared_prefix
@@ -273,8 +273,15 @@ def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> b
     return bool(culprits) and all(ranks[r].died_as_injected for r in culprits)
 
 
+def mpi_abort(state: RankState) -> Call | None:
+    """The MPI_Abort this rank's process ended in, if it did: the rank failed, whatever its exit
+    status, and the ranks its launcher then killed died of it."""
+    last = state.calls[-1] if state.calls and not state.alive else None
+    return last if last is not None and last.op == MPI_ABORT and last.state == "running" else None
+
+
 def _faulty(state: RankState) -> bool:
-    return state.failed or (not state.alive and state.exit_code != 0)
+    return state.failed or (not state.alive and (state.exit_code != 0 or mpi_abort(state) is not None))
 
 
 def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict:
@@ -348,8 +355,11 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     dead = [r for r in failed if not ranks[r].alive]
     if not dead:
         return Verdict("done", "failed", failed, [], finding=Failures(failed))
-    # Ranks whose last call raised were woken by the death ("Connection closed by peer").
+    # Ranks whose last call raised were woken by the death ("Connection closed by peer"); the
+    # ranks an MPI_Abort's launcher killed died of it.
     woken = [r for r in sorted(ranks) if r not in dead and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
+    if aborted := [r for r in dead if mpi_abort(ranks[r]) is not None]:
+        dead, woken = aborted, sorted(woken + [r for r in dead if r not in aborted])
     died_in = [call for r in dead if (call := ranks[r].died_in) is not None]
     shown = died_in[0] if died_in else ranks[woken[0]].calls[-1] if woken else None
     return Verdict(

@@ -27,6 +27,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
+from pytest_ddp.diagnose.watchdog import mpi_abort
 
 
 def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
@@ -91,8 +92,11 @@ def _report_message(data: object) -> str | None:
 
 def _how_it_failed(state: RankState) -> str:
     """``died (killed by SIGABRT) in all_reduce #1 (t.py:3)``, ``raised TypeError: ... in
-    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom)``, ``returned from its test``."""
+    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom)``, ``returned from its test``,
+    ``called MPI_Abort (errorcode 7) at t.py:5``."""
     last = state.calls[-1] if state.calls else None
+    if (abort := mpi_abort(state)) is not None:
+        return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
         return f"died ({exit_text(state.exit_code)}){inside}"

@@ -20,20 +20,22 @@ watchdog's matching (:mod:`pytest_ddp.diagnose.mpi_matching`) needs it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 import mpi4py
 from mpi4py import MPI
 
-from pytest_ddp.common.ops import MPI_OPS, Op
+from pytest_ddp.common.ops import MPI_ABORT, MPI_OPS, Op
 from pytest_ddp.common.protocol import NULL_PEER, EventLog
 from pytest_ddp.record import describe, numbering
+from pytest_ddp.record.mpi_describe import buffer_fields, encode, extra_text, object_fields, reduction, reductions
 
 WORLD = "WORLD"
 
@@ -43,7 +45,6 @@ _originals: dict[str, Any] = {}  # "COMM_WORLD", "Request": what install replace
 _test = 0  # which test: a communicator made by an earlier test is named "before-..."
 _comms_made = 0  # communicators made in the current test, for their names
 _world_group: MPI.Group | None = None
-_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class _Pending(NamedTuple):
@@ -88,7 +89,7 @@ def _describe_comm(comm: MPI.Intracomm, name: str) -> _Comm:
 
 
 def _group_text(name: str, ranks: list[int]) -> str:
-    return f'"group":{_encode(name)},"ranks":{_encode(ranks)}'
+    return f'"group":{encode(name)},"ranks":{encode(ranks)}'
 
 
 def _comm(comm: Any) -> _Comm:
@@ -100,89 +101,6 @@ def _comm(comm: Any) -> _Comm:
         name = described.name if described.name.startswith("before-") else f"before-{described.name}"
         described = comm._ddp = _describe_comm(comm, name)
     return described
-
-
-_DTYPE_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
-_dtype_names: dict[Any, str] = {}  # numpy's or torch's dtype, or an MPI datatype's handle -> "float64"
-_FORMATS = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32", "l": "int64",
-            "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64", "?": "bool"}
-
-
-def _datatype_name(datatype: MPI.Datatype) -> str:
-    """``float64`` for MPI.DOUBLE (named as numpy and torch name it), else MPI's name."""
-    name = _dtype_names.get(datatype.handle)
-    if name is None:
-        typestr = datatype.typestr
-        kind, size = typestr[:1], typestr[1:]
-        if kind == "b":
-            name = "bool"
-        elif kind in _DTYPE_KINDS and size.isdigit():
-            name = f"{_DTYPE_KINDS[kind]}{int(size) * 8}"
-        else:
-            name = datatype.Get_name() or "derived"
-        _dtype_names[datatype.handle] = name
-    return name
-
-
-def _data(value: Any) -> tuple[int, str, int] | None:
-    """(count, element type, bytes) of a buffer argument; None for IN_PLACE or no buffer."""
-    if value is None or value is MPI.IN_PLACE or value is MPI.BOTTOM:
-        return None
-    if isinstance(value, (list, tuple)):  # [data, MPI.DOUBLE], [data, count, MPI.DOUBLE], ...
-        data = _data(value[0]) if value else None
-        datatype = value[-1] if isinstance(value[-1], MPI.Datatype) else None
-        if data is None or datatype is None:
-            return data
-        size = datatype.Get_size()
-        count = value[1] if len(value) == 3 and isinstance(value[1], int) else data[2] // max(size, 1)
-        return count, _datatype_name(datatype), count * size
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None:  # numpy, torch, cupy, ...
-        name = _dtype_names.get(dtype)
-        if name is None:
-            name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
-        nbytes = int(value.nbytes)
-        return nbytes // max(int(value.itemsize), 1), name, nbytes
-    view = memoryview(value)
-    return view.nbytes // max(view.itemsize, 1), _FORMATS.get(view.format, view.format), view.nbytes
-
-
-def _buffer_fields(spec: Op, args: dict[str, Any], extra: list[str]) -> str:
-    assert spec.tensors is not None
-    value = args.get(spec.tensors)
-    if value is MPI.IN_PLACE:  # the data is in the other buffer
-        value = args.get("sendbuf" if spec.tensors == "recvbuf" else "recvbuf")
-    data = _data(value)
-    if data is None:
-        return ""
-    count, dtype, nbytes = data
-    extra.append(f'"bytes":{nbytes}')
-    return f',"shapes":[[{count}]],"dtypes":["{dtype}"]'
-
-
-def _object_fields(obj: Any) -> str:
-    """``,"obj_type":"dict","obj_size":123``: what a lower-case call pickles and sends."""
-    try:
-        size: int | None = len(MPI.pickle.dumps(obj))
-    except Exception:  # the call raises the same, and that is recorded
-        size = None
-    text = f',"obj_type":{_encode(type(obj).__name__)}'
-    return text if size is None else f'{text},"obj_size":{size}'
-
-
-_reductions: dict[int, str] = {}  # an MPI.Op's handle -> '"SUM"' (JSON); filled at install
-
-
-def _reduction(op: Any) -> str:
-    """The reduction's name, as JSON."""
-    if isinstance(op, MPI.Op):
-        return _reductions.get(op.handle, '"user-defined"')
-    return _encode(getattr(op, "__name__", type(op).__name__))  # a Python function given to reduce/allreduce
-
-
-def _extra_text(extra: list[str]) -> str:
-    """``,"extra":{...}`` of its members, written as JSON (cheaper than encoding a dict per call)."""
-    return f',"extra":{{{",".join(extra)}}}' if extra else ""
 
 
 # A describer returns the call event's fields after "t", the key of the sequence counter
@@ -198,20 +116,20 @@ def _describe_collective(spec: Op, args: dict[str, Any], comm: _Comm) -> Describ
         root = args[spec.rank]
         fields += f',"root":{comm.world(root)}'
     if spec.tensors:
-        fields += _buffer_fields(spec, args, extra)
+        fields += buffer_fields(spec, args, extra)
     if spec.obj and (not spec.obj_from_root or root == comm.rank):
-        fields += _object_fields(args[spec.obj])
+        fields += object_fields(args[spec.obj])
     if spec.reduction:
-        extra.append(f'"op":{_reduction(args[spec.reduction])}')
-    return fields + _extra_text(extra), (comm.name,), False
+        extra.append(f'"op":{reduction(args[spec.reduction])}')
+    return fields + extra_text(extra), (comm.name,), False
 
 
 def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
     assert spec.rank is not None and spec.tag is not None
     extra: list[str] = []
-    fields = _buffer_fields(spec, args, extra) if spec.tensors else ""
+    fields = buffer_fields(spec, args, extra) if spec.tensors else ""
     if spec.obj:
-        fields += _object_fields(args[spec.obj])
+        fields += object_fields(args[spec.obj])
     given = args[spec.rank]
     peer = None if given == MPI.ANY_SOURCE else comm.world(given)
     if peer is not None:
@@ -227,7 +145,7 @@ def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
         if recv_tag != MPI.ANY_TAG:
             extra.append(f'"recv_tag":{int(recv_tag)}')
         open_ended = source == MPI.ANY_SOURCE or recv_tag == MPI.ANY_TAG
-    return fields + _extra_text(extra), (comm.name, spec.direction or spec.name, peer), open_ended
+    return fields + extra_text(extra), (comm.name, spec.direction or spec.name, peer), open_ended
 
 
 # -- rets and waits --------------------------------------------------------------------
@@ -420,6 +338,24 @@ def _wrap(spec: Op) -> Callable[..., Any]:
     return recorded
 
 
+def _abort(self: Any, errorcode: int = 0) -> NoReturn:
+    """Written as the rank's last call, with its errorcode; then the rank ends, as MPI says: MPICH's
+    Abort returns once it has asked its launcher to end the world (measured, 5.0.2), and the test went on."""
+    log, index = _log, None
+    if log is not None:
+        with contextlib.suppress(Exception):  # describing must never break the user's call
+            where = f'{_comm(self).text},{describe.site(sys._getframe(1))},"t":{time.time()!r}'
+            body = f'"op":"{MPI_ABORT}",{where},"extra":{{"errorcode":{int(errorcode)}}}'
+            index, _ = _numbers.write_call(log, body, None)
+    try:
+        MPI.Intracomm.Abort(self, errorcode)
+    except BaseException as exc:  # it did not abort (an errorcode that is no C int): the rank goes on
+        if log is not None and index is not None:
+            _write_ret(log, index, exc)
+        raise
+    os._exit(errorcode & 0xFF)  # what MPI hands the environment; the event log says the rest
+
+
 class RecordingComm(MPI.Intracomm):
     """An intracommunicator whose communication (:data:`pytest_ddp.common.ops.MPI_OPS`) is recorded."""
 
@@ -429,7 +365,7 @@ class RecordingComm(MPI.Intracomm):
 
 for _spec in MPI_OPS.values():
     if hasattr(MPI.Intracomm, _spec.method):
-        setattr(RecordingComm, _spec.method, _wrap(_spec))
+        setattr(RecordingComm, _spec.method, _abort if _spec.name == MPI_ABORT else _wrap(_spec))
 
 
 # -- the rank's side of a test -----------------------------------------------------------
@@ -443,7 +379,7 @@ def install(log: EventLog) -> None:
     if _originals:
         return
     describe.add_internal(mpi4py)
-    _reductions.update(
+    reductions.update(
         {op.handle: f'"{name}"' for name, op in vars(MPI).items() if isinstance(op, MPI.Op) and op != MPI.OP_NULL}
     )
     world = MPI.COMM_WORLD
