@@ -8,10 +8,11 @@ launcher starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that forks 
 rank.  What the rest of the plugin sees is a :class:`~pytest_ddp.groups.group.RankGroup`:
 the same event logs, output files, stack dumps and commands.
 
-- The link between controller and rank is a Unix socket in Linux's abstract
-  namespace (no file to leave behind, no network address; a path would not fit
-  the 108 bytes of a socket's name under pytest's basetemp); each rank's connection carries its
-  commands one way and its wake-up bytes the other, like a forked rank's pipes.
+- The link between controller and rank is a Unix socket, a file (0600) in the group's folder
+  (0700), no network address; each rank's connection carries its commands one way and its
+  wake-up bytes the other, like a forked rank's pipes.  A connection counts only from a process
+  the launcher started that signs its hello with the world's secret, for a rank whose process
+  is its stand-in's child (:mod:`pytest_ddp.common.mpi_world`); any other is logged and closed.
 - A rank's end is told by its stand-in (exit status and time of death), or by
   the end of the connection if the stand-in itself was killed.
 - The default launcher is MPICH's ``mpiexec.gforker``, installed with MPICH next
@@ -24,29 +25,52 @@ the same event logs, output files, stack dumps and commands.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
-import json
+import logging
 import os
+import secrets
 import select
 import selectors
 import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common import prctl
+from pytest_ddp.common.mpi_world import (
+    HEADER,
+    HELLO_WAIT,
+    MAX_MESSAGE,
+    SECRET_BYTES,
+    SHARED_MEMORY,
+    SOCKET_FILE,
+    Hello,
+    at_socket,
+    descends_from,
+    frame,
+    parent_of,
+    parse_hello,
+    peer_credentials,
+    remove_shared_memory,
+    write_key,
+    write_shared_memory,
+)
 from pytest_ddp.common.protocol import parse_exit_message
 from pytest_ddp.groups.group import GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import RankProcess
 
+logger = logging.getLogger(__name__)
+MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
 # Keeps an MPI library's network transport on loopback when it opens one at all
@@ -116,49 +140,71 @@ class LaunchedProcess:
 
     pid: int | None = None  # known once the rank has said hello
     exitcode: int | None = None  # told by its stand-in
+    pidfd: int | None = None  # the process itself (not ours to wait for), whoever gets its pid later
 
     def kill(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if self.pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait until the process has ended (it is not our child: a pidfd tells)."""
-        if self.pid is None:
-            return
-        try:
-            fd = os.pidfd_open(self.pid)
-        except ProcessLookupError:
-            return
-        try:
-            select.select([fd], [], [], timeout)
-        finally:
-            os.close(fd)
+        """Wait until the process has ended (its pidfd is readable then)."""
+        if self.pidfd is not None:
+            select.select([self.pidfd], [], [], timeout)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+@dataclass
+class _Greeting:
+    """A connection from a process the launcher started that has not said a good hello yet."""
+
+    sock: socket.socket
+    peer: int  # the process that connected (the kernel says so)
+    challenge: bytes
+    deadline: float  # time.monotonic() by which its hello must be read
+    received: bytearray = field(default_factory=bytearray)
+    length: int = 0  # the hello's, once its frame's header is read
+
+    def wanted(self) -> int:
+        """How many bytes of its frame are still to come (never more: a rank's messages follow it)."""
+        return HEADER.size + self.length - len(self.received)
 
 
 def _shared_memory_of(pid: int) -> set[str]:
     """The files in /dev/shm that a process has mapped (MPICH's segments for the ranks of one machine)."""
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            return {line.split(maxsplit=5)[5].strip() for line in maps if " /dev/shm/" in line}
+            return {line.split(maxsplit=5)[5].strip() for line in maps if f" {SHARED_MEMORY}/" in line}
+    except OSError:
+        return set()
+
+
+def _files_in(folder: str) -> set[str]:
+    try:
+        return set(os.listdir(folder))
     except OSError:
         return set()
 
 
 def _children(parent: int) -> list[int]:
     """The processes whose parent is ``parent`` (from /proc: they are not ours to wait for)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
-                        found.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and parent_of(int(e.name)) == parent]
+
+
+def _wait_gone(pid: int) -> None:
+    """Wait until a process that is not our child has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [], None)
+    finally:
+        os.close(fd)
 
 
 class MpiGroup(RankGroup):
@@ -168,9 +214,10 @@ class MpiGroup(RankGroup):
         super().__init__(*args, **kwargs)
         self._launcher: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
+        self._secret = b""
         self._all_connected = False  # every rank has said hello
-        self._socket_name = f"pytest-ddp-{self.run_id}"
-        self._shared_memory: set[str] = set()  # the world's segments in /dev/shm
+        self._shared_memory: dict[str, tuple[int, int]] = {}  # the world's files in /dev/shm
+        self.refused: list[str] = []  # why connections to the socket were refused (the latest ones)
 
     def start(self, deadline: float) -> None:
         cfg = self.config
@@ -178,6 +225,7 @@ class MpiGroup(RankGroup):
         if launcher is None:
             raise GroupStartError(mpi_unavailable(cfg.mpi_launcher) or "no MPI launcher")
         try:
+            self._secret = write_key(self.workdir)
             self._listen()
             for rank in range(cfg.world_size):
                 self.write_spec(rank, env=None)
@@ -187,9 +235,11 @@ class MpiGroup(RankGroup):
                 env.setdefault(name, value)
             env.pop("PYTEST_ADDOPTS", None)
             command = [*launcher, "-n", str(cfg.world_size), sys.executable, "-m", "pytest_ddp.rank.mpi_standin"]
-            with open(self.workdir / "launcher.out", "wb") as output:
+            there_before = _files_in(SHARED_MEMORY)
+            output = os.open(self.workdir / "launcher.out", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
                 self._launcher = subprocess.Popen(
-                    [*command, str(self.workdir), self._socket_name],
+                    [*command, str(self.workdir)],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -197,19 +247,48 @@ class MpiGroup(RankGroup):
                     start_new_session=True,  # Ctrl-C in a terminal is the controller's, which then kills it
                     preexec_fn=prctl.die_with_parent,  # before exec: the launcher dies with the controller
                 )
-            self._wait_ready(deadline)
-            self._shared_memory = {path for rp in self.ranks for path in _shared_memory_of(rp.proc.pid)}
+            finally:
+                os.close(output)
+            self._wait_ready_saying_refusals(deadline)
+            self._note_shared_memory(there_before)
         except BaseException:
             self.kill()
             raise
 
+    def _wait_ready_saying_refusals(self, deadline: float) -> None:
+        """As for forked ranks; a world that did not start says which connections were refused."""
+        try:
+            self._wait_ready(deadline)
+        except GroupStartError as exc:
+            if not self.refused:
+                raise
+            raise GroupStartError("\n".join([str(exc), *self.refused])) from None
+
+    def _note_shared_memory(self, there_before: set[str]) -> None:
+        """The world's files in /dev/shm: made since the launcher started, and mapped by its ranks
+        (which said hello: they are the launcher's); listed for the stand-ins too."""
+        for rp in self.ranks:
+            assert rp.proc.pid is not None
+            for path in _shared_memory_of(rp.proc.pid):
+                with contextlib.suppress(OSError):
+                    found = os.stat(path, follow_symlinks=False)
+                    if os.path.basename(path) not in there_before and found.st_uid == os.geteuid():
+                        self._shared_memory[path] = (found.st_dev, found.st_ino)
+        write_shared_memory(self.workdir, self._shared_memory)
+
     def _listen(self) -> None:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(b"\0" + self._socket_name.encode())
+        at_socket(self.workdir, self._listener.bind)
+        os.chmod(self.workdir / SOCKET_FILE, 0o600)  # made as the umask says, in a folder only we can enter
         self._listener.listen(self.config.world_size)
         self._listener.setblocking(False)
         assert self._news is not None
         self._news.register(self._listener, selectors.EVENT_READ, None)
+
+    @property
+    def alive(self) -> bool:
+        """As for forked ranks, and its launcher runs: one that ended ended the world (MPI_Abort)."""
+        return super().alive and self._launcher is not None and self._launcher.poll() is None
 
     def _wait(self, timeout: float) -> None:
         """As for forked ranks, and: accept connections, read hellos, and hear of ends."""
@@ -217,39 +296,122 @@ class MpiGroup(RankGroup):
             return
         for key, _ in self._news.select(timeout):
             if key.fileobj is self._listener:
-                assert self._listener is not None
-                try:
-                    sock, _ = self._listener.accept()
-                except BlockingIOError:
-                    continue
-                sock.setblocking(True)
-                self._news.register(Connection(sock.detach()), selectors.EVENT_READ, None)
-                continue
-            connection: Connection = key.fileobj  # type: ignore[assignment]
-            try:
-                message = connection.recv_bytes()
-            except (EOFError, OSError):  # the stand-in is gone (killed with its launcher)
-                self._news.unregister(connection)
-                connection.close()
-                self._gone(key.data, None)
-                continue
-            if key.data is None:  # a new rank's hello
-                self._hello(connection, message)
-            elif (ended := parse_exit_message(message)) is not None:
-                self._gone(key.data, ended)
+                self._accept()
+            elif isinstance(key.data, _Greeting):
+                self._read_hello(key.data)
+            else:
+                self._read(key.fileobj, key.data)  # type: ignore[arg-type]
+        now = time.monotonic()
+        for key in list(self._news.get_map().values()):
+            if isinstance(key.data, _Greeting) and now > key.data.deadline:
+                self._refuse(key.data.sock, f"process {key.data.peer} sent no hello in {HELLO_WAIT:g} s")
         self._check_launcher()
 
-    def _hello(self, connection: Connection, message: bytes) -> None:
-        hello = json.loads(message)
-        rp = self.ranks[hello["rank"]]
-        rp.proc.pid = hello["pid"]
-        rp.commands = rp.notify = connection
+    def _accept(self) -> None:
+        """A connection from a process of this user that the launcher started gets a challenge;
+        any other is closed at once."""
+        assert self._listener is not None and self._news is not None
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:  # another look took it, or no descriptor is left for it
+            return
+        pid, uid = peer_credentials(sock)
+        if uid != os.geteuid():
+            return self._refuse(sock, f"process {pid} runs as user {uid}")
+        if self._launcher is None or not descends_from(pid, self._launcher.pid):
+            return self._refuse(sock, f"process {pid} is not one that the MPI launcher started")
+        challenge = secrets.token_bytes(SECRET_BYTES)
+        sock.setblocking(False)
+        try:
+            sock.sendall(frame(challenge))  # a few bytes into a new socket's empty buffer
+        except OSError as exc:
+            return self._refuse(sock, f"process {pid} could not be sent its challenge ({exc})")
+        greeting = _Greeting(sock, pid, challenge, time.monotonic() + HELLO_WAIT)
+        self._news.register(sock, selectors.EVENT_READ, greeting)
+
+    def _read_hello(self, greeting: _Greeting) -> None:
+        """Read what has come of a hello, never past it; a whole one is checked."""
+        try:
+            chunk = greeting.sock.recv(greeting.wanted())
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return self._refuse(greeting.sock, f"process {greeting.peer} left without a whole hello")
+        greeting.received += chunk
+        if not greeting.length and len(greeting.received) == HEADER.size:
+            (greeting.length,) = HEADER.unpack(greeting.received)
+            if not 0 < greeting.length <= MAX_MESSAGE:
+                why = f"process {greeting.peer} announced a hello of {greeting.length} bytes"
+                return self._refuse(greeting.sock, why)
+        if greeting.length and not greeting.wanted():
+            self._hello(greeting, bytes(greeting.received[HEADER.size :]))
+
+    def _hello(self, greeting: _Greeting, message: bytes) -> None:
         assert self._news is not None
-        self._news.modify(connection, selectors.EVENT_READ, rp)
+        try:
+            rp = self._rank_of(parse_hello(message, self._secret, greeting.challenge), greeting.peer)
+        except ValueError as exc:
+            return self._refuse(greeting.sock, f"process {greeting.peer}: {exc}")
+        self._news.unregister(greeting.sock)
+        greeting.sock.setblocking(True)
+        # A read once the socket is ready has a deadline too: a message cut short is a broken link.
+        greeting.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(HELLO_WAIT), 0))
+        connection = Connection(greeting.sock.detach())
+        rp.commands = rp.notify = connection
+        self._news.register(connection, selectors.EVENT_READ, rp)
         self._all_connected = all(rp.proc.pid is not None for rp in self.ranks)
 
-    def _gone(self, rp: RankProcess | None, ended: tuple[int, float] | None) -> None:
-        if rp is None or rp.exit_code is not None:
+    def _rank_of(self, hello: Hello, peer: int) -> RankProcess:
+        """The rank a signed hello names, once its process is known to be the child of the stand-in
+        that connected; ValueError saying why not."""
+        if hello.stand_in != peer:
+            raise ValueError(f"its hello names process {hello.stand_in} as its stand-in")
+        if not 0 <= hello.rank < len(self.ranks):
+            raise ValueError(f"its hello names rank {hello.rank}, not one of {len(self.ranks)}")
+        proc: LaunchedProcess = self.ranks[hello.rank].proc
+        if proc.pid is not None:
+            raise ValueError(f"rank {hello.rank} has said hello already")
+        try:
+            pidfd = os.pidfd_open(hello.pid)
+        except (OSError, OverflowError) as exc:
+            raise ValueError(f"its hello names process {hello.pid} ({exc})") from None
+        if hello.pid <= 0 or parent_of(hello.pid) != peer:  # checked once its pidfd holds the process
+            os.close(pidfd)
+            raise ValueError(f"its hello names process {hello.pid}, not a child of its stand-in")
+        proc.pid, proc.pidfd = hello.pid, pidfd
+        return self.ranks[hello.rank]
+
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        """Drop a connection, saying why (logged, and in a start error)."""
+        if self._news is not None and sock in self._news.get_map():
+            self._news.unregister(sock)
+        sock.close()
+        text = f"{self.name}: refused a connection to its socket: {why}"
+        logger.warning("%s", text)
+        self.refused = [*self.refused[-(MAX_REFUSALS - 1) :], text]
+
+    def _read(self, connection: Connection, rp: RankProcess) -> None:
+        """A rank's wake-up byte, or its stand-in's word that it ended, or the end of the link."""
+        assert self._news is not None
+        try:
+            message = connection.recv_bytes(MAX_MESSAGE)
+        except (EOFError, OSError):  # the stand-in is gone (killed with its launcher), or the link broke
+            self._news.unregister(connection)
+            connection.close()
+            self._gone(rp, None)
+            return
+        try:
+            ended = parse_exit_message(message)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s: rank %d's link sent a malformed message, dropped: %s", self.name, rp.rank, exc)
+            return
+        if ended is not None:
+            self._gone(rp, ended)
+
+    def _gone(self, rp: RankProcess, ended: tuple[int, float] | None) -> None:
+        if rp.exit_code is not None:
             return
         code, when = ended if ended is not None else (-signal.SIGKILL, time.time())
         rp.exit_code = rp.proc.exitcode = code
@@ -270,32 +432,28 @@ class MpiGroup(RankGroup):
         )
 
     def kill(self) -> None:
-        if self._news is not None:  # connections of ranks that had not said hello yet
+        if self._news is not None:  # connections that had not said hello yet
             for key in list(self._news.get_map().values()):
-                if key.data is None and isinstance(key.fileobj, Connection):
-                    key.fileobj.close()
+                if isinstance(key.data, _Greeting):
+                    key.data.sock.close()
         super().kill()
+        for rp in self.ranks:
+            rp.proc.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         if self._launcher is not None:
             # The launcher, and the process groups of its children: the stand-ins that
             # gforker starts, or hydra's proxies, which make process groups of their own.
-            helpers = [LaunchedProcess(pid) for pid in _children(self._launcher.pid)]
-            for pid in [self._launcher.pid] + [helper.pid for helper in helpers if helper.pid]:
-                try:
+            helpers = _children(self._launcher.pid)
+            for pid in [self._launcher.pid, *helpers]:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self._launcher.wait()
             self._launcher = None
-            for helper in helpers:
-                helper.join()
+            for pid in helpers:
+                _wait_gone(pid)
         # MPICH removes them in MPI_Finalize, which ranks that were killed or that
         # exit as every rank does (os._exit) never reach.
-        for path in self._shared_memory:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self._shared_memory = set()
+        remove_shared_memory(self._shared_memory)
+        self._shared_memory = {}
