@@ -84,6 +84,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "local (fork every test's ranks here, even under a launcher), or torchrun, slurm, mpi",
     )
     parser.addini("ddp_launcher", "how this pytest was started (see --ddp-launcher)")
+    group.addoption(
+        "--ddp-adopt",
+        action="store_true",
+        default=False,
+        help="run torch's distributed test classes (MultiProcessTestCase and its children, "
+        "MultiProcContinuousTest) on warm ranks, as they are (docs/adopt.md)",
+    )
+    parser.addini("ddp_adopt", "see --ddp-adopt", type="bool", default=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before junitxml's: a launched rank other than 0 writes none
@@ -111,6 +119,14 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_ddp.launched.host import HostSession
 
         config.pluginmanager.register(HostSession(config, launch), "ddp_host")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--ddp-adopt: torch's harness classes become ddp tests (here, and alike in each rank)."""
+    if settings_module.adopt_enabled(config):
+        from pytest_ddp.adopt import collect
+
+        collect.adopt(items, in_rank=rank_module.current() is not None)
 
 
 @pytest.hookimpl(tryfirst=True)

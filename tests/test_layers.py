@@ -17,6 +17,9 @@ FACE = {"pytest_ddp", "pytest_ddp.plugin", "pytest_ddp.controller", "pytest_ddp.
 # point a spawner starts (as pytest-xdist's workermanage imports its remote module).
 ALLOWED: dict[str, set[str]] = {
     "launched": {"groups", "config", "common"},
+    # Adopted test classes run in a rank: who it is and its default group's life (rank/), and the
+    # exchanges of torch's harness recorded as collectives (record/).
+    "adopt": {"rank", "record"},
     "report": {"groups", "diagnose", "common"},
     "groups": {"config", "diagnose", "common", "pytest_ddp.rank.entry"},
     "diagnose": {"common", "faults"},

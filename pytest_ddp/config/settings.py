@@ -111,6 +111,11 @@ def from_config(config: pytest.Config) -> Settings:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
 
 
+def adopt_enabled(config: pytest.Config) -> bool:
+    """``--ddp-adopt`` or the ``ddp_adopt`` ini value: torch's harness classes run as ddp tests."""
+    return bool(config.getoption("--ddp-adopt", False) or config.getini("ddp_adopt"))
+
+
 def _value(config: pytest.Config, name: str, default: Any) -> Any:
     """``--ddp-<name>``, else the ini value ``ddp_<name>``, else the default."""
     value = config.getoption(f"--ddp-{name.replace('_', '-')}")
@@ -176,6 +181,8 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
         args.append("--noconftest")
     if config.option.showlocals:
         args.append("--showlocals")
+    if config.getoption("--ddp-adopt", False):
+        args.append("--ddp-adopt")
     root = config.rootpath
     for item in items:
         path, _, rest = item.nodeid.partition("::")

@@ -18,6 +18,7 @@ class RankContext:
     backend: str
     init: bool
     local_rank: int  # the GPU it uses with NCCL: its rank on one machine, LOCAL_RANK when launched
+    group_dir: str = ""  # the folder of its group's files on this machine, removed with the group
 
     @property
     def device(self) -> str:

@@ -28,12 +28,16 @@ _joined: weakref.ref[Any] | None = None  # the default group this rank joined la
 # made while it set up a fixture of a wider scope.
 _not_the_tests: list[weakref.ref[Any]] = []
 _left_own = False  # the last test left a default group of its own
+_store_port = 0  # of the rank group's store now: the first, or the one handed over last
+_client: tuple[int, Any] | None = None  # (port, client) of store()
 
 
 def start(spec: dict[str, Any]) -> None:
     """At the rank's start: keep what joining again needs, and join (``init=True`` groups)."""
+    global _store_port
     _spec.clear()
     _spec.update({name: spec[name] for name in _JOIN_FIELDS})
+    _store_port = spec["store_port"]
     if spec["init"]:
         _join(spec["store_port"])
 
@@ -76,6 +80,14 @@ def setup_ended(wider_scope: bool) -> None:
         _not_the_tests.append(weakref.ref(current))
 
 
+def outlives_test() -> None:
+    """The default group just made belongs to a scope wider than the running test's (an adopted
+    torch class's, made as its first test set up): it stays for the tests that share it."""
+    current = _current()
+    if current is not None:
+        _not_the_tests.append(weakref.ref(current))
+
+
 def test_ended() -> tuple[bool, bool]:
     """(intact, alive) as :class:`~pytest_ddp.common.protocol.Done` reports them."""
     global _left_own
@@ -87,11 +99,26 @@ def test_ended() -> tuple[bool, bool]:
     return not _left_own, current is not None
 
 
+def store() -> Any:
+    """A client of the rank group's store as it is now (a harness's own exchanges; ``init=False``
+    groups too), kept while the store stays."""
+    global _client
+    if _client is None or _client[0] != _store_port:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=_spec["pg_timeout"])
+        client = dist.TCPStore(_spec["store_host"], _store_port, _spec["world_size"], is_master=False, timeout=timeout)
+        _client = (_store_port, client)
+    return _client[1]
+
+
 def renew(store_port: int) -> None:
     """Before a test whose predecessor on these ranks ended a default group or made one: a test's
     own ``env://`` rendezvous goes to the fresh store at ``store_port``; an ``init=True`` rank drops
     what is left of its default group and joins a fresh one there, an ``init=False`` rank ends the
     last test's own (unrecorded: no test's calls)."""
+    global _store_port
+    _store_port = store_port
     os.environ["MASTER_PORT"] = str(store_port)
     import torch.distributed as dist
 

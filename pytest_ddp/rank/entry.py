@@ -127,7 +127,10 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
         recorders = [recorder] if mpi is None else [recorder, mpi]
         for each in recorders:
             each.install(channel.log)
-        context = RankContext(spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"])
+        context = RankContext(
+            spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"],
+            group_dir=os.path.dirname(spec["events"]),
+        )
         enter(context, recorders)
         run = run_pytest if spec["mode"] == "pytest" else serve_functions
         code = run(spec, channel)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from pytest_ddp.common.ops import OPS, BackendOp
+from pytest_ddp.common.ops import DESTROY, OPS, BackendOp
 from pytest_ddp.common.protocol import EventLog
 from pytest_ddp.record import backend_hook, describe, injector
 from pytest_ddp.record.injector import armed as _armed
@@ -97,6 +97,30 @@ def unrecorded() -> Iterator[None]:
         yield
     finally:
         _local.depth = depth
+
+
+def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: int | None = None) -> Any:
+    """``run()``, a collective a test harness makes through the rank group's store rather than
+    torch.distributed (:mod:`pytest_ddp.adopt.torch_classes`), recorded as ``op`` on a group named
+    ``harness``: the watchdog then sees a rank waiting in it as waiting for its peers there."""
+    log = _log
+    if log is None or _local.depth:
+        return run()
+    _local.depth = 1
+    try:
+        ranks = ",".join(map(str, range(world_size)))
+        fields = "" if root is None else f',"root":{root}'
+        body = f'"op":"{op}","group":"harness","ranks":[{ranks}],{describe.site(sys._getframe(1))},"t":{time.time()!r}'
+        index, _ = _numbers.write_call(log, body + fields, ("harness",))
+        try:
+            result = run()
+        except BaseException as exc:
+            write_ret(log, index, exc)
+            raise
+        log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
+        return result
+    finally:
+        _local.depth = 0
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
@@ -214,7 +238,21 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _local.depth = 0
 
+    if op == DESTROY:
+        return _unless_nothing_to_destroy(original, recorded)
     return recorded
+
+
+def _unless_nothing_to_destroy(original: Callable[..., Any], recorded: Callable[..., Any]) -> Callable[..., Any]:
+    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a
+    call to record (torch's harness classes make it after each test that ended its group, and catch
+    the AssertionError)."""
+
+    @functools.wraps(original)
+    def destroy(group: Any = None) -> Any:
+        return original(group) if group is None and not dist.is_initialized() else recorded(group)
+
+    return destroy
 
 
 # -- at the backend: what no wrapped function issued (DDP, functional collectives, ...) --

@@ -1,0 +1,301 @@
+"""torch's distributed test classes in a rank: what torch's harness does in the processes it spawns
+happens in the ranks instead, and what its main process does, in each rank together.
+
+``MultiProcessTestCase`` (``DistributedTestBase``, ``DTensorTestBase``, ``FSDPTest``, torch's own
+``TestDistBackend``): the test instance pytest made in the rank runs ``setUp`` and ``tearDown`` as
+torch's main process does.  Its ``_spawn_processes`` makes this process the one the main process
+would spawn for its rank: every rank takes rank 0's environment (a spawned process inherits the main
+one's, and ``setUp`` may have put a temporary folder there) and rank 0's rendezvous file
+(``file_name``).  Its ``_join_processes`` runs what torch's child runs, ``cls._run(rank, test_name,
+file_name, pipe)``, so that a class's own ``_run`` and ``run_test`` hold (``destroy_pg_upon_exit``,
+the seed, FSDPTest's own init); then the ranks gather how each ended and each draws torch's main
+process's verdict from all of them (:mod:`pytest_ddp.adopt.verdict`): exit codes (``TEST_SKIPS``),
+expected failures, skips decided by rank 0.
+
+``MultiProcContinuousTest``: the class's process group is made once, as its first test sets up, by
+the class's own ``_init_pg`` (``backend_str()``, ``opts()``), and outlives each test until the class
+is torn down.  The class's task and completion queues are the rank's own worker (:class:`_Worker`),
+which runs each test as torch's worker loop runs it (``_run_test_given_id``), so torch's own main
+process code puts the test and reads its end.  No poison pill: a failed test does not skip the rest
+of its class.
+
+The ranks' exchanges go through the rank group's store, recorded as collectives of a group named
+``harness``: a rank waiting there waits for its peers, and the watchdog says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import multiprocessing
+import os
+import tempfile
+import unittest
+import warnings
+from pathlib import Path
+from typing import Any
+
+from pytest_ddp.adopt import verdict
+from pytest_ddp.rank import default_group
+from pytest_ddp.rank.context import rank_context
+from pytest_ddp.record import recorder
+
+# A rank's own variables, which a spawned process of torch's does not take from the main one.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK")
+
+
+class AdoptError(RuntimeError):
+    """An adopted class does what pytest-ddp cannot honour on warm ranks: names the class and the feature."""
+
+
+class AdoptedFailure(AssertionError):
+    """The test fails under torch's harness for what another rank did, or for an exit code."""
+
+
+class AdoptedExitWarning(UserWarning):
+    """A rank other than 0 exited with a code torch's harness does not read."""
+
+
+_installed = False
+_exchanges = 0  # made by this rank: the same count on every rank of a group, which run the same tests
+
+
+def install() -> None:
+    """Patch torch's harness classes in this rank (once): a rank runs adopted classes only."""
+    global _installed
+    if _installed:
+        return
+    from torch.testing._internal import common_distributed
+
+    process: Any = common_distributed.MultiProcessTestCase
+    process._spawn_processes = _spawn
+    process._start_processes = _start
+    process._join_processes = _join
+    continuous: Any = common_distributed.MultiProcContinuousTest
+    continuous._spawn_processes = classmethod(_join_class_group)
+    ensure = continuous._ensure_processes_spawned.__func__
+    continuous._ensure_processes_spawned = classmethod(functools.partial(_no_poison_pill, ensure))
+    _installed = True
+
+
+def _exchange(op: str, value: Any, root: int | None = None) -> list[Any]:
+    """Every rank's ``value`` in rank order (``root``'s alone, for a broadcast), through the group's store."""
+    global _exchanges
+    _exchanges += 1
+    context = rank_context()
+    prefix = f"pytest-ddp/harness/{_exchanges}/"
+
+    def run() -> list[Any]:
+        store = default_group.store()
+        if root is None or context.rank == root:
+            store.set(f"{prefix}{context.rank}", json.dumps(value))
+        keys = [f"{prefix}{rank}" for rank in (range(context.world_size) if root is None else [root])]
+        store.wait(keys)
+        return [json.loads(store.get(key)) for key in keys]
+
+    result: list[Any] = recorder.harness_collective(op, context.world_size, run, root)
+    return result
+
+
+def _check_world_size(cls: type, world_size: int) -> None:
+    group = rank_context().world_size
+    if world_size != group:
+        raise AdoptError(
+            f"{cls.__qualname__}: world_size is {world_size} in the rank, {group} when it was collected: "
+            "pytest-ddp runs an adopted test on the world size its class has at collection"
+        )
+
+
+def _rendezvous_file() -> str:
+    """A new file in the group's folder, for a FileStore every rank of the group opens."""
+    folder = Path(rank_context().group_dir or tempfile.gettempdir()) / "adopted"
+    folder.mkdir(exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix="store-", dir=folder)
+    os.close(handle)
+    os.remove(path)  # a FileStore starts on no file (or an empty one)
+    return path
+
+
+def _skip_message(code: Any) -> str | None:
+    """The skip of torch's harness that an exit code stands for (``TEST_SKIPS``), if any."""
+    from torch.testing._internal.common_distributed import TEST_SKIPS
+
+    return next((skip.message for skip in TEST_SKIPS.values() if skip.exit_code == code), None)
+
+
+def _expects_failure(test: Any, fn: Any) -> bool:
+    expecting = "__unittest_expecting_failure__"
+    return bool(getattr(fn, expecting, False) or getattr(test, expecting, False))
+
+
+def _abide(found: verdict.Verdict, error: BaseException | None, expects_failure: bool) -> None:
+    """This rank's part of torch's verdict: the ranks at fault fail with their own error, the others
+    too where the test is expected to fail (its expected failure happened), a skip skips every rank."""
+    if found.outcome == "skipped":
+        raise unittest.SkipTest(found.reason)
+    if found.outcome != "failed":
+        return
+    if rank_context().rank in found.culprits:
+        if error is not None:
+            raise error.with_traceback(error.__traceback__)
+        raise AdoptedFailure(found.reason)
+    if expects_failure:
+        raise AdoptedFailure(f"rank {found.culprits[0]} failed: {found.reason}")
+
+
+# -- MultiProcessTestCase ----------------------------------------------------------
+
+
+def _spawn(self: Any) -> None:
+    """Instead of spawning the test's processes: this process is one of them, with the environment
+    and the rendezvous file of rank 0's main process."""
+    _check_world_size(type(self), int(self.world_size))
+    made = getattr(self, "file_name", None)  # setUp's temporary file, made on every rank here
+    if made and os.path.dirname(made) == tempfile.gettempdir() and os.path.isfile(made) and not os.path.getsize(made):
+        os.remove(made)
+    mine = None
+    if rank_context().rank == 0:
+        mine = {"env": {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "file": _rendezvous_file()}
+    [main] = _exchange("broadcast_object_list", mine, root=0)
+    for name in [name for name in os.environ if name not in main["env"] and name not in RANK_VARIABLES]:
+        del os.environ[name]
+    os.environ.update(main["env"])
+    self.file_name = main["file"]
+
+
+def _start(self: Any, proc: Any) -> None:
+    _spawn(self)
+
+
+def _join(self: Any, fn: Any) -> None:
+    """What torch's main process does for the test: here, what its child for this rank does, then the
+    main process's verdict on how every rank's child ended."""
+    cls = type(self)
+    if fn in self.special_return_code_checks:
+        raise AdoptError(
+            f"{cls.__qualname__}: special_return_code_checks (a test that expects its process to end with a "
+            "given exit code or signal) needs a process of its own: run it without --ddp-adopt"
+        )
+    rank = rank_context().rank
+    ours, theirs = multiprocessing.Pipe()
+    error: BaseException | None = None
+    end: dict[str, Any] = {"end": "ok", "code": 0, "reason": ""}
+    try:
+        cls._run(rank, self._current_test_name(), self.file_name, theirs, fake_pg=getattr(self, "fake_pg", False))
+    except SystemExit as exc:
+        end, error = _child_end(exc, cls.TEST_ERROR_EXIT_CODE)
+    except Exception as exc:  # out of the class's _run, before or after run_test: torch's child dies of it
+        end, error = {"end": "error", "code": 1, "reason": _first_line(exc)}, exc
+    finally:
+        ours.close()
+        theirs.close()
+    ends = _exchange("all_gather_object", end)
+    _abide(verdict.process_test(ends, fn in self.skip_return_code_checks), error, _expects_failure(self, fn))
+    if end["end"] == "exit" and rank != 0:
+        text = f"rank {rank} exited with code {end['code']}, which torch's harness does not read"
+        warnings.warn(AdoptedExitWarning(text), stacklevel=1)
+
+
+def _child_end(exc: SystemExit, error_code: int) -> tuple[dict[str, Any], BaseException | None]:
+    """How torch's child ended with this exit, and the test's own exception where it had one: run_test
+    turns the test's exception into exit code 10, a SkipTest into 86, and keeps it as the context."""
+    code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    context = exc.__context__
+    if isinstance(context, unittest.SkipTest):
+        return {"end": "skip", "code": code, "reason": str(context)}, None
+    if code == error_code and context is not None:
+        return {"end": "error", "code": code, "reason": _first_line(context)}, context
+    message = _skip_message(code)
+    if message is not None:
+        return {"end": "skip", "code": code, "reason": message}, None
+    return {"end": "ok" if code == 0 else "exit", "code": code, "reason": f"exit code {code}"}, None
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+# -- MultiProcContinuousTest -----------------------------------------------------------
+
+
+class _Worker:
+    """The class's worker for this rank, here in the rank: torch's main process puts each test's id
+    in its task queue and gets how it ended from its completion queue, and at the class's end puts
+    None and joins it, and so does the class here (pytest holds the tearDownClass it collected)."""
+
+    def __init__(self, cls: Any, init_skip: str | None) -> None:
+        self.cls = cls
+        self.init_skip = init_skip  # the class's _init_pg exited with a skip code: every test of it skips
+        self.ended: Any = None
+
+    def put(self, test_id: str | None) -> None:
+        if test_id is not None:  # None: the class is over, and join() ends it
+            self.ended = _run_continuous(self.cls, test_id, self.init_skip)
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.ended
+
+    def join(self, timeout: float | None = None) -> None:
+        """The class is over: its group ends, as its worker ends it."""
+        import torch.distributed as dist
+
+        cls = self.cls
+        group = getattr(cls, "pg", None)
+        if group is not None and dist.is_initialized() and dist.distributed_c10d._get_default_group() is group:
+            dist.destroy_process_group()
+        cls.pg = None
+        cls._processes_spawned = False  # set up again (a rerun), the class joins a group again
+
+
+def _join_class_group(cls: Any, world_size: int) -> None:
+    """Instead of spawning the class's workers: this process is one, and joins the class's group
+    (rank 0's rendezvous file), which stays until the class is torn down."""
+    _check_world_size(cls, world_size)
+    rank = rank_context().rank
+    cls.rank = rank
+    [cls.rdvz_file] = _exchange("broadcast_object_list", _rendezvous_file() if rank == 0 else None, root=0)
+    init_skip = None
+    try:
+        cls._init_pg(rank, world_size, cls.rdvz_file)
+    except SystemExit as exc:  # the class's _init_pg found the machine short
+        init_skip = _skip_message(exc.code)
+        if init_skip is None:
+            raise
+    else:
+        default_group.outlives_test()
+    worker = _Worker(cls, init_skip)
+    cls.processes, cls.task_queues, cls.completion_queues = [worker], [worker], [worker]
+
+
+def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
+    """What torch's worker loop does for one test, then the main process's verdict on every rank's
+    end: what the completion queue would hold (the test's id where it passed, else what to raise)."""
+    error: BaseException | None = None
+    end: dict[str, Any] = {"end": "ok", "code": 0, "reason": ""}
+    try:
+        if init_skip is not None:
+            end = {"end": "skip", "code": 0, "reason": init_skip}
+        else:
+            cls._run_test_given_id(test_id)
+    except SystemExit as exc:
+        message = _skip_message(exc.code)
+        end = {"end": "skip" if message else "error", "code": exc.code, "reason": message or f"exit code {exc.code}"}
+        error = None if message else AdoptedFailure(f"the test exited with code {exc.code}")
+    except Exception as exc:
+        end, error = {"end": "error", "code": 1, "reason": _first_line(exc)}, exc
+        if isinstance(exc, unittest.SkipTest):  # torch's worker loop sends it as an error: the test fails
+            error = AdoptedFailure(f"the test raised SkipTest({exc}), which torch's worker loop sends as an error")
+            error.__cause__ = exc
+    found = verdict.continuous_test(_exchange("all_gather_object", end))
+    test = getattr(cls, test_id.rsplit(".", 1)[-1], None)
+    try:
+        _abide(found, error, _expects_failure(cls, test))
+    except BaseException as exc:
+        return exc
+    return test_id
+
+
+def _no_poison_pill(ensure: Any, cls: Any) -> None:
+    """Each test of the class runs, whatever the ones before did (torch skips the rest after a failure)."""
+    cls.poison_pill = False
+    ensure(cls)
