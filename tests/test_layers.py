@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "launched": {"groups", "config", "common"},
     # Adopted test classes run in a rank: who it is and its default group's life (rank/), and the
     # exchanges of torch's harness recorded as collectives (record/).
-    "adopt": {"rank", "record"},
+    "adopt": {"rank", "record", "common"},
     "report": {"groups", "diagnose", "common"},
     "groups": {"config", "diagnose", "common", "pytest_ddp.rank.entry"},
     "diagnose": {"common", "faults"},

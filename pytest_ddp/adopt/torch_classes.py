@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.adopt import verdict
+from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
 from pytest_ddp.rank import default_group
 from pytest_ddp.rank.context import rank_context
 from pytest_ddp.record import recorder
@@ -156,7 +157,7 @@ def _spawn(self: Any) -> None:
     mine = None
     if rank_context().rank == 0:
         mine = {"env": {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "file": _rendezvous_file()}
-    [main] = _exchange("broadcast_object_list", mine, root=0)
+    [main] = _exchange(BROADCAST_OBJECTS, mine, root=0)
     for name in [name for name in os.environ if name not in main["env"] and name not in RANK_VARIABLES]:
         del os.environ[name]
     os.environ.update(main["env"])
@@ -189,7 +190,7 @@ def _join(self: Any, fn: Any) -> None:
     finally:
         ours.close()
         theirs.close()
-    ends = _exchange("all_gather_object", end)
+    ends = _exchange(GATHER_OBJECTS, end)
     _abide(verdict.process_test(ends, fn in self.skip_return_code_checks), error, _expects_failure(self, fn))
     if end["end"] == "exit" and rank != 0:
         text = f"rank {rank} exited with code {end['code']}, which torch's harness does not read"
@@ -253,7 +254,7 @@ def _join_class_group(cls: Any, world_size: int) -> None:
     _check_world_size(cls, world_size)
     rank = rank_context().rank
     cls.rank = rank
-    [cls.rdvz_file] = _exchange("broadcast_object_list", _rendezvous_file() if rank == 0 else None, root=0)
+    [cls.rdvz_file] = _exchange(BROADCAST_OBJECTS, _rendezvous_file() if rank == 0 else None, root=0)
     init_skip = None
     try:
         cls._init_pg(rank, world_size, cls.rdvz_file)
@@ -286,7 +287,7 @@ def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
         if isinstance(exc, unittest.SkipTest):  # torch's worker loop sends it as an error: the test fails
             error = AdoptedFailure(f"the test raised SkipTest({exc}), which torch's worker loop sends as an error")
             error.__cause__ = exc
-    found = verdict.continuous_test(_exchange("all_gather_object", end))
+    found = verdict.continuous_test(_exchange(GATHER_OBJECTS, end))
     test = getattr(cls, test_id.rsplit(".", 1)[-1], None)
     try:
         _abide(found, error, _expects_failure(cls, test))

@@ -181,6 +181,9 @@ INIT = "init_process_group"
 NEW_GROUP = "new_group"
 MONITORED_BARRIER = "monitored_barrier"
 DESTROY = "destroy_process_group"
+# The object collectives an adopted harness's own exchanges are recorded as (pytest_ddp.adopt).
+BROADCAST_OBJECTS = "broadcast_object_list"
+GATHER_OBJECTS = "all_gather_object"
 
 
 def op(name: str) -> Op:
