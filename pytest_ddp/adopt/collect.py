@@ -1,12 +1,13 @@
 """Which collected items are adopted (``--ddp-adopt``), and on how many ranks they run.
 
 The items of torch's harness classes (``MultiProcessTestCase`` and its children, which spawn a process
-per rank and join them; ``MultiProcContinuousTest``) are marked ``ddp(world_size=<the class's>,
-init=False)``: the test makes its own process group, as it does under torch's harness.  A class that
+per rank and join them; ``MultiProcContinuousTest``) and of DeepSpeed's (``DistributedTest``) are
+marked ``ddp(world_size=<the class's>, init=False, check_collectives=False)``: the test makes its own
+process group, and nothing compares the ranks' collectives, as under its own harness.  A class that
 runs its tests in one process (``join_or_run`` or ``_ensure_processes_spawned`` of its own, as the
-local-tensor classes have) is left to pytest, and so is an item that has a ``ddp`` mark already.
-The controller and every rank collect alike, so each marks the same items; a rank also makes
-torch's classes run there (:mod:`pytest_ddp.adopt.torch_classes`).
+local-tensor classes have) is left to pytest, and so is an item that has a ``ddp`` mark already.  The
+controller and every rank collect alike, so each marks the same items; a rank also makes the classes
+run there (:mod:`pytest_ddp.adopt.torch_classes`, :mod:`pytest_ddp.adopt.deepspeed`).
 """
 
 from __future__ import annotations
@@ -18,31 +19,42 @@ from typing import Any
 import pytest
 
 HARNESS = "torch.testing._internal.common_distributed"  # where torch's harness classes live
-# How an adopted item runs: "process" (MultiProcessTestCase), "continuous" (MultiProcContinuousTest).
+# How an adopted item runs: "process" (MultiProcessTestCase), "continuous" (MultiProcContinuousTest),
+# "deepspeed" (DistributedTest).
 adopted_key = pytest.StashKey[str]()
 
 
 def adopt(items: list[pytest.Item], in_rank: bool) -> None:
-    """Mark the items of torch's harness classes as ddp tests."""
-    harness = sys.modules.get(HARNESS)
-    if harness is None:  # no test module imported torch's harness
-        return
-    adopted = False
+    """Mark the items of torch's harness classes, and DeepSpeed's, as ddp tests."""
+    harness = sys.modules.get(HARNESS)  # None: no test module imported torch's harness
+    kinds = set()
     for item in items:
         cls = getattr(item, "cls", None)
         kind = None if cls is None else _kind(cls, harness)
         if kind is None or item.get_closest_marker("ddp") is not None:
             continue
-        item.add_marker(pytest.mark.ddp(world_size=_world_size(item, cls, kind), init=False))
+        # Their harnesses do not compare the ranks' collectives (a test may make a rank's time out on purpose).
+        world_size = _world_size(item, cls, kind)
+        item.add_marker(pytest.mark.ddp(world_size=world_size, init=False, check_collectives=False))
         item.stash[adopted_key] = kind
-        adopted = True
-    if adopted and in_rank:
+        kinds.add(kind)
+        if in_rank and kind == "deepspeed" and cls is not None:
+            from pytest_ddp.adopt import deepspeed
+
+            deepspeed.install(cls)
+    if in_rank and kinds - {"deepspeed"}:
         from pytest_ddp.adopt import torch_classes
 
         torch_classes.install()
 
 
 def _kind(cls: type, harness: Any) -> str | None:
+    from pytest_ddp.adopt.deepspeed import launcher_class
+
+    if launcher_class(cls) is not None:
+        return "deepspeed"
+    if harness is None:
+        return None
     process, continuous = harness.MultiProcessTestCase, harness.MultiProcContinuousTest
     if issubclass(cls, process) and inspect.getattr_static(cls, "join_or_run") is process.__dict__["join_or_run"]:
         return "process"
@@ -58,6 +70,10 @@ def _world_size(item: pytest.Item, cls: Any, kind: str) -> int:
     try:
         if kind == "process":
             return int(cls(item.name).world_size)
+        if kind == "deepspeed":  # @pytest.mark.world_size(n), else the class's (a list: its first)
+            mark = item.get_closest_marker("world_size")
+            sizes = mark.args[0] if mark is not None else cls.world_size
+            return int(sizes if isinstance(sizes, int) else sizes[0])
         return int(cls._get_world_size(_device_type(cls)))
     except Exception:
         return 1

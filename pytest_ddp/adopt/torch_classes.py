@@ -19,14 +19,12 @@ which runs each test as torch's worker loop runs it (``_run_test_given_id``), so
 process code puts the test and reads its end.  No poison pill: a failed test does not skip the rest
 of its class.
 
-The ranks' exchanges go through the rank group's store, recorded as collectives of a group named
-``harness``: a rank waiting there waits for its peers, and the watchdog says so.
+The ranks' exchanges: :mod:`pytest_ddp.adopt.exchange`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing
 import os
 import tempfile
@@ -36,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.adopt import verdict
+from pytest_ddp.adopt.exchange import exchange
 from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
 from pytest_ddp.rank import default_group
 from pytest_ddp.rank.context import rank_context
-from pytest_ddp.record import recorder
 
 # A rank's own variables, which a spawned process of torch's does not take from the main one.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK")
@@ -58,7 +56,6 @@ class AdoptedExitWarning(UserWarning):
 
 
 _installed = False
-_exchanges = 0  # made by this rank: the same count on every rank of a group, which run the same tests
 
 
 def install() -> None:
@@ -77,25 +74,6 @@ def install() -> None:
     ensure = continuous._ensure_processes_spawned.__func__
     continuous._ensure_processes_spawned = classmethod(functools.partial(_no_poison_pill, ensure))
     _installed = True
-
-
-def _exchange(op: str, value: Any, root: int | None = None) -> list[Any]:
-    """Every rank's ``value`` in rank order (``root``'s alone, for a broadcast), through the group's store."""
-    global _exchanges
-    _exchanges += 1
-    context = rank_context()
-    prefix = f"pytest-ddp/harness/{_exchanges}/"
-
-    def run() -> list[Any]:
-        store = default_group.store()
-        if root is None or context.rank == root:
-            store.set(f"{prefix}{context.rank}", json.dumps(value))
-        keys = [f"{prefix}{rank}" for rank in (range(context.world_size) if root is None else [root])]
-        store.wait(keys)
-        return [json.loads(store.get(key)) for key in keys]
-
-    result: list[Any] = recorder.harness_collective(op, context.world_size, run, root)
-    return result
 
 
 def _check_world_size(cls: type, world_size: int) -> None:
@@ -157,7 +135,7 @@ def _spawn(self: Any) -> None:
     mine = None
     if rank_context().rank == 0:
         mine = {"env": {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "file": _rendezvous_file()}
-    [main] = _exchange(BROADCAST_OBJECTS, mine, root=0)
+    [main] = exchange(BROADCAST_OBJECTS, mine, root=0)
     for name in [name for name in os.environ if name not in main["env"] and name not in RANK_VARIABLES]:
         del os.environ[name]
     os.environ.update(main["env"])
@@ -190,7 +168,7 @@ def _join(self: Any, fn: Any) -> None:
     finally:
         ours.close()
         theirs.close()
-    ends = _exchange(GATHER_OBJECTS, end)
+    ends = exchange(GATHER_OBJECTS, end)
     _abide(verdict.process_test(ends, fn in self.skip_return_code_checks), error, _expects_failure(self, fn))
     if end["end"] == "exit" and rank != 0:
         text = f"rank {rank} exited with code {end['code']}, which torch's harness does not read"
@@ -254,7 +232,7 @@ def _join_class_group(cls: Any, world_size: int) -> None:
     _check_world_size(cls, world_size)
     rank = rank_context().rank
     cls.rank = rank
-    [cls.rdvz_file] = _exchange(BROADCAST_OBJECTS, _rendezvous_file() if rank == 0 else None, root=0)
+    [cls.rdvz_file] = exchange(BROADCAST_OBJECTS, _rendezvous_file() if rank == 0 else None, root=0)
     init_skip = None
     try:
         cls._init_pg(rank, world_size, cls.rdvz_file)
@@ -287,7 +265,7 @@ def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
         if isinstance(exc, unittest.SkipTest):  # torch's worker loop sends it as an error: the test fails
             error = AdoptedFailure(f"the test raised SkipTest({exc}), which torch's worker loop sends as an error")
             error.__cause__ = exc
-    found = verdict.continuous_test(_exchange(GATHER_OBJECTS, end))
+    found = verdict.continuous_test(exchange(GATHER_OBJECTS, end))
     test = getattr(cls, test_id.rsplit(".", 1)[-1], None)
     try:
         _abide(found, error, _expects_failure(cls, test))

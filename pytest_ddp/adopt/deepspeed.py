@@ -1,0 +1,67 @@
+"""DeepSpeed's ``DistributedTest`` classes in a rank (``is_dist_test``; DeepSpeed's tests/unit/common.py,
+which each project that follows it keeps a copy of).
+
+DeepSpeed's conftest runs such a test in its ``pytest_runtest_call``: ``item.cls()(item._request)``
+starts ``world_size`` processes, each of which runs the class's ``_dist_run`` (its environment,
+``init_distributed``, a barrier, the test method with its fixtures), then ``_dist_destroy`` in each
+unless ``reuse_dist_env``, whatever the test did.  In a rank the same conftest runs the same ``__call__``; only the two
+launchers (``_launch_daemonic_procs``, ``_launch_non_daemonic_procs``) run ``_dist_run`` here, on
+rank 0's rendezvous file, instead of starting processes, and gather every rank's skip message, as
+DeepSpeed's main process does.  A rank whose test raised fails with its error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from pytest_ddp.adopt.exchange import exchange
+from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
+from pytest_ddp.rank.context import rank_context
+
+_patched: set[type] = set()
+
+
+def launcher_class(cls: type) -> type | None:
+    """The class of DeepSpeed's harness (``DistributedExec``) that ``cls`` launches with, if it is one."""
+    if not getattr(cls, "is_dist_test", False):
+        return None
+    return next((base for base in cls.__mro__ if "_launch_daemonic_procs" in base.__dict__), None)
+
+
+def install(cls: type) -> None:
+    """Run the class's tests in the rank instead of in processes of their own (once per launcher class)."""
+    base = launcher_class(cls)
+    if base is None or base in _patched:
+        return
+    base._launch_daemonic_procs = _launch_in_rank  # type: ignore[attr-defined]
+    base._launch_non_daemonic_procs = _launch_in_rank  # type: ignore[attr-defined]
+    _patched.add(base)
+
+
+def _launch_in_rank(self: Any, num_procs: int, init_method: str) -> None:
+    """What each of DeepSpeed's processes does, in this rank; then its main process's end: any skip
+    message skips the test."""
+    context = rank_context()
+    if num_procs != context.world_size:
+        raise AssertionError(
+            f"{type(self).__qualname__}: world_size {num_procs} here, {context.world_size} when collected: "
+            "pytest-ddp runs a DeepSpeed test on one world size (a list of them is not supported)"
+        )
+    [shared] = exchange(BROADCAST_OBJECTS, init_method if context.rank == 0 else None, root=0)
+    error: BaseException | None = None
+    skip = ""
+    try:
+        skip = self._dist_run(context.rank, num_procs, os.environ.get("MASTER_PORT"), shared) or ""
+    except Exception as exc:
+        error = exc
+    finally:  # as DeepSpeed's main process closes its pool, after a failure too
+        if not self.reuse_dist_env:
+            self._dist_destroy()
+    skips = exchange(GATHER_OBJECTS, "" if error is not None else str(skip))
+    if error is not None:
+        raise error
+    if any(skips):
+        pytest.skip(next(message for message in skips if message))

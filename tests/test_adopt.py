@@ -1,0 +1,618 @@
+"""--ddp-adopt: torch's distributed test classes, run as they are on warm ranks, with the outcomes
+torch's own harness gives them.
+
+The inner sessions run in subprocesses: they import torch's test harness, which pytester's
+in-process runs would import again in the same process.  TORCH_OUTCOMES is what torch's harness
+gave these files (plain pytest, each test spawning its processes); the slow test measures it again.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+
+from conftest import line_of
+from pytest_ddp.adopt.verdict import Verdict, continuous_test, process_test
+
+PROCESS_CLASSES = '''
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_distributed import (
+    TEST_SKIPS,
+    DistributedTestBase,
+    MultiProcessTestCase,
+    skip_if_lt_x_gpu,
+)
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
+
+
+class Collectives(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _init(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+
+    def test_all_reduce(self):
+        self._init()
+        t = torch.ones(2) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((2,), 3.0))
+
+    @parametrize("n", [1, 3])
+    def test_broadcast(self, n):
+        self._init()
+        t = torch.full((n,), float(self.rank))
+        dist.broadcast(t, src=1)
+        self.assertEqual(t, torch.ones(n))
+
+    def test_fails_on_rank1(self):
+        self._init()
+        dist.barrier()
+        self.assertEqual(self.rank, 0, "rank 1 differs")
+
+    @skip_if_lt_x_gpu(2)
+    def test_needs_gpus(self):
+        self._init()
+
+    def test_skip_test(self):
+        raise unittest.SkipTest("not here")
+
+    @unittest.expectedFailure
+    def test_expected_failure_on_rank1(self):
+        self.assertEqual(self.rank, 0)
+
+    @unittest.expectedFailure
+    def test_unexpected_success(self):
+        pass
+
+    def test_exit_with_a_skip_code(self):
+        sys.exit(TEST_SKIPS["small_worldsize"].exit_code)
+
+    def test_rank0_exits_with_a_skip_code(self):
+        if self.rank == 0:
+            sys.exit(TEST_SKIPS["odd_worldsize"].exit_code)
+
+    def test_rank1_exits_with_a_skip_code(self):
+        if self.rank == 1:
+            sys.exit(TEST_SKIPS["odd_worldsize"].exit_code)
+
+    def test_rank0_exits_3(self):
+        if self.rank == 0:
+            sys.exit(3)
+
+    def test_rank1_exits_3(self):
+        if self.rank == 1:
+            sys.exit(3)
+
+    def test_subgroup_and_destroy(self):
+        self._init()
+        sub = dist.new_group([0, 1])
+        t = torch.ones(1)
+        dist.all_reduce(t, group=sub)
+        self.assertEqual(t.item(), 2.0)
+        dist.destroy_process_group()
+
+
+instantiate_parametrized_tests(Collectives)
+
+
+class Tensors(DTensorTestBase):
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_shard_and_gather(self):
+        full = torch.arange(8.0).reshape(4, 2)
+        d = distribute_tensor(full, self.build_device_mesh(), [Shard(0)])
+        self.assertEqual(d.to_local().shape, (2, 2))
+        self.assertEqual(d.full_tensor(), full)
+
+    @with_comms
+    def test_replicate(self):
+        d = distribute_tensor(torch.ones(3), self.build_device_mesh(), [Replicate()])
+        self.assertEqual(d.to_local(), torch.ones(3))
+
+    @with_comms
+    def test_wrong_shape(self):
+        d = distribute_tensor(torch.ones(4), self.build_device_mesh(), [Shard(0)])
+        self.assertEqual(d.to_local().shape, (4,))
+
+
+class Objects(DistributedTestBase):
+    @property
+    def world_size(self):
+        return 2
+
+    def test_all_gather_object(self, device):
+        self.create_pg(device)
+        out = [None] * self.world_size
+        dist.all_gather_object(out, {"rank": self.rank})
+        self.assertEqual(out, [{"rank": 0}, {"rank": 1}])
+
+
+instantiate_device_type_tests(Objects, globals(), only_for="cpu")
+'''
+
+CONTINUOUS_CLASS = '''
+import os
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+class Continuous(MultiProcContinuousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    @classmethod
+    def device_type(cls):
+        return "cpu"
+
+    @classmethod
+    def opts(cls, high_priority_stream=False):
+        with open(os.path.join(os.environ["LOG_DIR"], f"opts{cls.rank}"), "a") as f:
+            f.write("x")  # read once per rank: the class's group is made once
+        return None
+
+    def test_a(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2.0)
+
+    def test_b_fails(self):
+        self.assertEqual(dist.get_rank(), 0)
+
+    def test_c_after_a_failure(self):  # no poison pill: it runs
+        self.assertIs(self.pg, dist.distributed_c10d._get_default_group())
+        self.assertEqual(dist.get_backend(), "gloo")
+        self.assertEqual(self.rank, dist.get_rank())
+
+    def test_d_skip_test_in_a_worker(self):  # torch's worker loop sends a SkipTest as an error
+        self.skipTest("not here")
+
+
+def test_after_the_class():  # its group was ended with the class
+    assert not dist.is_initialized()
+'''
+
+# What torch's own harness gives these tests (plain pytest, torch spawning each test's processes):
+# measured again by test_the_outcomes_are_torch_harness_own.
+TORCH_OUTCOMES = {
+    "test_process_classes.py::Collectives::test_all_reduce": "PASSED",
+    "test_process_classes.py::Collectives::test_broadcast_n_1": "PASSED",
+    "test_process_classes.py::Collectives::test_broadcast_n_3": "PASSED",
+    "test_process_classes.py::Collectives::test_fails_on_rank1": "FAILED",
+    "test_process_classes.py::Collectives::test_needs_gpus": "SKIPPED",
+    "test_process_classes.py::Collectives::test_skip_test": "SKIPPED",
+    "test_process_classes.py::Collectives::test_expected_failure_on_rank1": "XFAIL",
+    "test_process_classes.py::Collectives::test_unexpected_success": "FAILED",
+    "test_process_classes.py::Collectives::test_exit_with_a_skip_code": "SKIPPED",
+    "test_process_classes.py::Collectives::test_rank0_exits_with_a_skip_code": "SKIPPED",
+    "test_process_classes.py::Collectives::test_rank1_exits_with_a_skip_code": "PASSED",
+    "test_process_classes.py::Collectives::test_rank0_exits_3": "FAILED",
+    "test_process_classes.py::Collectives::test_rank1_exits_3": "PASSED",
+    "test_process_classes.py::Collectives::test_subgroup_and_destroy": "PASSED",
+    "test_process_classes.py::Tensors::test_shard_and_gather": "PASSED",
+    "test_process_classes.py::Tensors::test_replicate": "PASSED",
+    "test_process_classes.py::Tensors::test_wrong_shape": "FAILED",
+    "test_process_classes.py::ObjectsCPU::test_all_gather_object_cpu": "PASSED",
+}
+
+OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR)\b")
+
+
+def outcomes(result: pytest.RunResult) -> dict[str, str]:
+    """Each test's outcome in a ``-v`` run."""
+    return {m[1]: m[2] for line in result.outlines if (m := OUTCOME.match(line))}
+
+
+def run(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=timeout)
+
+
+def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # MultiProcessTestCase.setUp makes a file there per rank
+    pytester.makepyfile(test_process_classes=PROCESS_CLASSES)
+    result = run(pytester, "--ddp-adopt")
+    assert outcomes(result) == TORCH_OUTCOMES
+    result.stdout.fnmatch_lines([f"*ddp: {len(TORCH_OUTCOMES)} tests on 1 rank group started*"])
+    # Nothing left behind (torch keeps its compiler's cache there, as it does under its own harness).
+    assert [path.name for path in tmp_path.iterdir() if not path.name.startswith("torchinductor_")] == []
+
+
+@pytest.mark.slow
+def test_the_outcomes_are_torch_harness_own(pytester) -> None:
+    pytester.makepyfile(test_process_classes=PROCESS_CLASSES)
+    assert outcomes(run(pytester, "-p", "no:ddp", timeout=900)) == TORCH_OUTCOMES
+
+
+def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(pytester, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LOG_DIR", str(tmp_path))
+    pytester.makepyfile(test_continuous=CONTINUOUS_CLASS)
+    result = run(pytester, "--ddp-adopt")
+    assert outcomes(result) == {
+        "test_continuous.py::Continuous::test_a": "PASSED",
+        "test_continuous.py::Continuous::test_b_fails": "FAILED",
+        "test_continuous.py::Continuous::test_c_after_a_failure": "PASSED",
+        "test_continuous.py::Continuous::test_d_skip_test_in_a_worker": "FAILED",
+        "test_continuous.py::test_after_the_class": "PASSED",
+    }
+    assert (tmp_path / "opts0").read_text() == (tmp_path / "opts1").read_text() == "x"
+    result.stdout.fnmatch_lines(["*rank 1 failed*", "*ddp: 4 tests on 1 rank group started*"])
+
+
+def test_one_line_in_the_ini_file_adopts(pytester) -> None:
+    pytester.makeini("[pytest]\nddp_adopt = true\n")
+    pytester.makepyfile(
+        test_one=textwrap.dedent(
+            """
+            import torch.distributed as dist
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+            class One(MultiProcessTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_processes()
+
+                def test_rank(self):
+                    dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                            rank=self.rank, world_size=2)
+                    assert dist.get_rank() == self.rank
+            """
+        )
+    )
+    result = run(pytester)
+    assert outcomes(result) == {"test_one.py::One::test_rank": "PASSED"}
+    result.stdout.fnmatch_lines(["*ddp: 1 test on 1 rank group started*"])
+
+
+def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stack(pytester) -> None:
+    path = pytester.makepyfile(
+        test_hang=textwrap.dedent(
+            """
+            import torch
+            import torch.distributed as dist
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+            class Hangs(MultiProcessTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_processes()
+
+                def test_ranks_differ(self):
+                    dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                            rank=self.rank, world_size=2)
+                    if self.rank == 0:
+                        dist.all_reduce(torch.ones(1))
+                    else:
+                        dist.recv(torch.zeros(1), src=0)
+            """
+        )
+    )
+    result = run(pytester, "--ddp-adopt", "--ddp-timeout=300")
+    assert outcomes(result) == {"test_hang.py::Hangs::test_ranks_differ": "FAILED"}
+    result.stdout.fnmatch_lines(
+        [
+            "*deadlock*",
+            f"*rank 0*all_reduce #1 (test_hang.py:{line_of(path, 'all_reduce')})*",
+            f"*rank 1*recv #1 from 0 (test_hang.py:{line_of(path, 'dist.recv')})*",
+            "*Python stacks*",
+        ]
+    )
+    assert "timed out" not in result.stdout.str()
+
+
+def test_what_cannot_be_honoured_fails_naming_the_class_and_the_feature(pytester) -> None:
+    pytester.makepyfile(
+        test_code=textwrap.dedent(
+            """
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+            class ExpectsACrash(MultiProcessTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self.special_return_code_checks = {self.test_aborts.__wrapped__: -6}
+                    self._spawn_processes()
+
+                def test_aborts(self):
+                    pass
+            """
+        )
+    )
+    result = run(pytester, "--ddp-adopt")
+    assert outcomes(result) == {"test_code.py::ExpectsACrash::test_aborts": "FAILED"}
+    result.stdout.fnmatch_lines(["*AdoptError: ExpectsACrash: special_return_code_checks*"])
+
+
+def test_without_the_option_torchs_harness_runs_its_own_way(pytester) -> None:
+    pytester.makepyfile(
+        test_own=textwrap.dedent(
+            """
+            import os
+            from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+            class Own(MultiProcessTestCase):
+                world_size = 2
+
+                def setUp(self):
+                    super().setUp()
+                    self._spawn_processes()
+
+                def test_spawned(self):
+                    assert "PYTEST_DDP_SHARED_ROOT" not in os.environ  # a process torch spawned
+            """
+        )
+    )
+    result = run(pytester)
+    assert outcomes(result) == {"test_own.py::Own::test_spawned": "PASSED"}
+    assert "ddp:" not in result.stdout.str()
+
+
+DIST_BACKEND_SPAWN = '''
+# As torch's test/distributed/test_distributed_spawn.py: the installed torch's mixin of distributed
+# tests, run by TestDistBackend's own _run (its init, its file barrier in the folder setUp makes).
+import torch
+from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+        torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
+'''
+# A set of the mixin's tests (collectives, point-to-point, subgroups, objects), and what torch's harness gives them
+# on a machine without CUDA (test_the_mixins_outcomes_are_torch_harness_own measures it again).
+DIST_BACKEND_SELECTION = (
+    "test_all_reduce_sum or test_broadcast or test_all_gather_object or test_barrier_full_group or test_gather_object "
+    "or test_destroy or test_isend or test_irecv or test_new_subgroups_by_enumeration"
+)
+_PASSED = (
+    "test_all_gather_object_default_pg test_all_gather_object_subgroup test_all_reduce_sum "
+    "test_all_reduce_sum_async test_all_reduce_sum_complex test_barrier_full_group test_broadcast "
+    "test_broadcast_full_group test_destroy_full_group test_destroy_group test_irecv test_isend "
+    "test_isend_autograd_profiler test_isend_torch_profiler "
+)
+_SKIPPED = (  # CUDA, world size 2, or a backend that is not gloo
+    "test_all_reduce_sum_cuda test_all_reduce_sum_cuda_async test_all_reduce_sum_cuda_complex "
+    "test_barrier_full_group_cuda test_broadcast_cuda test_broadcast_group test_broadcast_object_list "
+    "test_gather_object test_gather_object_subgroup test_new_subgroups_by_enumeration "
+    "test_new_subgroups_by_enumeration_input_rank_exceeds_world_size "
+    "test_new_subgroups_by_enumeration_negative_input_rank "
+)
+DIST_BACKEND_OUTCOMES = {
+    f"test_distributed_spawn.py::TestDistBackendWithSpawn::{name}": outcome
+    for names, outcome in ((_PASSED, "PASSED"), (_SKIPPED, "SKIPPED"))
+    for name in names.split()
+}
+
+
+@pytest.fixture
+def dist_backend_env(monkeypatch) -> None:
+    monkeypatch.setenv("BACKEND", "gloo")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+
+def test_torchs_own_distributed_mixin_runs_on_warm_ranks_with_torchs_outcomes(pytester, dist_backend_env) -> None:
+    pytester.makepyfile(test_distributed_spawn=DIST_BACKEND_SPAWN)
+    result = run(pytester, "--ddp-adopt", "-k", DIST_BACKEND_SELECTION)
+    assert outcomes(result) == DIST_BACKEND_OUTCOMES
+    result.stdout.fnmatch_lines([f"*ddp: {len(DIST_BACKEND_OUTCOMES)} tests on 1 rank group started*"])
+
+
+@pytest.mark.slow
+def test_the_mixins_outcomes_are_torch_harness_own(pytester, dist_backend_env) -> None:
+    pytester.makepyfile(test_distributed_spawn=DIST_BACKEND_SPAWN)
+    assert outcomes(run(pytester, "-p", "no:ddp", "-k", DIST_BACKEND_SELECTION, timeout=1800)) == DIST_BACKEND_OUTCOMES
+
+
+# -- torch's main-process verdicts, on hand-made ends ---------------------------------
+
+
+def _end(end: str, code: int = 0, reason: str = "") -> dict[str, object]:
+    return {"end": end, "code": code, "reason": reason}
+
+
+OK, ERROR, SKIP, EXIT3 = _end("ok"), _end("error", 10, "AssertionError: x"), _end("skip", 86, "why"), _end("exit", 3)
+
+
+@pytest.mark.parametrize(
+    "ends, expected",
+    [
+        ([OK, OK], Verdict("passed")),
+        ([OK, ERROR], Verdict("failed", "AssertionError: x", (1,))),
+        ([SKIP, ERROR], Verdict("failed", "AssertionError: x", (1,))),  # errors come first
+        ([SKIP, OK], Verdict("skipped", "why")),  # rank 0's exit code decides
+        ([OK, SKIP], Verdict("passed")),
+        ([EXIT3, OK], Verdict("failed", "rank 0 exited with code 3; torch's harness expects 0", (0,))),
+        ([OK, EXIT3], Verdict("passed")),  # no other rank's code is read
+    ],
+)
+def test_multi_process_test_case_verdict(ends, expected) -> None:
+    assert process_test(ends) == expected
+
+
+def test_a_test_that_may_exit_with_any_code_passes_unless_a_rank_raised() -> None:
+    assert process_test([EXIT3, SKIP], any_exit_code=True) == Verdict("passed")
+    assert process_test([EXIT3, ERROR], any_exit_code=True).outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    "ends, expected",
+    [
+        ([OK, OK], Verdict("passed")),
+        ([OK, SKIP], Verdict("skipped", "why")),  # the first rank that did not pass decides
+        ([SKIP, ERROR], Verdict("skipped", "why")),
+        ([ERROR, SKIP], Verdict("failed", "AssertionError: x", (0,))),
+        ([ERROR, ERROR], Verdict("failed", "AssertionError: x", (0, 1))),
+    ],
+)
+def test_continuous_test_verdict(ends, expected) -> None:
+    assert continuous_test(ends) == expected
+
+
+# A DeepSpeed-style harness, shaped as DeepSpeed's tests/unit/common.py and conftest.py shape theirs
+# (DistributedExec's launchers, _dist_run, _dist_destroy; DistributedTest; the conftest's
+# pytest_runtest_call), written here with torch.distributed in place of deepspeed.comm.
+DEEPSPEED_CONFTEST = '''
+import inspect
+import multiprocessing as mp
+import os
+import tempfile
+
+import pytest
+import torch.distributed as dist
+from _pytest.outcomes import Skipped
+
+
+class DistributedExec:
+    world_size = 2
+    backend = "gloo"
+    requires_cuda_env = False
+    reuse_dist_env = False
+    non_daemonic_procs = False
+
+    def _get_fixture_kwargs(self, request, func):
+        kwargs = {}
+        for name in inspect.getfullargspec(func).args[1:]:
+            kwargs[name] = request.getfixturevalue(name)
+        return kwargs
+
+    def _launch_with_file_store(self, request, world_size):
+        folder = request.getfixturevalue("tmpdir")
+        for procs in [world_size] if isinstance(world_size, int) else world_size:
+            with tempfile.NamedTemporaryFile(delete=False, dir=str(folder), suffix="_filestore") as f:
+                init_method = f"file://{f.name}"
+            self._launch_procs(procs, init_method)
+
+    def _launch_procs(self, num_procs, init_method):
+        if self.non_daemonic_procs:
+            self._launch_non_daemonic_procs(num_procs, init_method)
+        else:
+            self._launch_daemonic_procs(num_procs, init_method)
+
+    def _launch_daemonic_procs(self, num_procs, init_method):
+        pool = mp.get_context("spawn").Pool(processes=num_procs)
+        try:
+            skips = pool.starmap(self._dist_run, [(rank, num_procs, "0", init_method) for rank in range(num_procs)])
+        finally:
+            if not self.reuse_dist_env:
+                pool.starmap(self._dist_destroy, [() for _ in range(num_procs)])
+            pool.close()
+            pool.join()
+        if any(skips):
+            pytest.skip(skips[0])
+
+    def _launch_non_daemonic_procs(self, num_procs, init_method):
+        raise NotImplementedError
+
+    def _dist_run(self, local_rank, num_procs, master_port, init_method, skip_msg=""):
+        os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(num_procs))
+        dist.init_process_group(self.backend, init_method=init_method, rank=local_rank, world_size=num_procs)
+        dist.barrier()
+        try:
+            self.run(**self._fixture_kwargs)
+        except Skipped as e:
+            skip_msg = e.msg
+        return skip_msg
+
+    def _dist_destroy(self):
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+class DistributedTest(DistributedExec):
+    is_dist_test = True
+
+    def run(self, **fixture_kwargs):
+        self._current_test(**fixture_kwargs)
+
+    def __call__(self, request):
+        self._current_test = getattr(self, request.function.__name__)
+        self._fixture_kwargs = self._get_fixture_kwargs(request, self._current_test)
+        self._launch_with_file_store(request, self.world_size)
+
+
+def pytest_runtest_call(item):
+    if getattr(item.cls, "is_dist_test", False):
+        item.cls()(item._request)
+        item.runtest = lambda: True
+'''
+
+DEEPSPEED_TESTS = '''
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import DistributedTest
+
+
+@pytest.fixture
+def value():
+    return 3
+
+
+class TestCollectives(DistributedTest):
+    world_size = 2
+
+    def test_all_reduce(self, value):
+        t = torch.ones(1) * value
+        dist.all_reduce(t)
+        assert t.item() == 2 * value
+
+    def test_skips(self):
+        pytest.skip("not on this machine")
+
+    def test_fails_on_rank_1(self):
+        dist.barrier()
+        assert int(os.environ["RANK"]) == 0
+'''
+DEEPSPEED_OUTCOMES = {
+    "test_ds.py::TestCollectives::test_all_reduce": "PASSED",
+    "test_ds.py::TestCollectives::test_skips": "SKIPPED",
+    "test_ds.py::TestCollectives::test_fails_on_rank_1": "FAILED",
+}
+
+
+def test_deepspeed_style_classes_run_on_warm_ranks(pytester) -> None:
+    pytester.makeconftest(DEEPSPEED_CONFTEST)
+    pytester.makepyfile(test_ds=DEEPSPEED_TESTS)
+    result = run(pytester, "--ddp-adopt")
+    assert outcomes(result) == DEEPSPEED_OUTCOMES
+    result.stdout.fnmatch_lines(["*rank 1 failed*", "*ddp: 3 tests on 1 rank group started*"])
+
+
+@pytest.mark.slow
+def test_deepspeed_style_outcomes_are_their_harness_own(pytester) -> None:
+    pytester.makeconftest(DEEPSPEED_CONFTEST)
+    pytester.makepyfile(test_ds=DEEPSPEED_TESTS)
+    assert outcomes(run(pytester, "-p", "no:ddp")) == DEEPSPEED_OUTCOMES
