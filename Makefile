@@ -68,7 +68,6 @@ clean-matrix:
 	rm -rf .venv-torch*
 
 bench: venv
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,bench]'
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/recorder_overhead.py
 	$(PY) benchmarks/verdict_scale.py --real
