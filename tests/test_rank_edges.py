@@ -3,6 +3,7 @@ processes, environment variables, warnings), and how it stops a session."""
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 import threading
@@ -287,3 +288,16 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "KeyboardInterrupt" not in done.stderr
     assert done.stdout == "exit 0\n"
+
+
+def test_a_ranks_spec_file_is_readable_by_its_user_alone(tmp_path):
+    """It holds the rank's environment: 0600, whatever the umask, and a planted link is refused."""
+    from pytest_ddp.groups.spawn import write_spec_file
+
+    path = write_spec_file(tmp_path, {"rank": 0, "env": {"TOKEN": "x"}})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "rank1.json").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        write_spec_file(tmp_path, {"rank": 1})
+    assert (tmp_path / "elsewhere").read_text() == ""

@@ -75,8 +75,11 @@ def complete_spec(
 
 
 def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
+    """The spec as a file only this user can read (it holds the rank's environment), in the group's
+    0700 folder."""
     path = folder / f"rank{spec['rank']}.json"
-    path.write_text(json.dumps(spec))
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as out:
+        out.write(json.dumps(spec))
     return path
 
 
