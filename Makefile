@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,mpi]'
+	# pytest-randomly for tests/test_hostile_reports.py, in a folder of its own: installed in the
+	# venv, it would shuffle every pytest session of the suite.
+	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/randomly pytest-randomly
 	touch $(STAMP)
 
 # The example suite: passing distributed tests and diagnosed failures.

@@ -9,7 +9,6 @@ again alone fails it; a full disk is an error that says so.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -279,12 +278,28 @@ def test_a_session_under_rerunfailures_keeps_every_outcome(ddp_pytester, reruns)
     result.stdout.fnmatch_lines(["FAILED *test_ddp_fails[[]0[]]*", "FAILED *test_ddp_fails[[]1[]]*"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pytest_randomly") is None, reason="pytest-randomly is not installed")
-def test_a_session_under_randomly_keeps_every_outcome(ddp_pytester) -> None:
-    result = ddp_pytester.run_subprocess(SESSION, "-p", "randomly", "--randomly-seed=12345", "-rA")
+# pytest-randomly, installed by `make venv` beside the venv's packages, not among them: installed,
+# it would shuffle every inner session of this suite.
+RANDOMLY = Path(sys.prefix) / "randomly"
+RANDOM_DRAWS = """
+import random
+
+@pytest.mark.ddp(world_size=2)
+def test_ranks_draw_alike(rank):
+    draws = [None, None]
+    dist.all_gather_object(draws, (random.random(), torch.rand(1).item()))
+    assert draws[0] == draws[1]
+"""
+
+
+@pytest.mark.skipif(not RANDOMLY.is_dir(), reason=f"pytest-randomly is not installed in {RANDOMLY} (make venv)")
+def test_a_session_under_randomly_keeps_every_outcome(ddp_pytester, monkeypatch) -> None:
+    # Its ranks reseed from the session's seed, as its plain tests do: they draw the same numbers.
+    monkeypatch.setenv("PYTHONPATH", str(RANDOMLY))
+    result = ddp_pytester.run_subprocess(SESSION + RANDOM_DRAWS, "-p", "randomly", "--randomly-seed=12345", "-rA")
     _no_internal_error(result)
     result.stdout.fnmatch_lines(["*--randomly-seed=12345*"])
-    result.assert_outcomes(**OUTCOMES)
+    result.assert_outcomes(passed=OUTCOMES["passed"] + 1, failed=OUTCOMES["failed"])
 
 
 # -- a full disk ----------------------------------------------------------------------------

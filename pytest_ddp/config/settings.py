@@ -183,6 +183,11 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
         args.append("--showlocals")
     if config.getoption("--ddp-adopt", False):
         args.append("--ddp-adopt")
+    # pytest-randomly reseeds random, numpy and torch before each test from its seed: a rank with a
+    # seed of its own would draw other numbers than its peers.
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        args.append(f"--randomly-seed={seed}")
     root = config.rootpath
     for item in items:
         path, _, rest = item.nodeid.partition("::")
