@@ -343,3 +343,31 @@ def test_a_full_disk_is_an_error_that_says_so_and_the_session_ends(ddp_pytester,
         failures = result.stdout.str().split("short test summary info")[0].splitlines()
         lines = [line for line in failures if "report files were not written" in line]
         assert len(lines) == 2 and all(line.endswith("OSError: [Errno 28] No space left on device") for line in lines)
+
+
+GARBLED_LOG = """
+def event_log():
+    for fd in os.listdir("/proc/self/fd"):
+        target = os.readlink(f"/proc/self/fd/{fd}") if os.path.islink(f"/proc/self/fd/{fd}") else ""
+        if target.endswith(f"rank{dist.get_rank()}.events"):
+            return int(fd)
+    raise AssertionError("no event log")
+
+@pytest.mark.ddp(world_size=2)
+def test_cut_short(rank):
+    dist.barrier()
+    if rank == 1:  # as a write cut short by a full disk leaves it: the next line follows the half
+        os.write(event_log(), b'{"e":"call","i"')
+    dist.barrier()
+
+@pytest.mark.ddp(world_size=2)
+def test_after(rank):
+    dist.barrier()
+"""
+
+
+def test_a_line_of_a_ranks_event_log_cut_short_fails_its_test_and_the_session_goes_on(ddp_pytester) -> None:
+    result = ddp_pytester.run_subprocess(GARBLED_LOG, "-rA")
+    _no_internal_error(result)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["ddp: its event log holds a line that is not an event*", "FAILED *test_cut_short*"])

@@ -72,6 +72,15 @@ def test_a_stream_cut_anywhere_decodes_to_the_same_records() -> None:
     assert decoded == RECORDS
 
 
+def test_a_line_cut_short_is_a_fatal_event_and_the_lines_around_it_are_read() -> None:
+    """A full disk cuts a write short: the next line is appended to the half line."""
+    first, second, third = (protocol.encode(r) for r in RECORDS[:3])
+    decoded = LineDecoder().feed(first + second[:9] + third + protocol.encode(RECORDS[3]))
+    assert decoded[0] == RECORDS[0] and decoded[2] == RECORDS[3]
+    assert isinstance(decoded[1], protocol.Fatal) and "not an event" in decoded[1].error
+    assert len(decoded) == 3
+
+
 @pytest.mark.parametrize(
     "line",
     [b'{"e":"gossip","t":1.0}', b'{"cmd":"reboot"}', b'{"id":"t.py::test_a"}', b'{"e":"test","t":1.0}', b"[1]"],

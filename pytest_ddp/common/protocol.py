@@ -449,7 +449,19 @@ class LineDecoder:
         lines = [line for line in lines if line.strip()]
         if not lines:
             return []
-        return [from_wire(wire) for wire in json.loads(b"[" + b",".join(lines) + b"]")]
+        try:
+            return [from_wire(wire) for wire in json.loads(b"[" + b",".join(lines) + b"]")]
+        except ValueError:  # ProtocolError included: one line at a time, to find the bad one
+            return [_record_or_fatal(line) for line in lines]
+
+
+def _record_or_fatal(line: bytes) -> Record:
+    """The record on ``line``, or, for a line that holds none, a :class:`Fatal` of its rank: a
+    write cut short (a full disk) has lost what the rank said, so its test cannot pass."""
+    try:
+        return decode(line)
+    except ProtocolError as exc:
+        return Fatal(f"its event log holds a line that is not an event (a write cut short by a full disk?): {exc}")
 
 
 # -- the event log: a rank's events in an append-only file ---------------------------

@@ -210,6 +210,7 @@ class RankState:
     interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
     warnings: list[WarningRecorded] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
+    fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
 
     @property
     def failed(self) -> bool:
@@ -301,9 +302,10 @@ class RankState:
                     self.waiting_on = ev.index
             case TestStart():
                 pass  # the controller knows which test it handed over
-            case Fatal():  # the rank exits next; its stderr says why
+            case Fatal():  # the rank exits next (its stderr says why), or a line of its log was lost
                 if self.failed_at is None:
                     self.failed_at = ev.time
+                self.fatal = self.fatal or ev.error
             case _:
                 raise ProtocolError(f"{type(ev).__name__} event during a test")
 

@@ -81,6 +81,9 @@ def merged_reports(
                 if rep.outcome == RERUN:
                     label += " (then the rank ran the test again, alone: a plugin's rerun, e.g. the flaky mark's)"
                 rank_failures.setdefault(state.rank, rep.longreprtext + label)
+    for state in run.states:  # a line of its event log was lost: what it did cannot be known
+        if state.fatal is not None and state.alive:
+            rank_failures.setdefault(state.rank, f"ddp: {state.fatal}")
     # The group was stopped right after this test: the ranks tore down the
     # fixtures they still held then, and a failure there is this test's teardown error.
     for rank, end in run.stop_teardown.items():
@@ -107,7 +110,8 @@ def merged_reports(
         if when == "call" and reports[-1].outcome != "passed":
             continue
         outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
-        if outcome == "passed" and when == "call" and (run.collectives_wrong or run.faults_not_fired):
+        lost = any(state.fatal is not None and state.alive for state in run.states)
+        if outcome == "passed" and when == "call" and (run.collectives_wrong or run.faults_not_fired or lost):
             outcome = "failed"
         longrepr: Any = None
         if outcome == "failed":
