@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
-    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.common.event_log import EventLog
     from pytest_ddp.record import mpi_recorder
 
     plain = MPI.COMM_WORLD

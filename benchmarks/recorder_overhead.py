@@ -97,7 +97,7 @@ def alone_costs(folder: str, call: Callable[[torch.Tensor], Any], arm: bool) -> 
     """CPU microseconds per call in a Gloo group of one (no peer to wait for): without the
     recorder, with only its dispatcher kernels, which hand every call on (the c10d ones armed
     where ``arm``), and with the whole recorder (armed the same); best of 5 each."""
-    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.common.event_log import EventLog
     from pytest_ddp.record import backend_hook, recorder
 
     tensor = torch.ones(1)
@@ -174,7 +174,7 @@ def count_calls(path: str, offset: int) -> int:
 
 
 def worker(rank: int, folder: str, calls: int, steps: int, rounds: int) -> None:
-    from pytest_ddp.common.protocol import EventLog
+    from pytest_ddp.common.event_log import EventLog
     from pytest_ddp.record import backend_hook, recorder
 
     store = dist.FileStore(os.path.join(folder, "store"), 2)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from pytest_ddp.common.protocol import Done, EventLog, TestStart
+from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.protocol import Done, TestStart
 from pytest_ddp.record import mpi_recorder
 
 _log: EventLog

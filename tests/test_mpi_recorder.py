@@ -18,7 +18,8 @@ import pytest
 
 import pytest_ddp
 from conftest import line_of
-from pytest_ddp.common.protocol import CALL_KEYS, RET_KEYS, EventReader, TestStart
+from pytest_ddp.common.event_log import EventReader
+from pytest_ddp.common.protocol import CALL_KEYS, RET_KEYS, TestStart
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.consistency import unreceived_messages
 from pytest_ddp.diagnose.state import RankState, Snapshot

@@ -12,15 +12,13 @@ from typing import Any
 import pytest
 
 from pytest_ddp.common import protocol
+from pytest_ddp.common.event_log import EventLog, EventReader, LineDecoder
 from pytest_ddp.common.protocol import (
     CALL_KEYS,
     CallEvent,
     CallFunction,
     Done,
-    EventLog,
-    EventReader,
     Fatal,
-    LineDecoder,
     PhaseStart,
     ProtocolError,
     Ready,

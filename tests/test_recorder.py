@@ -22,7 +22,8 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from conftest import line_of
-from pytest_ddp.common.protocol import Done, EventLog, EventReader, TestStart
+from pytest_ddp.common.event_log import EventLog, EventReader
+from pytest_ddp.common.protocol import Done, TestStart
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.record import recorder
 

@@ -36,9 +36,7 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 JSON strings on its hot path; their keys are defined here, by
 :class:`CallWire` and :class:`RetWire`, and must not change without it.
 
-A rank's event log is an append-only file written with one ``os.write`` per
-event: a line is whole even if the rank dies right after writing it, and the
-controller reads the file while the rank is blocked in C++ or after it died.
+A rank's event log (:mod:`pytest_ddp.common.event_log`) carries its events.
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
 import pickle
 import time
 import warnings
@@ -342,7 +339,7 @@ Record = Command | Event
 # -- the codec -----------------------------------------------------------------------
 
 _COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
-_COMMAND_TYPES = (RunItem, CallFunction, Stop)
+COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
     for cls in (
@@ -382,7 +379,7 @@ _encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: d
 def to_wire(record: Record) -> dict[str, Any]:
     cls = type(record)
     codec = _CODECS[cls]
-    wire: dict[str, Any] = {"cmd" if cls in _COMMAND_TYPES else "e": cls.KIND}
+    wire: dict[str, Any] = {"cmd" if cls in COMMAND_TYPES else "e": cls.KIND}
     for name, key in codec.fields:
         value = getattr(record, name)
         if value is not None or name not in codec.omitted_when_none:
@@ -428,84 +425,6 @@ def decode(line: bytes | str) -> Record:
 
 def decode_command(line: bytes | str) -> Command:
     record = decode(line)
-    if not isinstance(record, _COMMAND_TYPES):
+    if not isinstance(record, COMMAND_TYPES):
         raise ProtocolError(f"not a command: {record.KIND}")
     return record
-
-
-class LineDecoder:
-    """Records out of a byte stream read piece by piece (a growing file, a socket).
-
-    A line cut short by the end of a chunk waits for the rest.  All whole lines
-    of a chunk are parsed in one ``json.loads``: much cheaper than one per line.
-    """
-
-    def __init__(self) -> None:
-        self._partial = b""
-
-    def feed(self, chunk: bytes) -> list[Record]:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # b"" when the chunk ended with a newline
-        lines = [line for line in lines if line.strip()]
-        if not lines:
-            return []
-        try:
-            return [from_wire(wire) for wire in json.loads(b"[" + b",".join(lines) + b"]")]
-        except ValueError:  # ProtocolError included: one line at a time, to find the bad one
-            return [_record_or_fatal(line) for line in lines]
-
-
-def _record_or_fatal(line: bytes) -> Record:
-    """The record on ``line``, or, for a line that holds none, a :class:`Fatal` of its rank: a
-    write cut short (a full disk) has lost what the rank said, so its test cannot pass."""
-    try:
-        return decode(line)
-    except ProtocolError as exc:
-        return Fatal(f"its event log holds a line that is not an event (a write cut short by a full disk?): {exc}")
-
-
-# -- the event log: a rank's events in an append-only file ---------------------------
-
-
-class EventLog:
-    """The rank side: appends one line per event, with one unbuffered ``os.write``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-    def write(self, event: Event | CallWire | RetWire) -> None:
-        os.write(self._fd, encode(event))
-
-    def write_line(self, line: str) -> None:
-        """A line already in the wire format, without its newline (the recorder's hot path)."""
-        os.write(self._fd, (line + "\n").encode())
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-class EventReader:
-    """The controller side: the events appended since the last read."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: Any = None  # opened once the rank has created it
-        self._decoder = LineDecoder()
-
-    def read_new(self) -> list[Event]:
-        if self._file is None:
-            try:
-                self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 - read for the group's life
-            except FileNotFoundError:
-                return []
-        records = self._decoder.feed(self._file.readall())
-        for record in records:
-            if isinstance(record, _COMMAND_TYPES):
-                raise ProtocolError(f"a command in an event log: {record.KIND}")
-        return records  # type: ignore[return-value]
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

@@ -33,10 +33,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.common.protocol import (
     CallFunction,
     Command,
-    EventReader,
     Fatal,
     Ready,
     RunItem,

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pytest_ddp.common.protocol import EventReader
+from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.diagnose.state import RankState
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.

@@ -14,11 +14,11 @@ from multiprocessing.connection import Connection
 from types import ModuleType
 from typing import Any, TypeVar
 
+from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.protocol import (
     CallFunction,
     Done,
     Event,
-    EventLog,
     Fatal,
     ProtocolError,
     RunItem,

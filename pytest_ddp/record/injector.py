@@ -18,7 +18,8 @@ import threading
 import time
 from types import FrameType
 
-from pytest_ddp.common.protocol import EventLog, Injected
+from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.protocol import Injected
 from pytest_ddp.faults import Fault
 from pytest_ddp.record import describe
 

@@ -32,8 +32,9 @@ from typing import Any, Literal, NamedTuple, NoReturn
 import mpi4py
 from mpi4py import MPI
 
+from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import MPI_ABORT, MPI_OPS, Op
-from pytest_ddp.common.protocol import NULL_PEER, EventLog
+from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.record import describe, numbering
 from pytest_ddp.record.mpi_describe import buffer_fields, encode, extra_text, object_fields, reduction, reductions
 

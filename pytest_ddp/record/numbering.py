@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from pytest_ddp.common.protocol import EventLog
+from pytest_ddp.common.event_log import EventLog
 
 
 class Numbers:

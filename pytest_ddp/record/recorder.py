@@ -46,8 +46,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
+from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import DESTROY, OPS, BackendOp
-from pytest_ddp.common.protocol import EventLog
 from pytest_ddp.record import backend_hook, describe, injector
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import Pending, first_line, numbers, write_ret
