@@ -236,9 +236,9 @@ def controllers_started_together(folder: Path, sources: dict[str, str]) -> Itera
     ranks have (a controller and its ranks mostly wait for their imports and each other: the
     controllers of one parametrization start together, not one after another). By name; no
     controller outlives the block."""
-    # A killed controller cannot remove what multiprocessing put in its TMPDIR
-    # (the forkserver's socket): give them one of their own, removed here. Short,
-    # for the socket's path.
+    # A controller killed by SIGKILL cannot remove what multiprocessing put in its TMPDIR
+    # (the forkserver's socket): give each one of its own, removed here. Short, for the
+    # socket's path.
     tmpdir = tempfile.mkdtemp(prefix="ddp-ctl-")
     started: dict[str, Controller] = {}
     try:
@@ -246,17 +246,19 @@ def controllers_started_together(folder: Path, sources: dict[str, str]) -> Itera
             cwd = folder / name
             pid_dir = cwd / "pids"
             pid_dir.mkdir(parents=True)
+            own_tmpdir = Path(tmpdir) / name
+            own_tmpdir.mkdir()
             (cwd / "test_hang.py").write_text(source)
             process = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
                 cwd=cwd,
-                env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=tmpdir),
+                env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=str(own_tmpdir)),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
-            started[name] = Controller(process, pid_dir)
+            started[name] = Controller(process, pid_dir, own_tmpdir)
         for name, controller in started.items():
             wait_for(controller.ranks_started, f"both ranks of {name} to start")
         yield started
@@ -274,6 +276,7 @@ class Controller:
 
     process: subprocess.Popen[bytes]
     pid_dir: Path
+    tmpdir: Path  # its TMPDIR
 
     def ranks_started(self) -> bool:
         return len([p for p in self.pid_dir.glob("*.pid") if p.read_text()]) == 2

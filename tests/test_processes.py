@@ -93,8 +93,13 @@ def test_ranks_die_with_their_controller(controllers: dict[str, Controller], how
     controller = controllers[how.name]
     ranks = controller.rank_pids()
     controller.process.send_signal(how)
-    controller.process.wait(timeout=60)
+    code = controller.process.wait(timeout=60)
     wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
+    # Ctrl-C ends the session as pytest does (status 2), SIGTERM kills it as it kills pytest;
+    # after either, nothing of multiprocessing's is left in its TMPDIR (SIGKILL leaves it).
+    assert code == {signal.SIGINT: 2}.get(how, -how)
+    if how != signal.SIGKILL:
+        assert not list(controller.tmpdir.glob("pymp-*"))
 
 
 def test_ranks_blocked_in_a_collective_die_with_their_controller(controllers: dict[str, Controller]) -> None:

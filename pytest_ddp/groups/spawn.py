@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import signal
 import socket
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -48,7 +51,18 @@ def fork_context() -> Any:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _die_of_sigterm)
     return context
+
+
+def _die_of_sigterm(number: int, frame: Any) -> None:
+    """SIGTERM ends this pytest as it ends any (killed by it), once multiprocessing's folder of the
+    forkserver's socket is gone, which its exit handler removes on every other ending (the ranks
+    follow by their parent-death signal)."""
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
 
 
 def rank_files(folder: Path, rank: int) -> dict[str, Path]:
