@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -25,26 +26,36 @@ import time
 from pathlib import Path
 
 SUITES = {"pytest-xdist==3.8.0": "testing", "pytest-timeout==2.4.0": "test_pytest_timeout.py"}
+# What a suite's tests import beyond pytest and the plugins (installed beside them, for both arms).
+SUITE_NEEDS = {"pytest-timeout==2.4.0": ["pexpect"]}
 PLAIN = "\n".join(f"def test_{i}():\n    assert {i} == {i}\n" for i in range(200))
 
 
-def timed(args: list[str], cwd: Path, with_plugin: bool) -> float:
+def timed(args: list[str], cwd: Path, with_plugin: bool, path: str = "") -> tuple[float, str]:
+    """Seconds the session took, and its last line (its outcomes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    if path:
+        env["PYTHONPATH"] = path
     if not with_plugin:
         env["PYTEST_ADDOPTS"] = "-p no:ddp"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return time.perf_counter() - start
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    return time.perf_counter() - start, lines[-1] if lines else ""
 
 
-def compare(name: str, args: list[str], cwd: Path, rounds: int) -> float:
+def compare(name: str, args: list[str], cwd: Path, rounds: int, path: str = "") -> float:
     times: dict[bool, list[float]] = {True: [], False: []}
+    outcomes: dict[bool, set[str]] = {True: set(), False: set()}
     for _ in range(rounds):
         for with_plugin in (True, False):
-            times[with_plugin].append(timed(args, cwd, with_plugin))
+            took, outcome = timed(args, cwd, with_plugin, path)
+            times[with_plugin].append(took)
+            outcomes[with_plugin].add(re.sub(r" in [0-9.]+s.*", "", outcome))
     on, off = statistics.median(times[True]), statistics.median(times[False])
     print(f"{name:34} with {on:7.2f} s  without {off:7.2f} s  ratio {on / off:.3f}  ({rounds} rounds)", flush=True)
+    print(f"{'':34} outcomes with: {sorted(outcomes[True])}; without: {sorted(outcomes[False])}", flush=True)
     return on / off
 
 
@@ -74,7 +85,12 @@ def main() -> int:
         if args.suites:
             for requirement, tests in SUITES.items():
                 folder = suite_folder(requirement, root)
-                compare(f"{requirement}'s own suite", ["-p", "no:randomly", tests], folder, max(1, args.rounds // 3))
+                needs = root / f"{folder.name}-needs"
+                if SUITE_NEEDS.get(requirement):
+                    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(needs),
+                                    *SUITE_NEEDS[requirement]], check=True)
+                compare(f"{requirement}'s own suite", ["-p", "no:randomly", tests], folder, max(1, args.rounds // 3),
+                        str(needs) if needs.exists() else "")
     return 0
 
 
