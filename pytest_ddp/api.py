@@ -48,7 +48,7 @@ OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 class Diagnosis:
     """Why a run did not pass."""
 
-    kind: str  # "rank_exited", "partial", "mismatch", "p2p_cycle", "init", "timeout", "failed"
+    kind: str  # "rank_exited", "partial", "mismatch", "p2p_cycle", "p2p_unmatched", "init", "timeout", "failed"
     culprits: list[int]  # ranks at fault
     waiting: list[int]  # ranks left waiting for them
     collective: str | None  # op name of the call at fault, e.g. "all_reduce"

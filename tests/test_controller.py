@@ -466,7 +466,9 @@ def test_a_group_is_dropped(make_run: Callable[[], TestRun], group: FakeGroup) -
     assert not group_is_reusable(make_run(), group)
 
 
-@pytest.mark.parametrize("kind", ["rank_exited", "partial", "mismatch", "p2p_cycle", "init", "timeout"])
+@pytest.mark.parametrize(
+    "kind", ["rank_exited", "partial", "mismatch", "p2p_cycle", "p2p_unmatched", "init", "timeout"]
+)
 def test_a_group_is_dropped_after_a_distributed_fault(kind: str) -> None:
     assert not group_is_reusable(made_run(states_of(passes), Verdict("done", kind)), standing())
 

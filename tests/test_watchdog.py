@@ -9,6 +9,7 @@ from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list, worded
+from pytest_ddp.report.sequences import p2p_table
 
 
 def judge(snapshot: Snapshot) -> Verdict:
@@ -291,6 +292,39 @@ def test_both_ranks_receiving_first_is_a_p2p_cycle() -> None:
     assert (verdict.collective, verdict.call) == ("recv", "recv #1 from 1")
     assert verdict.summary == (
         "rank 0 waits in recv #1 from 1 (t.py:5) and rank 1 waits in recv #1 from 0 (t.py:9): a point-to-point cycle."
+    )
+
+
+def test_a_send_its_peer_never_receives_is_unmatched_not_a_cycle() -> None:
+    # Rank 0 sends twice; rank 1 received once and went on to a barrier that waits for rank 0.
+    verdict = judge(snap(rank(0, ok("send", 1, peer=1, site="t.py:7"), call("send", 2, peer=1, site="t.py:8")),
+                         rank(1, ok("recv", 1, peer=0, site="t.py:10"), barrier(site="t.py:11"))))
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1], [])
+    assert verdict.call == "send #2 to 1"
+    assert verdict.summary == (
+        "rank 0's send #2 to 1 (t.py:8) has no matching recv: rank 1 waits in barrier #1 (t.py:11) for rank 0 instead."
+    )
+
+
+def test_the_report_lists_the_sends_and_receives_that_do_not_match() -> None:
+    states = [rank(0, ok("send", 1, peer=1, site="t.py:7"), call("send", 2, peer=1, site="t.py:8"),
+                   ok("send", 1, peer=1, group="g")),
+              rank(1, ok("recv", 1, peer=0, site="t.py:10"), barrier(site="t.py:11"), ok("recv", 1, peer=0, group="g"))]
+    assert p2p_table(states) == [
+        "sends and receives that do not match:",
+        "  rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0 waits in send #2 to 1 (t.py:8)",
+    ]  # group g's send and receive match: left out
+    assert p2p_table([rank(0, ok("send", 1, peer=1)), rank(1, ok("recv", 1, peer=0))]) == []
+
+
+def test_a_recv_its_peer_never_sends_to_is_unmatched() -> None:
+    # Rank 1 waits to receive; rank 0 went on to an all_reduce without sending.
+    verdict = judge(snap(rank(0, call("all_reduce", 1, site="t.py:5")),
+                         rank(1, call("recv", 1, peer=0, site="t.py:9"))))
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1], [])
+    assert verdict.summary == (
+        "rank 1's recv #1 from 0 (t.py:9) has no matching send: rank 0 waits in all_reduce #1 (t.py:5) for rank 1 "
+        "instead."
     )
 
 

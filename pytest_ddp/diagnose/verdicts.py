@@ -8,6 +8,8 @@ Kinds of verdict (``Verdict.kind``):
 ``mismatch``     ranks entered the same collective with a different op, size
                  or root, or wait for each other in different collectives
 ``p2p_cycle``    point-to-point calls wait for each other in a cycle
+``p2p_unmatched``  a send or recv that its peer never matches: the peer went on
+                 to a collective that waits for the sender or receiver
 ``init``         ``init_process_group`` cannot complete (duplicate rank, rank
                  out of range, world sizes differ, a process never arrives)
 ``timeout``      the test ran out of time without a certain deadlock, or a
@@ -56,6 +58,8 @@ class Cycle:
     needs: dict[int, list[int]]
     waits: dict[int, Wait]
     p2p: bool
+    # Ranks blocked in a send or recv whose peer waits in a collective instead: no matching call.
+    unmatched: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

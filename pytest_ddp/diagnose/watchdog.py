@@ -101,9 +101,10 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     culprits = sorted(r for r in doomed if reaches(r, r, needs))
     waiting = sorted(doomed - set(culprits))
     p2p = any(waits[r].call.is_p2p for r in culprits)
-    first = waits[(waiting or culprits)[0]].call
-    kind = "p2p_cycle" if p2p else "mismatch"
-    cycle = Cycle(culprits, waiting, needs, waits, p2p)
+    unmatched = [r for r in culprits if waits[r].call.is_p2p and any(not waits[p].call.is_p2p for p in needs[r])]
+    first = waits[(waiting or unmatched or culprits)[0]].call
+    kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
+    cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
 

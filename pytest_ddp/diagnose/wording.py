@@ -207,11 +207,28 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
 
 
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
+    if f.unmatched:
+        text = "; ".join(_unmatched(r, f) for r in f.unmatched)
+        others = [r for r in f.culprits if r not in f.unmatched and all(r not in f.needs[u] for u in f.unmatched)]
+        if others:
+            text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
+        if f.waiting:
+            text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
+        return text + "."
     ending = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
     text = f"{_wait_clauses(f.culprits, ranks, f.waits, f.needs)}: {ending}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
     return text + "."
+
+
+def _unmatched(rank: int, f: Cycle) -> str:
+    """``rank 0's send #2 to 1 (t.py:8) has no matching recv: rank 1 waits in barrier #1 (t.py:11)
+    for rank 0 instead``."""
+    call = f.waits[rank].call
+    peers = [p for p in f.needs[rank] if not f.waits[p].call.is_p2p]
+    instead = "; ".join(f"rank {p} waits in {describe_call(f.waits[p].call)} for rank {rank} instead" for p in peers)
+    return f"rank {rank}'s {describe_call(call)} has no matching {'send' if call.is_recv else 'recv'}: {instead}"
 
 
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:

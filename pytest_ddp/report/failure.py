@@ -37,6 +37,7 @@ from pytest_ddp.report.sequences import (
     divergence,
     divergence_line,
     group_sequences,
+    p2p_table,
     table,
 )
 from pytest_ddp.report.writable import file_name, printable_data
@@ -241,6 +242,8 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     lines += rank_lines(run.states)
     if groups:
         lines += ["", *table(groups)]
+    if p2p := p2p_table(run.states):
+        lines += ["", *p2p]
     if run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
         lines += ["  " + difference_line(d) for d in run.sequence_differences]

@@ -1,4 +1,5 @@
-"""The ranks' collective sequences side by side, and where the ranks part ways.
+"""The ranks' collective sequences side by side, where the ranks part ways, and the sends and
+receives that do not match.
 
 For the failure text (:mod:`pytest_ddp.report.failure`): each group's collectives around
 the first number where the ranks' calls differ (another op, shape, dtype or
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from operator import attrgetter, lt
 
 from pytest_ddp.common.ops import COLLECTIVES
+from pytest_ddp.diagnose.mpi_matching import is_mpi_p2p
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.wording import rank_list
@@ -163,6 +165,28 @@ def table(groups: list[GroupSequences]) -> list[str]:
             mark = "  <-- ranks differ" if row_seq is not None and row_seq == group.diverges else ""
             lines.append("  " + text + mark)
     return lines
+
+
+def p2p_table(states: list[RankState]) -> list[str]:
+    """Each group's pairs of ranks whose sends and receives (torch's, by peer) do not match in
+    number, or that one of them still waits in: ``rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0
+    waits in send #2 to 1 (t.py:8)``.  Pairs that match are left out."""
+    pairs: dict[tuple[str, int, int], tuple[list[Call], list[Call]]] = {}  # (group, from, to)
+    for state in states:
+        for call in state.calls:
+            if call.is_p2p and call.peer is not None and not is_mpi_p2p(call):
+                ends = (call.peer, state.rank) if call.is_recv else (state.rank, call.peer)
+                pairs.setdefault((call.group, *ends), ([], []))[call.is_recv].append(call)
+    lines: list[str] = []
+    for (group, sender, receiver), (sends, recvs) in pairs.items():
+        waiting = [(sender, c) for c in sends if c.state == "running"]
+        waiting += [(receiver, c) for c in recvs if c.state == "running"]
+        if len(sends) == len(recvs) and not waiting:
+            continue
+        counts = f"{len(sends)} send{'s' * (len(sends) != 1)}, {len(recvs)} recv{'s' * (len(recvs) != 1)}"
+        where = "".join(f"; rank {rank} waits in {c.label} ({c.site})" for rank, c in waiting)
+        lines.append(f"  rank {sender} -> rank {receiver} on {group}: {counts}{where}")
+    return ["sends and receives that do not match:", *lines] if lines else []
 
 
 @dataclass(frozen=True)

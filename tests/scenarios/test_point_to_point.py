@@ -1,4 +1,4 @@
-"""send/recv: both ranks receiving first, a recv from the wrong source, recv from any source,
+"""send/recv: both ranks receiving first, a send never received, a recv from the wrong source, recv from any source,
 a receive never waited for."""
 
 import pytest
@@ -40,6 +40,23 @@ def test_recv_from_the_wrong_source():
     result = pytest_ddp.run(wrong_source, world_size=3, timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "partial", [2])
     assert "recv #1 from 2" in result.diagnosis.text
+
+
+def one_send_too_many(rank: int) -> None:
+    t = torch.zeros(1)
+    if rank == 0:
+        dist.send(t, dst=1)
+        dist.send(t, dst=1)  # rank 1 receives once
+    else:
+        dist.recv(t, src=0)
+    dist.barrier()
+
+
+def test_a_send_never_received():
+    result = pytest_ddp.run(one_send_too_many, world_size=2, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.collective) == ("deadlock", "p2p_unmatched", "send")
+    assert "rank 0's send #2 to 1" in result.diagnosis.text and "has no matching recv" in result.diagnosis.text
+    assert "rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0 waits in send #2 to 1" in result.diagnosis.text
 
 
 def test_recv_from_any_source_returns_the_sender():
