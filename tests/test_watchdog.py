@@ -234,6 +234,30 @@ def test_different_sizes_are_a_mismatch_naming_both() -> None:
     )
 
 
+def test_in_a_tie_the_rank_whose_call_departs_from_its_lines_history_is_named_as_likely() -> None:
+    # Three steps of [4, 8] from t.py:20 on both ranks; then rank 1 sends a smaller batch.
+    history = [ok("all_reduce", seq, shape=(4, 8), site="t.py:20") for seq in (1, 2, 3)]
+    verdict = judge(snap(rank(0, *history, call("all_reduce", 4, shape=(4, 8), site="t.py:20")),
+                         rank(1, *[ok("all_reduce", seq, shape=(4, 8), site="t.py:20") for seq in (1, 2, 3)],
+                              call("all_reduce", 4, shape=(3, 8), site="t.py:20"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])  # still a tie: said as likely
+    assert verdict.summary.endswith(
+        "Likely rank 1: every earlier call from t.py:20 was all_reduce shapes [[4, 8]] float32, "
+        "and rank 1's is the one that departs from it."
+    )
+
+
+def test_in_a_tie_with_no_history_nothing_is_named_as_likely() -> None:
+    verdict = judge(snap(rank(0, call("all_reduce", 1, shape=(10,))), rank(1, call("all_reduce", 1, shape=(20,)))))
+    assert "Likely" not in verdict.summary
+    # Both depart from what their lines made before: nothing tells them apart either.
+    both = [ok("all_reduce", 1, shape=(4,), site="t.py:20")]
+    verdict = judge(snap(rank(0, *both, call("all_reduce", 2, shape=(5,), site="t.py:20")),
+                         rank(1, ok("all_reduce", 1, shape=(4,), site="t.py:20"),
+                              call("all_reduce", 2, shape=(6,), site="t.py:20"))))
+    assert verdict.kind == "mismatch" and "Likely" not in verdict.summary
+
+
 def test_a_mismatch_is_seen_even_after_the_peer_died_inside_the_call() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, dtype="float64"), exit_code=-6), rank(1, call("all_reduce", 1))))
     assert (verdict.status, verdict.kind) == ("deadlock", "mismatch")

@@ -68,6 +68,9 @@ class Disagreement:
 
     call: Call  # the call the disagreement was found at
     entered: dict[int, Call]  # each member that entered it -> its call there
+    # In a tie, the ranks whose call departs from every earlier call made from the same line
+    # while the others' calls do not -> that earlier call (the likely culprits, said as likely).
+    likely: dict[int, Call] = field(default_factory=dict)
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "raised", "never"]

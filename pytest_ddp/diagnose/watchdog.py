@@ -186,10 +186,32 @@ def _mismatch_verdict(
     culprits, agreeing = _minority(entered, key)
     ops = {entered[r].op for r in culprits}
     odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
+    likely = _departures(ranks, entered, key) if not agreeing else {}
     return Verdict(
         status, "mismatch", culprits, agreeing,
-        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered),
+        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely),
     )
+
+
+def _departures(
+    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
+) -> dict[int, Call]:
+    """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
+    any rank made from the same line (a smaller last batch, another dtype), while each other rank's
+    call is what its line always made -> that earlier call.  Empty when nothing tells them apart."""
+    before: dict[str, set[tuple[object, ...]]] = {}
+    earlier: dict[str, Call] = {}
+    for rank, state in ranks.items():
+        end = entered[rank].index if rank in entered else len(state.calls)
+        for made in state.calls[:end]:
+            if made.is_collective and made.site:
+                before.setdefault(made.site, set()).add(key(made))
+                earlier[made.site] = made
+    usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
+    if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
+        return {}
+    departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}
+    return departing if 0 < len(departing) < len(entered) else {}
 
 
 def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:

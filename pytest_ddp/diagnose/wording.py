@@ -240,7 +240,13 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     details = ", ".join(
         f"{rank_list(group)} {text}" for text, group in _grouped(entered, lambda r: _signature_text(entered[r]))
     )
-    return f"{rank_list(entered)} disagree on {what}: {details}."
+    text = f"{rank_list(entered)} disagree on {what}: {details}."
+    for rank, usual in sorted(f.likely.items()):
+        text += (
+            f" Likely rank {rank}: every earlier call from {entered[rank].site} was {_signature_text(usual)},"
+            f" and rank {rank}'s is the one that departs from it."
+        )
+    return text
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
