@@ -23,6 +23,7 @@ from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, Sessi
 from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
 from pytest_ddp.rank.context import rank_context
+from pytest_ddp.rank.tracebacks import shorten_library_frames
 from pytest_ddp.record import injector
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ class RankSession:
         if reporter is not None:
             devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
             reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
+
+    def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+        for item in items:
+            shorten_library_frames(item)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:

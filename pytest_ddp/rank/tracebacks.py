@@ -1,0 +1,37 @@
+"""A rank's failure shows library frames in one line each, as ``--tb=short`` does.
+
+pytest's default ``--tb=auto`` shows the first and the last frame of a failure in full: when the
+last one is inside torch, that is a whole torch function, docstring and all (60 lines of
+``broadcast_tensors``), between the test's line and the error.  In a rank, frames of installed
+packages and of the standard library are shown short; the test's own frames stay as they were.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from typing import Any
+
+# Where installed packages and the standard library live (the venv's and the base Python's).
+LIBRARY_ROOTS = tuple(
+    sorted({path for key in ("purelib", "platlib", "stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))})
+)
+
+
+def shorten_library_frames(item: Any) -> None:
+    """Under ``--tb=auto``, ``item``'s failures show library frames short (pytest's own traceback
+    filter first, then this)."""
+    original = getattr(item, "_traceback_filter", None)
+    if original is None or item.config.getoption("tbstyle", "auto") != "auto":
+        return
+
+    def filtered(excinfo: Any) -> Any:
+        traceback = original(excinfo)
+        return type(traceback)(
+            entry.with_repr_style("short") if is_library(str(entry.path)) else entry for entry in traceback
+        )
+
+    item._traceback_filter = filtered
+
+
+def is_library(path: str) -> bool:
+    return path.startswith(LIBRARY_ROOTS)

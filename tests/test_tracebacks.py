@@ -1,0 +1,44 @@
+"""A rank's failure shows library frames short (rank/tracebacks.py), on a real pytest item."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_ddp.rank.tracebacks import is_library, shorten_library_frames
+
+TEST = """
+import torch
+
+def test_shapes():
+    torch.broadcast_tensors(torch.ones(3), torch.ones(4))
+"""
+
+
+def _failure(pytester: pytest.Pytester, *args: str, shorten: bool = True) -> str:
+    (item,) = pytester.getmodulecol(TEST, configargs=list(args)).collect()
+    assert isinstance(item, pytest.Function)
+    if shorten:
+        shorten_library_frames(item)
+    with pytest.raises(RuntimeError) as excinfo:
+        item.runtest()
+    return str(item.repr_failure(excinfo))
+
+
+def test_a_failure_inside_torch_shows_torchs_frame_in_one_line(pytester: pytest.Pytester) -> None:
+    plain = _failure(pytester, shorten=False)
+    short = _failure(pytester)
+    assert "torch.broadcast_tensors(torch.ones(3), torch.ones(4))" in short  # the test's line, in full
+    assert "functional.py:" in short and "in broadcast_tensors" in short  # torch's frame: one line
+    assert "def broadcast_tensors" in plain and "def broadcast_tensors" not in short  # not its source
+    assert short.count("\n") < plain.count("\n")
+
+
+def test_another_tb_style_is_left_as_asked(pytester: pytest.Pytester) -> None:
+    assert "def broadcast_tensors" in _failure(pytester, "--tb=long")
+
+
+def test_what_counts_as_a_library() -> None:
+    import torch
+
+    assert is_library(torch.__file__) and is_library(pytest.__file__)
+    assert not is_library(__file__)
