@@ -86,7 +86,7 @@ def _reports(folder: Path) -> dict[str, dict]:
         page = (folder / f"{stem}.html").read_text(encoding="utf-8")
         assert page.rstrip().endswith("</html>"), path
         found[report["test"].partition("::")[2]] = {**report, "page": page}
-    assert len(list(folder.iterdir())) == 3 * len(found)  # no test's files overwrote another's
+    assert len(list(folder.iterdir())) == 4 * len(found)  # no test's files (and .fr folder) overwrote another's
     return found
 
 

@@ -61,7 +61,7 @@ def hang(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_hang_writes_its_report_its_trace_and_its_page(hang: Path) -> None:
-    assert sorted(p.name for p in hang.iterdir()) == [f"{NAME}.html", f"{NAME}.json", f"{NAME}.trace.json"]
+    assert sorted(p.name for p in hang.iterdir()) == [NAME + end for end in (".fr", ".html", ".json", ".trace.json")]
     report = json.loads((hang / f"{NAME}.json").read_text())
     assert (report["kind"], report["culprits"], report["call"]) == ("partial", [1], "all_reduce #4")
     assert report["started"] < report["ranks"][0]["calls"][0]["enter"] <= report["ended"]

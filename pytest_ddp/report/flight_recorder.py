@@ -1,0 +1,255 @@
+"""A failed test's calls in the format of torch's Flight Recorder: one dump per rank, which
+torch's own analyser (``torchfrtrace <folder>``) reads.
+
+A dump is a pickle of a dict: ``version`` (of the format), ``pg_config`` (each group the rank
+is in: its name, description and ranks), ``pg_status`` (per group the last collective
+enqueued, started, completed) and ``entries``, one per collective in the order the rank
+called them.  The analyser matches the ranks' entries of each group by ``collective_seq_id``
+and names the ranks that never made an entry ("missing ranks") and the entries that differ
+in op, sizes, dtypes or state.  A dump's file name is the prefix and the rank.
+
+What torch 2.13's own recorder writes for Gloo on CPU (``TORCH_FR_BUFFER_SIZE``, measured):
+``version`` "2.10"; ``profiling_name`` "gloo:<op>"; ``state`` always "scheduled"; no entry for a
+send or receive; and a ``pg_config`` that names no group (``{"": {"ranks": "[]"}}``), on which
+``torchfrtrace`` fails with a ``KeyError``.  These dumps name every group with its ranks, and
+otherwise follow Gloo's:
+
+- the state is "scheduled", when the call was entered and left in the ``time_discovered``
+  fields: the analyser counts ranks whose states differ as at fault, and a rank may leave a
+  collective its peers are still inside (Gloo let one rank of three out of an all_reduce whose
+  sizes differ, measured), which pytest-ddp does not count;
+- sends and receives get no entry: the analyser expects every member of the group in each
+  entry, and names the third rank of three missing from a send between the other two
+  (measured).
+
+A rank's dump holds what pytest-ddp recorded in this test, so the analyser's "missing ranks"
+are those that never entered the collective in it.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.report.writable import file_name
+
+VERSION = "2.10"  # the format torch 2.13's recorder writes, which its analyser reads
+PREFIX = "rank_"  # a dump's file name: rank_0, rank_1, ...
+# The libraries the analyser accepts in a profiling name ("gloo:all_reduce"); it refuses
+# others, so an MPI world's calls are written under the name of NCCL, whose format this is.
+LIBRARIES = ("gloo", "nccl")
+WORLD = "WORLD"
+
+# The analyser's name of each collective.  Gloo's recorder names the gathers into a tensor
+# all_gather and all_to_all_single all_to_all (measured); the object collectives are named as
+# the collective torch makes of them.  mpi4py's by what they do.
+FR_NAMES: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "allreduce_coalesced",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_single": "all_gather",
+    "all_gather_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_object": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_object_list": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "gather_object": "gather",
+    "gather_into_tensor": "gather",
+    "gather_single": "gather",
+    "scatter": "scatter",
+    "scatter_object_list": "scatter",
+    "barrier": "barrier",
+    "monitored_barrier": "barrier",
+    "mpi.Barrier": "barrier",
+    "mpi.barrier": "barrier",
+    "mpi.Bcast": "broadcast",
+    "mpi.bcast": "broadcast",
+    "mpi.Reduce": "reduce",
+    "mpi.reduce": "reduce",
+    "mpi.Allreduce": "all_reduce",
+    "mpi.allreduce": "all_reduce",
+    "mpi.Gather": "gather",
+    "mpi.Gatherv": "gather",
+    "mpi.gather": "gather",
+    "mpi.Scatter": "scatter",
+    "mpi.Scatterv": "scatter",
+    "mpi.scatter": "scatter",
+    "mpi.Allgather": "all_gather",
+    "mpi.Allgatherv": "all_gather",
+    "mpi.allgather": "all_gather",
+    "mpi.Alltoall": "all_to_all",
+    "mpi.Alltoallv": "all_to_all",
+    "mpi.alltoall": "all_to_all",
+    "mpi.Dup": "split",
+    "mpi.Clone": "split",
+    "mpi.Split": "split",
+    "mpi.Split_type": "split",
+    "mpi.Create": "split",
+}
+# The recorder describes one side of these: the analyser checks that a gather's output holds
+# the group's inputs and a reduce-scatter's input the group's outputs, so the other side is
+# written as the group makes it.
+_GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced"}
+_SCATTERS_OUTPUT = {"reduce_scatter"}  # its output described
+_SCATTERS_INPUT = {"reduce_scatter_tensor", "reduce_scatter_single"}  # its input described
+# torch's names of its dtypes, as its recorder writes them.
+SCALAR_TYPES = {
+    "float32": "Float",
+    "float64": "Double",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
+
+def _group_desc(name: str) -> str:
+    return "default_pg" if name == WORLD else "undefined"  # torch's, for an unnamed group
+
+
+def _sizes(call: Call, size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Input and output sizes.  Sizes pytest-ddp does not compare (uneven splits, objects,
+    sizes not recorded) are written as zero elements on every rank: the analyser then judges
+    the op alone, as pytest-ddp does."""
+    kind = call.kind
+    if kind.tensors is None and kind.obj is None and not call.shapes:
+        return [], []  # a barrier, a communicator made: no tensors
+    if kind.uneven or not call.shapes:
+        return [[0]], [[0]]
+    shapes = [list(s) for s in call.shapes]
+    if call.op in _GATHERS:
+        return shapes, [[size, *s] for s in shapes]
+    if call.op in _SCATTERS_OUTPUT:
+        return [[size, *s] for s in shapes], shapes
+    if call.op in _SCATTERS_INPUT:
+        return shapes, [[math.prod(s) // size] for s in shapes]
+    return shapes, shapes
+
+
+def _frames(call: Call) -> list[dict[str, Any]]:
+    """The call's site (and the user's frame that led there) as the recorder's frames, each
+    named by the operation called from it: ``all_reduce at test_x.py:12``."""
+    frames = []
+    for site in (call.site, call.caller):
+        if site:
+            filename, _, line = site.rpartition(":")
+            frames.append(
+                {"name": call.kind.method, "filename": filename or site, "line": int(line) if line.isdigit() else 0}
+            )
+    return frames
+
+
+def _ns(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1e9)
+
+
+def groups_of(states: list[RankState]) -> dict[int, dict[str, tuple[int, ...]]]:
+    """Per rank, the groups it is in, by name: each it made an entry on, then each another rank
+    made one on that has it as a member (a rank that never reached the group's first call is
+    one of its members all the same)."""
+    own: dict[int, dict[str, tuple[int, ...]]] = {}
+    for state in states:
+        own[state.rank] = {}
+        for call in state.calls:
+            if call.op in FR_NAMES:
+                own[state.rank].setdefault(call.group, call.group_ranks)
+    groups = {rank: dict(mine) for rank, mine in own.items()}
+    for mine in own.values():
+        for name, ranks in mine.items():
+            for rank in ranks:
+                groups.setdefault(rank, {}).setdefault(name, ranks)
+    return groups
+
+
+def dump(
+    state: RankState, groups: dict[str, tuple[int, ...]], pg_ids: dict[str, int], library: str, timeout: float
+) -> dict[str, Any]:
+    """One rank's dump: its collectives as entries; ``groups`` the rank's (:func:`groups_of`),
+    ``pg_ids`` every group's number."""
+    collectives = dict.fromkeys(groups, 0)  # group -> its last collective's number
+    completed = dict.fromkeys(groups, 0)
+    ops = dict.fromkeys(groups, 0)
+    entries: list[dict[str, Any]] = []
+    for call in state.calls:
+        if call.op not in FR_NAMES:
+            continue  # sends and receives (see the module's docstring), making groups
+        collectives[call.group] = call.seq
+        if call.state != "running":
+            completed[call.group] = call.seq
+        ops[call.group] += 1
+        inputs, outputs = _sizes(call, len(call.group_ranks))
+        dtypes = [SCALAR_TYPES.get(d, d) for d in call.dtypes]
+        entries.append(
+            {
+                "record_id": len(entries),
+                "pg_id": pg_ids[call.group],
+                "process_group": (call.group, _group_desc(call.group)),
+                "collective_seq_id": collectives[call.group],
+                "p2p_seq_id": 0,
+                "op_id": ops[call.group],
+                "profiling_name": f"{library}:{FR_NAMES[call.op]}",
+                "time_created_ns": _ns(call.enter),
+                "input_sizes": inputs,
+                "input_dtypes": dtypes if inputs else [],
+                "output_sizes": outputs,
+                "output_dtypes": dtypes if outputs else [],
+                "state": "scheduled",
+                "time_discovered_started_ns": _ns(call.enter),
+                "time_discovered_completed_ns": _ns(call.exit),
+                "retired": call.exit is not None,
+                "timeout_ms": int(timeout * 1000),
+                "is_p2p": False,
+                "frames": _frames(call),
+            }
+        )
+    return {
+        "version": VERSION,
+        "pg_config": {
+            name: {"name": name, "desc": _group_desc(name), "ranks": str(list(ranks))} for name, ranks in groups.items()
+        },
+        "pg_status": {
+            str(pg_ids[name]): {
+                "last_enqueued_collective": collectives[name],
+                "last_started_collective": collectives[name],
+                "last_completed_collective": completed[name],
+            }
+            for name in groups
+        },
+        "entries": entries,
+    }
+
+
+def write(directory: str | Path, test_id: str, states: list[RankState], backend: str, timeout: float) -> Path:
+    """``<test>.fr/``, beside the test's other report files: a dump per rank, ``rank_<N>``, every
+    rank's, the ranks that died or made no call included (the analyser wants a dump of each
+    member of a group); the folder's path."""
+    folder = Path(directory) / f"{file_name(test_id)}.fr"
+    folder.mkdir(parents=True, exist_ok=True)
+    library = backend if backend in LIBRARIES else "nccl"
+    groups = groups_of(states)
+    pg_ids: dict[str, int] = {}
+    for mine in groups.values():
+        for name in mine:
+            pg_ids.setdefault(name, len(pg_ids))
+    for state in states:
+        data = pickle.dumps(dump(state, groups[state.rank], pg_ids, library, timeout))
+        (folder / f"{PREFIX}{state.rank}").write_bytes(data)
+    return folder
