@@ -1,9 +1,10 @@
 """``--ddp-report-dir``'s Flight Recorder dumps (``<test>.fr/``), read by torch's own analyser.
 
-Real hangs on Gloo, run once in one inner session: for each, ``torchfrtrace`` (the venv's, as
-a subprocess) must name the op, the collective's number and the ranks that pytest-ddp's
-verdict names.  Then the conversion on hand-made states, and the analyser's matching run in
-this process on dumps read in an order the test chooses.
+Real hangs on Gloo and (where one can run) on an MPI world, one inner session each, both
+run at once: for each, ``torchfrtrace`` (the venv's, as a subprocess) must name the op, the
+collective's number and the ranks that pytest-ddp's verdict names.  Then the conversion on
+hand-made states, and the analyser's matching run in this process on dumps read in an order
+the test chooses.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.distributed.flight_recorder.components.config_manager import JobConfi
 from conftest import Session, ranks_working_in, sessions_together
 from pytest_ddp.common.ops import COLLECTIVES
 from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.groups.mpi_group import mpi_unavailable
 from pytest_ddp.report import flight_recorder
 from pytest_ddp.report.writable import file_name
 
@@ -53,16 +55,41 @@ def test_died_in_group(rank):
 """
 
 
+MPI_HANGS = """
+@pytest.mark.ddp(world_size=3, backend="mpi", timeout=60)
+def test_partial(comm, rank):
+    out = torch.zeros(4)
+    comm.Allreduce(torch.ones(4), out)
+    if rank != 2:
+        comm.Allreduce(torch.ones(4), out)
+
+
+@pytest.mark.ddp(world_size=3, backend="mpi", timeout=60)
+def test_mismatch(comm, rank):
+    comm.Bcast(torch.ones(5 if rank == 2 else 4), root=0)
+"""
+NO_MPI = mpi_unavailable(None)
+
+
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The three hangs, run once with --ddp-report-dir; the report folder."""
+def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The hangs, on Gloo and (where it can run) on MPI, run at once with --ddp-report-dir; each
+    session's report folder."""
     folder = tmp_path_factory.mktemp("hangs")
-    session = Session.of(HANGS, "--ddp-report-dir=reports")
-    result = sessions_together(folder, {"hangs": session}, timeout=300)["hangs"]
-    assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
-    result.assert_outcomes(failed=3)
-    assert not ranks_working_in(folder / "hangs"), "the inner session left rank processes behind"
-    return folder / "hangs" / "reports"
+    runs = {"gloo": (Session.of(HANGS, "--ddp-report-dir=reports"), 3)}
+    if NO_MPI is None:
+        runs["mpi"] = (Session.of(MPI_HANGS, "--ddp-report-dir=reports"), 2)
+    results = sessions_together(folder, {name: session for name, (session, _) in runs.items()}, timeout=300)
+    for name, result in results.items():
+        assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
+        result.assert_outcomes(failed=runs[name][1])
+        assert not ranks_working_in(folder / name), "the inner session left rank processes behind"
+    return {name: folder / name / "reports" for name in results}
+
+
+@pytest.fixture
+def reports(sessions: dict[str, Path]) -> Path:
+    return sessions["gloo"]
 
 
 def verdict_and_analysis(reports: Path, test: str) -> tuple[dict[str, Any], fr_types.Collective, str]:
@@ -112,6 +139,18 @@ def test_the_analyser_names_a_rank_that_died_before_a_collective_of_its_group(re
     dead = pickle.loads((reports / f"{file_name('test_it.py::test_died_in_group')}.fr" / "rank_2").read_bytes())
     assert [e["profiling_name"] for e in dead["entries"]] == ["gloo:barrier"]
     assert dead["pg_config"]["1"]["ranks"] == "[1, 2]"
+
+
+@pytest.mark.skipif(NO_MPI is not None, reason=str(NO_MPI))
+def test_the_analyser_names_the_same_ranks_on_an_mpi_world(sessions: dict[str, Path]) -> None:
+    report, found, _ = verdict_and_analysis(sessions["mpi"], "test_partial")
+    assert (report["kind"], report["culprits"], report["call"]) == ("partial", [2], "Allreduce #2")
+    assert (found.collective_name, found.collective_seq_id, found.missing_ranks) == ("nccl:all_reduce", 2, {2})
+    report, found, _ = verdict_and_analysis(sessions["mpi"], "test_mismatch")
+    assert (report["kind"], report["culprits"], report["call"]) == ("mismatch", [2], "Bcast #1")
+    assert (found.collective_name, found.collective_seq_id) == ("nccl:broadcast", 1)
+    named = set(found.mismatch_collectives)
+    assert {frozenset(named), frozenset({0, 1, 2} - named)} == {frozenset({2}), frozenset({0, 1})}
 
 
 # -- the conversion, on hand-made states ------------------------------------------------------
