@@ -15,6 +15,7 @@ session.  What neither catches: a process that left the rank's session
 
 from __future__ import annotations
 
+import concurrent.futures.thread
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from types import FrameType
 
 from pytest_ddp.common import prctl
 
@@ -42,17 +44,39 @@ def threads_started_since(before: set[threading.Thread]) -> list[threading.Threa
     ]
 
 
+def _idle_library_thread(thread: threading.Thread, frame: FrameType | None) -> bool:
+    """Whether ``thread`` is a library's thread that runs nothing of its own accord, so cannot take
+    part in a later test's collectives: a ThreadPoolExecutor's worker waiting for work (torch.compile's
+    inductor starts a pool; what a later test submits to it is that test's), tqdm's monitor thread
+    (torch.compile starts it; it only looks at tqdm's bars).  Left running, they are not the test's
+    fault.  A worker running a task, or any other thread, is."""
+    if type(thread).__name__ == "TMonitor" and type(thread).__module__ == "tqdm._monitor":
+        return True
+    # An idle worker blocks in its queue's get, which is C: its innermost Python frame is _worker.
+    # Not idle if there is work in its queue: it is about to run it.
+    if frame is None or frame.f_code is not _POOL_WORKER:
+        return False
+    queue = frame.f_locals.get("work_queue")
+    return queue is not None and queue.empty()
+
+
+_POOL_WORKER = concurrent.futures.thread._worker.__code__
+
+
 def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
-    """The test's threads still running after ``wait`` seconds in all to end:
-    ``[{"name": ..., "stack": ...}]``, the stack as ``traceback.format_stack`` writes it."""
+    """The test's threads still running after ``wait`` seconds in all to end, but for idle library
+    threads (:func:`_idle_library_thread`), which are not waited for: ``[{"name": ..., "stack":
+    ...}]``, the stack as ``traceback.format_stack`` writes it."""
     deadline = time.monotonic() + wait
+    frames = sys._current_frames()
     for thread in threads_started_since(before):
-        thread.join(max(0.0, deadline - time.monotonic()))
+        if not _idle_library_thread(thread, frames.get(thread.ident or -1)):
+            thread.join(max(0.0, deadline - time.monotonic()))
     frames = sys._current_frames()
     left = []
     for thread in threads_started_since(before):
-        if thread.is_alive():
-            frame = frames.get(thread.ident or -1)
+        frame = frames.get(thread.ident or -1)
+        if thread.is_alive() and not _idle_library_thread(thread, frame):
             stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
             left.append({"name": thread.name, "stack": stack})
     return left

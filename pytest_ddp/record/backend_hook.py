@@ -38,16 +38,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FunctionType
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as _functional_collectives
 
 from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 from pytest_ddp.record import compiled
 
 # record(operation, its arguments by schema name, submit) -> what submit() returns
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
+F = TypeVar("F", bound=Callable[..., Any])
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
 # wait(tensor, run) -> what run() returns: the caller blocks in run() until the collective that
@@ -61,6 +64,7 @@ _collectives_library: Any = None
 _arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
 _compiled_kernels: Any = None  # the compiled kernels' module, while they are registered
 _arming = threading.Lock()
+_traced_as: list[Callable[..., Any]] = []  # what traced_as added to torch.compile's table
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
 # caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
 _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
@@ -179,8 +183,10 @@ def issued_by_functional() -> str | None:
 
 
 def uninstall() -> None:
-    """Remove the kernels (dropping the libraries deregisters them)."""
+    """Remove the kernels (dropping the libraries deregisters them), and what traced_as added."""
     global _functional_library, _collectives_library, _arm_with, _compiled_kernels
+    while _traced_as:
+        _functional_collectives.traceable_collective_remaps.pop(_traced_as.pop(), None)
     for library in (_functional_library, _collectives_library):
         if library is not None:
             library._destroy()
@@ -195,7 +201,7 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
         if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
             continue
         overload = getattr(torch.ops.c10d, name).default
-        collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect")
+        collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect", with_keyset=True)
     return collectives
 
 
@@ -225,7 +231,7 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording,
     functional = torch.library.Library("_c10d_functional", "IMPL")
     if not compiled:
         wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect")
+        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect", with_keyset=True)
     for qualified in torch._C._dispatch_get_all_op_names():
         namespace, _, name = qualified.partition("::")
         if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES or name in compiled:
@@ -239,8 +245,39 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording,
                 kernel = _kernel(operation, spec, record, recording)
             else:
                 kernel = _arming_kernel(operation, spec.op if spec else "")
-            functional.impl(registered, kernel, "BackendSelect")
+            functional.impl(registered, kernel, "BackendSelect", with_keyset=True)
     return functional
+
+
+def out_of_compile(function: F, recursive: bool = True) -> F:
+    """``function``, which torch patches in, as torch.compile sees it: Dynamo neither traces it
+    into a graph (a call to it from compiled code is a graph break, and it runs as written) nor
+    compiles its frame, nor, where ``recursive``, any frame it runs.  What ``torch._dynamo.skip``
+    does, without importing Dynamo (a second).  The recorder's code is not to be compiled: it
+    writes to the event log, and Dynamo would trace it (and its dispatcher kernels, when they run
+    under compiled code) with fake tensors, or compile it again on every call."""
+    function._torchdynamo_disable = True  # type: ignore[attr-defined]
+    frames: Any = getattr(torch._C, "_dynamo", None)
+    frames = getattr(frames, "eval_frame", None)
+    if hasattr(frames, "set_code_exec_strategy"):  # else this torch's Dynamo compiles its frame
+        action = frames._FrameAction
+        nested = action.SKIP if recursive else action.DEFAULT
+        frames.set_code_exec_strategy(function.__code__, frames._FrameExecStrategy(action.SKIP, nested))
+    return function
+
+
+out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code call (recorder._arming)
+
+
+def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> None:
+    """Where torch.compile traces a call to torch.distributed's ``original`` as a functional
+    collective, in the graph (``dist.all_reduce`` in a compiled function, ``fullgraph=True``
+    included), it traces ``replacement``, which stands for it, the same way: the recorder then
+    records the functional collective when the compiled code runs it."""
+    remaps = getattr(_functional_collectives, "traceable_collective_remaps", None)
+    if isinstance(remaps, dict) and isinstance(original, FunctionType) and original in remaps:
+        remaps[replacement] = remaps[original]
+        _traced_as.append(replacement)
 
 
 def tensors_in(values: Any) -> Iterator[torch.Tensor]:
@@ -257,39 +294,30 @@ def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
     return tensors_in(list(arguments.values())[:1])
 
 
-_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_BELOW_AUTOGRAD = torch._C._after_ADInplaceOrView_keyset
-_dispatch_keys = torch._C._dispatch_keys
-
-
-def _below_backend_select(args: tuple[Any, ...]) -> Any:
-    """The dispatch keys that reach the tensors' backend kernel, past this hook."""
-    first = args[0]  # every c10d operation takes its tensors first
-    if isinstance(first, torch.Tensor):  # a functional collective's usual case
-        return _dispatch_keys(first) & _BELOW_AUTOGRAD
-    if isinstance(first, list) and first and isinstance(first[0], list):
-        first = first[0] or args[1]  # gather_'s outputs are empty on non-roots
-    tensor = first[0] if isinstance(first, list) and first else first
-    if not isinstance(tensor, torch.Tensor):
-        tensor = next(tensors_in(args), None)
-        if tensor is None:
-            return _CPU
-    return _dispatch_keys(tensor) & _BELOW_AUTOGRAD
+# The keys a kernel at BackendSelect hands its call on with: those of the call, past this hook.
+_PAST_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+# A call whose keys hold Meta runs on fake or meta tensors: it is traced (torch.compile,
+# torch.export, make_fx, a FakeTensorMode), not run, and no collective takes place.  Fake mode
+# runs an operation's kernels with Meta among the included keys, as a meta tensor's call has it;
+# a real call's keys never hold it.  Such a call is handed on unrecorded (so is it by the compiled
+# kernels, recorder_kernels.cpp).
+_META = torch._C.DispatchKey.Meta
 
 
 def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
     names = [argument.name for argument in overload._schema.arguments]
     redispatch = overload._handle.redispatch_boxed  # what overload.redispatch calls, a frame less
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        keys = _below_backend_select(args)
-        if not recording():  # a c10d operation's usual case: the torch.distributed function recorded it
+    def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        keys = keys & _PAST_BACKEND_SELECT
+        # A c10d operation's usual case: the torch.distributed function recorded it.
+        if not recording() or keys.has(_META):
             return redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
         return record(spec, bound, lambda: redispatch(keys, *args, **kwargs))
 
-    return kernel
+    return out_of_compile(kernel)
 
 
 def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
@@ -297,24 +325,30 @@ def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
     do not cross threads: recorded at the c10d operation it issues, by its ``name`` if it has one."""
     redispatch = overload._handle.redispatch_boxed
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
+    def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        keys = keys & _PAST_BACKEND_SELECT
+        if keys.has(_META):
+            return redispatch(keys, *args, **kwargs)
         arm()
         outer, _functional.running = _functional.running, name
         try:
-            return redispatch(_below_backend_select(args), *args, **kwargs)
+            return redispatch(keys, *args, **kwargs)
         finally:
             _functional.running = outer
 
-    return kernel
+    return out_of_compile(kernel)
 
 
 def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
     redispatch = overload._handle.redispatch_boxed
 
-    def kernel(tensor: torch.Tensor) -> Any:
-        return wait(tensor, lambda: redispatch(_dispatch_keys(tensor) & _BELOW_AUTOGRAD, tensor))
+    def kernel(keys: Any, tensor: torch.Tensor) -> Any:
+        keys = keys & _PAST_BACKEND_SELECT
+        if keys.has(_META):
+            return redispatch(keys, tensor)
+        return wait(tensor, lambda: redispatch(keys, tensor))
 
-    return kernel
+    return out_of_compile(kernel)
 
 
 def wait_tensor(tensor: torch.Tensor) -> None:

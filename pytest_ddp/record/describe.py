@@ -54,8 +54,14 @@ def add_internal(module: ModuleType) -> None:
     _sites.clear()
 
 
+# Not call sites either: Python's frozen modules, and the code torch.compile generated and runs (FX's
+# graph modules, inductor's modules in its cache folder), whose caller is the compiled function.
+_GENERATED = ("<frozen ", "<eval_with_key>", *filter(None, [os.environ.get("TORCHINDUCTOR_CACHE_DIR")]))
+_INDUCTOR_CACHE = os.sep + "torchinductor_"  # in the default one's name
+
+
 def _site_file(filename: str) -> str | None:
-    if filename.startswith(_INTERNAL_DIRS) or filename.startswith("<frozen "):
+    if filename.startswith(_INTERNAL_DIRS) or filename.startswith(_GENERATED) or _INDUCTOR_CACHE in filename:
         return None
     if os.path.isabs(filename):
         relative = os.path.relpath(filename)

@@ -437,8 +437,10 @@ def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 # -- install -------------------------------------------------------------------
 
 
-def _patch(owner: Any, name: str, replacement: Any) -> None:
-    _originals.setdefault((owner, name), getattr(owner, name))
+# Out of what torch.compile compiles (its callees too where ``recursive``), traced as what it replaces.
+def _patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> None:
+    original = _originals.setdefault((owner, name), getattr(owner, name))
+    backend_hook.traced_as(original, backend_hook.out_of_compile(replacement, recursive))
     setattr(owner, name, replacement)
 
 
@@ -454,24 +456,23 @@ def install(log: EventLog) -> None:
             _patch_function(op, functools.partial(_wrap, op))
     _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
     if backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording, _compiled_hooks()):
-        # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built
-        # by an earlier test, or a module fixture, arms the hook again in this one).
-        _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__))
-        _patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward))
+        # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built by an
+        # earlier test, or a module fixture, arms the hook again in this one); its module compiles.
+        _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__), False)
+        _patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward), False)
         if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
-            _patch_function("_coalescing_manager", _arming)
+            _patch_function("_coalescing_manager", _arming, False)
         if hasattr(dist, "_broadcast_coalesced"):  # DDP's and FSDP's syncs of module state, in C++
-            _patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced))
+            _patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
 
 
-def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace a torch.distributed function by ``replacement(original)``, in distributed_c10d
-    and under torch.distributed where it is the same function."""
+def _patch_function(name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True) -> None:
+    """Replace a torch.distributed function by ``replacement(original)``, in c10d and in dist where the same."""
     original = getattr(c10d, name)
     replaced = replacement(original)
-    _patch(c10d, name, replaced)
+    _patch(c10d, name, replaced, recursive)
     if getattr(dist, name, None) is original:
-        _patch(dist, name, replaced)
+        _patch(dist, name, replaced, recursive)
 
 
 def _arming(original: Callable[..., Any]) -> Callable[..., Any]:

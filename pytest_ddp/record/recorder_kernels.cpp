@@ -363,6 +363,10 @@ void run_armed(const Op& op_spec, const c10::OperatorHandle& op, c10::DispatchKe
   if (failure) std::rethrow_exception(failure);
 }
 
+// A traced call (fake or meta tensors: torch.compile, torch.export, make_fx), which issues no
+// collective: Meta is among its keys (see backend_hook._META).  Handed on unrecorded.
+bool traced(c10::DispatchKeySet keys) { return keys.has_backend(c10::BackendComponent::MetaBit); }
+
 // -- the kernels ------------------------------------------------------------------------------
 
 // recorder._record_functional, for one functional collective.
@@ -372,7 +376,7 @@ class FunctionalKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     Gil gil;
-    PyObject* log = installed ? recording_log() : nullptr;
+    PyObject* log = installed && !traced(keys) ? recording_log() : nullptr;
     if (log == nullptr) {
       if (auto failure = redispatch(op, keys, stack)) std::rethrow_exception(failure);
       return;
@@ -421,7 +425,7 @@ class FunctionalKernel final : public c10::OperatorKernel {
 // recorder._record_wait_tensor: the caller blocks until a functional collective is done.
 void wait_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   Gil gil;
-  PyObject* log = installed ? PyDict_GetItem(hooks.recorder_globals, names.log) : nullptr;
+  PyObject* log = installed && !traced(keys) ? PyDict_GetItem(hooks.recorder_globals, names.log) : nullptr;
   PyObject* index = nullptr;
   if (log != nullptr && log != Py_None) {
     Ref pointer(PyLong_FromVoidPtr(stack->back().toTensor().data_ptr()));
