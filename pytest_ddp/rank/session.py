@@ -33,13 +33,39 @@ class LeftoverProcessWarning(pytest.PytestWarning):
     """A test left processes running in its rank; the rank ended them."""
 
 
-def _restore_environment(saved: dict[str, str]) -> None:
-    """os.environ as it was when the rank was ready: what a test added is removed."""
-    for key in [key for key in os.environ if key not in saved]:
-        del os.environ[key]
-    for key, value in saved.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
+class SavedEnvironment:
+    """os.environ as it was when the rank was ready, put back before each test: what a test
+    added is removed, what it changed or removed is set again."""
+
+    def __init__(self) -> None:
+        self.values = dict(os.environ)
+        self._raw = _copy(_raw_environ())
+
+    def set(self, key: str, value: str) -> None:
+        """From now on ``key`` is ``value`` in the environment put back."""
+        self.values[key] = value
+        self._raw = None
+
+    def restore(self) -> None:
+        raw = _raw_environ()
+        if raw is not None and raw == self._raw:
+            return  # nothing changed: one comparison in C, not a decoded walk of every variable
+        for key in [key for key in os.environ if key not in self.values]:
+            del os.environ[key]
+        for key, value in self.values.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        self._raw = _copy(_raw_environ())
+
+
+def _raw_environ() -> dict[Any, Any] | None:
+    """os.environ's encoded mapping (CPython's ``os.environ._data``); None where there is none."""
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else None
+
+
+def _copy(raw: dict[Any, Any] | None) -> dict[Any, Any] | None:
+    return None if raw is None else dict(raw)
 
 
 class RankSession:
@@ -49,7 +75,6 @@ class RankSession:
         self.channel = channel
         self.collect_errors: list[str] = []
         self.ready = False  # the session reached its run loop and said so
-        self.environment: dict[str, str] = {}  # os.environ when the rank was ready
         self.processes = leftovers.ProcessLedger()
         # Per test: what was there before it, and what it left.
         self.threads_before: set[threading.Thread] = set()
@@ -82,7 +107,7 @@ class RankSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: Any) -> bool:
         items = {item.nodeid: item for item in session.items}
-        self.environment = dict(os.environ)
+        environment = SavedEnvironment()  # os.environ when the rank was ready
         self.processes.start()
         self.channel.event(Ready(list(items), self.collect_errors), wake=True)
         self.ready = True
@@ -90,8 +115,8 @@ class RankSession:
         for command in self.channel.commands(RunItem):
             if command.store_port is not None:  # the last test ended or made a default group
                 default_group.renew(command.store_port)
-                self.environment["MASTER_PORT"] = os.environ["MASTER_PORT"]
-            self._run(items, command.id, command.next)
+                environment.set("MASTER_PORT", os.environ["MASTER_PORT"])
+            self._run(items, environment, command.id, command.next)
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
             call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
@@ -103,9 +128,9 @@ class RankSession:
             self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)
         return True
 
-    def _run(self, items: dict[str, Any], nodeid: str, next_nodeid: str | None) -> None:
+    def _run(self, items: dict[str, Any], environment: SavedEnvironment, nodeid: str, next_nodeid: str | None) -> None:
         start_test()
-        _restore_environment(self.environment)
+        environment.restore()
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
         marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
@@ -115,7 +140,7 @@ class RankSession:
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
-        self.processes_before = set(leftovers.descendants())
+        self.processes_before = set(self.processes.alive())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
