@@ -230,7 +230,7 @@ def test_a_dump_per_rank_holds_its_collectives_in_the_format_torch_writes(tmp_pa
 def test_a_rank_outside_a_group_has_none_of_it_and_a_rank_with_no_call_has_a_dump(tmp_path: Path) -> None:
     pair = {"group": "1", "group_ranks": (1, 2)}
     states = [
-        RankState(0, alive=False),
+        RankState(0, alive=False, calls=[call(0, "reduce_scatter_tensor", 1, group_ranks=(), error="no group")]),
         RankState(1, calls=[call(0, "broadcast", 1, root=1, exit=None, **pair)]),
         RankState(2, calls=[]),
     ]

@@ -152,13 +152,19 @@ def _frames(call: Call) -> list[dict[str, Any]]:
         if site:
             filename, _, line = site.rpartition(":")
             frames.append(
-                {"name": call.kind.method, "filename": filename or site, "line": int(line) if line.isdigit() else 0}
+                {"name": call.kind.method, "filename": filename or site, "line": int(line) if line.isdecimal() else 0}
             )
     return frames
 
 
 def _ns(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1e9)
+
+
+def _has_entry(call: Call) -> bool:
+    """A collective of a group: not a send or receive (see the module's docstring), nor the
+    making of a group, nor a collective called before there was a group (it raised)."""
+    return call.op in FR_NAMES and bool(call.group_ranks)
 
 
 def groups_of(states: list[RankState]) -> dict[int, dict[str, tuple[int, ...]]]:
@@ -169,7 +175,7 @@ def groups_of(states: list[RankState]) -> dict[int, dict[str, tuple[int, ...]]]:
     for state in states:
         own[state.rank] = {}
         for call in state.calls:
-            if call.op in FR_NAMES:
+            if _has_entry(call):
                 own[state.rank].setdefault(call.group, call.group_ranks)
     groups = {rank: dict(mine) for rank, mine in own.items()}
     for mine in own.values():
@@ -189,8 +195,8 @@ def dump(
     ops = dict.fromkeys(groups, 0)
     entries: list[dict[str, Any]] = []
     for call in state.calls:
-        if call.op not in FR_NAMES:
-            continue  # sends and receives (see the module's docstring), making groups
+        if not _has_entry(call):
+            continue
         collectives[call.group] = call.seq
         if call.state != "running":
             completed[call.group] = call.seq
