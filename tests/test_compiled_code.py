@@ -28,6 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pytest_ddp
@@ -87,12 +88,22 @@ def test_a_rank_skips_the_compiled_collective():
         check(doubled_then_summed, "aot_eager")
 
 
-def compiled_twice(rank):
+class Exported(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        dist.all_reduce(y)
+        return doubled_then_summed(y)
+
+
+def traced_then_compiled(rank):
+    # Traced on fake tensors, never run: exported (non-strict), and by make_fx.
+    torch.export.export(Exported(), (torch.ones(4),), strict=False)
+    make_fx(doubled_then_summed, tracing_mode="fake")(torch.ones(4))
     check(doubled_then_summed, "aot_eager")
 
 
 def test_what_is_recorded():
-    result = pytest_ddp.run(compiled_twice, world_size=2, timeout=120)
+    result = pytest_ddp.run(traced_then_compiled, world_size=2, timeout=120)
     assert result.outcome == "passed", result.report
     calls = [[c.op, c.site, c.devices, c.state] for c in result.ranks[0].collectives]
     with open(os.environ["RECORDED_TO"], "w") as f:
@@ -130,8 +141,9 @@ def test_correct_compiled_code_passes(sessions: dict[str, tuple[pytest.RunResult
 def test_only_the_calls_the_compiled_code_runs_are_recorded(
     sessions: dict[str, tuple[pytest.RunResult, Path]], kernels: str
 ) -> None:
-    """Tracing (fake tensors) records nothing; the two runs of the compiled function record two
-    all_reduces, on real tensors, at the compiled function (not at the code torch generated)."""
+    """Tracing (fake tensors: torch.compile's, torch.export's, make_fx's) records nothing; the two
+    runs of the compiled function record two all_reduces, on real tensors, at the compiled
+    function (not at the code torch generated)."""
     _, folder = sessions[kernels]
     calls: list[Any] = json.loads((folder / "recorded.json").read_text())
     assert calls == [["all_reduce", COMPILED_FUNCTION, ["cpu"], "ok"]] * 2

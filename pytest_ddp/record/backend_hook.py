@@ -302,6 +302,15 @@ _PAST_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey
 # a real call's keys never hold it.  Such a call is handed on unrecorded (so is it by the compiled
 # kernels, recorder_kernels.cpp).
 _META = torch._C.DispatchKey.Meta
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+_dispatch_mode = torch._C._get_dispatch_mode
+
+
+def tracing() -> bool:
+    """Whether a fake tensor mode is on (torch.export's non-strict tracing, make_fx): a
+    torch.distributed function called now runs on fake tensors and sends nothing, as its c10d
+    operation's Meta keys say further down.  Not a call to record."""
+    return _dispatch_mode(_FAKE_MODE) is not None
 
 
 def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:

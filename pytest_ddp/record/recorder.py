@@ -205,7 +205,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def recorded(*args: Any, **kwargs: Any) -> Any:
         log = _log
-        if log is None or _local.depth:
+        if log is None or _local.depth or backend_hook.tracing():
             return original(*args, **kwargs)
         _local.depth = 1
         try:
