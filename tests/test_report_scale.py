@@ -119,7 +119,12 @@ def test_a_64_rank_hang_where_one_rank_sits_in_another_op_shows_its_stack_apart(
     odd = section(text, "rank 63: Python stacks when stopped")
     assert '> File "/src/train.py", line 44 in test_train' in odd
     assert len(text.splitlines()) <= 60 + len(odd) + 1
-    assert titles(text) == ["ranks 0-62: Python stacks when stopped", "rank 63: Python stacks when stopped"]
+    assert titles(text) == [
+        "ranks 0-63: Python stacks merged (main thread, outermost frame first)",  # report/stack_tree.py
+        "ranks 0-62: Python stacks when stopped",
+        "rank 63: Python stacks when stopped",
+    ]
+    assert "> `-- train.py:44 in test_train  [rank 63; not ranks 0-62]" in text.splitlines()
     assert text.splitlines()[2] == (
         "the ranks part ways at all_reduce #12 (minority: rank 63): ranks 0-62 entered all_reduce [4] float32 "
         "at train.py:40 (waiting); rank 63 entered broadcast [4] float32 root=0 at train.py:44 (waiting)"

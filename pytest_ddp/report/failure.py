@@ -5,7 +5,8 @@ The failure text follows one order, so that people learn where to look:
 1. the verdict, its kind and how long it took to reach;
 2. one line per rank: its state and its current or last collective;
 3. the collective sequences side by side per group, the first divergence marked;
-4. each failing rank's traceback and each stopped rank's Python stacks;
+4. each failing rank's traceback; the stopped ranks' main threads merged into one tree where they
+   differ (:mod:`pytest_ddp.report.stack_tree`), then each stopped rank's Python stacks;
 5. the fd-level output (C++ stderr) of ranks that died.
 
 Above ``GROUP_ABOVE`` (8) ranks, so that a 64-rank report fits on a screen (as
@@ -29,7 +30,7 @@ from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list, unfinished_line, unreceived_line
 from pytest_ddp.groups.group import UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.report import picture, timeline
+from pytest_ddp.report import picture, stack_tree, timeline
 from pytest_ddp.report.sequences import (
     GROUP_ABOVE,
     Divergence,
@@ -144,13 +145,10 @@ def _status(state: RankState) -> str:
 
 
 def _rank_state(state: RankState) -> str:
-    last = state.calls[-1] if state.calls else None
-    where = describe_call(last) if last is not None else "no collective yet"
     status = _status(state)
+    last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
+    where = describe_call(last) if last is not None else "no collective yet"
     return f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
-
-
-HARNESS_FRAMES = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "/multiprocessing/", "<frozen runpy>", '"<string>"')
 
 
 def format_stack(stack: str, test_file: str) -> str:
@@ -159,7 +157,7 @@ def format_stack(stack: str, test_file: str) -> str:
     out = []
     hidden = 0
     for line in stack.splitlines():
-        if line.lstrip().startswith("File ") and any(part in line for part in HARNESS_FRAMES):
+        if stack_tree.harness_line(line):
             hidden += 1
             continue
         if hidden:
@@ -254,6 +252,7 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
         lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
         lines += ["  " + unreceived_line(m) for m in run.unreceived_messages]
     lines += _grouped_failures(rank_failures)
+    lines += _merged_stacks(run)
     stacks = {rank: format_stack(stack, test_file) for rank, stack in run.stacks.items()}
     for ranks, text in _alike(stacks):
         lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), text]
@@ -268,9 +267,19 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
     return "\n".join(lines)
 
 
+def _merged_stacks(run: TestRun) -> list[str]:
+    """The ranks' main threads as one tree, where they are not all the same stack: when they are,
+    the one section of the ranks' stacks below says it, and the tree would repeat it."""
+    tree = stack_tree.merged(run.stacks)
+    if not tree.differs():
+        return []
+    title = _section(f"{rank_list(tree.ranks)}: Python stacks merged (main thread, outermost frame first)")
+    return ["", title, *stack_tree.render(tree, run.test_id.split("::")[0])]
+
+
 def _divergence(states: list[RankState], groups: list[GroupSequences]) -> Divergence | None:
     """Where the ranks part ways; a rank that did not get there is said to be where it is."""
-    where = {s.rank: _status(s) or f"waiting in {describe_call(s.calls[-1])}" for s in states}
+    where = {s.rank: _status(s) or f"waiting in {describe_call(s.current_call or s.calls[-1])}" for s in states}
     return divergence(groups, {r: f"did not enter it, {text}" for r, text in where.items()})
 
 
@@ -341,6 +350,7 @@ def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> d
             for m in run.unreceived_messages
         ],
         "divergence": _divergence_json(run.states),
+        "stack_tree": stack_tree.to_json(tree) if (tree := stack_tree.merged(run.stacks)).ranks else None,
         "ranks": [
             {
                 "rank": s.rank,

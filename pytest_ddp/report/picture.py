@@ -1,6 +1,7 @@
 """A failing test's report as one self-contained HTML page: the headline and diagnosis, then the
 timeline as inline SVG (a row per rank, a bar per call, stuck calls in red running on past the
-verdict line), a legend, each rank's state, and the failures, stacks and output below.
+verdict line), a legend, each rank's state, and the failures, the ranks' main threads merged into
+one collapsible tree (:mod:`pytest_ddp.report.stack_tree`), each rank's stacks and output below.
 
 Nothing in the page is fetched: no script, no link, no image or font, and a Content Security
 Policy of ``default-src 'none'`` so that a browser would refuse anything that slipped in.  Every
@@ -19,6 +20,7 @@ from typing import Any
 from pytest_ddp.common.ops import INIT, NEW_GROUP, OPS
 from pytest_ddp.diagnose.state import exit_text
 from pytest_ddp.diagnose.wording import rank_list
+from pytest_ddp.report import stack_tree
 from pytest_ddp.report.timeline import Slice, Timeline, headline, timeline, verdict_name
 
 WIDTH = 1240  # the SVG, in CSS pixels
@@ -52,6 +54,12 @@ td { padding: 1px 12px 1px 0; vertical-align: top; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; margin: 4px 0 10px; }
 h2 { font-size: 14px; margin: 16px 0 4px; }
 summary { cursor: pointer; font-weight: 600; }
+.tree { font: 12px/1.5 ui-monospace, monospace; margin: 4px 0 10px; }
+.tree details details { margin-left: 18px; }
+.tree summary { font-weight: 400; }
+.tree .frame { margin-left: 14px; white-space: pre; }
+.tree .test { font-weight: 700; }
+.tree .part { color: #b00000; font-weight: 700; }
 """
 
 
@@ -296,6 +304,7 @@ def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str
                        ("unfinished_work", "Asynchronous work still in flight after the test")):
         if report.get(key):
             out += [f"<h2>{title}</h2>", _pre("\n".join(str(d.get("text", d)) for d in report[key]))]
+    out += _stack_tree(report)
     for rank in report["ranks"]:
         sections = [("failed", rank.get("failure")), ("Python stacks when stopped", rank.get("stack"))]
         sections.append(("stderr", (rank.get("output") or {}).get("stderr")))
@@ -306,6 +315,34 @@ def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str
                 summary = f"<summary>rank {rank['rank']}: {_esc(what)}</summary>"
                 out.append(f"<details{opened}>{summary}{_pre(shown)}</details>")
     return out
+
+
+def _stack_tree(report: dict[str, Any]) -> list[str]:
+    """The ranks' main threads merged into a tree of nested ``<details>``, a branch where ranks
+    part ways, its ranks in red where they are not all; nothing under two ranks' stacks."""
+    tree = stack_tree.merged({r["rank"]: str(r["stack"]) for r in report["ranks"] if r.get("stack")})
+    if len(tree.ranks) < 2:
+        return []
+    paths = stack_tree.Paths(str(report["test"]).split("::")[0], tree)
+
+    def frame(node: stack_tree.Node) -> str:
+        label = _esc(paths.label(node.frame))
+        return f'<span class="test">{label}</span>' if paths.is_test(node.frame) else label
+
+    def ranks(among: list[int]) -> str:
+        label = f"[{_esc(stack_tree.ranks_label(among, tree.ranks))}]"
+        return f' <span class="part">{label}</span>' if len(among) < len(tree.ranks) else f" {label}"
+
+    def branch(node: stack_tree.Node) -> str:
+        nodes = stack_tree.chain(node)
+        rest = "".join(f'<div class="frame">{frame(n)}</div>' for n in nodes[1:])
+        if nodes[-1].children and (ended := stack_tree.ends_here(nodes[-1])):
+            rest += f'<div class="frame">(stack ends at the frame above){ranks(ended)}</div>'
+        kids = "".join(branch(child) for child in nodes[-1].children)
+        return f"<details open><summary>{frame(node)}{ranks(node.ranks)}</summary>{rest}{kids}</details>"
+
+    title = "Python stacks merged: each rank's main thread, outermost frame first"
+    return [f"<h2>{title}</h2>", f'<div class="tree">{"".join(branch(root) for root in tree.roots)}</div>']
 
 
 def page(report: dict[str, Any], readable: Callable[[str], str] = str) -> str:
