@@ -100,6 +100,7 @@ def traced_then_compiled(rank):
     torch.export.export(Exported(), (torch.ones(4),), strict=False)
     make_fx(doubled_then_summed, tracing_mode="fake")(torch.ones(4))
     check(doubled_then_summed, "aot_eager")
+    check(doubled_then_summed, "inductor")
 
 
 def test_what_is_recorded():
@@ -142,11 +143,11 @@ def test_only_the_calls_the_compiled_code_runs_are_recorded(
     sessions: dict[str, tuple[pytest.RunResult, Path]], kernels: str
 ) -> None:
     """Tracing (fake tensors: torch.compile's, torch.export's, make_fx's) records nothing; the two
-    runs of the compiled function record two all_reduces, on real tensors, at the compiled
-    function (not at the code torch generated)."""
+    runs of each compiled function (aot_eager's, inductor's) record two all_reduces, on real
+    tensors, at the compiled function (not at the code torch generated: FX's, inductor's)."""
     _, folder = sessions[kernels]
     calls: list[Any] = json.loads((folder / "recorded.json").read_text())
-    assert calls == [["all_reduce", COMPILED_FUNCTION, ["cpu"], "ok"]] * 2
+    assert calls == [["all_reduce", COMPILED_FUNCTION, ["cpu"], "ok"]] * 4
 
 
 @pytest.mark.parametrize("kernels", ["compiled", "python"])
