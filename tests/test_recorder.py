@@ -165,11 +165,14 @@ def test_point_to_point_calls_count_per_direction_and_peer(two_ranks: list[list[
         return [c for c in calls if c.kind.kind in ("p2p", "batch")]
 
     sends, recvs = exchanges(two_ranks[0][0].calls), exchanges(two_ranks[1][0].calls)
-    assert [(c.op, c.seq, c.peer) for c in sends] == [("send", 1, 1), ("send", 2, 1), ("batch_isend_irecv", 1, None)]
-    assert [(c.op, c.seq, c.peer) for c in recvs] == [("recv", 1, 0), ("recv", 1, None), ("batch_isend_irecv", 1, None)]
-    assert sends[-1].shapes == [[2], [2]]
+    # A batch on Gloo: the batch, then each of its sends and receives, numbered with the others.
+    assert [(c.op, c.seq, c.peer) for c in sends] == [
+        ("send", 1, 1), ("send", 2, 1), ("batch_isend_irecv", 1, None), ("isend", 3, 1), ("irecv", 1, 1)]
+    assert [(c.op, c.seq, c.peer) for c in recvs] == [
+        ("recv", 1, 0), ("recv", 1, None), ("batch_isend_irecv", 1, None), ("isend", 1, 0), ("irecv", 2, 0)]
+    assert sends[2].shapes == [[2], [2]]
     # A batch goes to many peers at once: it pairs with no single call, and has no collective number.
-    assert not sends[-1].is_p2p and not sends[-1].is_collective
+    assert not sends[2].is_p2p and not sends[2].is_collective
 
 
 def test_start_test_restarts_call_and_sequence_numbers(two_ranks: list[list[RankState]]) -> None:

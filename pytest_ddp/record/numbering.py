@@ -80,6 +80,10 @@ class Pending:
     def __init__(self) -> None:
         self.log: EventLog | None = None  # where the rets go: the recorder's log, once installed
         self.works: dict[int, tuple[Any, Any]] = {}  # call index -> (work, its future)
+        # isend and irecv calls whose ret waits for their wait() (or the test's end): Gloo's send and
+        # receive work has no future and completes only inside wait(), and a send's wait returns
+        # only once its receiver has posted the receive (measured), so a rank in it waits for its peer.
+        self.owed: set[int] = set()
         self._wake = threading.Event()  # set while works are pending
         self._looker_pid: int | None = None  # the process whose thread looks (threads do not survive fork)
 
@@ -96,9 +100,25 @@ class Pending:
             self._wake.set()
         return True
 
+    def owe(self, index: int) -> bool:
+        """Leave the ret of point-to-point call ``index`` to its wait, or the test's end (:meth:`settle`)."""
+        with _numbers.lock:
+            self.owed.add(index)
+        return True
+
+    def settle(self, index: int, error: BaseException | None = None) -> None:
+        """The wait for call ``index`` returned (with ``error`` if it raised): its ret, if owed."""
+        with _numbers.lock:
+            if index in self.owed:
+                self.owed.discard(index)
+                if self.log is not None:
+                    write_ret(self.log, index, error)
+
     def sweep(self, waited: int | None = None, error: BaseException | None = None) -> bool:
         """Write the ret of each call whose work completed, and of ``waited``, whose wait returned
         (with ``error`` if it raised); whether any call is still pending."""
+        if waited is not None:
+            self.settle(waited, error)
         log = self.log
         with _numbers.lock:
             for index, (work, future) in list(self.works.items()):
@@ -124,6 +144,7 @@ class Pending:
         """Forget the pending calls (their test is over)."""
         with _numbers.lock:
             self.works.clear()
+            self.owed.clear()
 
     def _look(self) -> None:
         while True:

@@ -141,14 +141,13 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     works = {id(work): (index, work) for index, work in _works.values()}
     works.update((id(work), (index, work)) for index, (work, _) in _pending.works.items())
     for index, work in works.values():
-        if work.is_completed():
-            continue
-        # c10d reads a zero timeout as "no timeout".
-        remaining = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
-        try:
-            wait_unrecorded(work, remaining)
-        except Exception as exc:  # timed out, or the work failed
-            unfinished.append({"i": index, "err": first_line(exc)})
+        if not work.is_completed():  # c10d reads a zero timeout as "no timeout"
+            try:
+                wait_unrecorded(work, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            except Exception as exc:  # timed out, or the work failed
+                unfinished.append({"i": index, "err": first_line(exc)})
+                continue
+        _pending.settle(index)  # an isend's or irecv's ret
     _works.clear()
     _pending.sweep()
     _pending.clear()  # what is left timed out, and is listed
@@ -207,7 +206,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         log = _log
         if log is None or _local.depth or backend_hook.tracing():
             return original(*args, **kwargs)
-        _local.depth = 1
+        _local.depth = int(spec.kind != "batch")  # a batch's sends and receives are recorded too
         try:
             if _pending.works:
                 _pending.sweep()
@@ -228,10 +227,11 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             if result is not None and (spec.kind in ("p2p", "batch") or bound.get("async_op")):
                 works = [w for w in (result if isinstance(result, list) else [result]) if isinstance(w, dist.Work)]
-                for work in works:
-                    _works[id(work)] = (index, work)
-                # An asynchronous collective runs until it is waited for or its work completes.
-                if spec.is_collective and len(works) == 1 and _pending.add(index, works[0]):
+                for work in works:  # a batch's works on Gloo are its sends' and receives': theirs
+                    _works[id(work)] = _works.get(id(work), (index, work)) if spec.kind == "batch" else (index, work)
+                # An asynchronous call runs until it is waited for (a collective: or its work completes).
+                if len(works) == 1 and (_pending.owe(index) if spec.kind == "p2p" else
+                                        spec.is_collective and _pending.add(index, works[0])):
                     return result
             log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
             return result

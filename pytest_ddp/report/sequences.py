@@ -178,9 +178,11 @@ def p2p_table(states: list[RankState]) -> list[str]:
                 ends = (call.peer, state.rank) if call.is_recv else (state.rank, call.peer)
                 pairs.setdefault((call.group, *ends), ([], []))[call.is_recv].append(call)
     lines: list[str] = []
+    waited = {(s.rank, s.waiting_on) for s in states}  # an isend or irecv a rank waits for, not one just issued
+    waits_in = lambda rank, c: c.state == "running" and (c.blocks or (rank, c.index) in waited)
     for (group, sender, receiver), (sends, recvs) in pairs.items():
-        waiting = [(sender, c) for c in sends if c.state == "running"]
-        waiting += [(receiver, c) for c in recvs if c.state == "running"]
+        waiting = [(sender, c) for c in sends if waits_in(sender, c)]
+        waiting += [(receiver, c) for c in recvs if waits_in(receiver, c)]
         if len(sends) == len(recvs) and not waiting:
             continue
         counts = f"{len(sends)} send{'s' * (len(sends) != 1)}, {len(recvs)} recv{'s' * (len(recvs) != 1)}"

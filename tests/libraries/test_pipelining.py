@@ -1,0 +1,107 @@
+"""torch.distributed.pipelining: a model cut in two stages on two ranks, as torch's pipelining
+docs write a step: each rank wraps its part in a ``PipelineStage`` and drives it with a schedule
+(``ScheduleGPipe``, ``Schedule1F1B``); the first stage feeds the batch, the last one gets the
+target and the losses.  The stages exchange activations and gradients with isend/irecv."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+import pytest_ddp
+
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+
+
+def model():
+    torch.manual_seed(0)  # the same full model on every rank; each keeps its stage's part
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+
+
+def batch():
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(8, 2, generator=torch.Generator().manual_seed(2))
+    return x, y
+
+
+def pipeline_step(rank, schedule="GPipe", n_microbatches=4, train=True, stage_0_steps=True):
+    """One step of a two-stage pipeline; the last stage returns its microbatches' losses."""
+    stage = PipelineStage(model()[rank], stage_index=rank, num_stages=2, device=torch.device("cpu"))
+    loss_fn = torch.nn.functional.mse_loss if train else None
+    step = SCHEDULES[schedule](stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    x, y = batch()
+    if rank == 0:
+        if stage_0_steps:
+            step.step(x)  # the first stage's step
+        return stage.submod
+    losses = []
+    step.step(target=y, losses=losses) if train else step.step()  # the last stage's step
+    return stage.submod, losses
+
+
+@pytest.mark.ddp(world_size=2)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_pipeline_step_matches_the_whole_model(rank, schedule):
+    result = pipeline_step(rank, schedule)
+
+    reference = model()
+    x, y = batch()
+    reference_losses = [torch.nn.functional.mse_loss(reference(xs), ys) for xs, ys in zip(x.chunk(4), y.chunk(4))]
+    (sum(reference_losses) / 4).backward()  # the schedule scales gradients by the microbatch count
+    if rank == 1:
+        part, losses = result
+        torch.testing.assert_close(torch.stack(losses), torch.stack(reference_losses).detach())
+    else:
+        part = result
+    for name, p in part.named_parameters():
+        torch.testing.assert_close(p.grad, reference[rank].get_parameter(name).grad)
+
+
+def line_of(text):
+    """``test_pipelining.py:N``, the line of this file that holds ``text``."""
+    lines = Path(__file__).read_text().splitlines()
+    return f"test_pipelining.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+def stage_0_never_sends(rank, schedule):
+    pipeline_step(rank, schedule, stage_0_steps=False)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_stage_that_never_sends_is_diagnosed(schedule):
+    result = pytest_ddp.run(stage_0_never_sends, world_size=2, args=(schedule,), timeout=30)
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "partial"), result.diagnosis.text
+    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([0], [1])
+    [waiting] = [c for c in result.ranks[1].collectives if c.state == "running"]
+    assert (waiting.op, waiting.peer) == ("recv", 0)  # the stages' first exchange, before any activation
+    assert waiting.site.endswith(line_of("# the last stage's step"))
+
+
+def microbatches_differ(rank, schedule, train):
+    pipeline_step(rank, schedule, n_microbatches=4 if rank == 0 else 2, train=train)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_microbatch_counts_that_differ_in_inference_are_diagnosed(schedule):
+    """The last stage takes 2 microbatches and returns; the first waits to send its third."""
+    result = pytest_ddp.run(microbatches_differ, world_size=2, args=(schedule, False), timeout=30)
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "partial"), result.diagnosis.text
+    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([1], [0])
+    assert result.diagnosis.collective == "isend"
+    assert "rank 1 returned from its test without receiving from rank 0" in result.diagnosis.text
+    waiting = result.ranks[0].collectives[-2 if schedule == "GPipe" else -1]  # GPipe issued a 4th send
+    assert (waiting.op, waiting.seq, waiting.state) == ("isend", 5, "running")
+    assert waiting.site.endswith(line_of("# the first stage"))
+    assert f"rank 0 waits in isend #5 to 1 ({waiting.site})." in result.diagnosis.text
+
+
+def test_microbatch_counts_that_differ_in_training_are_diagnosed():
+    """The last stage's loss meets a target cut in 2 against an output cut in 4: it raises, and
+    the first stage is left waiting for the gradients' metadata."""
+    result = pytest_ddp.run(microbatches_differ, world_size=2, args=("GPipe", True), timeout=30)
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "rank_exited"), result.diagnosis.text
+    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([1], [0])
+    assert "must match the size of tensor b (4)" in result.ranks[1].exception
+    [waiting] = [c for c in result.ranks[0].collectives if c.state == "running"]
+    assert (waiting.op, waiting.peer) == ("recv_object_list", 1) and waiting.site.endswith(line_of("# the first stage"))
