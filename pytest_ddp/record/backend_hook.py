@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from types import FunctionType
+from types import FrameType, FunctionType
 from typing import Any, TypeVar
 
 import torch
@@ -278,6 +278,19 @@ def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> 
     if isinstance(remaps, dict) and isinstance(original, FunctionType) and original in remaps:
         remaps[replacement] = remaps[original]
         _traced_as.append(replacement)
+
+
+def graph_node_trace(frame: FrameType) -> str | None:
+    """The stack trace (``File "t.py", line 5, in f`` lines) recorded for the node that the frame of
+    an FX graph module's generated code (torch.compile's aot_eager, make_fx's) is running: where the
+    user's code made it, as Dynamo traced it; None where the frame does not tell."""
+    try:
+        module: Any = frame.f_locals.get("self")
+        index = module._lineno_map.get(frame.f_lineno - module._prologue_start)
+        trace = list(module.graph.nodes)[index].meta.get("stack_trace")
+    except Exception:  # not a graph module's frame, or one of another torch
+        return None
+    return trace if isinstance(trace, str) else None
 
 
 def tensors_in(values: Any) -> Iterator[torch.Tensor]:

@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import pickle
+import re
 import sys
 import weakref
 from collections.abc import Callable
@@ -54,15 +55,20 @@ def add_internal(module: ModuleType) -> None:
     _sites.clear()
 
 
-# Not call sites either: Python's frozen modules, and the code torch.compile generated and runs (FX's
-# graph modules, inductor's modules in its cache folder), whose caller is the compiled function.
-_GENERATED = ("<frozen ", "<eval_with_key>", *filter(None, [os.environ.get("TORCHINDUCTOR_CACHE_DIR")]))
+# Not call sites either: Python's frozen modules, and the code torch.compile generated and runs
+# (inductor's modules in its cache folder), whose caller is the compiled function.  An FX graph
+# module's code (aot_eager's, make_fx's) is shown as the user's line its node came from, if known.
+_GENERATED = ("<frozen ", *filter(None, [os.environ.get("TORCHINDUCTOR_CACHE_DIR")]))
 _INDUCTOR_CACHE = os.sep + "torchinductor_"  # in the default one's name
+_FX_GRAPH = "<eval_with_key>"  # how an FX graph module's code file is named; shown as ""
+_TRACE_LINE = re.compile(r'File "(.+)", line (\d+), in ')
 
 
 def _site_file(filename: str) -> str | None:
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith(_GENERATED) or _INDUCTOR_CACHE in filename:
         return None
+    if filename.startswith(_FX_GRAPH):
+        return ""
     if os.path.isabs(filename):
         relative = os.path.relpath(filename)
         if not relative.startswith(".."):
@@ -118,7 +124,19 @@ def frame_site(frame: FrameType) -> tuple[str, bool] | None:
     shown = _shown(code.co_filename)
     if shown is None:
         return None
+    if not shown:
+        return _graph_site(frame)
     return f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename)
+
+
+def _graph_site(frame: FrameType) -> tuple[str, bool] | None:
+    """:func:`frame_site` of an FX graph module's frame: the innermost line outside torch, pytest
+    and this plugin in its node's stack trace; None (not a site) where there is none."""
+    for filename, line in reversed(_TRACE_LINE.findall(backend_hook.graph_node_trace(frame) or "")):
+        shown = _shown(filename)
+        if shown:
+            return f'"site":"{shown}:{line}"', _in_library(filename)
+    return None
 
 
 def _in_library(filename: str) -> bool:
@@ -130,7 +148,7 @@ def _caller(frame: FrameType | None) -> str:
     while frame is not None:
         filename = frame.f_code.co_filename
         shown = _shown(filename)
-        if shown is not None and not _in_library(filename):
+        if shown and not _in_library(filename):
             return f',"caller":"{shown}:{frame.f_lineno}"'
         frame = frame.f_back
     return ""
