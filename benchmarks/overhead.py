@@ -19,7 +19,10 @@ to the next, so the warm suite, ``MultiProcContinuousTest`` and the bare spawn
 run in several interleaved rounds; each ratio is taken within a round and the
 median over rounds is the figure.
 
-    python benchmarks/overhead.py [--tests 10] [--world-size 4] [--rounds 5]
+    python benchmarks/overhead.py [--tests 10] [--world-size 4] [--rounds 5] [--warm-only]
+
+``--warm-only --tests 200``: the rounds alone, on a longer suite, whose median is the steady
+cost of a warm test (ten tests give nine samples on a shared machine).
 """
 
 from __future__ import annotations
@@ -212,6 +215,10 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hang-timeout", type=float, default=5.0, help="timeout of the hanging test")
+    parser.add_argument(
+        "--warm-only", action="store_true",
+        help="only the rounds (warm, MultiProcContinuousTest, bare spawn): for a long suite, --tests 200",
+    )
     options = parser.parse_args()
     n, ws = options.tests, options.world_size
     ddp_suite = DDP_SUITE.format(ws=ws, n=n)
@@ -227,10 +234,10 @@ def main() -> None:
                     "mpct": summarize(run_suite(root / f"mpct{r}", continuous_suite)),
                 }
             )
-        isolated = summarize(run_suite(root / "isolated", ddp_suite, "--ddp-isolate"))
-        hang_file = run_suite(root / "hang", HANG_SUITE.format(ws=ws, timeout=options.hang_timeout), failures=1)
-        mptc = summarize(run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n))))
-    uss, rss = idle_rank_uss(ws)
+        if not options.warm_only:
+            isolated = summarize(run_suite(root / "isolated", ddp_suite, "--ddp-isolate"))
+            hang_file = run_suite(root / "hang", HANG_SUITE.format(ws=ws, timeout=options.hang_timeout), failures=1)
+            mptc = summarize(run_suite(root / "mptc", MULTI_PROCESS_SUITE.format(ws=ws, methods=methods(n))))
 
     def median(suite: str, figure: str) -> float:
         return statistics.median(r[suite][figure] for r in rounds)
@@ -245,10 +252,13 @@ def main() -> None:
     print(f"{'suite':26} {'first test':>11} {'median after first':>19}")
     rows = [
         ("pytest-ddp warm", median("warm", "first"), median("warm", "after_first")),
-        ("pytest-ddp isolated", isolated["first"], isolated["after_first"]),
-        ("MultiProcessTestCase", mptc["first"], mptc["after_first"]),
         ("MultiProcContinuousTest", median("mpct", "first"), median("mpct", "after_first")),
     ]
+    if not options.warm_only:
+        rows[1:1] = [
+            ("pytest-ddp isolated", isolated["first"], isolated["after_first"]),
+            ("MultiProcessTestCase", mptc["first"], mptc["after_first"]),
+        ]
     for name, first, after in rows:
         print(f"{name:26} {first:11.3f} {after:19.4f}")
     print(f"{'bare spawn + Gloo init':26} {median('spawn', 'first'):11.3f}")
@@ -261,6 +271,8 @@ def main() -> None:
         f"  warm per test / MultiProcContinuousTest per test: {statistics.median(warm_vs_mpct):.2f}  [<= 1]"
         f"  (rounds: {each(warm_vs_mpct)})"
     )
+    if options.warm_only:
+        return
     mptc_vs_warm = mptc["after_first"] / median("warm", "after_first")
     print(f"  MultiProcessTestCase per test / warm per test:    {mptc_vs_warm:.0f}x  [>= 500x]")
     print(
@@ -275,6 +287,7 @@ def main() -> None:
         f"{sum(hang_file) / hang_bound:.2f}  [<= 1]  (per test: {each(hang_file)} s)"
     )
     print(f"  fresh group per test (isolated, after the first): {isolated['after_first']:.3f} s  [<= 1 s]")
+    uss, rss = idle_rank_uss(ws)
     print(f"  idle rank memory: USS {uss:.0f} MB, RSS {rss:.0f} MB  [USS <= 100 MB]")
 
 
