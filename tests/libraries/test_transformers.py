@@ -73,11 +73,12 @@ def test_a_rank_that_skips_a_step_is_diagnosed(tmp_path):
     """Rank 1 stops after one step: its end-of-training gather (the FLOs, a float) meets rank 0's
     gather of the next step's token count (an int) as the same all_gather."""
     result = pytest_ddp.run(train, world_size=2, args=(tmp_path,), kwargs={"max_steps": (2, 1)}, timeout=60)
-    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch"), result.diagnosis.text
+    # Seen while both wait (deadlock), or once Gloo has failed a rank on the sizes, 8 bytes against 4.
+    assert result.outcome in ("deadlock", "failed") and result.diagnosis.kind == "mismatch", result.diagnosis.text
     assert result.diagnosis.collective == "all_gather"
-    calls = [r.collectives[-1] for r in result.ranks]
-    assert [(c.op, c.dtypes, c.state) for c in calls] == [("all_gather", ["int64"], "running"),
-                                                           ("all_gather", ["float32"], "running")]
+    # Gloo may let the two gathers complete (rank 0 then goes on to its step's all_reduces).
+    calls = [next(c for c in r.collectives if (c.op, c.seq) == ("all_gather", 7)) for r in result.ranks]
+    assert [c.dtypes for c in calls] == [["int64"], ["float32"]]
     assert "accelerate/" in calls[0].site and "transformers/" in calls[1].site
     assert all(c.caller.endswith(line_of("# the Trainer's step")) for c in calls)  # the user's line
 
