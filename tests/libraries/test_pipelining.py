@@ -64,13 +64,13 @@ def line_of(text):
     return f"test_pipelining.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
 
 
-def stage_0_never_sends(rank, schedule):
-    pipeline_step(rank, schedule, stage_0_steps=False)
+def stage_0_never_sends(rank):
+    pipeline_step(rank, stage_0_steps=False)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_a_stage_that_never_sends_is_diagnosed(schedule):
-    result = pytest_ddp.run(stage_0_never_sends, world_size=2, args=(schedule,), timeout=30)
+def test_a_stage_that_never_sends_is_diagnosed():
+    """Both schedules start with the same exchange (measured), where the last stage waits."""
+    result = pytest_ddp.run(stage_0_never_sends, world_size=2, timeout=30)
     assert (result.outcome, result.diagnosis.kind) == ("deadlock", "partial"), result.diagnosis.text
     assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([0], [1])
     [waiting] = [c for c in result.ranks[1].collectives if c.state == "running"]
