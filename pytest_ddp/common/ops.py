@@ -51,6 +51,11 @@ class Op:
     probe: bool = False  # waits for a matching message without receiving it
     synchronous: bool = False  # a send that returns only once its receive has started (Ssend)
     makes_comm: bool = False  # returns a new communicator (Dup, Split, Create)
+    # torch's Flight Recorder (report.flight_recorder): the collective's name there, where it is
+    # not this one, and which side the group makes of the tensor described, where the two differ
+    # in size: one rank's part of the output, one part of the input, or the whole input.
+    recorded_as: str | None = None
+    described: Literal["part_of_output", "part_of_input", "whole_input"] | None = None
 
     @property
     def is_collective(self) -> bool:
@@ -61,6 +66,13 @@ class Op:
     def method(self) -> str:
         """The name the user called: ``all_reduce``, ``Send`` (of ``mpi.Send``)."""
         return self.name.removeprefix(MPI_PREFIX) if self.api == "mpi" else self.name
+
+    @property
+    def flight_recorder_name(self) -> str:
+        """The collective's name in torch's Flight Recorder: Gloo's recorder names the gathers
+        into a tensor all_gather (measured); the object collectives are named as the collective
+        torch makes of them, mpi4py's by what they do."""
+        return self.recorded_as or self.name
 
     @property
     def pairs(self) -> bool:
@@ -74,22 +86,40 @@ def _table(*ops: Op) -> dict[str, Op]:
 
 OPS: dict[str, Op] = _table(
     Op("all_reduce", "collective", "tensor"),
-    Op("all_gather", "collective", "tensor"),
-    Op("all_gather_into_tensor", "collective", "input_tensor"),
-    Op("all_gather_object", "collective", obj="obj"),
-    Op("reduce_scatter", "collective", "output"),
-    Op("reduce_scatter_tensor", "collective", "input"),
+    Op("all_gather", "collective", "tensor", described="part_of_output"),
+    Op("all_gather_into_tensor", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
+    Op("all_gather_object", "collective", obj="obj", recorded_as="all_gather"),
+    Op("reduce_scatter", "collective", "output", described="part_of_input"),
+    Op("reduce_scatter_tensor", "collective", "input", recorded_as="reduce_scatter", described="whole_input"),
     Op("all_to_all", "collective", "input_tensor_list", uneven=True),
-    Op("all_to_all_single", "collective", "input", uneven=True),
+    Op("all_to_all_single", "collective", "input", uneven=True, recorded_as="all_to_all"),
     Op("broadcast", "collective", "tensor", "src", "group_src"),
-    Op("broadcast_object_list", "collective", None, "src", "group_src", "object_list", obj_from_root=True),
+    Op(
+        "broadcast_object_list",
+        "collective",
+        None,
+        "src",
+        "group_src",
+        "object_list",
+        obj_from_root=True,
+        recorded_as="broadcast",
+    ),
     Op("reduce", "collective", "tensor", "dst", "group_dst"),
     Op("gather", "collective", "tensor", "dst", "group_dst"),
-    Op("gather_object", "collective", None, "dst", "group_dst", "obj"),
+    Op("gather_object", "collective", None, "dst", "group_dst", "obj", recorded_as="gather"),
     Op("scatter", "collective", "tensor", "src", "group_src"),
-    Op("scatter_object_list", "collective", None, "src", "group_src", "scatter_object_input_list", obj_from_root=True),
+    Op(
+        "scatter_object_list",
+        "collective",
+        None,
+        "src",
+        "group_src",
+        "scatter_object_input_list",
+        obj_from_root=True,
+        recorded_as="scatter",
+    ),
     Op("barrier", "collective"),
-    Op("monitored_barrier", "collective"),
+    Op("monitored_barrier", "collective", recorded_as="barrier"),
     Op("send", "p2p", "tensor", "dst", "group_dst", direction="send"),
     Op("recv", "p2p", "tensor", "src", "group_src", direction="recv"),
     Op("isend", "p2p", "tensor", "dst", "group_dst", direction="send", blocks=False),
@@ -100,15 +130,15 @@ OPS: dict[str, Op] = _table(
     Op("init_process_group", "group"),
     Op("new_group", "group"),
     Op("destroy_process_group", "group"),
-    Op("all_gather_single", "collective", "input_tensor"),
-    Op("reduce_scatter_single", "collective", "input"),
-    Op("all_gather_coalesced", "collective", "input_tensor_list"),
-    Op("all_reduce_coalesced", "collective", "tensors"),
+    Op("all_gather_single", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
+    Op("reduce_scatter_single", "collective", "input", recorded_as="reduce_scatter", described="whole_input"),
+    Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather", described="part_of_output"),
+    Op("all_reduce_coalesced", "collective", "tensors", recorded_as="allreduce_coalesced"),
     # Reached only through the backend (functional collectives, coalescing managers).
-    Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst"),  # newer than torch 2.13
-    Op("gather_single", "collective", "tensor", "dst", "group_dst"),  # newer than torch 2.13
-    Op("all_gather_into_tensor_coalesced", "collective", python=False),
-    Op("reduce_scatter_tensor_coalesced", "collective", python=False),
+    Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
+    Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
+    Op("all_gather_into_tensor_coalesced", "collective", python=False, recorded_as="all_gather"),
+    Op("reduce_scatter_tensor_coalesced", "collective", python=False, recorded_as="reduce_scatter"),
 )
 
 
@@ -141,32 +171,32 @@ MPI_OPS: dict[str, Op] = _table(
     _mpi("sendrecv", "p2p", None, "dest", tag="sendtag", recv_from="source", recv_tag="recvtag", obj="sendobj"),
     _mpi("probe", "p2p", None, "source", **_RECV, probe=True),
     _mpi("iprobe", "p2p", None, "source", **_RECV, **_ASYNC, probe=True),
-    _mpi("Barrier", "collective"),
-    _mpi("barrier", "collective"),
-    _mpi("Bcast", "collective", "buf", "root"),
-    _mpi("bcast", "collective", None, "root", obj="obj", obj_from_root=True),
-    _mpi("Reduce", "collective", "sendbuf", "root", reduction="op"),
-    _mpi("reduce", "collective", None, "root", obj="sendobj", reduction="op"),
-    _mpi("Allreduce", "collective", "sendbuf", reduction="op"),
-    _mpi("allreduce", "collective", None, obj="sendobj", reduction="op"),
+    _mpi("Barrier", "collective", recorded_as="barrier"),
+    _mpi("barrier", "collective", recorded_as="barrier"),
+    _mpi("Bcast", "collective", "buf", "root", recorded_as="broadcast"),
+    _mpi("bcast", "collective", None, "root", obj="obj", obj_from_root=True, recorded_as="broadcast"),
+    _mpi("Reduce", "collective", "sendbuf", "root", reduction="op", recorded_as="reduce"),
+    _mpi("reduce", "collective", None, "root", obj="sendobj", reduction="op", recorded_as="reduce"),
+    _mpi("Allreduce", "collective", "sendbuf", reduction="op", recorded_as="all_reduce"),
+    _mpi("allreduce", "collective", None, obj="sendobj", reduction="op", recorded_as="all_reduce"),
     # With MPI.IN_PLACE a rank's own buffer holds every rank's part: sizes are not compared.
-    _mpi("Gather", "collective", "sendbuf", "root", uneven=True),
-    _mpi("Gatherv", "collective", "sendbuf", "root", uneven=True),
-    _mpi("gather", "collective", None, "root", obj="sendobj"),
-    _mpi("Scatter", "collective", "recvbuf", "root", uneven=True),
-    _mpi("Scatterv", "collective", "recvbuf", "root", uneven=True),
-    _mpi("scatter", "collective", None, "root", obj="sendobj", obj_from_root=True),
-    _mpi("Allgather", "collective", "sendbuf", uneven=True),
-    _mpi("Allgatherv", "collective", "sendbuf", uneven=True),
-    _mpi("allgather", "collective", None, obj="sendobj"),
-    _mpi("Alltoall", "collective", "sendbuf"),
-    _mpi("Alltoallv", "collective", "sendbuf", uneven=True),
-    _mpi("alltoall", "collective", None, obj="sendobj"),
-    _mpi("Dup", "collective", makes_comm=True),
-    _mpi("Clone", "collective", makes_comm=True),
-    _mpi("Split", "collective", makes_comm=True),
-    _mpi("Split_type", "collective", makes_comm=True),
-    _mpi("Create", "collective", makes_comm=True),
+    _mpi("Gather", "collective", "sendbuf", "root", uneven=True, recorded_as="gather"),
+    _mpi("Gatherv", "collective", "sendbuf", "root", uneven=True, recorded_as="gather"),
+    _mpi("gather", "collective", None, "root", obj="sendobj", recorded_as="gather"),
+    _mpi("Scatter", "collective", "recvbuf", "root", uneven=True, recorded_as="scatter"),
+    _mpi("Scatterv", "collective", "recvbuf", "root", uneven=True, recorded_as="scatter"),
+    _mpi("scatter", "collective", None, "root", obj="sendobj", obj_from_root=True, recorded_as="scatter"),
+    _mpi("Allgather", "collective", "sendbuf", uneven=True, recorded_as="all_gather"),
+    _mpi("Allgatherv", "collective", "sendbuf", uneven=True, recorded_as="all_gather"),
+    _mpi("allgather", "collective", None, obj="sendobj", recorded_as="all_gather"),
+    _mpi("Alltoall", "collective", "sendbuf", recorded_as="all_to_all"),
+    _mpi("Alltoallv", "collective", "sendbuf", uneven=True, recorded_as="all_to_all"),
+    _mpi("alltoall", "collective", None, obj="sendobj", recorded_as="all_to_all"),
+    _mpi("Dup", "collective", makes_comm=True, recorded_as="split"),
+    _mpi("Clone", "collective", makes_comm=True, recorded_as="split"),
+    _mpi("Split", "collective", makes_comm=True, recorded_as="split"),
+    _mpi("Split_type", "collective", makes_comm=True, recorded_as="split"),
+    _mpi("Create", "collective", makes_comm=True, recorded_as="split"),
     # Ends every rank of the world: recorded as the aborting rank's last call, never returns.
     _mpi("Abort", "group"),
 )

@@ -33,6 +33,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from pytest_ddp.common.ops import COLLECTIVES
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.report.writable import file_name
 
@@ -43,67 +44,6 @@ PREFIX = "rank_"  # a dump's file name: rank_0, rank_1, ...
 LIBRARIES = ("gloo", "nccl")
 WORLD = "WORLD"
 
-# The analyser's name of each collective.  Gloo's recorder names the gathers into a tensor
-# all_gather and all_to_all_single all_to_all (measured); the object collectives are named as
-# the collective torch makes of them.  mpi4py's by what they do.
-FR_NAMES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "allreduce_coalesced",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "all_gather_single": "all_gather",
-    "all_gather_coalesced": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "all_gather_object": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_single": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast",
-    "broadcast_object_list": "broadcast",
-    "reduce": "reduce",
-    "gather": "gather",
-    "gather_object": "gather",
-    "gather_into_tensor": "gather",
-    "gather_single": "gather",
-    "scatter": "scatter",
-    "scatter_object_list": "scatter",
-    "barrier": "barrier",
-    "monitored_barrier": "barrier",
-    "mpi.Barrier": "barrier",
-    "mpi.barrier": "barrier",
-    "mpi.Bcast": "broadcast",
-    "mpi.bcast": "broadcast",
-    "mpi.Reduce": "reduce",
-    "mpi.reduce": "reduce",
-    "mpi.Allreduce": "all_reduce",
-    "mpi.allreduce": "all_reduce",
-    "mpi.Gather": "gather",
-    "mpi.Gatherv": "gather",
-    "mpi.gather": "gather",
-    "mpi.Scatter": "scatter",
-    "mpi.Scatterv": "scatter",
-    "mpi.scatter": "scatter",
-    "mpi.Allgather": "all_gather",
-    "mpi.Allgatherv": "all_gather",
-    "mpi.allgather": "all_gather",
-    "mpi.Alltoall": "all_to_all",
-    "mpi.Alltoallv": "all_to_all",
-    "mpi.alltoall": "all_to_all",
-    "mpi.Dup": "split",
-    "mpi.Clone": "split",
-    "mpi.Split": "split",
-    "mpi.Split_type": "split",
-    "mpi.Create": "split",
-}
-# The recorder describes one side of these: the analyser checks that a gather's output holds
-# the group's inputs and a reduce-scatter's input the group's outputs, so the other side is
-# written as the group makes it.
-_GATHERS = {"all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced"}
-_SCATTERS_OUTPUT = {"reduce_scatter"}  # its output described
-_SCATTERS_INPUT = {"reduce_scatter_tensor", "reduce_scatter_single"}  # its input described
 # torch's names of its dtypes, as its recorder writes them.
 SCALAR_TYPES = {
     "float32": "Float",
@@ -135,11 +75,14 @@ def _sizes(call: Call, size: int) -> tuple[list[list[int]], list[list[int]]]:
     if kind.uneven or not call.shapes:
         return [[0]], [[0]]
     shapes = [list(s) for s in call.shapes]
-    if call.op in _GATHERS:
+    # The recorder describes one side of these: the analyser checks that a gather's output
+    # holds the group's inputs and a reduce-scatter's input the group's outputs, so the other
+    # side is written as the group makes it.
+    if kind.described == "part_of_output":
         return shapes, [[size, *s] for s in shapes]
-    if call.op in _SCATTERS_OUTPUT:
+    if kind.described == "part_of_input":
         return [[size, *s] for s in shapes], shapes
-    if call.op in _SCATTERS_INPUT:
+    if kind.described == "whole_input":
         return shapes, [[math.prod(s) // size] for s in shapes]
     return shapes, shapes
 
@@ -164,7 +107,7 @@ def _ns(seconds: float | None) -> int | None:
 def _has_entry(call: Call) -> bool:
     """A collective of a group: not a send or receive (see the module's docstring), nor the
     making of a group, nor a collective called before there was a group (it raised)."""
-    return call.op in FR_NAMES and bool(call.group_ranks)
+    return call.op in COLLECTIVES and bool(call.group_ranks)
 
 
 def groups_of(states: list[RankState]) -> dict[int, dict[str, tuple[int, ...]]]:
@@ -211,7 +154,7 @@ def dump(
                 "collective_seq_id": collectives[call.group],
                 "p2p_seq_id": 0,
                 "op_id": ops[call.group],
-                "profiling_name": f"{library}:{FR_NAMES[call.op]}",
+                "profiling_name": f"{library}:{call.kind.flight_recorder_name}",
                 "time_created_ns": _ns(call.enter),
                 "input_sizes": inputs,
                 "input_dtypes": dtypes if inputs else [],
