@@ -25,9 +25,24 @@ from typing import Any, Literal
 
 from pytest_ddp.common.ops import INIT, OPS
 
-Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect"]
+Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect", "skip", "extra", "change"]
 # Faults after which the rank's process is gone: a death the test asked for.
 DEADLY: frozenset[str] = frozenset({"kill", "exit"})
+# Faults that make another call in the call's place (none, two, a changed one): the recorder's
+# wrapper of a torch.distributed function carries them out, so a call reaching the backend
+# without one (DDP's reducer, a functional collective) cannot take them.
+REPLACING: frozenset[str] = frozenset({"skip", "extra", "change"})
+# The collectives a call can be changed into (change(op=...)): each takes the call's tensor.
+CHANGE_OPS = ("all_reduce", "broadcast", "reduce", "barrier")
+# torch.distributed.ReduceOp's members, by name (change(reduce_op=...)).
+REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+# The operations whose reduce op is their ``op`` parameter.
+REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
+# torch dtypes by name (change(dtype=...)): no torch import here.
+DTYPES = (
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "uint8", "int8", "int16", "int32", "int64", "bool",
+)
 
 
 class FaultError(ValueError):
@@ -46,6 +61,11 @@ class Fault:
     code: int = 1  # exit
     size: int | None = None  # oom: bytes to allocate before the MemoryError; None: until a real one
     exc: BaseException | None = None  # raise
+    # change: what differs in the call made instead (None: as the caller passed it)
+    shape: tuple[int, ...] | None = None  # the call's tensor replaced by zeros of this shape
+    dtype: str | None = None  # ... of this dtype ("float64")
+    op: str | None = None  # another collective (CHANGE_OPS) on the same tensor and group
+    reduce_op: str | None = None  # another ReduceOp (REDUCE_OPS), by name
 
     @property
     def what(self) -> str:
@@ -62,6 +82,17 @@ class Fault:
             return "out of memory" + ("" if self.size is None else f" after {self.size} bytes")
         if self.action == "disconnect":
             return "connections to its peers broken"
+        if self.action == "skip":
+            return "call skipped"
+        if self.action == "extra":
+            return "call made twice"
+        if self.action == "change":
+            return "call changed to " + ", ".join(
+                f"{name} {value if name != 'shape' else list(value)}"
+                for name, value in (("op", self.op), ("shape", self.shape), ("dtype", self.dtype),
+                                    ("reduce op", self.reduce_op))
+                if value is not None
+            )
         return "hang"
 
     def __str__(self) -> str:
@@ -116,6 +147,35 @@ def disconnect(rank: int, at: str, call: int = 1) -> Fault:
     return Fault("disconnect", rank, at, call)
 
 
+def skip(rank: int, at: str, call: int = 1) -> Fault:
+    """Do not make the call: it returns None at once, unrecorded (a rank that skipped it)."""
+    return Fault("skip", rank, at, call)
+
+
+def extra(rank: int, at: str, call: int = 1) -> Fault:
+    """Make the call twice, with the same arguments: one call more than the other ranks make."""
+    return Fault("extra", rank, at, call)
+
+
+def change(
+    rank: int,
+    at: str,
+    call: int = 1,
+    *,
+    shape: tuple[int, ...] | list[int] | None = None,
+    dtype: Any = None,
+    op: str | None = None,
+    reduce_op: str | None = None,
+) -> Fault:
+    """Make another call in the call's place: on a tensor of zeros of ``shape`` or ``dtype`` (a
+    name, "float64", or a torch.dtype) instead of the call's tensor, with ``reduce_op`` ("MAX")
+    instead of its ReduceOp, or the collective ``op`` (all_reduce, broadcast, reduce, barrier)
+    on the same tensor and group instead of ``at``."""
+    dtype = None if dtype is None else str(dtype).removeprefix("torch.")
+    shape = tuple(shape) if isinstance(shape, list) else shape
+    return Fault("change", rank, at, call, shape=shape, dtype=dtype, op=op, reduce_op=reduce_op)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -150,7 +210,39 @@ def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault
         raise FaultError(f"{name}: size={fault.size!r} must be an int >= 1 (bytes) or None")
     if fault.action == "raise" and not isinstance(fault.exc, BaseException):
         raise FaultError(f"{name}: exc={fault.exc!r} must be an exception or an exception class")
+    if fault.action in REPLACING:
+        _check_replacing(fault, name)
     return fault
+
+
+def _check_replacing(fault: Fault, name: str) -> None:
+    spec = OPS[fault.at]
+    if not spec.python or spec.api != "torch" or spec.kind == "group":
+        raise FaultError(
+            f"{name}: {fault.action} replaces a call of a torch.distributed communication function; "
+            f"{fault.at} is not one"
+        )
+    if fault.action != "change":
+        return
+    if (fault.shape, fault.dtype, fault.op, fault.reduce_op) == (None, None, None, None):
+        raise FaultError(f"{name}: change needs what to change: shape=, dtype=, op= or reduce_op=")
+    if fault.shape is not None and not (
+        isinstance(fault.shape, tuple) and all(_is_int(n) and n >= 0 for n in fault.shape)
+    ):
+        raise FaultError(f"{name}: shape={fault.shape!r} must be a tuple of ints >= 0")
+    if fault.dtype is not None and fault.dtype not in DTYPES:
+        raise FaultError(f"{name}: dtype={fault.dtype!r} is not a torch dtype; one of {', '.join(DTYPES)}")
+    if (fault.shape is not None or fault.dtype is not None) and (spec.tensors is None or spec.kind == "batch"):
+        raise FaultError(f"{name}: shape= and dtype= change the call's tensor, and {fault.at} takes none")
+    if fault.op is not None and (fault.op not in CHANGE_OPS or fault.op == fault.at):
+        others = ", ".join(o for o in CHANGE_OPS if o != fault.at)
+        raise FaultError(f"{name}: op={fault.op!r} must be another collective: one of {others}")
+    if fault.op is not None and fault.at not in CHANGE_OPS:
+        raise FaultError(f"{name}: op= changes one of {', '.join(CHANGE_OPS)} into another; not {fault.at}")
+    if fault.reduce_op is not None and fault.reduce_op not in REDUCE_OPS:
+        raise FaultError(f"{name}: reduce_op={fault.reduce_op!r} must be one of {', '.join(REDUCE_OPS)}")
+    if fault.reduce_op is not None and fault.at not in REDUCING:
+        raise FaultError(f"{name}: reduce_op= changes the reduce op of {', '.join(REDUCING)}; {fault.at} has none")
 
 
 def check_all(value: Any, world_size: int | None = None, init: bool = True) -> tuple[Fault, ...]:

@@ -3,11 +3,14 @@
 The recorder calls :func:`on_call` on entry of every recorded call while a
 fault is armed (``armed`` is not empty), before the call is written to the
 log: the fault's own ``fault`` event is written first, so the controller
-knows what was injected even when the rank is killed a moment later.
+knows what was injected even when the rank is killed a moment later.  A fault
+that replaces the call (skip, extra, change) is returned to the recorder's
+wrapper, which makes the calls :func:`replaced` says instead of the caller's.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import resource
@@ -16,17 +19,24 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.ops import OPS
 from pytest_ddp.common.protocol import Injected
-from pytest_ddp.faults import Fault
+from pytest_ddp.faults import REPLACING, Fault, FaultError
 from pytest_ddp.record import describe
 
 # op -> the faults armed on this rank at that op; empty when none (the recorder's hot path tests it).
 armed: dict[str, list[Fault]] = {}
 _counts: dict[str, int] = {}  # op -> calls of it this test
 _log: EventLog | None = None
+_replacing = threading.local()  # .active: this thread makes the calls of a replacing fault
 OOM_CHUNK = 64 * 2**20  # bytes allocated at a time
 OOM_HEADROOM = 256 * 2**20  # address space left to the rank when it allocates until MemoryError
 
@@ -42,15 +52,71 @@ def arm(faults: tuple[Fault, ...] | list[Fault], rank: int, log: EventLog) -> No
             armed.setdefault(fault.at, []).append(fault)
 
 
-def on_call(op: str, frame: FrameType | None) -> None:
-    """The rank enters a call of ``op``: fire the fault armed at this count, if any."""
+def on_call(op: str, frame: FrameType | None, replaceable: bool = False) -> Fault | None:
+    """The rank enters a call of ``op``: fire the fault armed at this count, if any.  A fault
+    that replaces the call is returned (``replaceable``: the caller is the wrapper of a
+    torch.distributed function, which then returns :func:`replaced`); the calls made in its
+    place are not counted."""
     faults = armed.get(op)
-    if not faults:
-        return
+    if not faults or getattr(_replacing, "active", False):
+        return None
     count = _counts[op] = _counts.get(op, 0) + 1
     for fault in faults:
         if fault.call == count:
             _fire(fault, json.loads("{" + describe.site(frame) + "}")["site"])
+            if fault.action in REPLACING:
+                if not replaceable:
+                    raise FaultError(
+                        f"{fault}: this {op} reached the backend without a torch.distributed function "
+                        "(DDP's reducer, a functional collective, compiled code): it cannot be replaced"
+                    )
+                return fault
+    return None
+
+
+def replaced(fault: Fault, recorded: Callable[..., Any], local: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    """What the call replaced by ``fault`` returns: nothing (skip), the second of two calls
+    (extra), or the changed call.  ``recorded`` is the wrapper the caller called, ``local`` the
+    recorder's thread state (its depth is cleared, so that these calls are recorded)."""
+    local.depth = 0
+    _replacing.active = True
+    try:
+        if fault.action == "skip":
+            return None
+        if fault.action == "extra":
+            recorded(*args, **kwargs)
+            return recorded(*args, **kwargs)
+        return _changed(fault, recorded, args, kwargs)
+    finally:
+        _replacing.active = False
+
+
+def _changed(fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bound = inspect.signature(recorded).bind(*args, **kwargs)
+    name = OPS[fault.at].tensors
+    tensor = bound.arguments.get(name) if name else None
+    if fault.shape is not None or fault.dtype is not None:
+        if not isinstance(tensor, torch.Tensor):
+            raise FaultError(f"{fault}: its {name} is not one tensor ({type(tensor).__name__})")
+        dtype = tensor.dtype if fault.dtype is None else getattr(torch, fault.dtype)
+        tensor = torch.zeros(tensor.shape if fault.shape is None else fault.shape, dtype=dtype, device=tensor.device)
+        bound.arguments[name] = tensor  # type: ignore[index]
+    if fault.reduce_op is not None:
+        bound.arguments["op"] = getattr(dist.ReduceOp, fault.reduce_op)
+    if fault.op is None:
+        return recorded(*bound.args, **bound.kwargs)
+    group = bound.arguments.get("group")
+    if fault.op == "barrier":
+        return dist.barrier(group=group)
+    if not isinstance(tensor, torch.Tensor):
+        tensor = torch.zeros(1)
+    if fault.op == "all_reduce":
+        return dist.all_reduce(tensor, group=group)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    if fault.op == "broadcast":
+        return dist.broadcast(tensor, src=root, group=group)
+    return dist.reduce(tensor, dst=root, group=group)
 
 
 def _fire(fault: Fault, site: str) -> None:

@@ -24,7 +24,7 @@ complete (see :class:`~pytest_ddp.record.numbering.Pending`); a functional colle
 the test's end (:func:`unfinished_work`).
 
 While a test has faults armed (:mod:`pytest_ddp.record.injector`), each recorded call
-first asks the injector, which may kill, delay or raise before the call is written.
+first asks the injector, which may kill, delay, raise or replace it before it is written.
 """
 
 from __future__ import annotations
@@ -210,8 +210,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if _pending.works:
                 _pending.sweep()
-            if _armed:  # a fault of this test may fire here, before the call takes part
-                injector.on_call(op, sys._getframe(1))
+            if _armed and (fault := injector.on_call(op, sys._getframe(1), True)):  # fires before the call
+                return injector.replaced(fault, recorded, _local, args, kwargs)  # skip, extra, change
             try:
                 bound = dict(zip(names, args))
                 bound.update(kwargs)
