@@ -110,6 +110,7 @@ class GraceOver:
     grace: float
     unfinished: list[int]
     waits: dict[int, Wait]
+    woken: list[int] = field(default_factory=list)  # failed too, woken by a culprit's death
 
 
 @dataclass(frozen=True)

@@ -102,10 +102,25 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     waiting = sorted(doomed - set(culprits))
     p2p = any(waits[r].call.is_p2p for r in culprits)
     unmatched = [r for r in culprits if waits[r].call.is_p2p and any(not waits[p].call.is_p2p for p in needs[r])]
+    if not p2p:
+        culprits, waiting = _out_of_order(culprits, waiting, waits)
     first = waits[(waiting or unmatched or culprits)[0]].call
     kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
+
+
+def _out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:
+    """Collectives waiting for each other in a cycle where most of its ranks wait in one call:
+    the fewer, each in another call, took the collectives in another order (culprits); the
+    rest wait for them.  With no such majority (2 ranks, say) every rank on the cycle stays."""
+    by_call: dict[tuple[str, int], list[int]] = {}
+    for r in culprits:
+        by_call.setdefault((waits[r].call.group, waits[r].call.seq), []).append(r)
+    most = max(by_call.values(), key=len)
+    if 2 * len(most) <= len(culprits):
+        return culprits, waiting
+    return [r for r in culprits if r not in most], sorted([*waiting, *most])
 
 
 # -- mismatches ---------------------------------------------------------------
@@ -148,6 +163,34 @@ def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
         own, keys = _completion_key(call), entered[key]
         if set(keys.values()) != {own} and any(k != own for m, k in keys.items() if m != rank):
             return _mismatch_verdict("deadlock", ranks, call, _completion_key)
+    return None
+
+
+def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
+    """A send and the receive it pairs with (the same group and number, each the other's peer)
+    whose messages differ in size: Gloo's receive raises on it, or takes part of it and a later
+    call raises.  The two calls disagree, whichever rank raised: that rank is not the culprit for
+    it.  Looked for in the call a rank is blocked in, and over every call of a rank that raised."""
+    for rank in sorted(ranks):
+        calls = ranks[rank].calls
+        if calls and calls[-1].state == "raised":
+            mine = [c for c in calls if c.is_p2p]
+        else:
+            mine = [c for c in [ranks[rank].blocked_call] if c is not None and c.is_p2p]
+        # torch's p2p only: MPI pairs a send with a receive by tag (diagnose.mpi_matching)
+        mine = [c for c in mine if c.kind.api == "torch" and c.peer in ranks and c.peer != rank and c.shapes]
+        indexes: dict[int, dict[tuple[str, bool, int], Call]] = {}
+        for call in mine:
+            assert call.peer is not None  # in ranks
+            if call.peer not in indexes:
+                indexes[call.peer] = {(c.group, c.is_recv, c.seq): c for c in ranks[call.peer].calls
+                                      if c.is_p2p and c.peer == rank}
+            theirs = indexes[call.peer].get((call.group, not call.is_recv, call.seq))
+            if theirs is not None and theirs.shapes and _wire_size(theirs) != _wire_size(call):
+                entered = {rank: call, call.peer: theirs}
+                likely = _departures(ranks, entered, _wire_size)
+                return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label,
+                               Disagreement(call, entered, likely))
     return None
 
 
@@ -204,7 +247,7 @@ def _departures(
     for rank, state in ranks.items():
         end = entered[rank].index if rank in entered else len(state.calls)
         for made in state.calls[:end]:
-            if made.is_collective and made.site:
+            if (made.is_collective or made.is_p2p) and made.site:
                 before.setdefault(made.site, set()).add(key(made))
                 earlier[made.site] = made
     usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
@@ -281,7 +324,8 @@ def judge(snap: Snapshot) -> Verdict:
         return _done(ranks)
     waits = waits_of(ranks)
     timed_out = snap.now - snap.started >= snap.timeout
-    verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _deadlock(ranks, waits)
+    verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _p2p_mismatch("deadlock", ranks) or _deadlock(
+        ranks, waits)
     # Peers of a rank killed on purpose may still recover (their collective raises, at once or
     # at their own timeout); only the test's timeout makes the deadlock final.
     if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
@@ -361,8 +405,18 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     if slow is not None:
         return slow
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
-    finding = GraceOver(culprits, snap.grace, unfinished, waits)
-    return Verdict("stopped", "rank_exited", culprits, waiting, finding=finding)
+    woken = _woken(culprits, ranks)
+    culprits = [r for r in culprits if r not in woken]
+    finding = GraceOver(culprits, snap.grace, unfinished, waits, woken)
+    return Verdict("stopped", "rank_exited", culprits, sorted(waiting + woken), finding=finding)
+
+
+def _woken(failed: list[int], ranks: dict[int, RankState]) -> list[int]:
+    """The failed ranks whose last call raised while a rank had died: woken by the death
+    ("Connection closed by peer"), not at fault."""
+    if all(ranks[r].alive for r in failed):
+        return []
+    return [r for r in failed if ranks[r].alive and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
 
 
 def _done(ranks: dict[int, RankState]) -> Verdict:
@@ -372,7 +426,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         if all(state.finished_at is None for state in ranks.values()):  # every rank's process ended
             return Verdict("done", "rank_exited", sorted(ranks), finding=NoneFinished(sorted(ranks)))
         return Verdict("done")
-    found = _finished_mismatch(ranks) or _monitored_barrier_timeout("done", ranks)
+    found = _finished_mismatch(ranks) or _p2p_mismatch("done", ranks) or _monitored_barrier_timeout("done", ranks)
     if found is not None:
         return found
     dead = [r for r in failed if not ranks[r].alive]

@@ -234,7 +234,7 @@ def _unmatched(rank: int, f: Cycle) -> str:
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     call, entered = f.call, f.entered
     same_op = len({c.op for c in entered.values()}) == 1
-    what = call.label if same_op else f"collective #{call.seq}" + (
+    what = f"the message of {call.label}" if call.is_p2p else call.label if same_op else f"collective #{call.seq}" + (
         "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
     )
     details = ", ".join(
@@ -292,7 +292,8 @@ def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
 
 
 def _grace_over(f: GraceOver, ranks: dict[int, RankState]) -> str:
-    return f"{_failures(f.failed, ranks)}; {f.grace:g} s later {_activity(f.unfinished, ranks, f.waits)}."
+    woken = f"; then {_failures(f.woken, ranks)}" if f.woken else ""
+    return f"{_failures(f.failed, ranks)}{woken}; {f.grace:g} s later {_activity(f.unfinished, ranks, f.waits)}."
 
 
 def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:

@@ -1,0 +1,62 @@
+"""What the injected-fault matrix (docs/matrix.md) found wrong in the diagnosis and is fixed, on
+hand-made states (pure): a killed rank's woken neighbours, groups taken in another order by one
+rank of many, and a send whose receive takes a message of another size."""
+
+from __future__ import annotations
+
+from pytest_ddp.diagnose.verdicts import Disagreement, GraceOver
+from pytest_ddp.diagnose.wording import worded
+from tests.test_faults import killed
+from tests.test_watchdog import NOW, R2, R4, call, judge, ok, outline, rank, snap
+
+
+def test_ranks_woken_by_a_death_are_not_named_with_it_once_the_grace_is_over():
+    """Rank 2 was killed on purpose as it entered all_reduce #3 (the watchdog then waits for the
+    grace: its peers may recover); its ring neighbours 1 and 3 raised "Connection closed by
+    peer"; rank 0 still waits.  Only rank 2 is at fault."""
+    dead = killed(2, ok("all_reduce", 1, ranks=R4), ok("broadcast", 2, ranks=R4), call_number=2)
+    woken = [rank(r, ok("all_reduce", 1, ranks=R4), ok("broadcast", 2, ranks=R4),
+                  call("all_reduce", 3, ranks=R4, state="raised", error="RuntimeError: Connection closed by peer"),
+                  finished=True, failed="RuntimeError: Connection closed by peer", failed_at=NOW - 3)
+             for r in (1, 3)]
+    waiting = rank(0, ok("all_reduce", 1, ranks=R4), ok("broadcast", 2, ranks=R4), call("all_reduce", 3, ranks=R4))
+    verdict = judge(snap(waiting, woken[0], dead, woken[1]))
+    assert outline(verdict) == ("stopped", "rank_exited", [2], [0, 1, 3])
+    assert isinstance(verdict.finding, GraceOver) and verdict.finding.woken == [1, 3]
+    assert worded(verdict, [waiting, woken[0], dead, woken[1]]).summary.startswith(
+        "rank 2 died (killed by SIGKILL); then ranks 1, 3 raised"
+    )
+
+
+def test_a_rank_that_takes_two_groups_in_the_other_order_is_named_alone():
+    """Ranks 0-2 wait in group 1's all_reduce #1 for rank 3, which waits in group 2's for them."""
+    first = [rank(r, call("all_reduce", 1, group="1", ranks=R4)) for r in range(3)]
+    other = rank(3, call("all_reduce", 1, group="2", ranks=R4))
+    verdict = judge(snap(*first, other))
+    assert outline(verdict) == ("deadlock", "mismatch", [3], [0, 1, 2])
+
+
+def test_two_ranks_in_the_other_order_stay_a_tie():
+    verdict = judge(snap(rank(0, call("all_reduce", 1, group="1")), rank(1, call("all_reduce", 1, group="2"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+
+
+def test_a_send_of_another_size_is_a_mismatch_naming_the_sender_as_likely():
+    """Rank 1 sends 5 floats where it always sent 4; rank 0's receive of 4 raised (Gloo).  The
+    rank that raised is not the culprit: the two calls disagree, and the sender's departs."""
+    receiver = rank(0, ok("recv", 1, peer=1, site="t.py:8"),
+                    call("recv", 2, peer=1, site="t.py:8", state="raised", error="RuntimeError: size mismatch"),
+                    finished=True, failed="RuntimeError: size mismatch")
+    sender = rank(1, ok("send", 1, peer=0, site="t.py:9"), call("send", 2, peer=0, site="t.py:9", shape=(5,)),
+                  call("recv", 3, peer=0, site="t.py:10"))
+    verdict = judge(snap(receiver, sender))
+    assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
+    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.likely) == [1]
+    assert "disagree on the message of recv #2 from 1" in worded(verdict, [receiver, sender]).summary
+
+
+def test_a_send_and_receive_of_one_size_are_no_mismatch():
+    receiver = rank(0, call("recv", 1, peer=1, state="raised"), finished=True, failed="RuntimeError: closed")
+    sender = rank(1, call("send", 1, peer=0), exit_code=-9)
+    assert judge(snap(receiver, sender)).kind == "rank_exited"
+    assert R2 == (0, 1)
