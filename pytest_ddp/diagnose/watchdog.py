@@ -144,13 +144,15 @@ def _completion_key(call: Call) -> tuple[object, ...]:
 
 
 def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
-    """A rank blocked, or dead, inside a collective that a peer entered in a way that can never
+    """A rank blocked, dead or raised inside a collective that a peer entered in a way that can never
     complete with it (the peer may have returned from it: Gloo's size check aborts one rank)."""
     # (group, number, members) -> each member that entered it -> its completion key: worked out
     # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
     entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
     for rank in sorted(ranks):
-        call = ranks[rank].blocked_call or ranks[rank].died_in
+        calls = ranks[rank].calls
+        raised = calls[-1] if calls and calls[-1].state == "raised" else None  # MPICH's truncation error
+        call = ranks[rank].blocked_call or ranks[rank].died_in or raised
         if call is None or not call.is_collective:
             continue
         key = (call.group, call.seq, call.group_ranks)
@@ -241,7 +243,9 @@ def _departures(
 ) -> dict[int, Call]:
     """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
     any rank made from the same line (a smaller last batch, another dtype), while each other rank's
-    call is what its line always made -> that earlier call.  Empty when nothing tells them apart."""
+    call is what its line always made -> that earlier call; or the one rank whose call comes from
+    a line that made none before (another path) while every other rank's line always made the
+    call it makes -> the earlier call of another rank's line.  Empty when nothing tells them apart."""
     before: dict[str, set[tuple[object, ...]]] = {}
     earlier: dict[str, Call] = {}
     for rank, state in ranks.items():
@@ -251,6 +255,9 @@ def _departures(
                 before.setdefault(made.site, set()).add(key(made))
                 earlier[made.site] = made
     usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
+    new = [r for r, c in entered.items() if c.site not in before]
+    if len(new) == 1 and len(usual) == len(entered) - 1 and all(key(entered[r]) == k for r, k in usual.items()):
+        return {new[0]: earlier[entered[min(usual)].site]}
     if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
         return {}
     departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}

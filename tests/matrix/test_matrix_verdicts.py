@@ -60,3 +60,24 @@ def test_a_send_and_receive_of_one_size_are_no_mismatch():
     sender = rank(1, call("send", 1, peer=0), exit_code=-9)
     assert judge(snap(receiver, sender)).kind == "rank_exited"
     assert R2 == (0, 1)
+
+
+def test_a_rank_whose_call_comes_from_a_new_line_is_named_as_likely():
+    """Rank 1 takes another path (line 20) where rank 0's line 11 always made this all_reduce."""
+    steady = rank(0, ok("all_reduce", 1, site="t.py:11"), call("all_reduce", 2, site="t.py:11"))
+    detour = rank(1, ok("all_reduce", 1, site="t.py:11"), call("broadcast", 2, site="t.py:20", root=0))
+    verdict = judge(snap(steady, detour))
+    assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
+    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.likely) == [1]
+    assert "Likely rank 1: its call comes from t.py:20, a line that made no call before" in worded(
+        verdict, [steady, detour]).summary
+
+
+def test_a_rank_that_raised_in_a_collective_its_peer_entered_with_another_size_is_a_mismatch():
+    """MPICH raises "message truncated" on the rank that receives more than it asked for, while
+    its peer, whose Allreduce sent 5 elements, went on: the two calls disagree."""
+    truncated = rank(1, ok("all_reduce", 1), call("all_reduce", 2, state="raised", error="truncated"),
+                     finished=True, failed="truncated")
+    peer = rank(0, ok("all_reduce", 1), ok("all_reduce", 2, shape=(5,)), call("barrier", 3, shape=None))
+    verdict = judge(snap(peer, truncated))
+    assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
