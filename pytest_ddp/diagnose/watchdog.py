@@ -70,7 +70,11 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     if not gone:
         return None
     victims = _victims(gone, ranks, waits, left)
-    culprits = [g for g in gone if g not in victims] or gone
+    woken = _woken_by_peer(gone, ranks)  # their dead peers are culprits, though no rank waits for them
+    victims |= set(woken)
+    for r in doomed:  # ... and are left behind by the ranks that wait for those they woke
+        left[r] += sorted({woken[g] for g in left[r] if g in woken} - set(left[r]))
+    culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
 
     first = waits[min(r for r in doomed if left[r])].call
@@ -92,6 +96,17 @@ def _victims(
                 raised_inside.add(g)
     deaths = [g for g in gone if not ranks[g].alive and g not in raised_inside]
     return raised_inside if deaths else set()
+
+
+def _woken_by_peer(gone: list[int], ranks: dict[int, RankState]) -> dict[int, int]:
+    """Gone ranks whose last call, a send or receive, raised while its peer had died (Gloo:
+    "Connection closed by peer") -> that peer: the death broke the exchange for them."""
+    woken = {}
+    for g in gone:
+        last = ranks[g].calls[-1] if ranks[g].calls else None
+        if last and last.is_p2p and last.state == "raised" and last.peer in ranks and not ranks[last.peer].alive:
+            woken[g] = last.peer
+    return woken
 
 
 def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: set[int]) -> Verdict:

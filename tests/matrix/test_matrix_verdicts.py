@@ -81,3 +81,15 @@ def test_a_rank_that_raised_in_a_collective_its_peer_entered_with_another_size_i
     peer = rank(0, ok("all_reduce", 1), ok("all_reduce", 2, shape=(5,)), call("barrier", 3, shape=None))
     verdict = judge(snap(peer, truncated))
     assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
+
+
+def test_a_rank_whose_receive_raised_as_its_peer_died_is_woken_by_it():
+    """A ring of 4: rank 0 died; rank 1's receive from it raised; ranks 2 and 3 wait on rank 1's
+    side of the ring.  Nobody waits for rank 0 itself, yet it is the culprit, rank 1 a victim."""
+    dead = rank(0, ok("send", 1, peer=1), exit_code=-9)
+    woken = rank(1, ok("recv", 1, peer=0), call("recv", 2, peer=0, state="raised", error="Connection closed by peer"),
+                 finished=True, failed="RuntimeError: Connection closed by peer")
+    ring = [rank(2, call("recv", 1, peer=1, ranks=R4)), rank(3, call("recv", 1, peer=2, ranks=R4))]
+    verdict = judge(snap(dead, woken, *ring))
+    assert (verdict.kind, verdict.culprits) == ("rank_exited", [0])
+    assert verdict.summary.startswith("rank 0 died (killed by SIGKILL); rank 1 raised Connection closed by peer")
