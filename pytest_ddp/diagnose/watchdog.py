@@ -258,9 +258,9 @@ def _departures(
 ) -> dict[int, Call]:
     """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
     any rank made from the same line (a smaller last batch, another dtype), while each other rank's
-    call is what its line always made -> that earlier call; or the one rank whose call comes from
-    a line that made none before (another path) while every other rank's line always made the
-    call it makes -> the earlier call of another rank's line.  Empty when nothing tells them apart."""
+    call is what its line always made -> that earlier call.  Empty when nothing tells them apart
+    (a rank whose call comes from a line that made none before may have taken another path, or
+    gone on to the next line of correct code: the matrix's MPI ranks of a step more and less)."""
     before: dict[str, set[tuple[object, ...]]] = {}
     earlier: dict[str, Call] = {}
     for rank, state in ranks.items():
@@ -270,9 +270,6 @@ def _departures(
                 before.setdefault(made.site, set()).add(key(made))
                 earlier[made.site] = made
     usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
-    new = [r for r, c in entered.items() if c.site not in before]
-    if len(new) == 1 and len(usual) == len(entered) - 1 and all(key(entered[r]) == k for r, k in usual.items()):
-        return {new[0]: earlier[entered[min(usual)].site]}
     if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
         return {}
     departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}

@@ -242,12 +242,6 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     )
     text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):
-        if usual.site != entered[rank].site:  # rank's call comes from a line that made none before
-            text += (
-                f" Likely rank {rank}: its call comes from {entered[rank].site}, a line that made no call"
-                f" before, where every earlier call from {usual.site} was {_signature_text(usual)}."
-            )
-            continue
         text += (
             f" Likely rank {rank}: every earlier call from {entered[rank].site} was {_signature_text(usual)},"
             f" and rank {rank}'s is the one that departs from it."

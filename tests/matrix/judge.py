@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest_ddp
+from pytest_ddp.diagnose.consistency import unreceived_messages
 from pytest_ddp.diagnose.verdicts import Disagreement
 from pytest_ddp.groups import runner
 from pytest_ddp.groups.runner import TestRun
@@ -98,13 +99,13 @@ def run_cell(cell: Cell) -> Record:
         if diagnosis.call is not None:
             c = diagnosis.call
             record.call = [c.op, c.seq, c.label, c.site]
-    if kept and result.outcome == "passed" and kept[-1].unreceived_messages:
+    unreceived = unreceived_messages(kept[-1].states) if kept else []
+    if result.outcome == "passed" and unreceived:
         # MPI messages sent and never received: a marked test fails on them; the culprits are
         # the ranks that never received them.
         record.kind = "unreceived"
-        record.culprits = sorted({m.dest for m in kept[-1].unreceived_messages})
-        first = kept[-1].unreceived_messages[0].call
-        record.call = [first.op, first.seq, first.label, first.site]
+        record.culprits = sorted({m.dest for m in unreceived})
+        record.call = [unreceived[0].call.op, unreceived[0].call.seq, unreceived[0].call.label, unreceived[0].call.site]
     if kept:
         finding = kept[-1].verdict.finding
         if isinstance(finding, Disagreement):
@@ -120,7 +121,7 @@ def judge(cell: Cell, record: Record) -> Judged:
     if record.likely and named - set(record.likely):  # a tie whose likely culprits are said
         named = set(record.likely)
     tie = (cell.world == 2 and sorted(named) == [0, 1] and not record.likely
-           and record.kind in ("mismatch", "p2p_cycle") and len(expected.culprits) == 1)
+           and record.kind in ("mismatch", "p2p_cycle", "p2p_unmatched") and len(expected.culprits) == 1)
     false_culprit = bool(named - set(expected.culprits) - set(expected.may_name)) and not tie
     why = ""
     call = record.call

@@ -62,15 +62,15 @@ def test_a_send_and_receive_of_one_size_are_no_mismatch():
     assert R2 == (0, 1)
 
 
-def test_a_rank_whose_call_comes_from_a_new_line_is_named_as_likely():
-    """Rank 1 takes another path (line 20) where rank 0's line 11 always made this all_reduce."""
+def test_a_rank_whose_call_comes_from_a_new_line_is_not_named_as_likely():
+    """Rank 1's call comes from a line that made none before: another path (a Bcast for an
+    Allreduce), or the next line of correct code while rank 0 makes a step more (the matrix's
+    MPI ranks): nothing tells which, so it stays a tie."""
     steady = rank(0, ok("all_reduce", 1, site="t.py:11"), call("all_reduce", 2, site="t.py:11"))
     detour = rank(1, ok("all_reduce", 1, site="t.py:11"), call("broadcast", 2, site="t.py:20", root=0))
     verdict = judge(snap(steady, detour))
     assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
-    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.likely) == [1]
-    assert "Likely rank 1: its call comes from t.py:20, a line that made no call before" in worded(
-        verdict, [steady, detour]).summary
+    assert isinstance(verdict.finding, Disagreement) and not verdict.finding.likely
 
 
 def test_a_rank_that_raised_in_a_collective_its_peer_entered_with_another_size_is_a_mismatch():
