@@ -16,7 +16,8 @@ on a shared 2-core machine, so they run in interleaved rounds; each ratio is
 taken within a round and the median over rounds is the figure.
 
 Then a **two-node hang**: torchrun --nnodes=2 in two network namespaces, rank 3
-skips an all_reduce; the report's "diagnosed N s into the test" is printed.
+skips an all_reduce; how long into the test the report diagnosed it (its headline's
+``[ddp deadlock, partial, N s]``) is printed.
 
     python benchmarks/launched_overhead.py [--rounds 3] [--few 5] [--many 45] [--body ddp|trivial]
 """
@@ -128,8 +129,9 @@ def two_node_hang() -> None:
         agents = nodes.torchrun(pytest_command, folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         output = agents[0].communicate(timeout=240)[0]
         agents[1].communicate(timeout=240)
-    found = re.search(r"diagnosed ([0-9.]+) s into the test", output)
-    print(f"two nodes, rank 3 skips all_reduce #1: {found.group(0) if found else 'NOT DIAGNOSED'}")
+    found = re.search(r"\[ddp deadlock, \w+, ([0-9.]+) s\]", output)
+    said = f"diagnosed {found.group(1)} s into the test" if found else "NOT DIAGNOSED"
+    print(f"two nodes, rank 3 skips all_reduce #1: {said}")
 
 
 def main() -> None:

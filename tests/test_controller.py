@@ -569,18 +569,18 @@ def test_a_rank_stuck_in_a_phase_fails_that_phase_with_the_diagnosis(merge: Merg
     finished = merge.whole(merge.passed("call"))
     reports = merge.merged(finished, stuck_in_call)
     assert outcomes(reports) == {"setup": "passed", "call": "failed", "teardown": "passed"}
-    assert str(reports["call"].longrepr).startswith("ddp: deadlock (partial)")
+    assert str(reports["call"].longrepr).splitlines()[0].endswith(" [ddp deadlock, partial, 0.10 s]")
     stuck_in_teardown = [*merge.passed("setup"), *merge.passed("call"), PhaseStart("teardown")]
     reports = merge.merged(finished, stuck_in_teardown)
     assert outcomes(reports) == {"setup": "passed", "call": "passed", "teardown": "failed"}
-    assert str(reports["teardown"].longrepr).startswith("ddp: timed out")
+    assert str(reports["teardown"].longrepr).startswith("timed out")
 
 
 def test_a_pass_whose_collectives_differ_fails_its_call(merge: Merge) -> None:
     whole = merge.whole(merge.passed("call"))
     reports = merge.merged(whole, whole, sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})])
     assert outcomes(reports) == {"setup": "passed", "call": "failed", "teardown": "passed"}
-    assert str(reports["call"].longrepr).startswith("ddp: failed: the ranks' collective sequences differ")
+    assert str(reports["call"].longrepr).startswith("the ranks' collective sequences differ [ddp failed]")
 
 
 def test_each_ranks_output_goes_with_the_call_report(merge: Merge) -> None:

@@ -159,7 +159,7 @@ def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pyteste
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_a*",
-        "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped",
+        "the ranks failed in the teardown of the fixtures they still held when their group was stopped [[]ddp failed*]",
         "*ranks 0, 1: failed*",
         "E       RuntimeError: module teardown broke",
         "*RuntimeError (in teardown)",
@@ -293,7 +293,7 @@ def test_a_rank_that_ends_in_the_teardown_at_the_stop_right_after_a_test_is_that
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_a*",
-            "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped",
+            "the ranks failed in the teardown of the fixtures they still held when their group was stopped [[]ddp*]",
             "*rank 1: failed*",
             *said,
         ]
@@ -375,17 +375,17 @@ def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below
     summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
     text = failure_text(_failed_run(summary), {}, "t.py")
     first, blank, *rest = text.splitlines()
-    assert len(first) <= HEADLINE_LIMIT and first.endswith("...")
-    assert first.startswith("ddp: failed: ranks 0, 1 raised: rank 0: RuntimeError")
+    assert len(first) <= HEADLINE_LIMIT and first.endswith("... [ddp failed]")  # the tag is kept
+    assert first.startswith("ranks 0, 1 raised: rank 0: RuntimeError")
     assert blank == ""
-    assert "\n".join(rest).startswith("ddp: failed: " + summary)  # the whole headline, as it was
+    assert "\n".join(rest).startswith(summary + " [ddp failed]")  # the whole headline, as it was
 
 
 def test_a_short_headline_is_shown_once() -> None:
     from pytest_ddp.report.failure import failure_text
 
     text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
-    assert text.splitlines()[:2] == ["ddp: failed: rank 1 raised ValueError: boom", ""]
+    assert text.splitlines()[:2] == ["rank 1 raised ValueError: boom [ddp failed]", ""]
     assert text.splitlines()[2].startswith("rank 0: ")
 
 
@@ -447,7 +447,7 @@ def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
 
     summary = "rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"
     text = failure_text(_failed_run(summary), {}, "t.py")
-    assert text.splitlines()[:2] == [f"ddp: failed: {' '.join(summary.split())}", ""]
+    assert text.splitlines()[:2] == [f"{' '.join(summary.split())} [ddp failed]", ""]
     assert "monitoredBarrier\n" not in text
 
 

@@ -41,7 +41,7 @@ def test_timeout_reports_every_rank_stack(ddp_pytester) -> None:
     path = ddp_pytester.pytester.path / "test_it.py"
     result.stdout.fnmatch_lines(
         [
-            "*ddp: timed out after 5 s*",
+            "timed out after 5 s:*[[]ddp timeout]",
             "*rank 0: Python stacks when stopped*",
             f"> File *test_it.py*, line {line_of(path, 'dist.barrier()')} in test_sleepy",
             "*rank 1: Python stacks when stopped*",
@@ -62,7 +62,7 @@ def test_pytest_timeout_mark_is_the_ddp_timeout(ddp_pytester) -> None:
         "--ddp-timeout=600",
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ddp: timed out after 3 s*"])
+    result.stdout.fnmatch_lines(["timed out after 3 s:*[[]ddp timeout]"])
     result.stdout.no_fnmatch_line("*Timeout (0:00:03)*")  # pytest-timeout's own message
 
 
@@ -75,7 +75,7 @@ def test_ddp_timeout_ini_option(ddp_pytester) -> None:
             time.sleep(3600)
         """
     )
-    result.stdout.fnmatch_lines(["*ddp: timed out after 2 s*"])
+    result.stdout.fnmatch_lines(["timed out after 2 s:*[[]ddp timeout]"])
 
 
 def test_rank_killed_by_sigabrt_is_named_with_its_stderr(ddp_pytester) -> None:

@@ -553,7 +553,7 @@ def test_run_with_a_fault_that_never_fires():
     assert result.outcome == "failed"
     assert result.diagnosis is not None
     assert result.diagnosis.text.startswith(
-        "ddp: failed: injected faults never fired: delay of 0 s on rank 0 at all_reduce call 3"
+        "injected faults never fired: delay of 0 s on rank 0 at all_reduce call 3 [ddp failed]"
     ), result.diagnosis.text
 """
 
@@ -564,8 +564,8 @@ def test_a_fault_that_never_fired_fails_its_test_saying_why(pytester: pytest.Pyt
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "ddp: failed: injected faults never fired: raise RuntimeError(*) on rank 1 at all_reduce call 1 "
-            "(never reached: SIGKILL on rank 1 at barrier call 1 ended the rank first)",
+            "injected faults never fired: raise RuntimeError(*) on rank 1 at all_reduce call 1 "
+            "(never reached: SIGKILL on rank 1 at barrier call 1 ended the rank first) [[]ddp failed*]",
         ]
     )
 
@@ -693,8 +693,8 @@ def test_a_test_no_rank_ran_to_its_end_fails_and_one_a_survivor_passed_passes(py
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "ddp: rank_exited: no rank ran the test to its end: injected faults ended every rank: ranks 0, 1 died "
-            "(killed by SIGKILL).",
+            "no rank ran the test to its end: injected faults ended every rank: ranks 0, 1 died "
+            "(killed by SIGKILL). [[]ddp failed, rank_exited]",
             "injected: SIGKILL on rank 0 at all_reduce call 1 (test_all_killed.py:*)",
             "injected: SIGKILL on rank 1 at all_reduce call 1 (test_all_killed.py:*)",
         ]

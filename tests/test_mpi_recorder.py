@@ -175,7 +175,7 @@ def test_large_sends_to_one_any_source_receive_blame_the_receiver(tmp_path: Path
     blocked = 3 - (run.states[0].calls[0].got_source or 0)
     assert outline(verdict) == ("deadlock", "partial", [0], [blocked])
     assert verdict.summary == (
-        f"rank 0 returned from its test without receiving from rank {blocked}; "
+        f"rank 0 never received from rank {blocked} (returned from its test); "
         f"rank {blocked} waits in Send #1 to 0 (tag 0) ({site('# blocks in one of ranks 1, 2')})."
     )
 
@@ -188,6 +188,6 @@ def test_a_rank_in_waitall_waits_in_its_irecv(tmp_path: Path) -> None:
     assert outline(verdict) == ("deadlock", "partial", [0], [1])
     line = site("MPI.Request.Waitall([comm.Irecv(data, source=0, tag=3)])")
     assert verdict.summary == (
-        f"rank 0 returned from its test without sending to rank 1; rank 1 waits in Irecv #1 from 0 (tag 3) ({line})."
+        f"rank 0 never sent to rank 1 (returned from its test); rank 1 waits in Irecv #1 from 0 (tag 3) ({line})."
     )
     assert run.states[1].calls[0].state == "ok"  # rank 0 sent once the hang was judged

@@ -62,7 +62,7 @@ def test_any_source_receive_with_large_sends_blames_the_receiver_that_returned()
     assert outline(verdict) == ("deadlock", "partial", [0], [2, 3])
     assert verdict.call == "Send #1 to 0 (tag 0)"
     assert verdict.summary == (
-        "rank 0 returned from its test without receiving from rank 2; "
+        "rank 0 never received from rank 2 (returned from its test); "
         "ranks 2, 3 wait in Send #1 to 0 (tag 0) (t.py:11)."
     )
 
@@ -92,7 +92,7 @@ def test_half_the_world_in_allreduce_blames_the_ranks_that_returned() -> None:
     reducing = [rank(r, mpi("allreduce", 1, extra={"op": "SUM"})) for r in (0, 1)]
     verdict = judge(snap(*reducing, rank(2, finished=True), rank(3, finished=True)))
     assert outline(verdict) == ("deadlock", "partial", [2, 3], [0, 1])
-    assert verdict.summary.startswith("ranks 2, 3 returned from their test without calling allreduce #1;")
+    assert verdict.summary.startswith("ranks 2, 3 never called allreduce #1 (returned from their test);")
 
 
 def test_mismatched_tags_with_large_messages_are_a_cycle_naming_both() -> None:
@@ -100,8 +100,8 @@ def test_mismatched_tags_with_large_messages_are_a_cycle_naming_both() -> None:
                          rank(1, mpi("Recv", 1, peer=0, tag=2, ranks=R2))))
     assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
     assert verdict.summary == (
-        "rank 0 waits in Send #1 to 1 (tag 1) (t.py:11) and rank 1 waits in Recv #1 from 0 (tag 2) (t.py:11): "
-        "a point-to-point cycle."
+        "a point-to-point cycle: rank 0 waits in Send #1 to 1 (tag 1) (t.py:11) and rank 1 waits in "
+        "Recv #1 from 0 (tag 2) (t.py:11)."
     )
 
 

@@ -26,8 +26,8 @@ def test_a_64_rank_hang_names_the_rank_that_skipped_and_fits_a_screen() -> None:
     assert (result.diagnosis.kind, result.diagnosis.culprits) == ("partial", [63])
     text = result.diagnosis.text
     lines = text.splitlines()
-    assert lines[0].startswith("ddp: deadlock (partial) diagnosed")
-    assert "rank 63 returned from its test without calling all_reduce #12" in lines[0]
+    assert lines[0].startswith("rank 63 never called all_reduce #12 (returned from its test)")
+    assert "[ddp deadlock, partial, " in lines[0]
     assert "(minority: rank 63)" in text and "the ranks part ways at all_reduce #12" in text
     assert any(line.startswith("rank 63: finished (passed); last call all_reduce #11") for line in lines)
     # Every stopped rank waits on the same line; their stacks may differ only in C++ frames

@@ -125,7 +125,7 @@ def test_work_left_in_flight_fails_the_test_and_the_next_gets_fresh_ranks(ddp_py
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*ddp: failed: asynchronous work left in flight*",
+            "asynchronous work left in flight [[]ddp failed*]",
             f"*rank 1: irecv #1 from 0 (test_it.py:{line_of(path, 'dist.irecv')}): *",
             "*2 tests on 2 rank groups started*",
         ]

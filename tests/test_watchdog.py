@@ -190,7 +190,7 @@ def test_only_ranks_0_and_1_calling_all_reduce_is_partial() -> None:
     assert outline(verdict) == ("deadlock", "partial", [2, 3], [0, 1])
     assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #1")
     assert verdict.summary == (
-        "ranks 2, 3 returned from their test without calling all_reduce #1; "
+        "ranks 2, 3 never called all_reduce #1 (returned from their test); "
         "ranks 0, 1 wait in all_reduce #1 (t.py:11) for ranks 2, 3."
     )
 
@@ -198,7 +198,7 @@ def test_only_ranks_0_and_1_calling_all_reduce_is_partial() -> None:
 def test_one_rank_that_never_comes_is_enough_even_while_another_still_runs() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 2, ranks=R3)), rank(1), rank(2, finished=True)))
     assert outline(verdict) == ("deadlock", "partial", [2], [0])
-    assert verdict.summary.startswith("rank 2 returned from its test without calling all_reduce #2;")
+    assert verdict.summary.startswith("rank 2 never called all_reduce #2 (returned from its test);")
 
 
 def test_a_rank_waiting_on_a_doomed_rank_is_doomed_too() -> None:
@@ -207,7 +207,7 @@ def test_a_rank_waiting_on_a_doomed_rank_is_doomed_too() -> None:
                          rank(2, finished=True)))
     assert outline(verdict) == ("deadlock", "partial", [2], [0, 1])
     assert verdict.call == "recv #1 from 2"
-    assert verdict.summary.startswith("rank 2 returned from its test without sending to rank 0;")
+    assert verdict.summary.startswith("rank 2 never sent to rank 0 (returned from its test);")
 
 
 # -- mismatches -----------------------------------------------------------------
@@ -302,7 +302,7 @@ def test_the_majority_decides_who_mismatches() -> None:
 def test_collectives_in_a_different_order_on_two_groups_are_a_mismatch() -> None:
     verdict = judge(snap(rank(0, call("all_reduce", 1, group="a")), rank(1, call("all_reduce", 1, group="b"))))
     assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
-    assert verdict.summary.endswith("the ranks disagree on the order of collectives.")
+    assert verdict.summary.startswith("the ranks disagree on the order of collectives: ")
     assert "rank 1 waits in all_reduce #1 on group b [0, 1] (t.py:11) for rank 0" in verdict.summary
 
 
@@ -315,7 +315,7 @@ def test_both_ranks_receiving_first_is_a_p2p_cycle() -> None:
     assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
     assert (verdict.collective, verdict.call) == ("recv", "recv #1 from 1")
     assert verdict.summary == (
-        "rank 0 waits in recv #1 from 1 (t.py:5) and rank 1 waits in recv #1 from 0 (t.py:9): a point-to-point cycle."
+        "a point-to-point cycle: rank 0 waits in recv #1 from 1 (t.py:5) and rank 1 waits in recv #1 from 0 (t.py:9)."
     )
 
 
@@ -326,7 +326,7 @@ def test_a_send_its_peer_never_receives_is_unmatched_not_a_cycle() -> None:
     assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1], [])
     assert verdict.call == "send #2 to 1"
     assert verdict.summary == (
-        "rank 0's send #2 to 1 (t.py:8) has no matching recv: rank 1 waits in barrier #1 (t.py:11) for rank 0 instead."
+        "no recv matches rank 0's send #2 to 1 (t.py:8): rank 1 waits in barrier #1 (t.py:11) for rank 0 instead."
     )
 
 
@@ -347,7 +347,7 @@ def test_a_recv_its_peer_never_sends_to_is_unmatched() -> None:
                          rank(1, call("recv", 1, peer=0, site="t.py:9"))))
     assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1], [])
     assert verdict.summary == (
-        "rank 1's recv #1 from 0 (t.py:9) has no matching send: rank 0 waits in all_reduce #1 (t.py:5) for rank 1 "
+        "no send matches rank 1's recv #1 from 0 (t.py:9): rank 0 waits in all_reduce #1 (t.py:5) for rank 1 "
         "instead."
     )
 
@@ -381,7 +381,7 @@ def test_the_kth_recv_pairs_with_the_kth_send() -> None:
 def test_a_send_waits_for_its_receiver() -> None:
     verdict = judge(snap(rank(0, call("send", 1, peer=1)), rank(1, finished=True)))
     assert outline(verdict) == ("deadlock", "partial", [1], [0])
-    assert verdict.summary.startswith("rank 1 returned from its test without receiving from rank 0;")
+    assert verdict.summary.startswith("rank 1 never received from rank 0 (returned from its test);")
 
 
 def test_recv_from_any_source_pairs_with_any_send() -> None:
@@ -419,7 +419,7 @@ def test_init_duplicate_rank_blames_the_process_that_took_another_rank() -> None
     assert outline(verdict) == ("deadlock", "init", [2], [0, 1])
     assert (verdict.collective, verdict.call) == ("init_process_group", "init_process_group")
     assert verdict.summary == (
-        "process 2 called init_process_group with rank 1, as process 1 did; "
+        "process 2 passed rank 1, as process 1 did, to init_process_group; "
         "processes 0-2 wait in init_process_group (t.py:5)."
     )
 
@@ -433,7 +433,7 @@ def test_init_rank_out_of_range() -> None:
     out = init(2, state="raised", error="RuntimeError: rank < size. 2 vs 2")
     verdict = judge(snap(rank(0, init(0)), rank(1, out, finished=True, failed="RuntimeError")))
     assert outline(verdict) == ("deadlock", "init", [1], [0])
-    assert verdict.summary.startswith("process 1 called init_process_group with rank 2, out of range for world_size 2;")
+    assert verdict.summary.startswith("process 1 passed rank 2, out of range for world_size 2, to init_process_group;")
 
 
 def test_init_world_sizes_that_disagree_blame_the_minority() -> None:

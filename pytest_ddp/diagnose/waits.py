@@ -40,6 +40,24 @@ def collective_at(state: RankState, group: str, seq: int) -> Call | None:
     return None
 
 
+def first_missed(waiter: RankState, absent: RankState, call: Call) -> Call:
+    """The first collective of ``call``'s group that ``waiter`` made, up to ``call`` (the one it
+    waits in), and ``absent`` never entered: with earlier asynchronous work still in flight, an
+    earlier number than ``call``'s, where the ranks' sequences first differ.  ``call`` itself
+    when it is no collective."""
+    first = call
+    if not call.is_collective:
+        return first
+    for made in reversed(waiter.calls[: call.index]):
+        if made.is_collective and made.group == call.group:
+            # Numbers that do not fall: a group made again under the name.  One the absent rank
+            # entered: so did it every earlier one.
+            if made.seq >= first.seq or collective_at(absent, made.group, made.seq) is not None:
+                break
+            first = made
+    return first
+
+
 def group_members(call: Call, ranks: dict[int, RankState]) -> list[int] | None:
     """Every member of the call's group in this test; None when the group's members are unknown."""
     if call.group_ranks:

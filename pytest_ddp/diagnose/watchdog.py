@@ -42,7 +42,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
-from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, group_members, reaches, waits_of
+from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, first_missed, group_members, reaches, waits_of
 
 # Bytes per element, to tell mismatches that cannot complete (different sizes on
 # the wire) from those Gloo lets through (a [2, 5] tensor against a [10] one).
@@ -77,7 +77,8 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
 
-    first = waits[min(r for r in doomed if left[r])].call
+    waiter = min(r for r in doomed if left[r])
+    first = first_missed(ranks[waiter], ranks[left[waiter][0]], waits[waiter].call)
     finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits)
     return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
 

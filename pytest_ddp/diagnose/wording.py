@@ -27,6 +27,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
+from pytest_ddp.diagnose.waits import first_missed
 from pytest_ddp.diagnose.watchdog import mpi_abort
 
 
@@ -165,10 +166,11 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if waited.is_recv else []
     if missed:  # MPI: it did send, with another tag
         return f"returned from {test}; its {describe_call(missed[0].call)} matches no receive"
+    # What it never did first, how it left after: the headline, cut at a terminal's width, keeps the call.
     if waited.is_p2p:
-        exchange = "sending to" if waited.is_recv else "receiving from"
-        return f"returned from {test} without {exchange} rank {waiter}"
-    return f"returned from {test} without calling {waited.label}"
+        exchange = "sent to" if waited.is_recv else "received from"
+        return f"never {exchange} rank {waiter} (returned from {test})"
+    return f"never called {waited.label} (returned from {test})"
 
 
 def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait]) -> str:
@@ -196,7 +198,7 @@ def _failures(failed: list[int], ranks: dict[int, RankState]) -> str:
 def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
     def waited_by(g: int) -> tuple[int, Call]:
         waiter = min(r for r in f.doomed if g in f.left[r])
-        return waiter, f.waits[waiter].call
+        return waiter, first_missed(ranks[waiter], ranks[g], f.waits[waiter].call)
 
     def reason(g: int, plural: bool = False) -> str:
         return _left_reason(ranks, g, *waited_by(g), plural)
@@ -215,20 +217,20 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
         if f.waiting:
             text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
         return text + "."
-    ending = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
-    text = f"{_wait_clauses(f.culprits, ranks, f.waits, f.needs)}: {ending}"
+    finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
+    text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
     return text + "."
 
 
 def _unmatched(rank: int, f: Cycle) -> str:
-    """``rank 0's send #2 to 1 (t.py:8) has no matching recv: rank 1 waits in barrier #1 (t.py:11)
+    """``no recv matches rank 0's send #2 to 1 (t.py:8): rank 1 waits in barrier #1 (t.py:11)
     for rank 0 instead``."""
     call = f.waits[rank].call
     peers = [p for p in f.needs[rank] if not f.waits[p].call.is_p2p]
     instead = "; ".join(f"rank {p} waits in {describe_call(f.waits[p].call)} for rank {rank} instead" for p in peers)
-    return f"rank {rank}'s {describe_call(call)} has no matching {'send' if call.is_recv else 'recv'}: {instead}"
+    return f"no {'send' if call.is_recv else 'recv'} matches rank {rank}'s {describe_call(call)}: {instead}"
 
 
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
@@ -253,14 +255,14 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
     calls = {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}
     if f.check == "out_of_range":
         reason = "; ".join(
-            f"process {r} called init_process_group with rank {given(calls[r], 'rank')}, "
-            f"out of range for world_size {given(calls[r], 'world_size')}"
+            f"process {r} passed rank {given(calls[r], 'rank')}, out of range for world_size "
+            f"{given(calls[r], 'world_size')}, to init_process_group"
             for r in f.culprits
         )
     elif f.check == "duplicate":
         reason = (
-            f"{rank_list(f.culprits, 'process')} called init_process_group with rank {f.rank}, "
-            f"as {rank_list(f.others, 'process')} did"
+            f"{rank_list(f.culprits, 'process')} passed rank {f.rank}, as {rank_list(f.others, 'process')} did, "
+            "to init_process_group"
         )
     elif f.check == "world_sizes":
         sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}

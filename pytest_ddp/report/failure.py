@@ -2,7 +2,9 @@
 
 The failure text follows one order, so that people learn where to look:
 
-1. the verdict, its kind and how long it took to reach;
+1. the headline: what happened and to whom, then the verdict's status and kind (and for a
+   deadlock, how long into the test it was diagnosed) in brackets, so that pytest's one-line
+   summary, cut at a terminal's width, keeps the cause;
 2. one line per rank: its state and its current or last collective;
 3. the collective sequences side by side per group, the first divergence marked;
 4. each failing rank's traceback; the stopped ranks' main threads merged into one tree where they
@@ -66,29 +68,51 @@ def _head(full: str) -> list[str]:
     return [line, "", full, ""] if _cut(full) else [line, ""]
 
 
-def headline(run: TestRun) -> str:
-    """The whole headline of a failure: verdict, kind, time, diagnosis (long or several
-    lines when a rank's exception message is)."""
+_NAMED_STATUSES = ("deadlock", "stopped", "timeout")  # a tag's first word; any other status: "failed"
+
+
+def _lead(run: TestRun) -> str:
+    """What happened and to whom: the verdict's summary, or what failed a test whose ranks all passed."""
     verdict = run.verdict
-    if verdict.status == "timeout":
-        head = "ddp"  # the summary starts "timed out after N s"
-    elif verdict.status == "deadlock":
-        head = f"ddp: deadlock ({verdict.kind}) diagnosed {run.elapsed:.2f} s into the test"
-    elif verdict.status == "stopped":
-        head = f"ddp: ranks stopped {run.spec.grace:g} s after a rank failed ({verdict.kind})"
-    elif verdict.kind is None and run.unfinished_work:
-        head = "ddp: failed: asynchronous work left in flight"
-    elif verdict.kind is None and run.unreceived_messages:
-        head = "ddp: failed: messages sent and never received"
-    elif verdict.kind is None and run.sequence_differences:
-        head = "ddp: failed: the ranks' collective sequences differ"
-    elif verdict.kind is None and run.faults_not_fired:
-        head = f"ddp: failed: injected faults never fired: {'; '.join(run.faults_not_fired)}"
-    elif verdict.kind is None and run.stop_teardown:
-        head = "ddp: failed in the teardown of the fixtures the ranks still held when their group was stopped"
-    else:
-        head = f"ddp: {verdict.kind}" if verdict.kind else "ddp: failed"
-    return f"{head}: {verdict.summary}" if verdict.summary else head
+    if verdict.summary:
+        return verdict.summary
+    if run.unfinished_work:
+        return "asynchronous work left in flight"
+    if run.unreceived_messages:
+        return "messages sent and never received"
+    if run.sequence_differences:
+        return "the ranks' collective sequences differ"
+    if run.faults_not_fired:
+        return f"injected faults never fired: {'; '.join(run.faults_not_fired)}"
+    if run.stop_teardown:
+        return "the ranks failed in the teardown of the fixtures they still held when their group was stopped"
+    return "failed"
+
+
+def _tag(run: TestRun) -> str:
+    """``[ddp deadlock, partial, 0.41 s]`` (a deadlock's kind and how long into the test it was
+    diagnosed), ``[ddp failed]``, ``[ddp stopped, rank_exited]``: after the lead, so that pytest's
+    one-line summary, cut at the terminal's width, keeps the cause."""
+    verdict = run.verdict
+    status = verdict.status if verdict.status in _NAMED_STATUSES else "failed"
+    words = [status] + ([verdict.kind] if verdict.kind and verdict.kind != status else [])
+    if verdict.status == "deadlock":
+        words.append(f"{run.elapsed:.2f} s")
+    return f"[ddp {', '.join(words)}]"
+
+
+def headline(run: TestRun) -> str:
+    """The whole headline of a failure: what happened and who (long or several lines when a rank's
+    exception message is), then the verdict's tag."""
+    return f"{_lead(run)} {_tag(run)}"
+
+
+def _headline_lines(run: TestRun) -> list[str]:
+    """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
+    whole, tag = headline(run), _tag(run)
+    if not _cut(whole):
+        return [capped(whole), ""]
+    return [f"{capped(_lead(run), HEADLINE_LIMIT - len(tag) - 1)} {tag}", "", whole, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -232,7 +256,7 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
     """The whole text of a failed ddp phase."""
-    lines = _head(headline(run))
+    lines = _headline_lines(run)
     groups = group_sequences(run.states)
     if len(run.states) > GROUP_ABOVE and (found := _divergence(run.states, groups)) is not None:
         lines += [divergence_line(found), ""]

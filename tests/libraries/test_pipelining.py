@@ -89,7 +89,7 @@ def test_microbatch_counts_that_differ_in_inference_are_diagnosed(schedule):
     assert (result.outcome, result.diagnosis.kind) == ("deadlock", "partial"), result.diagnosis.text
     assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([1], [0])
     assert result.diagnosis.collective == "isend"
-    assert "rank 1 returned from its test without receiving from rank 0" in result.diagnosis.text
+    assert "rank 1 never received from rank 0 (returned from its test)" in result.diagnosis.text
     waiting = result.ranks[0].collectives[-2 if schedule == "GPipe" else -1]  # GPipe issued a 4th send
     assert (waiting.op, waiting.seq, waiting.state) == ("isend", 5, "running")
     assert waiting.site.endswith(line_of("# the first stage"))
