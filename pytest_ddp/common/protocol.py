@@ -226,7 +226,7 @@ class CallWire(TypedDict):
     group: str  # group name, "WORLD" for the default group
     ranks: NotRequired[list[int]]  # global ranks of the group
     site: str  # "file.py:12"
-    caller: NotRequired[str]  # the site is in an installed library: the first frame outside libraries
+    caller: NotRequired[str]  # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
     t: float
     shapes: NotRequired[list[list[int]]]
     dtypes: NotRequired[list[str]]

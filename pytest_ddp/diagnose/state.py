@@ -75,7 +75,7 @@ class Call:
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
-    caller: str | None = None  # the site is in an installed library: the user's frame that led there
+    caller: str | None = None  # made inside a library (site: the user's line that led there): the library's frame
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
     # An MPI receive that returned: the sender and tag of the message it got, where it left them open.

@@ -49,8 +49,10 @@ def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
 
 
 def describe_call(call: Call) -> str:
-    """``all_reduce #3 (test_x.py:12)``; group set-up calls are not numbered: ``init_process_group (t.py:4)``."""
-    return f"{call.label} ({call.site})"
+    """``all_reduce #3 (test_x.py:12)``, ``all_reduce #3 (test_x.py:40 via accelerate/accelerator.py:2861)``
+    for a call made inside a library; group set-up calls are not numbered: ``init_process_group (t.py:4)``."""
+    via = f" via {call.caller}" if call.caller else ""
+    return f"{call.label} ({call.site}{via})"
 
 
 def _verb(ranks: Iterable[int], one: str, many: str) -> str:

@@ -65,11 +65,18 @@ _TRACE_LINE = re.compile(r'File "(.+)", line (\d+), in ')
 
 
 def _site_file(filename: str) -> str | None:
+    """How a site shows a file (JSON-escaped): a library's from its package, the standard
+    library's from its folder, the user's relative to the working folder; None if internal."""
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith(_GENERATED) or _INDUCTOR_CACHE in filename:
         return None
     if filename.startswith(_FX_GRAPH):
         return ""
-    if os.path.isabs(filename):
+    library = max((filename.rfind(d) + len(d) for d in _LIBRARY_DIRS if d in filename), default=0)
+    if library:  # accelerate/accelerator.py, not the whole path to the environment's site-packages
+        filename = filename[library:]
+    elif filename.startswith(_STDLIB):
+        filename = filename[len(_STDLIB) :]
+    elif os.path.isabs(filename):
         relative = os.path.relpath(filename)
         if not relative.startswith(".."):
             filename = relative
@@ -85,14 +92,18 @@ def _shown(filename: str) -> str | None:
 
 
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-# (id(code), f_lasti) -> (code, site, whether the site is in an installed library)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+_SITE = '"site":"'
+# (id(code), f_lasti) -> (code, site, whether the site is in a library)
 _sites: dict[tuple[int, int], tuple[CodeType, str, bool]] = {}
 
 
 def site(frame: FrameType | None) -> str:
-    """``"site":"tests/test_x.py:12"``: the first frame outside torch, pytest and this plugin;
-    where that frame is in an installed library (torchmetrics, Lightning, ...), also
-    ``"caller":"tests/test_x.py:30"``: the first frame outside libraries that led there.
+    """``"site":"tests/test_x.py:12"``: the user's innermost frame, outside torch, pytest, this
+    plugin, installed libraries and the standard library.  Where the call was made inside a
+    library (accelerate, DeepSpeed, torchmetrics, ...), also ``"caller":"accelerate/accelerator.py:2861"``:
+    the library's frame that made it; where no user frame led there (a library's own thread),
+    the library's frame is the site.
 
     Cached per instruction: ``f_lineno`` scans the code's line table, which costs
     microseconds in a long function.  The cache holds the code object, so its id
@@ -112,12 +123,13 @@ def site(frame: FrameType | None) -> str:
             if len(_sites) > 10000:
                 _sites.clear()
             cached = _sites[key] = (code, *described)
-        return cached[1] + (_caller(frame.f_back) if cached[2] else "")
+        return _through_library(cached[1], frame.f_back) if cached[2] else cached[1]
     return '"site":"?"'
 
 
 def frame_site(frame: FrameType) -> tuple[str, bool] | None:
-    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
+    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site
+    (a library's frame is one where no user frame led to it: see :func:`site`);
     None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction, and
     so do the compiled kernels (:mod:`pytest_ddp.record.compiled`)."""
     code = frame.f_code
@@ -140,18 +152,21 @@ def _graph_site(frame: FrameType) -> tuple[str, bool] | None:
 
 
 def _in_library(filename: str) -> bool:
-    return any(part in filename for part in _LIBRARY_DIRS)
+    """An installed library's file, or the standard library's: not the user's code."""
+    return filename.startswith(_STDLIB) or any(part in filename for part in _LIBRARY_DIRS)
 
 
-def _caller(frame: FrameType | None) -> str:
-    """``,"caller":"t.py:30"``: the first frame outside torch, pytest, this plugin and libraries."""
+def _through_library(library_site: str, frame: FrameType | None) -> str:
+    """``"site":"t.py:30","caller":"accelerate/accelerator.py:2861"``: the first user frame among
+    ``frame`` and its callers as the site, the library's site as its caller; the library's site
+    alone where none is."""
     while frame is not None:
         filename = frame.f_code.co_filename
         shown = _shown(filename)
         if shown and not _in_library(filename):
-            return f',"caller":"{shown}:{frame.f_lineno}"'
+            return f'{_SITE}{shown}:{frame.f_lineno}","caller":"{library_site[len(_SITE) : -1]}"'
         frame = frame.f_back
-    return ""
+    return library_site
 
 
 class Group(NamedTuple):

@@ -88,10 +88,10 @@ def _sizes(call: Call, size: int) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def _frames(call: Call) -> list[dict[str, Any]]:
-    """The call's site (and the user's frame that led there) as the recorder's frames, each
-    named by the operation called from it: ``all_reduce at test_x.py:12``."""
+    """The call's frames, innermost first (the library's frame that made it, if any, then the
+    user's site), each named by the operation called from it: ``all_reduce at test_x.py:12``."""
     frames = []
-    for site in (call.site, call.caller):
+    for site in (call.caller, call.site):
         if site:
             filename, _, line = site.rpartition(":")
             frames.append(

@@ -100,7 +100,7 @@ def _describe(piece: Slice) -> str:
         state = "running when the rank died"
     parts = [f"rank {piece.rank}: {piece.label}", state, f"at {call.get('site')}"]
     if call.get("caller"):
-        parts.append(f"from {call['caller']}")
+        parts.append(f"via {call['caller']}")
     if shapes:
         parts.append(f"[{shapes}] {','.join(sorted(set(call.get('dtypes') or [])))}")
     if call.get("error"):

@@ -123,7 +123,7 @@ def _cell(call: Call | None, with_site: bool = False) -> str:
     if call.root is not None:
         text += f" root={call.root}"
     if with_site:  # ranks met in this collective from different lines: say where each came from
-        text += f" at {call.site}" + (f" from {call.caller}" if call.caller else "")
+        text += f" at {call.site}" + (f" via {call.caller}" if call.caller else "")
     if call.state == "running":
         text += " (waiting)"
     elif call.state == "raised":

@@ -5,6 +5,8 @@ group initialised and uses it (MULTI_CPU). Its state is a process-wide
 singleton: a warm rank keeps it into the next test, so each test resets it.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -55,7 +57,7 @@ def test_gather_for_metrics(accelerator, rank):
 def gather_on_rank_0(rank):
     accelerator = accelerate.Accelerator(cpu=True)
     if accelerator.is_main_process:
-        accelerator.gather(torch.tensor([rank]))
+        accelerator.gather(torch.tensor([rank]))  # rank 0 only
 
 
 def test_gather_on_one_rank_is_diagnosed():
@@ -64,4 +66,8 @@ def test_gather_on_one_rank_is_diagnosed():
     assert result.diagnosis.kind == "partial"
     assert (result.diagnosis.waiting, result.diagnosis.culprits) == ([0], [1])
     assert result.ranks[0].collectives[-1].op == "all_gather"
-    assert "accelerate" in result.ranks[0].collectives[-1].site
+    waiting = result.ranks[0].collectives[-1]
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# rank 0 only"))
+    # The site is the user's line, the library's frame that made the call its caller.
+    assert waiting.caller.startswith("accelerate/") and waiting.site.endswith(f"test_accelerate.py:{line}")

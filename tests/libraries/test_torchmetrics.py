@@ -1,6 +1,8 @@
 """torchmetrics inside a ddp test: each rank updates a metric with its own
 batches, and ``compute()`` syncs the states across ranks (a barrier, then ``all_gather``s)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,7 +40,7 @@ def compute_on_rank_0(rank):
     metric = torchmetrics.classification.MulticlassAccuracy(num_classes=4, average="micro")
     metric.update(*rank_batch(rank))
     if rank == 0:
-        metric.compute()
+        metric.compute()  # rank 0 only
 
 
 def test_compute_on_one_rank_is_diagnosed():
@@ -48,4 +50,9 @@ def test_compute_on_one_rank_is_diagnosed():
     assert (result.diagnosis.waiting, result.diagnosis.culprits) == ([0], [1])
     # gather_all_tensors() starts with a barrier, before its all_gathers
     assert result.diagnosis.collective == "barrier"
-    assert "torchmetrics/utilities/distributed.py" in result.ranks[0].collectives[-1].site
+    waiting = result.ranks[0].collectives[-1]
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# rank 0 only"))
+    # The site is the user's line, the library's frame that made the call its caller.
+    assert waiting.caller.startswith("torchmetrics/utilities/distributed.py:")
+    assert waiting.site.endswith(f"test_torchmetrics.py:{line}")
