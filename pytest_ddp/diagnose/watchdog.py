@@ -424,6 +424,12 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     slow = _monitored_barrier_timeout("stopped", ranks)
     if slow is not None:
         return slow
+    # Calls recorded on both sides that disagree are the cause, whichever rank's error came first
+    # (Gloo's size check aborts one rank of a functional all_reduce; its peer goes on, async).
+    mismatch = _finished_mismatch(ranks)
+    if mismatch is not None:
+        m = mismatch
+        return Verdict("stopped", m.kind, m.culprits, m.waiting, m.collective, m.call, m.finding)
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
     woken = _woken(culprits, ranks)
     culprits = [r for r in culprits if r not in woken]

@@ -93,3 +93,12 @@ def test_a_rank_whose_receive_raised_as_its_peer_died_is_woken_by_it():
     verdict = judge(snap(dead, woken, *ring))
     assert (verdict.kind, verdict.culprits) == ("rank_exited", [0])
     assert verdict.summary.startswith("rank 0 died (killed by SIGKILL); rank 1 raised Connection closed by peer")
+
+
+def test_calls_that_disagree_are_the_mismatch_when_the_grace_is_over_whoever_failed_first():
+    """A functional all_reduce of [7, 4] against one of [6, 4]: Gloo's size check aborts rank 1;
+    rank 0's call is asynchronous, so it runs on outside any collective until it is stopped."""
+    aborted = rank(1, call("all_reduce", 1, shape=(6, 4), is_async=True), exit_code=-6, failed_at=NOW - 3)
+    going_on = rank(0, call("all_reduce", 1, shape=(7, 4), is_async=True))
+    verdict = judge(snap(going_on, aborted))
+    assert (verdict.status, verdict.kind, verdict.culprits) == ("stopped", "mismatch", [0, 1])
