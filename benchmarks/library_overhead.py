@@ -9,12 +9,14 @@ as ``recorder_overhead.py`` does for single calls (here each mode goes first in 
 - a tensor parallel step: an MLP under ``ColwiseParallel``/``RowwiseParallel`` on a CPU
   ``DeviceMesh``, forward and backward (functional all_reduces, recorded at the dispatcher);
 - a compiled step: ``torch.compile(backend="aot_eager")`` of a small MLP's forward whose output
-  is summed across the ranks with a functional all_reduce (no backward).
+  is summed across the ranks with a functional all_reduce (no backward);
+- a DeepSpeed step: ``deepspeed.initialize`` of a 2-layer MLP with ZeRO stage 2 and torch's AdamW
+  (``DS_ACCELERATOR=cpu``), ``engine(x)``, ``engine.backward(loss)``, ``engine.step()``.
 
 It prints each step's median milliseconds per step over rounds without and with the recorder,
 the calls recorded per step, and the median over rounds of each round's own ratio.
 
-    python benchmarks/library_overhead.py [--steps 200] [--rounds 10]
+    python benchmarks/library_overhead.py [--steps 200] [--rounds 10] [--only deepspeed]
 """
 
 from __future__ import annotations
@@ -74,11 +76,28 @@ def compiled_step(rank: int) -> Callable[[torch.Tensor], Any]:
     return step
 
 
+def deepspeed_step(rank: int) -> Callable[[torch.Tensor], Any]:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed picks its accelerator
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))  # as the tests
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")  # what DeepSpeed reads beside the group
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": BATCH, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=mlp(2), config=config)
+
+    def step(x: torch.Tensor) -> None:
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+
+    return step
+
+
 STEPS = {"pipelining (GPipe, 4 microbatches)": pipelining_step, "tensor parallel": tensor_parallel_step,
-         "compiled (aot_eager), functional all_reduce": compiled_step}
+         "compiled (aot_eager), functional all_reduce": compiled_step, "DeepSpeed ZeRO 2": deepspeed_step}
 
 
-def worker(rank: int, folder: str, steps: int, rounds: int) -> None:
+def worker(rank: int, folder: str, steps: int, rounds: int, only: str) -> None:
     from pytest_ddp.common.event_log import EventLog
     from pytest_ddp.record import recorder
 
@@ -88,6 +107,8 @@ def worker(rank: int, folder: str, steps: int, rounds: int) -> None:
     result: dict[str, Any] = {}
     each = max(steps // rounds, 1)
     for name, make in STEPS.items():
+        if only.lower() not in name.lower():
+            continue
         step = make(rank)
         loop(step, batch, WARM_UP)
         times: dict[str, list[tuple[float, float]]] = {"plain": [], "recorded": []}
@@ -115,16 +136,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200, help=f"steps per mode, after {WARM_UP} warm-up steps")
     parser.add_argument("--rounds", type=int, default=10, help="alternating rounds the steps are split into")
+    parser.add_argument("--only", default="", help="only the steps whose name holds this text (any case)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(worker, args=(folder, options.steps, options.rounds), nprocs=2, start_method="spawn")
+        args = (folder, options.steps, options.rounds, options.only)
+        mp.start_processes(worker, args=args, nprocs=2, start_method="spawn")
         with open(os.path.join(folder, "result.json")) as f:
             result = json.load(f)
     print(
         f"2 Gloo ranks, MLP width {WIDTH}, batch {BATCH}, {options.steps} steps per mode in {options.rounds} "
         f"alternating rounds, {os.cpu_count()} cores, torch {torch.__version__}; ms per step, wall (rank 0's CPU)"
     )
-    for name in STEPS:
+    for name in (name for name in STEPS if name in result):
         plain, recorded = result[name]["plain"], result[name]["recorded"]
         ratio = statistics.median(wall / plain_wall for (wall, _), (plain_wall, _) in zip(recorded, plain))
         print(f"{name}: {result[name + ' calls']:.0f} calls recorded per step on rank 0")
