@@ -57,6 +57,32 @@ def test_a_rank_that_made_the_earlier_call_is_named_for_the_call_waited_in() -> 
     assert verdict.summary.startswith("rank 1 never called all_reduce #3 (returned from its test);")
 
 
+def _gather(index: int, size: int, *, raised: bool = False) -> Call:
+    call = Call(index=index, op="all_gather_single", group="WORLD", group_ranks=(0, 1), seq=1, site="t.py:5",
+                enter=1.0, shapes=[[size]], dtypes=["float32"], exit=1.1)
+    call.error = "RuntimeError: [gloo] invalid tensor size" if raised else None
+    return call
+
+
+def test_sizes_that_differ_are_a_mismatch_whichever_rank_raised() -> None:
+    """Gloo raises on one rank of an all_gather_single whose sizes differ and lets the other go
+    on to its next call: both calls are recorded and disagree, so the verdict is the mismatch
+    (not rank_exited), whichever rank raised."""
+    for raised in (0, 1):
+        states = []
+        for r, size in ((0, 2), (1, 3)):
+            state = RankState(rank=r, phase="call")
+            state.calls = [_gather(0, size, raised=r == raised)]
+            if r == raised:
+                state.phase, state.finished_at, state.failed_at = "finished", 1.5, 1.2
+            else:
+                state.calls.append(Call(index=1, op="barrier", group="WORLD", group_ranks=(0, 1), seq=2,
+                                        site="t.py:6", enter=1.2))
+            states.append(state)
+        verdict = watchdog.judge(Snapshot(now=2.0, started=0.0, timeout=60, grace=2, ranks=states))
+        assert (verdict.kind, verdict.culprits, verdict.call) == ("mismatch", [0, 1], "all_gather_single #1"), raised
+
+
 # -- real failures of each kind, in one session at 80 columns -------------------------------
 
 FAILURES = """
