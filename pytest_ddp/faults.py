@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_ddp.common.ops import INIT, OPS
+from pytest_ddp.common.ops import INIT, INTERCHANGEABLE, OPS, REDUCING
 
 Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect", "skip", "extra", "change"]
 # Faults after which the rank's process is gone: a death the test asked for.
@@ -33,11 +33,9 @@ DEADLY: frozenset[str] = frozenset({"kill", "exit"})
 # without one (DDP's reducer, a functional collective) cannot take them.
 REPLACING: frozenset[str] = frozenset({"skip", "extra", "change"})
 # The collectives a call can be changed into (change(op=...)): each takes the call's tensor.
-CHANGE_OPS = ("all_reduce", "broadcast", "reduce", "barrier")
+CHANGE_OPS = INTERCHANGEABLE
 # torch.distributed.ReduceOp's members, by name (change(reduce_op=...)).
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
-# The operations whose reduce op is their ``op`` parameter.
-REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
 # torch dtypes by name (change(dtype=...)): no torch import here.
 DTYPES = (
     "float16", "bfloat16", "float32", "float64", "complex64", "complex128",

@@ -47,7 +47,7 @@ class Op:
     tag: str | None = None  # parameter holding the tag (a send's, a receive's: absent means any tag)
     recv_from: str | None = None  # Sendrecv: the receiving end's source and tag parameters
     recv_tag: str | None = None
-    reduction: str | None = None  # parameter holding the reduction operation (MPI.SUM, ...)
+    reduction: str | None = None  # parameter holding the reduction operation (ReduceOp.SUM, MPI.SUM, ...)
     probe: bool = False  # waits for a matching message without receiving it
     synchronous: bool = False  # a send that returns only once its receive has started (Ssend)
     makes_comm: bool = False  # returns a new communicator (Dup, Split, Create)
@@ -85,12 +85,13 @@ def _table(*ops: Op) -> dict[str, Op]:
 
 
 OPS: dict[str, Op] = _table(
-    Op("all_reduce", "collective", "tensor"),
+    Op("all_reduce", "collective", "tensor", reduction="op"),
     Op("all_gather", "collective", "tensor", described="part_of_output"),
     Op("all_gather_into_tensor", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
     Op("all_gather_object", "collective", obj="obj", recorded_as="all_gather"),
-    Op("reduce_scatter", "collective", "output", described="part_of_input"),
-    Op("reduce_scatter_tensor", "collective", "input", recorded_as="reduce_scatter", described="whole_input"),
+    Op("reduce_scatter", "collective", "output", reduction="op", described="part_of_input"),
+    Op("reduce_scatter_tensor", "collective", "input", reduction="op", recorded_as="reduce_scatter",
+       described="whole_input"),
     Op("all_to_all", "collective", "input_tensor_list", uneven=True),
     Op("all_to_all_single", "collective", "input", uneven=True, recorded_as="all_to_all"),
     Op("broadcast", "collective", "tensor", "src", "group_src"),
@@ -104,7 +105,7 @@ OPS: dict[str, Op] = _table(
         obj_from_root=True,
         recorded_as="broadcast",
     ),
-    Op("reduce", "collective", "tensor", "dst", "group_dst"),
+    Op("reduce", "collective", "tensor", "dst", "group_dst", reduction="op"),
     Op("gather", "collective", "tensor", "dst", "group_dst"),
     Op("gather_object", "collective", None, "dst", "group_dst", "obj", recorded_as="gather"),
     Op("scatter", "collective", "tensor", "src", "group_src"),
@@ -133,7 +134,7 @@ OPS: dict[str, Op] = _table(
     Op("all_gather_single", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
     Op("reduce_scatter_single", "collective", "input", recorded_as="reduce_scatter", described="whole_input"),
     Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather", described="part_of_output"),
-    Op("all_reduce_coalesced", "collective", "tensors", recorded_as="allreduce_coalesced"),
+    Op("all_reduce_coalesced", "collective", "tensors", reduction="op", recorded_as="allreduce_coalesced"),
     # Reached only through the backend (functional collectives, coalescing managers).
     Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
     Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
@@ -202,6 +203,12 @@ MPI_OPS: dict[str, Op] = _table(
 )
 OPS.update(MPI_OPS)
 MPI_ABORT = f"{MPI_PREFIX}Abort"
+
+# Collectives that take one tensor (or none) and nothing else the ranks must agree on, so that
+# a call of one can be made as another on the same tensor (faults.change(op=...)).
+INTERCHANGEABLE = ("all_reduce", "broadcast", "reduce", "barrier")
+# torch's collectives that take a reduce op (its parameter: Op.reduction).
+REDUCING = tuple(name for name, o in OPS.items() if o.reduction and o.api == "torch")
 
 # The names of the collectives, for passes over every call of a long run (a set lookup
 # costs a tenth of Call.is_collective).

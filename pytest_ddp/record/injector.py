@@ -106,17 +106,15 @@ def _changed(fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], 
         bound.arguments["op"] = getattr(dist.ReduceOp, fault.reduce_op)
     if fault.op is None:
         return recorded(*bound.args, **bound.kwargs)
+    # Another of ops.INTERCHANGEABLE, on the same tensor and group, rooted at the group's first rank.
+    other = OPS[fault.op]
     group = bound.arguments.get("group")
-    if fault.op == "barrier":
-        return dist.barrier(group=group)
-    if not isinstance(tensor, torch.Tensor):
-        tensor = torch.zeros(1)
-    if fault.op == "all_reduce":
-        return dist.all_reduce(tensor, group=group)
-    root = 0 if group is None else dist.get_global_rank(group, 0)
-    if fault.op == "broadcast":
-        return dist.broadcast(tensor, src=root, group=group)
-    return dist.reduce(tensor, dst=root, group=group)
+    given: dict[str, Any] = {"group": group}
+    if other.tensors is not None:
+        given[other.tensors] = tensor if isinstance(tensor, torch.Tensor) else torch.zeros(1)
+    if other.rank is not None:
+        given[other.rank] = 0 if group is None else dist.get_global_rank(group, 0)
+    return getattr(dist, fault.op)(**given)
 
 
 def _fire(fault: Fault, site: str) -> None:
