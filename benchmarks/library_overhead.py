@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
-from recorder_overhead import count_calls, loop, medians
+from recorder_overhead import count_calls, loop, medians, write_result
 
 WIDTH, BATCH, WARM_UP = 64, 16, 10
 
@@ -124,12 +124,7 @@ def worker(rank: int, folder: str, steps: int, rounds: int, only: str) -> None:
                     recorder.uninstall()
         result[name] = times
         result[name + " calls"] = count_calls(log.path, before) / (each * rounds)
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(folder, "result.json"), "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_result(rank, folder, result)
 
 
 def main() -> int:

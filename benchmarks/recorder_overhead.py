@@ -166,6 +166,16 @@ def fsdp2_step() -> tuple[Callable[[torch.Tensor], None], torch.Tensor]:
     return step, torch.randn(FSDP2_BATCH, FSDP2_WIDTH)
 
 
+def write_result(rank: int, folder: str, result: dict[str, Any]) -> None:
+    """Rank 0 writes ``result.json`` for the parent once every rank is done; the group ends."""
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(folder, "result.json"), "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def count_calls(path: str, offset: int) -> int:
     """The call events written to the log at ``path`` past ``offset``."""
     with open(path, "rb") as f:
@@ -207,12 +217,7 @@ def worker(rank: int, folder: str, calls: int, steps: int, rounds: int) -> None:
     recorded_before = os.path.getsize(log.path)
     result[FSDP2] = measure(step, batch, max(steps // rounds, 1), False, FSDP2_WARM_UP)
     result["fsdp2 events"] = count_calls(log.path, recorded_before) / (max(steps // rounds, 1) * rounds)
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(folder, "result.json"), "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_result(rank, folder, result)
 
 
 Rounds = Sequence[Sequence[float]]  # (wall, CPU) microseconds per call, one pair per round
