@@ -210,6 +210,26 @@ def test_a_rank_waiting_on_a_doomed_rank_is_doomed_too() -> None:
     assert verdict.summary.startswith("rank 2 never sent to rank 0 (returned from its test);")
 
 
+def test_the_few_waiting_in_a_collective_most_returned_without_made_a_call_more() -> None:
+    # Rank 2 takes one step more: it waits in all_reduce #4, which ranks 0, 1, 3 never call.
+    verdict = judge(snap(rank(0, finished=True), rank(1, finished=True),
+                         rank(2, call("all_reduce", 4, ranks=R4, site="t.py:9")), rank(3, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [2], [])
+    assert verdict.call == "all_reduce #4"
+    assert verdict.summary == (
+        "rank 2 alone called all_reduce #4 (t.py:9); ranks 0, 1, 3 returned from their test without it."
+    )
+
+
+def test_as_many_returned_as_wait_names_those_that_returned() -> None:
+    # Two against two, one against one: a step less on one side is a step more on the other.
+    verdict = judge(snap(rank(0, call("all_reduce", 4, ranks=R4)), rank(1, call("all_reduce", 4, ranks=R4)),
+                         rank(2, finished=True), rank(3, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [2, 3], [0, 1])
+    verdict = judge(snap(rank(0, call("all_reduce", 4)), rank(1, finished=True)))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+
+
 # -- mismatches -----------------------------------------------------------------
 
 

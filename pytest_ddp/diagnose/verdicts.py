@@ -50,6 +50,16 @@ class Departed:
 
 
 @dataclass(frozen=True)
+class ExtraCall:
+    """Most members of a collective's group returned from the test without it: the few waiting
+    in it made a call the rest never made (partial; at fault are the callers)."""
+
+    callers: list[int]  # in the call, at fault
+    returned: list[int]
+    waits: dict[int, Wait]
+
+
+@dataclass(frozen=True)
 class Cycle:
     """Blocked ranks wait for each other in a cycle (p2p_cycle, or a mismatch of order)."""
 
@@ -129,7 +139,9 @@ class NoneFinished:
     ranks: list[int]
 
 
-Finding = Departed | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
+Finding = (
+    Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
+)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from pytest_ddp.diagnose.verdicts import (
     Cycle,
     Departed,
     Disagreement,
+    ExtraCall,
     Failures,
     GraceOver,
     NoneFinished,
@@ -76,11 +77,30 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         left[r] += sorted({woken[g] for g in left[r] if g in woken} - set(left[r]))
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
+    if kind == "partial" and not victims:
+        extra = _extra_call(culprits, doomed, waits)
+        if extra is not None:
+            return extra
 
     waiter = min(r for r in doomed if left[r])
     first = first_missed(ranks[waiter], ranks[left[waiter][0]], waits[waiter].call)
     finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits)
     return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
+
+
+def _extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
+    """Every doomed rank waits in one collective that more of its members returned from the test
+    without: as the majority decides a mismatch, the few made a call the rest never made (one
+    step more: DDP's, FSDP2's, a loop's), rather than the many each a call less.  Not where the
+    two sides are as many (2 ranks): a step less on one is a step more on the other."""
+    call = waits[min(doomed)].call
+    if len(returned) <= len(doomed) or not call.is_collective:
+        return None
+    if any((waits[r].call.group, waits[r].call.seq) != (call.group, call.seq) for r in doomed):
+        return None
+    callers = sorted(doomed)
+    finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
+    return Verdict("deadlock", "partial", callers, [], call.op, call.label, finding)
 
 
 def _victims(
@@ -322,7 +342,7 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     rank's connections were broken on purpose, so every rank still in a call is about to raise
     out of it, the broken rank's peers too; or it is in an MPI send, which may return with its
     message buffered."""
-    waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, Cycle)) else {}
+    waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
     disconnected = any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
 
     def may_move(state: RankState) -> bool:

@@ -18,6 +18,7 @@ from pytest_ddp.diagnose.verdicts import (
     Cycle,
     Departed,
     Disagreement,
+    ExtraCall,
     Failures,
     GraceOver,
     InitFault,
@@ -210,6 +211,16 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
     return "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
 
 
+def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
+    """``rank 2 alone called all_reduce #4 (t.py:9); ranks 0, 1, 3 returned from their test
+    without it``."""
+    call = f.waits[f.callers[0]].call
+    test = "their test" if len(f.returned) > 1 else "its test"
+    alone = "alone " if len(f.callers) == 1 else ""
+    returned = f"{rank_list(f.returned)} returned from {test} without it"
+    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}; {returned}."
+
+
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
     if f.unmatched:
         text = "; ".join(_unmatched(r, f) for r in f.unmatched)
@@ -317,6 +328,7 @@ def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
 
 _WORDERS: dict[type, Callable[..., str]] = {
     Departed: _departed,
+    ExtraCall: _extra_call,
     Cycle: _cycle,
     Disagreement: _disagreement,
     InitFault: _init_fault,
