@@ -183,7 +183,7 @@ def check_suite(result: Result, folder: Path) -> None:
     assert "ddp: the other ranks' pytest output: rank 1" in out
     assert "SKIPPED [1] test_launched.py:" in out and "needs world_size=8; launched by" in out, out
     # The hang: rank 3 named, the others' stacks in the report.
-    assert "deadlock (partial)" in out and "rank 3 never called all_reduce #1 (returned from its test)" in out, out
+    assert "[ddp deadlock, partial" in out and "rank 3 never called all_reduce #1 (returned from its test)" in out, out
     assert "ranks 0-2: Python stacks when stopped" in out, out
     assert "test_launched.py\", line" in out.split("ranks 0-2: Python stacks when stopped")[1]
     # The raise and the kill: the rank at fault, not a cascade.
