@@ -141,13 +141,15 @@ def line_of(path: Path, text: str) -> int:
     raise AssertionError(f"{text!r} not in {path}")
 
 
-@pytest.fixture(autouse=True)
-def _not_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sessions a test starts print as on a developer's terminal: where $CI or $BUILD_NUMBER
-    is set, pytest repeats each failure's message in full in its short summary, and a test that
-    counts a line would count it twice."""
-    for name in ("CI", "BUILD_NUMBER"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.fixture(autouse=True, scope="session")
+def _not_in_ci() -> Iterator[None]:
+    """The sessions a test starts (module fixtures' too) print as on a developer's terminal: where
+    $CI or $BUILD_NUMBER is set, pytest writes each failure's message whole in its short summary,
+    not cut at the terminal's width, and a test that counts a line would count it twice."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("CI", "BUILD_NUMBER"):
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture
