@@ -32,8 +32,6 @@ DEADLY: frozenset[str] = frozenset({"kill", "exit"})
 # wrapper of a torch.distributed function carries them out, so a call reaching the backend
 # without one (DDP's reducer, a functional collective) cannot take them.
 REPLACING: frozenset[str] = frozenset({"skip", "extra", "change"})
-# The collectives a call can be changed into (change(op=...)): each takes the call's tensor.
-CHANGE_OPS = INTERCHANGEABLE
 # torch.distributed.ReduceOp's members, by name (change(reduce_op=...)).
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 # torch dtypes by name (change(dtype=...)): no torch import here.
@@ -62,7 +60,7 @@ class Fault:
     # change: what differs in the call made instead (None: as the caller passed it)
     shape: tuple[int, ...] | None = None  # the call's tensor replaced by zeros of this shape
     dtype: str | None = None  # ... of this dtype ("float64")
-    op: str | None = None  # another collective (CHANGE_OPS) on the same tensor and group
+    op: str | None = None  # another collective (INTERCHANGEABLE) on the same tensor and group
     reduce_op: str | None = None  # another ReduceOp (REDUCE_OPS), by name
 
     @property
@@ -232,11 +230,11 @@ def _check_replacing(fault: Fault, name: str) -> None:
         raise FaultError(f"{name}: dtype={fault.dtype!r} is not a torch dtype; one of {', '.join(DTYPES)}")
     if (fault.shape is not None or fault.dtype is not None) and (spec.tensors is None or spec.kind == "batch"):
         raise FaultError(f"{name}: shape= and dtype= change the call's tensor, and {fault.at} takes none")
-    if fault.op is not None and (fault.op not in CHANGE_OPS or fault.op == fault.at):
-        others = ", ".join(o for o in CHANGE_OPS if o != fault.at)
+    if fault.op is not None and (fault.op not in INTERCHANGEABLE or fault.op == fault.at):
+        others = ", ".join(o for o in INTERCHANGEABLE if o != fault.at)
         raise FaultError(f"{name}: op={fault.op!r} must be another collective: one of {others}")
-    if fault.op is not None and fault.at not in CHANGE_OPS:
-        raise FaultError(f"{name}: op= changes one of {', '.join(CHANGE_OPS)} into another; not {fault.at}")
+    if fault.op is not None and fault.at not in INTERCHANGEABLE:
+        raise FaultError(f"{name}: op= changes one of {', '.join(INTERCHANGEABLE)} into another; not {fault.at}")
     if fault.reduce_op is not None and fault.reduce_op not in REDUCE_OPS:
         raise FaultError(f"{name}: reduce_op={fault.reduce_op!r} must be one of {', '.join(REDUCE_OPS)}")
     if fault.reduce_op is not None and fault.at not in REDUCING:

@@ -102,8 +102,9 @@ def _changed(fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], 
         dtype = tensor.dtype if fault.dtype is None else getattr(torch, fault.dtype)
         tensor = torch.zeros(tensor.shape if fault.shape is None else fault.shape, dtype=dtype, device=tensor.device)
         bound.arguments[name] = tensor  # type: ignore[index]
-    if fault.reduce_op is not None:
-        bound.arguments["op"] = getattr(dist.ReduceOp, fault.reduce_op)
+    reduction = OPS[fault.at].reduction  # set wherever reduce_op= is accepted (ops.REDUCING)
+    if fault.reduce_op is not None and reduction is not None:
+        bound.arguments[reduction] = getattr(dist.ReduceOp, fault.reduce_op)
     if fault.op is None:
         return recorded(*bound.args, **bound.kwargs)
     # Another of ops.INTERCHANGEABLE, on the same tensor and group, rooted at the group's first rank.
