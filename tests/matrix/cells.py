@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pytest_ddp import faults
 from pytest_ddp.faults import Fault
 from tests.matrix import families
-from tests.matrix.families import Plan
+from tests.matrix.families import DELAY, Plan
 
 WORLDS = (2, 4, 8)
 POSITIONS = ("first", "middle", "last")
@@ -30,7 +30,6 @@ FAMILIES = (
 )
 CLASSIC_FAMILIES = ("classic", "p2p", "objects", "ddp")
 PROCESS_KINDS = ("raise", "kill", "exit", "oom", "disconnect", "hang", "delay")  # faults that fire at a call
-DELAY = 2.0  # seconds a slow rank sleeps: longer than any verdict takes, shorter than the timeout
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 STEPS = 3  # every body's steps; an injected fault fires at the 2nd call of its op
+DELAY = 2.0  # seconds a slow rank sleeps: longer than any verdict takes, shorter than the timeout
 
 
 @dataclass(frozen=True)
@@ -290,4 +291,4 @@ def _mpi_fault(variant: str) -> None:
     if variant == "hang":
         threading.Event().wait()
     if variant == "delay":
-        time.sleep(2.0)
+        time.sleep(DELAY)
