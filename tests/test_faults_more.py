@@ -119,23 +119,24 @@ def test_skip_at_the_backend(rank):
 
 def test_each_replacing_fault_fired_on_real_ranks(ddp_pytester, tmp_path):
     result = ddp_pytester.run(REPLACED, f"--ddp-report-dir={tmp_path}", "-p", "no:randomly")
-    # test_reduce_op passes: its fault fired (one that never fires fails its test), and Gloo, as
-    # bare torch with ranks that pass SUM and MAX, sums on both ranks: nothing to see.
-    result.assert_outcomes(failed=6, passed=1)
+    # test_reduce_op's ranks pass (Gloo sums on both, as bare torch does), but their calls
+    # disagree on the reduce op: the test fails, a mismatch.
+    result.assert_outcomes(failed=7)
     reports = {
         name: json.loads((tmp_path / f"{file_name(f'test_it.py::test_{name}')}.json").read_text())
-        for name in ("skip", "extra", "shape", "dtype", "op", "skip_at_the_backend")
+        for name in ("skip", "extra", "shape", "dtype", "op", "reduce_op", "skip_at_the_backend")
     }
     for name, fault in [("skip", "call skipped on rank 1 at all_reduce call 2"),
                         ("extra", "call made twice on rank 0 at all_reduce call 1"),
                         ("shape", "call changed to shape [3] on rank 1 at all_reduce call 1"),
                         ("dtype", "call changed to dtype float64 on rank 1 at all_reduce call 1"),
-                        ("op", "call changed to op broadcast on rank 0 at all_reduce call 1")]:
+                        ("op", "call changed to op broadcast on rank 0 at all_reduce call 1"),
+                        ("reduce_op", "call changed to reduce op MAX on rank 1 at all_reduce call 1")]:
         assert [i["text"] for i in reports[name]["injected"]] == [fault], name
     # Rank 1 returned without all_reduce #2; rank 0 made all_reduce #2 once more than rank 1.
     assert (reports["skip"]["kind"], reports["skip"]["culprits"]) == ("partial", [1])
     assert (reports["extra"]["kind"], reports["extra"]["culprits"]) == ("partial", [1])
-    for name in ("shape", "dtype", "op"):
+    for name in ("shape", "dtype", "op", "reduce_op"):
         assert reports[name]["kind"] == "mismatch", (name, reports[name]["kind"])
     assert reports["skip_at_the_backend"]["culprits"] == [1]
     result.stdout.fnmatch_lines(["*call skipped on rank 1 at all_reduce call 1: this all_reduce reached the backend*"])

@@ -219,7 +219,7 @@ def test_ddp_gradient_allreduce_is_recorded_and_shows_a_blocked_rank(tmp_path: P
     world = [c for c in ranks[0].calls if c.is_collective]
     assert [c.seq for c in world] == list(range(1, len(world) + 1))  # DDP's calls in the group's count
     step = [c for c in ranks[1].calls if c.op == "all_reduce"]
-    assert [(c.state, c.shapes, c.extra) for c in step] == [("ok", [[10]], {"via": "backend"})]
+    assert [(c.state, c.shapes, c.extra) for c in step] == [("ok", [[10]], {"via": "backend", "op": "SUM"})]
     assert (blocked.seq, blocked.shapes, blocked.state) == (ranks[1].calls[-1].seq + 1, [[10]], "running")
     assert blocked.site == site("loss.backward()  # blocks")
 
@@ -270,7 +270,7 @@ def test_c10d_calls_past_the_python_functions_are_recorded_in_the_group_sequence
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert [(c.op, c.seq, c.extra) for c in calls] == [
-        ("all_reduce", 1, {}), ("broadcast", 2, {"via": "backend"}), ("all_reduce", 3, {}),
+        ("all_reduce", 1, {"op": "SUM"}), ("broadcast", 2, {"via": "backend"}), ("all_reduce", 3, {"op": "SUM"}),
     ]
     assert (calls[1].shapes, calls[1].root, calls[1].state) == ([[5]], 0, "ok")
     assert calls[1].site == site("dist._broadcast_coalesced(world")

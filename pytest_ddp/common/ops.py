@@ -209,6 +209,10 @@ MPI_ABORT = f"{MPI_PREFIX}Abort"
 INTERCHANGEABLE = ("all_reduce", "broadcast", "reduce", "barrier")
 # torch's collectives that take a reduce op (its parameter: Op.reduction).
 REDUCING = tuple(name for name, o in OPS.items() if o.reduction and o.api == "torch")
+# The reduce op's parameter in the c10d and the functional collectives' schemas.
+BACKEND_REDUCTION = "reduce_op"
+# What a torch.distributed function reduces with when given no op: SUM, for each of REDUCING.
+DEFAULT_REDUCTION = "SUM"
 
 # The names of the collectives, for passes over every call of a long run (a set lookup
 # costs a tenth of Call.is_collective).

@@ -238,7 +238,8 @@ class CallWire(TypedDict):
     # async: NotRequired[bool]  (async_op=True)
     obj_type: NotRequired[str]  # *_object calls
     obj_size: NotRequired[int]
-    # init: rank, world_size, init_method; "via": "backend"; MPI: "op" (reduction), "bytes",
+    # init: rank, world_size, init_method; "via": "backend"; "op": a reducing collective's reduce
+    # op (torch: "SUM", "MAX", ...; MPI: the MPI.Op's name); MPI: "bytes",
     # Sendrecv's receiving end ("recv_from", absent: any source; "recv_tag", absent: any tag)
     extra: NotRequired[dict[str, Any]]
 

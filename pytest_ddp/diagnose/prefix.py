@@ -19,7 +19,7 @@ from pytest_ddp.diagnose.state import Call
 
 # Calls equal in these are the same call of the same collective sequence (equal signatures:
 # Call.signature reads a subset of them).
-SAME_CALL = ("group", "seq", "op", "shapes", "dtypes", "root")
+SAME_CALL = ("group", "seq", "op", "shapes", "dtypes", "root", "reduction")
 
 
 def shared_prefix(sequences: Sequence[Sequence[Call]], fields: Sequence[str] = SAME_CALL) -> int:

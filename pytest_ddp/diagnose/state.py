@@ -129,11 +129,18 @@ class Call:
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text
 
+    @property
+    def reduction(self) -> str | None:
+        """The reduce op it was given (``MAX``, ``MPI_SUM``); None where it takes none, or its
+        recorder did not say."""
+        return self.extra.get("op")
+
     def signature(self) -> tuple[Any, ...]:
         """What the ranks should agree on for the same collective to mean the same thing on each:
-        op, shapes, dtypes and root; not the shapes of an operation whose splits may be uneven."""
+        op, shapes, dtypes, root and reduce op; not the shapes of an operation whose splits may be
+        uneven."""
         shapes = () if self.kind.uneven else tuple(tuple(s) for s in self.shapes)
-        return (self.op, shapes, tuple(self.dtypes), self.root)
+        return (self.op, shapes, tuple(self.dtypes), self.root, self.reduction)
 
     @classmethod
     def from_event(cls, ev: CallEvent) -> Call:

@@ -232,7 +232,7 @@ def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
     return None
 
 
-def _finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+def finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     """After the test: two ranks that entered the same collective with different signatures."""
     made = {rank: ranks[rank].calls for rank in sorted(ranks)}
 
@@ -446,7 +446,7 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
         return slow
     # Calls recorded on both sides that disagree are the cause, whichever rank's error came first
     # (Gloo's size check aborts one rank of a functional all_reduce; its peer goes on, async).
-    mismatch = _finished_mismatch(ranks)
+    mismatch = finished_mismatch(ranks)
     if mismatch is not None:
         m = mismatch
         return Verdict("stopped", m.kind, m.culprits, m.waiting, m.collective, m.call, m.finding)
@@ -472,7 +472,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         if all(state.finished_at is None for state in ranks.values()):  # every rank's process ended
             return Verdict("done", "rank_exited", sorted(ranks), finding=NoneFinished(sorted(ranks)))
         return Verdict("done")
-    found = _finished_mismatch(ranks) or _p2p_mismatch("done", ranks) or _monitored_barrier_timeout("done", ranks)
+    found = finished_mismatch(ranks) or _p2p_mismatch("done", ranks) or _monitored_barrier_timeout("done", ranks)
     if found is not None:
         return found
     dead = [r for r in failed if not ranks[r].alive]

@@ -112,8 +112,9 @@ def _how_it_failed(state: RankState) -> str:
     return "returned from its test"
 
 
-def _signature_text(call: Call) -> str:
-    """``all_reduce shapes [[10]] float32``, ``broadcast shapes [[3]] float32 root 0``."""
+def _signature_text(call: Call, reduction: bool = False) -> str:
+    """``all_reduce shapes [[10]] float32``, ``broadcast shapes [[3]] float32 root 0``; with
+    ``reduction``, its reduce op too (``op MAX``: where the calls compared differ in it)."""
     parts = [call.kind.method]
     if call.shapes:
         parts.append(f"shapes {[list(s) for s in call.shapes]}")
@@ -121,6 +122,8 @@ def _signature_text(call: Call) -> str:
         parts.append(",".join(sorted(set(call.dtypes))))
     if call.root is not None:
         parts.append(f"root {call.root}")
+    if reduction and call.reduction is not None:
+        parts.append(f"op {call.reduction}")
     return " ".join(parts)
 
 
@@ -252,8 +255,10 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     what = f"the message of {call.label}" if call.is_p2p else call.label if same_op else f"collective #{call.seq}" + (
         "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
     )
+    reductions = len({c.reduction for c in entered.values()}) > 1
     details = ", ".join(
-        f"{rank_list(group)} {text}" for text, group in _grouped(entered, lambda r: _signature_text(entered[r]))
+        f"{rank_list(group)} {text}"
+        for text, group in _grouped(entered, lambda r: _signature_text(entered[r], reductions))
     )
     text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):
@@ -367,9 +372,11 @@ def difference_line(difference: SequenceDifference) -> str:
     collective where a rank's call differs from the lowest member's."""
     d = difference
     if isinstance(d, CallDifference):
+        reductions = d.reference.reduction != d.theirs.reduction
         return (
-            f"group {d.group}, collective #{d.position}: rank {d.reference_rank} {_signature_text(d.reference)} "
-            f"({d.reference.site}) vs rank {d.rank} {_signature_text(d.theirs)} ({d.theirs.site})"
+            f"group {d.group}, collective #{d.position}: rank {d.reference_rank} "
+            f"{_signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
+            f"{_signature_text(d.theirs, reductions)} ({d.theirs.site})"
         )
     made = [
         f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from pytest_ddp.common.ops import INIT, NEW_GROUP, Op
+from pytest_ddp.common.ops import BACKEND_REDUCTION, DEFAULT_REDUCTION, INIT, NEW_GROUP, Op
 from pytest_ddp.record import backend_hook
 
 
@@ -261,7 +261,7 @@ def _objects(value: Any, is_list: bool) -> str:
     name = type(value).__name__
     if is_list:
         name = "list[" + ",".join(dict.fromkeys(type(v).__name__ for v in objects)) + "]"
-    return _optional({"obj_type": name, "obj_size": _pickled_size(objects)})
+    return optional_fields({"obj_type": name, "obj_size": _pickled_size(objects)})
 
 
 def _given_or_env(value: Any, env: str) -> int | None:
@@ -291,7 +291,7 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _optional(fields: dict[str, Any]) -> str:
+def optional_fields(fields: dict[str, Any]) -> str:
     """``,"key":value`` for each field that is not None or empty."""
     return "".join(f',"{k}":{_json(v)}' for k, v in fields.items() if v not in (None, [], {}))
 
@@ -317,9 +317,31 @@ def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
 Described = tuple[Group, str, "tuple[Any, ...] | None"]
 
 
+def reduction(value: Any) -> str:
+    """A reduce op's name as torch spells it (``MAX``): given as ``ReduceOp.MAX``, a ``ReduceOp``
+    made of one (boxed, at the backend), or a functional collective's ``"max"``."""
+    if isinstance(value, str):
+        return value.upper()
+    if isinstance(value, torch.ScriptObject):  # c10d's ReduceOp, as its backend operations get it
+        value = dist.ReduceOp.RedOpType(value.op())  # type: ignore[attr-defined]
+    name = getattr(value, "name", None) or getattr(getattr(value, "op", None), "name", None)
+    return str(name) if name else type(value).__name__
+
+
+def backend_extra(spec: Op, args: dict[str, Any]) -> str:
+    """The ``extra`` of a call recorded at the dispatcher: marked as such, with its reduce op."""
+    extra = {"via": "backend"}
+    if spec.reduction and (given := args.get(BACKEND_REDUCTION)) is not None:
+        extra["op"] = reduction(given)
+    return optional_fields({"extra": extra})
+
+
 def _describe_collective(op: str, spec: Op, args: dict[str, Any]) -> Described:
     group = group_of(args.get("group"))
     fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    if spec.reduction:
+        given = args.get(spec.reduction)
+        fields += optional_fields({"extra": {"op": DEFAULT_REDUCTION if given is None else reduction(given)}})
     root = None
     if spec.rank:
         root = _root(spec, args, group)
@@ -353,7 +375,7 @@ def _describe_batch(op: str, spec: Op, args: dict[str, Any]) -> Described:
 def _describe_group_op(op: str, spec: Op, args: dict[str, Any]) -> Described:
     """init_process_group, new_group, destroy_process_group: set up or tear down, in no sequence."""
     group = NO_GROUP if op == INIT else group_of(None)
-    return group, _optional({"extra": _extra(op, args)}), None
+    return group, optional_fields({"extra": _extra(op, args)}), None
 
 
 DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {

@@ -20,8 +20,7 @@ functions' ``async_op=True`` collectives are asynchronous: a ``wait`` event is
 written when the caller waits for one (``work.wait()``, ``wait_tensor``), so a
 rank waiting for a gradient bucket shows as inside ``all_reduce #k``, and its
 ``ret`` when that wait returns, or else when the rank next sees its work
-complete (see :class:`~pytest_ddp.record.numbering.Pending`); a functional collective never waited for, at
-the test's end (:func:`unfinished_work`).
+complete (see :class:`~.numbering.Pending`); a functional collective never waited for, at the test's end.
 
 While a test has faults armed (:mod:`pytest_ddp.record.injector`), each recorded call
 first asks the injector, which may kill, delay, raise or replace it before it is written.
@@ -47,7 +46,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
-from pytest_ddp.common.ops import DESTROY, OPS, BackendOp
+from pytest_ddp.common.ops import BACKEND_REDUCTION, DESTROY, OPS, BackendOp
 from pytest_ddp.record import backend_hook, describe, injector
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import Pending, first_line, numbers, write_ret
@@ -356,15 +355,16 @@ def _call_parts(
         key = (group.name, op.direction, peer)
     if issued_async:
         fields += ',"async":true'
-    return f'"op":"{spec.op}",{group.text},', f'{fields},"extra":{{"via":"backend"}}', key
+    return f'"op":"{spec.op}",{group.text},', f'{fields}{describe.backend_extra(op, args)}', key
 
 
-def _functional_call_parts(op: str, group_name: str, tensors: Any) -> tuple[str, str, tuple[Any, ...]] | None:
+def _functional_call_parts(op: str, group: str, tensors: Any, reduce_op: str | None) -> tuple[str, str, Any] | None:
     """:func:`_call_parts` of functional collective ``op`` (its table name) on the group named
-    ``group_name``, for the compiled kernels, which cache it; None where describing fails."""
+    ``group``, reducing with ``reduce_op`` (None: it does not reduce), for the compiled
+    kernels, which cache it; None where describing fails."""
     try:
-        group = describe.group_of(backend_hook.named_group({"group_name": group_name}))
-        return _call_parts(BackendOp(op, "input"), group, {"input": tensors}, True)
+        made_on = describe.group_of(backend_hook.named_group({"group_name": group}))
+        return _call_parts(BackendOp(op, "input"), made_on, {"input": tensors, BACKEND_REDUCTION: reduce_op}, True)
     except Exception:
         return None
 

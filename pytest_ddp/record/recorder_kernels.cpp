@@ -22,6 +22,7 @@
 #include <ctime>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -79,7 +80,7 @@ struct Hooks {
   PyObject* functional;        // backend_hook._functional: the functional collective running
   PyObject* arm;               // backend_hook.arm()
   PyObject* sweep;             // recorder._pending.sweep(waited=None, error=None)
-  PyObject* call_parts;        // (op, group name, tensors) -> (head, tail, seq key) | None
+  PyObject* call_parts;        // (op, group name, tensors, reduce op | None) -> (head, tail, seq key) | None
   PyObject* frame_site;        // describe.frame_site(frame) -> (site, in a library) | None
   PyObject* site;              // describe.site(frame)
   PyObject* write_ret;         // numbering.write_ret(log, index, error)
@@ -152,6 +153,7 @@ struct Op {
   size_t tensors;  // argument positions in the schema
   size_t group;
   size_t arguments;
+  std::optional<size_t> reduce_op;  // where it reduces (all_reduce, reduce_scatter_tensor, ...)
 };
 
 void append_tensor_key(std::string& key, const at::Tensor& tensor) {
@@ -182,15 +184,19 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& value) {
   return {};
 }
 
-const Parts* parts_of(const Op& op, const std::string& group, const c10::IValue& tensors) {
-  std::string key = op.name + "|" + group + "|";
+// reduce_op: the functional collective's reduce op ("sum", "max"), nullptr where it has none.
+const Parts* parts_of(const Op& op, const std::string& group, const c10::IValue& tensors, const std::string* reduce_op) {
+  std::string key = op.name + "|" + group + "|" + (reduce_op ? *reduce_op : "") + "|";
   for (const auto& tensor : tensors_of(tensors)) append_tensor_key(key, tensor);
   auto found = parts_cache.find(key);
   if (found != parts_cache.end()) return &found->second;
   Ref py_tensors(to_python(tensors));
   Ref py_group(PyUnicode_FromStringAndSize(group.data(), static_cast<Py_ssize_t>(group.size())));
-  if (!py_tensors || !py_group) return nullptr;
-  Ref described(PyObject_CallFunctionObjArgs(hooks.call_parts, op.py_name.get(), py_group.get(), py_tensors.get(), nullptr));
+  Ref py_reduce_op(reduce_op ? PyUnicode_FromStringAndSize(reduce_op->data(), static_cast<Py_ssize_t>(reduce_op->size()))
+                             : Py_NewRef(Py_None));
+  if (!py_tensors || !py_group || !py_reduce_op) return nullptr;
+  Ref described(PyObject_CallFunctionObjArgs(hooks.call_parts, op.py_name.get(), py_group.get(), py_tensors.get(),
+                                             py_reduce_op.get(), nullptr));
   if (!described || described.get() == Py_None) return nullptr;
   PyObject *head, *tail, *seq_key;
   if (!PyArg_ParseTuple(described.get(), "UUO", &head, &tail, &seq_key)) return nullptr;
@@ -389,7 +395,12 @@ class FunctionalKernel final : public c10::OperatorKernel {
       Ref swept(PyObject_CallNoArgs(hooks.sweep));
       if (!swept) PyErr_Clear();
     }
-    const Parts* parts = parts_of(spec_, group.toStringRef(), (*stack)[first + spec_.tensors]);
+    const std::string* reduce_op = nullptr;
+    if (spec_.reduce_op) {
+      const c10::IValue& given = (*stack)[first + *spec_.reduce_op];
+      if (given.isString()) reduce_op = &given.toStringRef();
+    }
+    const Parts* parts = parts_of(spec_, group.toStringRef(), (*stack)[first + spec_.tensors], reduce_op);
     std::string site;
     long index = 0;
     if (parts == nullptr || !site_of_frames(site) || !write_call(log, *parts, site, index)) {
@@ -505,7 +516,8 @@ PyObject* install(PyObject*, PyObject* args) {
       auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
       const auto& schema = handle.schema();
       Op spec{table_name, Ref(PyUnicode_FromString(table_name)), *schema.argumentIndexWithName(tensors),
-              *schema.argumentIndexWithName("group_name"), schema.arguments().size()};
+              *schema.argumentIndexWithName("group_name"), schema.arguments().size(),
+              schema.argumentIndexWithName("reduce_op")};
       made->impl(registered, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FunctionalKernel>(std::move(spec))));
     }
     made->impl("wait_tensor", torch::CppFunction::makeFromBoxedFunction<&wait_kernel>());
