@@ -7,6 +7,7 @@ rank processes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -61,11 +62,12 @@ class DdpPytester:
 @dataclass
 class Session:
     """An inner pytest session of sessions_together: its files (name -> source, dedented), its
-    arguments, and what it sets in the environment."""
+    arguments, what it sets in the environment, and the command it runs under (``setpriv ...``)."""
 
     files: dict[str, str]
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, body: str, *args: str, **env: str) -> Session:
@@ -73,39 +75,38 @@ class Session:
         return cls({"test_it.py": HEADER + textwrap.dedent(body)}, args, env)
 
 
-def sessions_together(folder: Path, sessions: dict[str, Session], timeout: float = 120) -> dict[str, pytest.RunResult]:
+def sessions_together(
+    folder: Path, sessions: dict[str, Session], timeout: float = 120, at_once: int | None = None
+) -> dict[str, pytest.RunResult]:
     """Inner pytest sessions in subprocesses, as ``pytester.runpytest_subprocess`` runs one, all
-    started at once and then waited for; each runs in ``folder/<its name>``. Such a session
-    spends much of its time waiting (for its ranks, for a stopped rank), so the ones of a file
-    whose tests each assert on one of them run together. Their results by name."""
-    started: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for name, session in sessions.items():
-            cwd = folder / name
-            cwd.mkdir(parents=True)
-            for file, source in session.files.items():
-                (cwd / file).write_text(textwrap.dedent(source))
-            env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
-            paths = [str(cwd), env.get("PYTHONPATH", "")]
-            env.update(HOME=str(cwd), PY_COLORS="0", PYTHONPATH=os.pathsep.join(filter(None, paths)))
-            env.update(session.env)
-            command = [sys.executable, "-m", "pytest", f"--basetemp={cwd / 'basetemp'}", "-p", "no:cacheprovider"]
-            with open(cwd / "stdout", "w") as out, open(cwd / "stderr", "w") as err:
-                started[name] = subprocess.Popen(
-                    [*command, *session.args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
-                )
-        deadline = time.monotonic() + timeout
-        results = {}
-        for name, process in started.items():
-            ret = process.wait(timeout=max(deadline - time.monotonic(), 0))
-            out, err = ((folder / name / stream).read_text().splitlines() for stream in ("stdout", "stderr"))
-            results[name] = pytest.RunResult(ret, out, err, 0.0)
-        return results
-    finally:
-        for process in started.values():
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    started at once (at most ``at_once`` at a time: each holds a controller, a forkserver and
+    its ranks) and then waited for; each runs in ``folder/<its name>`` and has ``timeout``
+    seconds once started. Such a session spends much of its time waiting (for its ranks, for a
+    stopped rank), so the ones of a file whose tests each assert on one of them run together.
+    Their results by name."""
+
+    def run(name: str, session: Session) -> pytest.RunResult:
+        cwd = folder / name
+        cwd.mkdir(parents=True)
+        for file, source in session.files.items():
+            (cwd / file).write_text(textwrap.dedent(source))
+        env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
+        paths = [str(cwd), env.get("PYTHONPATH", "")]
+        env.update(HOME=str(cwd), PY_COLORS="0", PYTHONPATH=os.pathsep.join(filter(None, paths)))
+        env.update(session.env)
+        command = [sys.executable, "-m", "pytest", f"--basetemp={cwd / 'basetemp'}", "-p", "no:cacheprovider"]
+        with open(cwd / "stdout", "w") as out, open(cwd / "stderr", "w") as err:
+            # On its timeout, subprocess.run kills the session (its ranks die with it) and raises.
+            ret = subprocess.run(
+                [*session.prefix, *command, *session.args],
+                cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=timeout,
+            ).returncode  # fmt: skip
+        out_lines, err_lines = ((cwd / stream).read_text().splitlines() for stream in ("stdout", "stderr"))
+        return pytest.RunResult(ret, out_lines, err_lines, 0.0)
+
+    with concurrent.futures.ThreadPoolExecutor(at_once or len(sessions) or 1) as pool:
+        running = {name: pool.submit(run, name, session) for name, session in sessions.items()}
+        return {name: future.result() for name, future in running.items()}
 
 
 # 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.

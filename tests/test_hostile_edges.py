@@ -11,10 +11,12 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from conftest import Session, sessions_together
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import Injected
 from pytest_ddp.config.machine import (
@@ -84,18 +86,16 @@ __attribute__((constructor)) static void planted(void) {
 """
 
 
-def compiler() -> str:
-    found = shutil.which("c++") or shutil.which("g++")
-    if found is None:
-        pytest.skip("no C++ compiler to build the kernels with")
-    return found
+def compiler() -> str | None:
+    return shutil.which("c++") or shutil.which("g++")
 
 
-@pytest.fixture(scope="module")
-def good_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes, bytes]:
+NO_COMPILER = "no C++ compiler to build the kernels with"
+
+
+def built_libraries(folder: Path) -> tuple[tuple[str, bytes, bytes], bytes]:
     """The kernels' file name, bytes and recorded sha256, as built into this session's cache
-    (built there once if they are not)."""
-    compiler()
+    (built there once if they are not); and the planted library's bytes, built in ``folder``."""
     done = subprocess.run(
         [sys.executable, "-c", "from pytest_ddp.record import compiled; print(compiled.build())"],
         capture_output=True,
@@ -107,15 +107,11 @@ def good_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes, 
     assert torch_dir is not None
     name = compiled.library_name(torch_dir)
     cache = compiled.cache_folder()
-    return name, (cache / name).read_bytes(), (cache / name).with_suffix(".sha256").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def planted_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    folder = tmp_path_factory.mktemp("planted")
+    good = name, (cache / name).read_bytes(), (cache / name).with_suffix(".sha256").read_bytes()
     (folder / "planted.c").write_text(PLANTED_SOURCE)
-    subprocess.run([compiler(), "-shared", "-fPIC", "-x", "c", "planted.c", "-o", "planted.so"], cwd=folder, check=True)
-    return (folder / "planted.so").read_bytes()
+    command = [str(compiler()), "-shared", "-fPIC", "-x", "c", "planted.c", "-o", "planted.so"]
+    subprocess.run(command, cwd=folder, check=True)
+    return good, (folder / "planted.so").read_bytes()
 
 
 def cache_with(home: Path, name: str, library: bytes | None, digest: bytes | None) -> Path:
@@ -131,28 +127,132 @@ def cache_with(home: Path, name: str, library: bytes | None, digest: bytes | Non
     return cache
 
 
-def session(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    home: Path,
-    expect_compiled: bool,
-    entry: str = BY_MARKER,
-    prefix: tuple[str, ...] = (),
-    **env: str,
-) -> pytest.RunResult:
-    """An inner session (run under ``prefix``) with its kernels' cache under ``home``; it passes,
-    with or without them, and loads no planted library."""
-    pytester.makepyfile(test_kernels=KERNELS_TEST + entry)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
-    monkeypatch.setenv("EXPECT_COMPILED", "1" if expect_compiled else "0")
-    monkeypatch.setenv("PLANTED_MARK", str(pytester.path / "planted-was-loaded"))
-    for variable, value in env.items():
-        monkeypatch.setenv(variable, value)
-    basetemp = f"--basetemp={pytester.path / 'basetemp'}"
-    result = pytester.run(*prefix, sys.executable, "-m", "pytest", basetemp, "-p", "no:cacheprovider", timeout=600)
-    result.assert_outcomes(passed=1)
-    assert not (pytester.path / "planted-was-loaded").exists()
-    return result
+@dataclass
+class Case:
+    """One test's inner session (KERNELS_TEST + ``entry``, run under ``prefix``) with its kernels'
+    cache under ``home``, laid out by the test's case; ``skip``: why it cannot run here."""
+
+    home: Path
+    expect_compiled: bool = False
+    entry: str = BY_MARKER
+    env: dict[str, str] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()
+    before: list[str] = field(default_factory=list)  # the cache's files, before the session
+    skip: str | None = None
+    result: pytest.RunResult | None = None
+    planted_mark: Path = Path()
+
+    def passed(self) -> pytest.RunResult:
+        """The session's result: it passed, with or without the kernels, and loaded no planted library."""
+        if self.skip is not None:
+            pytest.skip(self.skip)
+        assert self.result is not None
+        self.result.assert_outcomes(passed=1)
+        assert not self.planted_mark.exists()
+        return self.result
+
+
+def damaged(home: Path, good: tuple[str, bytes, bytes], planted: bytes, damage: str, entry: str) -> Case:
+    name, library, digest = good
+    damaged = {"truncated": library[: len(library) // 2], "empty": b"", "planted": planted}
+    cache_with(home, name, damaged.get(damage, library), None if damage == "no sha256" else digest)
+    return Case(home, False, entry, {"CXX": "false"})
+
+
+def hostile(home: Path, good: tuple[str, bytes, bytes], planted: bytes, how: str, entry: str) -> Case:
+    if how == "cache of another user" and not ROOT:
+        return Case(home, skip="giving a folder to another user takes root")
+    cache = cache_with(home, good[0], planted, hashlib.sha256(planted).hexdigest().encode())
+    if how == "cache 0777":
+        cache.chmod(0o777)
+    elif how == "parent 0777":
+        home.chmod(0o777)
+    else:
+        os.chown(cache, OTHER_UID, OTHER_UID)
+    return Case(home, False, entry, before=sorted(path.name for path in cache.iterdir()))
+
+
+def unwritable(home: Path, where: str) -> Case:
+    cache = home / "pytest-ddp"
+    prefix: tuple[str, ...] = ()
+    if where == "a file as XDG_CACHE_HOME":
+        home.write_text("")
+    elif where == "a file as the cache":
+        home.mkdir()
+        cache.write_text("")
+    else:
+        if ROOT:  # root writes through a folder's permissions, but not without its capabilities
+            if shutil.which("setpriv") is None:
+                return Case(home, skip="no setpriv to drop root's capabilities with")
+            prefix = ("setpriv", "--inh-caps=-all", "--bounding-set=-all")
+        if where == "an unwritable folder":
+            home.mkdir(mode=0o500)
+        else:
+            cache.mkdir(mode=0o500, parents=True)
+    return Case(home, prefix=prefix)
+
+
+DAMAGED = {
+    "truncated": ("truncated", BY_MARKER),
+    "empty-ranks": ("empty", BY_RUN),
+    "planted": ("planted", BY_MARKER),
+    "planted-ranks": ("planted", BY_RUN),
+    "no-sha256": ("no sha256", BY_MARKER),
+}
+HOSTILE = {
+    "cache-writable": ("cache 0777", BY_MARKER),
+    "cache-writable-ranks": ("cache 0777", BY_RUN),
+    "parent-writable": ("parent 0777", BY_MARKER),
+    "cache-of-another-user": ("cache of another user", BY_MARKER),
+}
+UNWRITABLE = ["a file as XDG_CACHE_HOME", "a file as the cache", "an unwritable folder", "an unwritable cache"]
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
+    """The inner sessions of the cache tests below, by the test's case: each cache laid out as
+    its test says, then the sessions run together, 4 at a time (each one's controller and ranks
+    mostly wait for their imports and each other)."""
+    folder = tmp_path_factory.mktemp("caches")
+    homes = folder / "homes"
+    homes.mkdir()
+    cases = {f"unwritable-{where}": unwritable(homes / f"unwritable-{i}", where) for i, where in enumerate(UNWRITABLE)}
+    if compiler() is None:
+        for case in ("truncated-rebuilt", "another-users-library", "sticky"):
+            cases[case] = Case(homes / case, skip=NO_COMPILER)
+        for case in [*DAMAGED, *HOSTILE]:
+            cases[case] = Case(homes / case, skip=NO_COMPILER)
+    else:
+        good, planted = built_libraries(folder)
+        name, library, digest = good
+        for case, (damage, entry) in DAMAGED.items():
+            cases[case] = damaged(homes / case, good, planted, damage, entry)
+        for case, (how, entry) in HOSTILE.items():
+            cases[case] = hostile(homes / case / "home", good, planted, how, entry)
+        cache_with(homes / "truncated-rebuilt", name, library[:1000], digest)
+        cases["truncated-rebuilt"] = Case(homes / "truncated-rebuilt", True)
+        other = homes / "another-users-library"
+        if ROOT:
+            cache = cache_with(other, name, planted, hashlib.sha256(planted).hexdigest().encode())
+            os.chown(cache / name, OTHER_UID, OTHER_UID)
+            cases["another-users-library"] = Case(other, env={"CXX": "false"})
+        else:
+            cases["another-users-library"] = Case(other, skip="giving a file to another user takes root")
+        shared = homes / "sticky" / "shared"
+        shared.mkdir(parents=True)
+        shared.chmod(0o1777)
+        cache_with(shared, name, library, digest)
+        cases["sticky"] = Case(shared, True)
+    sessions = {}
+    for case, run in cases.items():
+        if run.skip is None:
+            run.planted_mark = folder / "runs" / case / "planted-was-loaded"
+            env = {"XDG_CACHE_HOME": str(run.home), "EXPECT_COMPILED": "1" if run.expect_compiled else "0",
+                   "PLANTED_MARK": str(run.planted_mark), **run.env}  # fmt: skip
+            sessions[case] = Session({"test_kernels.py": KERNELS_TEST + run.entry}, env=env, prefix=run.prefix)
+    for case, result in sessions_together(folder / "runs", sessions, timeout=600, at_once=4).items():
+        cases[case].result = result
+    return cases
 
 
 def verifies(cache: Path, name: str) -> bool:
@@ -161,10 +261,18 @@ def verifies(cache: Path, name: str) -> bool:
     return hashlib.sha256(library.read_bytes()).hexdigest() == recorded
 
 
+def library_name() -> str:
+    torch_dir = compiled._torch_dir()
+    assert torch_dir is not None
+    return compiled.library_name(torch_dir)
+
+
 def test_two_sessions_building_into_one_empty_cache_build_once(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """Both sessions pass with the compiled kernels; one compiles, the other waits for it and
     loads its library; the cache holds one library, its sha256 and the lock, nothing half-written."""
     real = compiler()
+    if real is None:
+        pytest.skip(NO_COMPILER)
     log = tmp_path / "compiles"
     wrapper = tmp_path / "cxx"
     wrapper.write_text(f'#!/bin/sh\necho "$$" >> "{log}"\nexec "{real}" "$@"\n')
@@ -182,9 +290,7 @@ def test_two_sessions_building_into_one_empty_cache_build_once(pytester: pytest.
     outputs = [process.communicate(timeout=600)[0] for process in sessions]
     assert [process.returncode for process in sessions] == [0, 0], outputs
     assert len(log.read_text().splitlines()) == 1
-    torch_dir = compiled._torch_dir()
-    assert torch_dir is not None
-    name = compiled.library_name(torch_dir)
+    name = library_name()
     cache = home / "pytest-ddp"
     assert sorted(path.name for path in cache.iterdir()) == sorted(
         [name, Path(name).with_suffix(".lock").name, Path(name).with_suffix(".sha256").name]
@@ -194,33 +300,15 @@ def test_two_sessions_building_into_one_empty_cache_build_once(pytester: pytest.
     assert stat.S_IMODE((cache / name).with_suffix(".sha256").stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize(
-    ("damage", "entry"),
-    [
-        ("truncated", BY_MARKER),
-        ("empty", BY_RUN),
-        ("planted", BY_MARKER),
-        ("planted", BY_RUN),
-        ("no sha256", BY_MARKER),
-    ],
-    ids=["truncated", "empty-ranks", "planted", "planted-ranks", "no-sha256"],
-)
-def test_a_damaged_library_is_never_loaded(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    good_library: tuple[str, bytes, bytes],
-    planted_library: bytes,
-    damage: str,
-    entry: str,
-) -> None:
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_library_is_never_loaded(caches: dict[str, Case], case: str) -> None:
     """A cached library that does not match the sha256 recorded when it was built (cut short,
     emptied, another library under its name, or none recorded) is rebuilt, never loaded; here the
     rebuild fails (no compiler), so the ranks record in Python and the session says why."""
-    name, library, digest = good_library
-    damaged = {"truncated": library[: len(library) // 2], "empty": b"", "planted": planted_library}
-    cache = cache_with(tmp_path, name, damaged.get(damage, library), None if damage == "no sha256" else digest)
-    result = session(pytester, monkeypatch, tmp_path, False, entry, CXX="false")
+    damage, entry = DAMAGED[case]
+    result = caches[case].passed()
+    name = library_name()
+    cache = caches[case].home / "pytest-ddp"
     if entry is BY_MARKER:
         why = (
             f"the sha256 of the cached {name} is missing"
@@ -239,59 +327,33 @@ def test_a_damaged_library_is_never_loaded(
     assert {path.name for path in cache.iterdir()} == left
 
 
-def test_a_truncated_library_is_rebuilt_and_the_session_says_so(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, good_library: tuple[str, bytes, bytes]
-) -> None:
-    name, library, digest = good_library
-    cache = cache_with(tmp_path, name, library[:1000], digest)
-    result = session(pytester, monkeypatch, tmp_path, True)
+def test_a_truncated_library_is_rebuilt_and_the_session_says_so(caches: dict[str, Case]) -> None:
+    result = caches["truncated-rebuilt"].passed()
+    name = library_name()
     result.stdout.fnmatch_lines(
         [
             f"pytest-ddp: compiled kernels rebuilt: the cached {name} does not match the sha256 recorded when it "
             "was built; rebuilt"
         ]
     )
-    assert verifies(cache, name)
+    assert verifies(caches["truncated-rebuilt"].home / "pytest-ddp", name)
 
 
-@pytest.mark.parametrize(
-    ("hostile", "entry"),
-    [
-        ("cache 0777", BY_MARKER),
-        ("cache 0777", BY_RUN),
-        ("parent 0777", BY_MARKER),
-        ("cache of another user", BY_MARKER),
-    ],
-    ids=["cache-writable", "cache-writable-ranks", "parent-writable", "cache-of-another-user"],
-)
-def test_a_cache_others_can_write_is_not_used(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    good_library: tuple[str, bytes, bytes],
-    planted_library: bytes,
-    hostile: str,
-    entry: str,
-) -> None:
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_cache_others_can_write_is_not_used(caches: dict[str, Case], case: str) -> None:
     """A library in a cache that someone else could have written (a shared HOME=/tmp, a CI
     cache) is never loaded, even with a sha256 that matches it: the session falls back to
     Python and says why, and how to have a private cache; nothing is written there."""
-    if hostile == "cache of another user" and not ROOT:
-        pytest.skip("giving a folder to another user takes root")
-    name, _, _ = good_library
-    home = tmp_path / "home"
-    cache = cache_with(home, name, planted_library, hashlib.sha256(planted_library).hexdigest().encode())
+    hostile, entry = HOSTILE[case]
+    result = caches[case].passed()
+    home = caches[case].home
+    cache = home / "pytest-ddp"
     if hostile == "cache 0777":
-        cache.chmod(0o777)
         why = f"the kernels' cache {cache} is writable by others (mode 777)"
     elif hostile == "parent 0777":
-        home.chmod(0o777)
         why = f"the kernels' cache {cache} is in {home}, writable by others (mode 777)"
     else:
-        os.chown(cache, OTHER_UID, OTHER_UID)
         why = f"the kernels' cache {cache} is owned by uid {OTHER_UID}, not by this user"
-    before = sorted(path.name for path in cache.iterdir())
-    result = session(pytester, monkeypatch, home, False, entry)
     if entry is BY_MARKER:
         result.stdout.fnmatch_lines(
             [
@@ -299,74 +361,38 @@ def test_a_cache_others_can_write_is_not_used(
                 "XDG_CACHE_HOME=<a folder of your own> gives it a private one"
             ]
         )
-    assert sorted(path.name for path in cache.iterdir()) == before
+    assert sorted(path.name for path in cache.iterdir()) == caches[case].before
 
 
-def test_a_library_of_another_user_in_a_private_cache_is_not_loaded(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    good_library: tuple[str, bytes, bytes],
-    planted_library: bytes,
-) -> None:
-    if not ROOT:
-        pytest.skip("giving a file to another user takes root")
-    name, _, _ = good_library
-    cache = cache_with(tmp_path, name, planted_library, hashlib.sha256(planted_library).hexdigest().encode())
-    os.chown(cache / name, OTHER_UID, OTHER_UID)
-    result = session(pytester, monkeypatch, tmp_path, False, CXX="false")
+def test_a_library_of_another_user_in_a_private_cache_is_not_loaded(caches: dict[str, Case]) -> None:
+    result = caches["another-users-library"].passed()
     result.stdout.fnmatch_lines(
         [
-            f"pytest-ddp: functional collectives recorded in Python (slower): the cached {name} is not a file of "
-            "this user's that only this user can write, and rebuilding it failed: *"
+            f"pytest-ddp: functional collectives recorded in Python (slower): the cached {library_name()} is not a "
+            "file of this user's that only this user can write, and rebuilding it failed: *"
         ]
     )
 
 
-def test_a_cache_under_a_sticky_shared_folder_is_used(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, good_library: tuple[str, bytes, bytes]
-) -> None:
+def test_a_cache_under_a_sticky_shared_folder_is_used(caches: dict[str, Case]) -> None:
     """HOME=/tmp: a private cache folder in a folder everyone may write but only the owner of an
     entry may rename or remove it (the sticky bit), is private: its kernels load."""
-    name, library, digest = good_library
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    cache_with(shared, name, library, digest)
-    result = session(pytester, monkeypatch, shared, True)
+    result = caches["sticky"].passed()
     assert "pytest-ddp:" not in result.stdout.str()
 
 
-@pytest.mark.parametrize(
-    "where", ["a file as XDG_CACHE_HOME", "a file as the cache", "an unwritable folder", "an unwritable cache"]
-)
-def test_a_cache_that_cannot_be_made_or_written_falls_back_to_python(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
-) -> None:
+@pytest.mark.parametrize("where", UNWRITABLE)
+def test_a_cache_that_cannot_be_made_or_written_falls_back_to_python(caches: dict[str, Case], where: str) -> None:
     """Not an error out of the plugin at configure (before: NotADirectoryError, FileNotFoundError):
     the session records in Python and says why."""
-    home = tmp_path / "home"
-    cache = home / "pytest-ddp"
-    prefix: tuple[str, ...] = ()
-    if where == "a file as XDG_CACHE_HOME":
-        home.write_text("")
-        why = f"the kernels' cache {cache} cannot be made: Not a directory"
-    elif where == "a file as the cache":
-        home.mkdir()
-        cache.write_text("")
-        why = f"the kernels' cache {cache} cannot be made: File exists"
-    else:
-        if ROOT:  # root writes through a folder's permissions, but not without its capabilities
-            if shutil.which("setpriv") is None:
-                pytest.skip("no setpriv to drop root's capabilities with")
-            prefix = ("setpriv", "--inh-caps=-all", "--bounding-set=-all")
-        if where == "an unwritable folder":
-            home.mkdir(mode=0o500)
-            why = f"the kernels' cache {cache} cannot be made: Permission denied"
-        else:
-            cache.mkdir(mode=0o500, parents=True)
-            why = f"the kernels' cache {cache} cannot be written: Permission denied"
-    result = session(pytester, monkeypatch, home, False, prefix=prefix)
+    result = caches[f"unwritable-{where}"].passed()
+    cache = caches[f"unwritable-{where}"].home / "pytest-ddp"
+    why = {
+        "a file as XDG_CACHE_HOME": f"the kernels' cache {cache} cannot be made: Not a directory",
+        "a file as the cache": f"the kernels' cache {cache} cannot be made: File exists",
+        "an unwritable folder": f"the kernels' cache {cache} cannot be made: Permission denied",
+        "an unwritable cache": f"the kernels' cache {cache} cannot be written: Permission denied",
+    }[where]
     result.stdout.fnmatch_lines([f"pytest-ddp: functional collectives recorded in Python (slower): {why}"])
 
 
