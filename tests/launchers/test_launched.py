@@ -4,7 +4,8 @@ torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
 Each session runs once under each launcher (a fixture, tests/launchers/runs.py),
-and the tests read it: the suite, the collections that differ, the teardowns at a group's stop.
+and the tests read it: the suite, the collections that differ (its report, and its hosts' logs),
+the teardowns at a group's stop.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from . import suite
-from .runs import LAUNCHERS, Sessions, shared
+from .runs import LAUNCHERS, OWN_BASETEMP, Sessions, shared
 
 LAUNCHER_NAMES = list(LAUNCHERS)
 
@@ -30,9 +31,31 @@ def test_one_session_under_the_launcher(suite_runs: Sessions, launcher: str) -> 
     suite.check_suite(run.result, run.folder)
 
 
+@pytest.fixture(scope="module")
+def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
+    """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), each launched pytest in a basetemp
+    of its own: the tests below read its report and its hosts' logs. In this file, with every
+    test that reads it: pytest-xdist's --dist loadfile runs a file's tests in one worker, so the
+    session runs once per launcher."""
+
+    def prepare(folder: Path) -> None:
+        suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
+
+    return Sessions(lambda name: tmp_path_factory.mktemp(f"differ-{name}"), prepare, 4)
+
+
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_collections_that_differ_stop_every_rank(collections_differ: Sessions, launcher: str) -> None:
     suite.check_collection_differs(shared(collections_differ, launcher).result)
+
+
+def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: Sessions) -> None:
+    """What a launched rank's pytest (a host) is told by rank 0's, as its log shows it."""
+    run = shared(collections_differ, "torchrun")
+    suite.check_collection_differs(run.result)
+    for rank in (1, 2, 3):
+        log = (run.folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
+        assert "ddp: the ranks collected different tests" in log and "test_needs_eight" in log, log
 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group
