@@ -20,7 +20,7 @@ import pytest
 
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
-from pytest_ddp.rank import default_group, leftovers
+from pytest_ddp.rank import default_group, leftovers, log_capture
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
 from pytest_ddp.rank.context import rank_context
 from pytest_ddp.rank.tracebacks import shorten_library_frames
@@ -91,6 +91,7 @@ class RankSession:
         if reporter is not None:
             devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
             reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
+        log_capture.install(config)
 
     def pytest_collection_modifyitems(self, items: list[Any]) -> None:
         for item in items:

@@ -1,0 +1,140 @@
+"""pytest's capture of a test's log records in a rank, without its cost per phase.
+
+Around each phase of a test (setup, call, teardown) pytest's logging plugin enters
+``catching_logs`` for its two capture handlers, caplog's and the report's.  Since pytest 9.2 that
+attaches each handler to the root logger and to every logger that does not propagate (torch has 42
+of them), and detaches it when the phase ends: 86 locked ``addHandler``/``removeHandler`` calls per
+handler and phase, the largest share of a warm test's CPU in a rank after the test itself.
+
+Here the two handlers stay attached between phases, silenced (a level no record reaches), on each
+logger that has a handler of its own: in a rank, every logger there was when its session began,
+which pytest's live-log and log-file handlers are attached to for the session.  They are detached
+when the phase ends, as by pytest, from a logger that has no other handler: a record logged there
+between phases must find no handler, so that logging's ``lastResort`` writes it to stderr
+(``Logger.callHandlers`` counts every handler, whatever its level).  At each phase the loggers are
+looked at again, as pytest does, and the handlers attached to or detached from the ones that
+changed: a logger made or made non-propagating since, one that propagates again, one whose
+handlers a test removed.  So each phase's records, the levels, and where a record logged between
+phases goes are what pytest's own ``catching_logs`` gives; other handlers (live logging, the log
+file, subtests') go through pytest's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import TracebackType
+from typing import Any
+
+import _pytest.logging
+import pytest
+
+# The pytest whose catching_logs this one replicates (root and the non-propagating loggers, looked
+# up at each phase); another keeps its own.
+PYTEST_VERSION = (9, 2)
+# A handler level no record reaches: the handler handles nothing and counts for no logger.
+SILENT = sys.maxsize
+
+
+class _Silenced:
+    """The handlers left attached between phases: the loggers they are attached to, and each
+    one's own level while it is silent."""
+
+    def __init__(self, handlers: list[logging.Handler]) -> None:
+        self.handlers = handlers
+        self.levels = {handler: handler.level for handler in handlers}
+        self.loggers: list[logging.Logger] = []
+        self.active: set[logging.Handler] = set()  # in a phase now
+
+    def enter(self, handler: logging.Handler, root: logging.Logger) -> None:
+        if not self.active:  # the phase's first handler; nothing runs between it and the second
+            with logging._lock:  # type: ignore[attr-defined]  # getLogger's: no logger is made meanwhile
+                self._attach(root)
+        self.active.add(handler)
+        if handler.level == SILENT:  # else its level was set while it was silent: that one holds
+            handler.level = self.levels[handler]
+
+    def _attach(self, root: logging.Logger) -> None:
+        """Attached to the root logger and the non-propagating loggers there are now, to no
+        other: pytest 9.2's choice when a phase starts."""
+        loggers = [root]
+        loggers += [
+            logger
+            for logger in root.manager.loggerDict.values()
+            if isinstance(logger, logging.Logger) and not logger.propagate and logger is not root
+        ]
+        handlers = self.handlers
+        if loggers == self.loggers and all(h in logger.handlers for logger in loggers for h in handlers):
+            return  # the common case: nothing changed since the last phase
+        for logger in self.loggers:
+            if logger not in loggers:  # it propagates again
+                for handler in handlers:
+                    logger.removeHandler(handler)
+        for logger in loggers:
+            for handler in handlers:
+                if handler not in logger.handlers:
+                    logger.addHandler(handler)
+        self.loggers = loggers
+
+    def exit(self, handler: logging.Handler) -> None:
+        self.active.discard(handler)
+        if handler.level != SILENT:
+            self.levels[handler] = handler.level
+            handler.level = SILENT
+        if self.active:
+            return
+        handlers = self.handlers
+        with logging._lock:  # type: ignore[attr-defined]
+            for logger in self.loggers:
+                if all(h in handlers for h in logger.handlers):  # none of its own: lastResort's between phases
+                    for h in handlers:
+                        logger.removeHandler(h)
+
+
+_silenced: _Silenced | None = None
+
+
+class SilencingCatchingLogs(_pytest.logging.catching_logs):
+    """pytest's ``catching_logs``, which leaves the handlers :func:`install` names attached and
+    silenced when it exits; any other handler as pytest does."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        silenced = _silenced
+        if silenced is None or self.handler not in silenced.levels:
+            return super().__enter__()
+        root = logging.getLogger()
+        silenced.enter(self.handler, root)
+        if self.level is not None:
+            self.handler.setLevel(self.level)
+            self.orig_level = root.level
+            root.setLevel(min(self.orig_level, self.level))
+        return self.handler
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        silenced = _silenced
+        if silenced is None or self.handler not in silenced.levels:
+            return super().__exit__(exc_type, exc_val, exc_tb)
+        if self.level is not None:
+            logging.getLogger().setLevel(self.orig_level)
+        silenced.exit(self.handler)
+        return None
+
+
+def install(config: pytest.Config) -> bool:
+    """In a rank's session: pytest's logging plugin captures each phase's records through
+    :class:`SilencingCatchingLogs`.  False where it keeps its own (no logging plugin, another pytest)."""
+    plugin = config.pluginmanager.get_plugin("logging-plugin")
+    if plugin is None or tuple(pytest.version_tuple[:2]) != PYTEST_VERSION:
+        return False
+    global _silenced
+    _silenced = _Silenced([plugin.caplog_handler, plugin.report_handler])
+    # The plugin's phases look catching_logs up in their module when they run.
+    _pytest.logging.catching_logs = SilencingCatchingLogs  # type: ignore[misc]
+    return True
