@@ -33,9 +33,12 @@ slurm:
 lint: venv
 	$(PY) -m ruff check . && $(PY) -m mypy
 
-# The plugin's own tests, after the lint.
+# The plugin's own tests, after the lint, in 2 pytest-xdist workers (3 were no faster on 2
+# cores: docs/benchmarks.md, "The project's own suite"), each test file in one worker (--dist
+# loadfile): the tests of a file that read one shared session or set of controllers run where
+# it ran, and it runs once.
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv
 # (.venv-torch<version>): the oldest release pyproject.toml's `torch>=` admits
