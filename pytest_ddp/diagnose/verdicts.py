@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pytest_ddp.diagnose.state import Call
+from pytest_ddp.diagnose.state import Call, RankState
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ class Departed:
 @dataclass(frozen=True)
 class ExtraCall:
     """Most members of a collective's group returned from the test without it: the few waiting
-    in it made a call the rest never made (partial; at fault are the callers)."""
+    in it made a call the rest never made; or a rank waits in a send or receive one more than
+    most ranks made, its peer gone (partial; at fault are the callers)."""
 
     callers: list[int]  # in the call, at fault
     returned: list[int]
@@ -156,3 +157,17 @@ class Verdict:
     call: str | None = None  # its label: "all_reduce #3"
     finding: Finding | None = None  # the facts behind it
     summary: str = ""  # one or two sentences a human can act on: wording.worded() fills it in
+
+    def call_at_fault(self, states: list[RankState]) -> Call | None:
+        """The call it names (``call``, "all_reduce #3"): the call where the
+        ranks disagree, else the lowest waiting rank's call of that label, else its call; where
+        no rank waits, the first call that raised on a rank not at fault (woken by the culprit)."""
+        finding = self.finding
+        if isinstance(finding, Disagreement):
+            return finding.call
+        waits = getattr(finding, "waits", None) or {}
+        calls = [wait.call for _, wait in sorted(waits.items())]
+        if calls:
+            return next((call for call in calls if call.label == self.call), calls[0])
+        raised = (c for s in states if s.rank not in self.culprits for c in s.calls if c.state == "raised")
+        return next(raised, None)

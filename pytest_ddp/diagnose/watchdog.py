@@ -22,11 +22,11 @@ The verdict and its findings are data (:mod:`pytest_ddp.diagnose.verdicts`);
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
 
+from pytest_ddp.common.dtypes import ELEMENT_SIZES
 from pytest_ddp.common.ops import COLLECTIVES, MONITORED_BARRIER, MPI_ABORT
-from pytest_ddp.diagnose import mpi_matching
+from pytest_ddp.diagnose import majority, mpi_matching
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
@@ -44,14 +44,6 @@ from pytest_ddp.diagnose.verdicts import (
     Wait,
 )
 from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, first_missed, group_members, reaches, waits_of
-
-# Bytes per element, to tell mismatches that cannot complete (different sizes on
-# the wire) from those Gloo lets through (a [2, 5] tensor against a [10] one).
-ELEMENT_SIZES = {
-    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2,
-    "int32": 4, "float32": 4, "int64": 8, "float64": 8, "complex64": 8, "complex128": 16,
-}
-
 
 # -- certain deadlocks --------------------------------------------------------
 
@@ -78,7 +70,7 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
     if kind == "partial" and not victims:
-        extra = _extra_call(culprits, doomed, waits)
+        extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
             return extra
 
@@ -88,19 +80,6 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
 
 
-def _extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
-    """Every doomed rank waits in one collective that more of its members returned from the test
-    without: as the majority decides a mismatch, the few made a call the rest never made (one
-    step more: DDP's, FSDP2's, a loop's), rather than the many each a call less.  Not where the
-    two sides are as many (2 ranks): a step less on one is a step more on the other."""
-    call = waits[min(doomed)].call
-    if len(returned) <= len(doomed) or not call.is_collective:
-        return None
-    if any((waits[r].call.group, waits[r].call.seq) != (call.group, call.seq) for r in doomed):
-        return None
-    callers = sorted(doomed)
-    finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
-    return Verdict("deadlock", "partial", callers, [], call.op, call.label, finding)
 
 
 def _victims(
@@ -139,31 +118,21 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     p2p = any(waits[r].call.is_p2p for r in culprits)
     unmatched = [r for r in culprits if waits[r].call.is_p2p and any(not waits[p].call.is_p2p for p in needs[r])]
     if not p2p:
-        culprits, waiting = _out_of_order(culprits, waiting, waits)
+        culprits, waiting = majority.out_of_order(culprits, waiting, waits)
     first = waits[(waiting or unmatched or culprits)[0]].call
     kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
 
-def _out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:
-    """Collectives waiting for each other in a cycle where most of its ranks wait in one call:
-    the fewer, each in another call, took the collectives in another order (culprits); the
-    rest wait for them.  With no such majority (2 ranks, say) every rank on the cycle stays."""
-    by_call: dict[tuple[str, int], list[int]] = {}
-    for r in culprits:
-        by_call.setdefault((waits[r].call.group, waits[r].call.seq), []).append(r)
-    most = max(by_call.values(), key=len)
-    if 2 * len(most) <= len(culprits):
-        return culprits, waiting
-    return [r for r in culprits if r not in most], sorted([*waiting, *most])
 
 
 # -- mismatches ---------------------------------------------------------------
 
 
 def _wire_size(call: Call) -> tuple[object, ...]:
-    """What goes over the wire per tensor: bytes where the dtype is known, else shape and dtype."""
+    """What goes over the wire per tensor: bytes where the dtype is known, else shape and dtype
+    (to tell mismatches that cannot complete from those Gloo lets through: [2, 5] against [10])."""
     sizes: list[object] = []
     for shape, dtype in zip(call.shapes, call.dtypes):
         numel = 1
@@ -226,7 +195,7 @@ def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             theirs = indexes[call.peer].get((call.group, not call.is_recv, call.seq))
             if theirs is not None and theirs.shapes and _wire_size(theirs) != _wire_size(call):
                 entered = {rank: call, call.peer: theirs}
-                likely = _departures(ranks, entered, _wire_size)
+                likely = majority.departures(ranks, entered, _wire_size)
                 return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label,
                                Disagreement(call, entered, likely))
     return None
@@ -264,50 +233,18 @@ def _mismatch_verdict(
         theirs = collective_at(ranks[r], call.group, call.seq)
         if theirs is not None:
             entered[r] = theirs
-    culprits, agreeing = _minority(entered, key)
+    culprits, agreeing = majority.minority(entered, key)
     ops = {entered[r].op for r in culprits}
     odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
-    likely = _departures(ranks, entered, key) if not agreeing else {}
+    likely = majority.departures(ranks, entered, key) if not agreeing else {}
     return Verdict(
         status, "mismatch", culprits, agreeing,
         odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely),
     )
 
 
-def _departures(
-    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
-) -> dict[int, Call]:
-    """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
-    any rank made from the same line (a smaller last batch, another dtype), while each other rank's
-    call is what its line always made -> that earlier call.  Empty when nothing tells them apart
-    (a rank whose call comes from a line that made none before may have taken another path, or
-    gone on to the next line of correct code: the matrix's MPI ranks of a step more and less)."""
-    before: dict[str, set[tuple[object, ...]]] = {}
-    earlier: dict[str, Call] = {}
-    for rank, state in ranks.items():
-        end = entered[rank].index if rank in entered else len(state.calls)
-        for made in state.calls[:end]:
-            if (made.is_collective or made.is_p2p) and made.site:
-                before.setdefault(made.site, set()).add(key(made))
-                earlier[made.site] = made
-    usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
-    if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
-        return {}
-    departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}
-    return departing if 0 < len(departing) < len(entered) else {}
 
 
-def _minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:
-    """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
-    is more common than every other (two ranks that disagree, say), that is a tie: every rank is
-    named, none is taken for the norm."""
-    counts = Counter(key(c) for c in entered.values())
-    best = max(counts.values())
-    common = [k for k, n in counts.items() if n == best]
-    if len(common) > 1:
-        return sorted(entered), []
-    culprits = sorted(r for r, c in entered.items() if key(c) != common[0])
-    return culprits, sorted(r for r in entered if r not in culprits)
 
 
 # -- the verdict --------------------------------------------------------------

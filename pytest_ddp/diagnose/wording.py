@@ -219,6 +219,10 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
     without it``."""
     call = f.waits[f.callers[0]].call
     test = "their test" if len(f.returned) > 1 else "its test"
+    if call.is_p2p:  # rank 0 made a send more than most ranks: send #4 to 1 (t.py:9); rank 1 ...
+        direction, other = ("receive", "sending") if call.is_recv else ("send", "receiving")
+        return (f"{rank_list(f.callers)} made a {direction} more than most ranks: {describe_call(call)}; "
+                f"{rank_list(f.returned)} returned from {test} without {other} it.")
     alone = "alone " if len(f.callers) == 1 else ""
     returned = f"{rank_list(f.returned)} returned from {test} without it"
     return f"{rank_list(f.callers)} {alone}called {describe_call(call)}; {returned}."

@@ -1,0 +1,110 @@
+"""Who departed, where the ranks disagree: the majority decides.  Pure.
+
+Ranks that run the same code make the same calls; where some differ, the many are taken for
+the program and the few for the ranks that departed from it: the minority of a mismatch, the
+few waiting in a collective the rest returned without (a call more), the one rank that made a
+send or receive more than the others, the ranks that took collectives in another order.  With
+as many on each side (2 ranks) there is no majority: every side is named, and where its history
+tells, one as likely (:func:`departures`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.verdicts import ExtraCall, Verdict, Wait
+
+
+def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
+    """Every doomed rank waits in one collective that more of its members returned from the test
+    without: as the majority decides a mismatch, the few made a call the rest never made (one
+    step more: DDP's, FSDP2's, a loop's), rather than the many each a call less.  Not where the
+    two sides are as many (2 ranks): a step less on one is a step more on the other."""
+    call = waits[min(doomed)].call
+    if len(returned) <= len(doomed) or not call.is_collective:
+        return None
+    if any((waits[r].call.group, waits[r].call.seq) != (call.group, call.seq) for r in doomed):
+        return None
+    callers = sorted(doomed)
+    finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
+    return Verdict("deadlock", "partial", callers, [], call.op, call.label, finding)
+
+
+def extra_message(returned: list[int], doomed: set[int], ranks: dict[int, RankState],
+                  waits: dict[int, Wait]) -> Verdict | None:
+    """Every doomed rank waits in a send or receive that makes one more of its direction than
+    most ranks made (who make some), while each rank it waits for, which returned, made as many
+    of the other direction as most ranks did: the waiting rank made a message more (an extra send, a loop's
+    step more), rather than its peer a receive less.  Not without a majority (2 ranks)."""
+    calls = {r: waits[r].call for r in doomed}
+    if not all(call.is_p2p for call in calls.values()):
+        return None
+    made = {r: Counter(c.is_recv for c in state.calls if c.is_p2p) for r, state in ranks.items()}
+    usual = {recv: _most(made[r][recv] for r in ranks) for recv in (False, True)}
+    for r, call in calls.items():
+        own, peer = usual[call.is_recv], usual[not call.is_recv]
+        if not own or peer is None or made[r][call.is_recv] != own + 1:  # not own: none exchange messages
+            return None
+        if any(p not in returned or made[p][not call.is_recv] != peer for p in waits[r].peers):
+            return None
+    callers = sorted(doomed)
+    call = calls[callers[0]]
+    finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
+    return Verdict("deadlock", "partial", callers, [], call.op, call.label, finding)
+
+
+def _most(counts: Iterable[int]) -> int | None:
+    """The count that more than half of the ranks made; None where none did."""
+    made = list(counts)
+    count, ranks = Counter(made).most_common(1)[0] if made else (0, 0)
+    return count if 2 * ranks > len(made) else None
+
+
+def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:
+    """Collectives waiting for each other in a cycle where most of its ranks wait in one call:
+    the fewer, each in another call, took the collectives in another order (culprits); the
+    rest wait for them.  With no such majority (2 ranks, say) every rank on the cycle stays."""
+    by_call: dict[tuple[str, int], list[int]] = {}
+    for r in culprits:
+        by_call.setdefault((waits[r].call.group, waits[r].call.seq), []).append(r)
+    most = max(by_call.values(), key=len)
+    if 2 * len(most) <= len(culprits):
+        return culprits, waiting
+    return [r for r in culprits if r not in most], sorted([*waiting, *most])
+
+
+def minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:
+    """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
+    is more common than every other (two ranks that disagree, say), that is a tie: every rank is
+    named, none is taken for the norm."""
+    counts = Counter(key(c) for c in entered.values())
+    best = max(counts.values())
+    common = [k for k, n in counts.items() if n == best]
+    if len(common) > 1:
+        return sorted(entered), []
+    culprits = sorted(r for r, c in entered.items() if key(c) != common[0])
+    return culprits, sorted(r for r in entered if r not in culprits)
+
+
+def departures(
+    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
+) -> dict[int, Call]:
+    """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
+    any rank made from the same line (a smaller last batch, another dtype), while each other rank's
+    call is what its line always made -> that earlier call.  Empty when nothing tells them apart
+    (a rank whose call comes from a line that made none before may have taken another path, or
+    gone on to the next line of correct code: the matrix's MPI ranks of a step more and less)."""
+    before: dict[str, set[tuple[object, ...]]] = {}
+    earlier: dict[str, Call] = {}
+    for rank, state in ranks.items():
+        end = entered[rank].index if rank in entered else len(state.calls)
+        for made in state.calls[:end]:
+            if (made.is_collective or made.is_p2p) and made.site:
+                before.setdefault(made.site, set()).add(key(made))
+                earlier[made.site] = made
+    usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
+    if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
+        return {}
+    departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}
+    return departing if 0 < len(departing) < len(entered) else {}
