@@ -34,8 +34,7 @@ from pytest_ddp.config.machine import GpuShortage
 from pytest_ddp.config.settings import current as current_settings
 from pytest_ddp.config.spec import SpecError, parse_mark, parse_timeout
 from pytest_ddp.diagnose.consistency import compare_sequences, unfinished_work, unreceived_messages
-from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import Disagreement, Verdict
+from pytest_ddp.diagnose.state import Call
 from pytest_ddp.diagnose.wording import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.faults import Fault
 from pytest_ddp.groups.admission import Admission
@@ -200,7 +199,7 @@ def _result(test_run: TestRun | StartFailure) -> Result:
             waiting=list(verdict.waiting),
             collective=verdict.collective,
             text=failure_text(test_run, failures, ""),
-            call=_call_at_fault(verdict, test_run.states),
+            call=verdict.call_at_fault(test_run.states),
         )
     differences = [difference_line(d) for d in compare_sequences(test_run.states)]
     unfinished = [unfinished_line(w) for w in unfinished_work(test_run.states)]
@@ -208,20 +207,6 @@ def _result(test_run: TestRun | StartFailure) -> Result:
     unreceived = [unreceived_line(m) for m in unreceived_messages(test_run.states)]
     return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished, injected, unreceived)
 
-
-def _call_at_fault(verdict: Verdict, states: list[RankState]) -> Call | None:
-    """The call the verdict names (``verdict.call``, "all_reduce #3"): the call where the
-    ranks disagree, else the lowest waiting rank's call of that label, else its call; where
-    no rank waits, the first call that raised on a rank not at fault (woken by the culprit)."""
-    finding = verdict.finding
-    if isinstance(finding, Disagreement):
-        return finding.call
-    waits = getattr(finding, "waits", None) or {}
-    calls = [wait.call for _, wait in sorted(waits.items())]
-    if calls:
-        return next((call for call in calls if call.label == verdict.call), calls[0])
-    raised = (c for s in states if s.rank not in verdict.culprits for c in s.calls if c.state == "raised")
-    return next(raised, None)
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pytest_ddp.common.dtypes import DTYPES
 from pytest_ddp.common.ops import INIT, INTERCHANGEABLE, OPS, REDUCING
 
 Action = Literal["kill", "exit", "raise", "delay", "hang", "oom", "disconnect", "skip", "extra", "change"]
@@ -34,11 +35,6 @@ DEADLY: frozenset[str] = frozenset({"kill", "exit"})
 REPLACING: frozenset[str] = frozenset({"skip", "extra", "change"})
 # torch.distributed.ReduceOp's members, by name (change(reduce_op=...)).
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
-# torch dtypes by name (change(dtype=...)): no torch import here.
-DTYPES = (
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-    "uint8", "int8", "int16", "int32", "int64", "bool",
-)
 
 
 class FaultError(ValueError):

@@ -41,7 +41,7 @@ def test_a_torch_dtype_is_kept_by_name_and_a_list_shape_as_a_tuple():
         (faults.change(rank=1, at="all_reduce"), "change needs what to change: shape=, dtype=, op= or reduce_op="),
         (faults.change(rank=1, at="all_reduce", shape=(2, -1)), "shape=(2, -1) must be a tuple of ints >= 0"),
         (faults.change(rank=1, at="all_reduce", shape="3"), "shape='3' must be a tuple of ints >= 0"),
-        (faults.change(rank=1, at="all_reduce", dtype="float"), "dtype='float' is not a torch dtype; one of float16"),
+        (faults.change(rank=1, at="all_reduce", dtype="float"), "dtype='float' is not a torch dtype; one of bool"),
         (faults.change(rank=1, at="barrier", dtype="float64"), "change the call's tensor, and barrier"),
         (faults.change(rank=1, at="all_reduce", op="all_reduce"), "op='all_reduce' must be another collective: one of"),
         (faults.change(rank=1, at="all_reduce", op="send"), "op='send' must be another collective"),

@@ -109,10 +109,11 @@ def headline(run: TestRun) -> str:
 
 def _headline_lines(run: TestRun) -> list[str]:
     """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
-    whole, tag = headline(run), _tag(run)
+    lead, tag = _lead(run), _tag(run)
+    whole = f"{lead} {tag}"
     if not _cut(whole):
         return [capped(whole), ""]
-    return [f"{capped(_lead(run), HEADLINE_LIMIT - len(tag) - 1)} {tag}", "", whole, ""]
+    return [f"{capped(lead, HEADLINE_LIMIT - len(tag) - 1)} {tag}", "", whole, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
