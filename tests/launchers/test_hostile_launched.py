@@ -322,37 +322,68 @@ def test_a_launched_session_passes_and_leaves_no_folder_behind(folder: Path, own
     assert _left_in(own_tmp) == [], result.output
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_signal_stops_a_launched_session_at_once_leaving_nothing(folder: Path, own_tmp: Path, how: str) -> None:
-    """Ctrl-C (SIGINT to torchrun's process group, as a terminal sends it) or SIGTERM to torchrun
-    (a batch system's cancel) while a test runs: every launched pytest stops as pytest does on
-    Ctrl-C, with status 2; no process and no file is left (the ``folder`` fixture checks the
-    processes)."""
+@dataclasses.dataclass
+class Waiting:
+    """A torchrun session of waiting_sessions: its launcher, its folder (output.txt holds what it
+    printed) and its own TMPDIR."""
+
+    launcher: subprocess.Popen[bytes]
+    folder: Path
+    tmp: Path
+
+
+SIGNALLED = ["ctrl-c", "sigterm"]
+
+
+@pytest.fixture(scope="module")
+def waiting_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Waiting]]:
+    """A torchrun session per signal of the test below, whose test waits for ever once both ranks
+    are in it: all started at once, then waited for until each one's test is up (each mostly waits
+    for its imports and its peers). No process of them outlives the module."""
     if (why := torchrun_unavailable()) is not None:
         pytest.skip(why)
-    up = folder / "up"
-    (folder / "test_session.py").write_text(HANG_WHEN_UP.format(up=str(up)))
-    (folder / "conftest.py").write_text(suite.CONFTEST)
-    with open(folder / "output.txt", "w+") as output:
-        launcher = subprocess.Popen(
-            _torchrun(folder), cwd=folder, env=_environment(own_tmp), stdout=output, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            while not up.exists():  # a file the test writes: no sleep stands for it
-                assert launcher.poll() is None, (folder / "output.txt").read_text()
+    started: dict[str, Waiting] = {}
+    try:
+        for how in SIGNALLED:
+            folder = tmp_path_factory.mktemp(f"signalled-{how}")
+            tmp = Path(tempfile.mkdtemp(prefix="ddp-h-", dir="/tmp"))  # short: it holds a socket's path
+            (folder / "test_session.py").write_text(HANG_WHEN_UP.format(up=str(folder / "up")))
+            (folder / "conftest.py").write_text(suite.CONFTEST)
+            with open(folder / "output.txt", "w") as output:
+                launcher = subprocess.Popen(
+                    _torchrun(folder), cwd=folder, env=_environment(tmp), stdout=output, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+            started[how] = Waiting(launcher, folder, tmp)
+        for waiting in started.values():
+            while not (waiting.folder / "up").exists():  # a file the test writes: no sleep stands for it
+                assert waiting.launcher.poll() is None, (waiting.folder / "output.txt").read_text()
                 time.sleep(0.05)
-            if how == "ctrl-c":
-                os.killpg(launcher.pid, signal.SIGINT)
-            else:
-                launcher.send_signal(signal.SIGTERM)
-            returncode = launcher.wait(timeout=120)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
-    result = suite.collect(folder, returncode, (folder / "output.txt").read_text(errors="replace"))
+        yield started
+    finally:
+        for waiting in started.values():
+            if waiting.launcher.poll() is None:
+                os.killpg(waiting.launcher.pid, signal.SIGKILL)
+                waiting.launcher.wait()
+            suite.wait_for_no_leftovers(str(waiting.folder))  # ends what a failed test left
+            shutil.rmtree(waiting.tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", SIGNALLED)
+def test_a_signal_stops_a_launched_session_at_once_leaving_nothing(
+    waiting_sessions: dict[str, Waiting], how: str
+) -> None:
+    """Ctrl-C (SIGINT to torchrun's process group, as a terminal sends it) or SIGTERM to torchrun
+    (a batch system's cancel) while a test runs: every launched pytest stops as pytest does on
+    Ctrl-C, with status 2; no process and no file is left."""
+    waiting = waiting_sessions[how]
+    if how == "ctrl-c":
+        os.killpg(waiting.launcher.pid, signal.SIGINT)
+    else:
+        waiting.launcher.send_signal(signal.SIGTERM)
+    returncode = waiting.launcher.wait(timeout=120)
+    result = suite.collect(waiting.folder, returncode, (waiting.folder / "output.txt").read_text(errors="replace"))
     assert result.codes == {0: 2, 1: 2}, (result.codes, result.output)
     assert "KeyboardInterrupt" in result.output and result.returncode != 0, result.output
-    assert suite.wait_for_no_leftovers(str(folder)) == []
-    assert _left_in(own_tmp) == [], result.output
+    assert suite.wait_for_no_leftovers(str(waiting.folder)) == []
+    assert _left_in(waiting.tmp) == [], result.output
