@@ -22,7 +22,10 @@ median over rounds is the figure.
     python benchmarks/overhead.py [--tests 10] [--world-size 4] [--rounds 5] [--warm-only]
 
 ``--warm-only --tests 200``: the rounds alone, on a longer suite, whose median is the steady
-cost of a warm test (ten tests give nine samples on a shared machine).
+cost of a warm test (ten tests give nine samples on a shared machine).  ``--baseline DIR``: the
+warm suite also runs, in each round, on another copy of the package (DIR holds its
+``pytest_ddp``, put first on the path), so that a change is measured against the tree before it
+in the same conditions.
 """
 
 from __future__ import annotations
@@ -152,14 +155,17 @@ def methods(n: int) -> str:
     return "\n".join(f"    def test_{i:02d}(self):\n        self._one()\n" for i in range(n))
 
 
-def run_suite(folder: Path, source: str, *args: str, failures: int = 0) -> list[float]:
+def run_suite(folder: Path, source: str, *args: str, failures: int = 0, package: str | None = None) -> list[float]:
     """Run one suite in a fresh pytest process; the controller's time per test.
-    ``failures``: how many of its tests are meant to fail."""
+    ``failures``: how many of its tests are meant to fail; ``package``: a folder whose
+    ``pytest_ddp`` is imported instead of the installed one."""
     folder.mkdir()
     (folder / "conftest.py").write_text(TIMING_CONFTEST)
     (folder / "test_suite.py").write_text(source)
     out = folder / "times.json"
     env = dict(os.environ, BENCH_OUT=str(out))
+    if package is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args]
     result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
     if result.returncode != (1 if failures else 0) or (failures and f"{failures} failed" not in result.stdout):
@@ -219,6 +225,9 @@ def main() -> None:
         "--warm-only", action="store_true",
         help="only the rounds (warm, MultiProcContinuousTest, bare spawn): for a long suite, --tests 200",
     )
+    parser.add_argument(
+        "--baseline", metavar="DIR", help="a folder holding another pytest_ddp, whose warm suite runs in each round too"
+    )
     options = parser.parse_args()
     n, ws = options.tests, options.world_size
     ddp_suite = DDP_SUITE.format(ws=ws, n=n)
@@ -234,6 +243,9 @@ def main() -> None:
                     "mpct": summarize(run_suite(root / f"mpct{r}", continuous_suite)),
                 }
             )
+            if options.baseline:
+                baseline = run_suite(root / f"baseline{r}", ddp_suite, package=os.path.abspath(options.baseline))
+                rounds[-1]["baseline"] = summarize(baseline)
         if not options.warm_only:
             isolated = summarize(run_suite(root / "isolated", ddp_suite, "--ddp-isolate"))
             hang_file = run_suite(root / "hang", HANG_SUITE.format(ws=ws, timeout=options.hang_timeout), failures=1)
@@ -259,6 +271,8 @@ def main() -> None:
             ("pytest-ddp isolated", isolated["first"], isolated["after_first"]),
             ("MultiProcessTestCase", mptc["first"], mptc["after_first"]),
         ]
+    if options.baseline:
+        rows.append(("baseline warm", median("baseline", "first"), median("baseline", "after_first")))
     for name, first, after in rows:
         print(f"{name:26} {first:11.3f} {after:19.4f}")
     print(f"{'bare spawn + Gloo init':26} {median('spawn', 'first'):11.3f}")
@@ -271,6 +285,17 @@ def main() -> None:
         f"  warm per test / MultiProcContinuousTest per test: {statistics.median(warm_vs_mpct):.2f}  [<= 1]"
         f"  (rounds: {each(warm_vs_mpct)})"
     )
+    if options.baseline:
+        warm_vs_baseline = ratios("warm", "after_first", "baseline", "after_first")
+        baseline_vs_mpct = ratios("baseline", "after_first", "mpct", "after_first")
+        print(
+            f"  warm per test / baseline warm per test:           {statistics.median(warm_vs_baseline):.2f}"
+            f"  (rounds: {each(warm_vs_baseline)})"
+        )
+        print(
+            f"  baseline warm / MultiProcContinuousTest:          {statistics.median(baseline_vs_mpct):.2f}"
+            f"  (rounds: {each(baseline_vs_mpct)})"
+        )
     if options.warm_only:
         return
     mptc_vs_warm = mptc["after_first"] / median("warm", "after_first")

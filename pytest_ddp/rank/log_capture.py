@@ -2,13 +2,14 @@
 
 Around each phase of a test (setup, call, teardown) pytest's logging plugin enters
 ``catching_logs`` for its two capture handlers, caplog's and the report's.  Since pytest 9.2 that
-attaches each handler to the root logger and to every logger that does not propagate (torch has 42
-of them), and detaches it when the phase ends: 86 locked ``addHandler``/``removeHandler`` calls per
-handler and phase, the largest share of a warm test's CPU in a rank after the test itself.
+attaches each handler to the root logger and to every logger that does not propagate (43 once
+torch.distributed is imported), and detaches it when the phase ends: 88 locked ``addHandler`` and
+``removeHandler`` calls per handler and phase, the largest share of a warm test's CPU in a rank
+after the test itself.
 
 Here the two handlers stay attached between phases, silenced (a level no record reaches), on each
-logger that has a handler of its own: in a rank, every logger there was when its session began,
-which pytest's live-log and log-file handlers are attached to for the session.  They are detached
+logger that has a handler of its own: in a rank, every logger there was when its run loop began,
+which pytest's live-log and log-file handlers stay attached to for the loop.  They are detached
 when the phase ends, as by pytest, from a logger that has no other handler: a record logged there
 between phases must find no handler, so that logging's ``lastResort`` writes it to stderr
 (``Logger.callHandlers`` counts every handler, whatever its level).  At each phase the loggers are
