@@ -1,11 +1,11 @@
 """pytest's capture of a test's log records in a rank, without its cost per phase.
 
 Around each phase of a test (setup, call, teardown) pytest's logging plugin enters
-``catching_logs`` for its two capture handlers, caplog's and the report's.  Since pytest 9.2 that
-attaches each handler to the root logger and to every logger that does not propagate (43 once
-torch.distributed is imported), and detaches it when the phase ends: 88 locked ``addHandler`` and
-``removeHandler`` calls per handler and phase, the largest share of a warm test's CPU in a rank
-after the test itself.
+``catching_logs`` for its two capture handlers, caplog's and the report's.  Since pytest 9.1
+(pytest-dev/pytest#14375) that attaches each handler to the root logger and to every logger that
+does not propagate (43 once torch.distributed is imported), and detaches it when the phase ends:
+88 locked ``addHandler`` and ``removeHandler`` calls per handler and phase, the largest share of a
+warm test's CPU in a rank after the test itself.
 
 Here the two handlers stay attached between phases, silenced (a level no record reaches), on each
 logger that has a handler of its own: in a rank, every logger there was when its run loop began,
@@ -30,10 +30,10 @@ from typing import Any
 import _pytest.logging
 import pytest
 
-# The pytest whose catching_logs this one replicates (root and the non-propagating loggers, looked
-# up at each phase); another keeps its own.
+# The pytest whose catching_logs this one replicates, as read in its source (root and the
+# non-propagating loggers, looked up at each phase); another keeps its own.
 PYTEST_VERSION = (9, 2)
-# A handler level no record reaches: the handler handles nothing and counts for no logger.
+# A handler level no record reaches: the handler handles nothing (Logger.callHandlers still counts it).
 SILENT = sys.maxsize
 
 
