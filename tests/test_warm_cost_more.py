@@ -111,8 +111,9 @@ def _phases(catching_logs: Any, prefix: str, monkeypatch: pytest.MonkeyPatch) ->
     for logger in _all_loggers():  # leave the process's loggers as they were
         for handler in (caplog_handler, report_handler):
             logger.removeHandler(handler)
-    kept.handlers.clear()
-    turned.handlers.clear()
+        if logger.name.startswith(prefix):
+            logger.handlers.clear()
+            logger.propagate = True
     return seen
 
 
@@ -157,6 +158,7 @@ def test_between_phases_a_handler_is_silenced_where_the_logger_has_one_of_its_ow
         for logger in (own, bare, logging.getLogger()):
             logger.removeHandler(handler)
         own.handlers.clear()
+        own.propagate = bare.propagate = True
 
 
 @pytest.fixture
