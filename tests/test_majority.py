@@ -54,3 +54,59 @@ def test_a_send_more_whose_peer_also_received_less_than_most_is_not_decided_by_t
     waiting = rank(0, *ring(0, world), call("send", STEPS + 1, peer=1, ranks=(0, 1, 2, 3)))
     ranks = [finished(1, world, recvs=STEPS - 1), finished(2, world), finished(3, world)]
     assert outline(judge(snap(waiting, *ranks)))[2] == [1]
+
+
+def test_a_rank_behind_the_one_that_sent_more_waits_and_is_not_named() -> None:
+    # Rank 0 sent twice at its 2nd send (an extra), so it received one less from rank 3 before
+    # its 4th send blocked: rank 3's 3rd send to it waits behind.
+    world = 4
+    waiting = rank(0, *ring(0, world, recvs=STEPS - 1), call("send", STEPS + 1, peer=1, ranks=(0, 1, 2, 3)))
+    behind = rank(3, *ring(3, world, sends=STEPS - 1), call("send", STEPS, peer=0, ranks=(0, 1, 2, 3)))
+    verdict = judge(snap(waiting, finished(1, world), finished(2, world), behind))
+    assert outline(verdict) == ("deadlock", "partial", [0], [3])
+
+
+CLOSED = "RuntimeError: Connection closed by peer"
+
+
+def raised(op: str, seq: int, peer: int, ranks: tuple[int, ...] = (0, 1, 2, 3)) -> Call:
+    return call(op, seq, state="raised", peer=peer, ranks=ranks, error=CLOSED)
+
+
+def test_the_rank_at_an_end_of_every_broken_exchange_is_named_not_the_peers_it_woke() -> None:
+    # Rank 0 lost its connections (a disconnect): its send to 1 raised, and so did rank 1's
+    # receive from it and rank 3's send to it; rank 2 waits for rank 1.
+    r4 = (0, 1, 2, 3)
+    states = [
+        rank(0, ok("send", 1, peer=1, ranks=r4), ok("recv", 1, peer=3, ranks=r4), raised("send", 2, 1),
+             finished=True, failed=CLOSED),
+        rank(1, ok("recv", 1, peer=0, ranks=r4), ok("send", 1, peer=2, ranks=r4), raised("recv", 2, 0),
+             finished=True, failed=CLOSED),
+        rank(2, ok("recv", 1, peer=1, ranks=r4), ok("send", 1, peer=3, ranks=r4), call("recv", 2, peer=1, ranks=r4)),
+        rank(3, ok("send", 1, peer=0, ranks=r4), ok("recv", 1, peer=2, ranks=r4), raised("send", 2, 0),
+             finished=True, failed=CLOSED),
+    ]
+    verdict = judge(snap(*states))
+    assert outline(verdict) == ("deadlock", "rank_exited", [0], [2])
+    assert verdict.summary.startswith("rank 0 ")
+
+
+def test_two_ends_of_one_broken_exchange_blame_each_other_and_no_center_is_named() -> None:
+    states = [rank(0, raised("recv", 2, 1, (0, 1)), finished=True, failed=CLOSED),
+              rank(1, raised("send", 2, 0, (0, 1)), finished=True, failed=CLOSED)]
+    assert outline(judge(snap(*states)))[2] == [0, 1]
+
+
+def test_a_stage_whose_earlier_send_to_the_dead_rank_raised_was_woken_by_the_death() -> None:
+    # A pipeline: rank 2 killed; rank 1's isend to it raised and its next isend is in flight,
+    # rank 3's irecv from it raised; rank 0 waits for rank 1. The grace is over.
+    r4 = (0, 1, 2, 3)
+    states = [
+        rank(0, ok("isend", 1, peer=1, ranks=r4), call("irecv", 1, peer=1, ranks=r4)),
+        rank(1, raised("isend", 1, 2), ok("irecv", 1, peer=0, ranks=r4), call("isend", 2, peer=2, ranks=r4),
+             finished=True, failed=CLOSED),
+        rank(2, ok("irecv", 1, peer=1, ranks=r4), exit_code=-9),
+        rank(3, raised("irecv", 1, 2), finished=True, failed=CLOSED),
+    ]
+    verdict = judge(snap(*states, grace=0))
+    assert verdict.kind == "rank_exited" and verdict.culprits == [2]

@@ -33,25 +33,26 @@ def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) ->
 
 def extra_message(returned: list[int], doomed: set[int], ranks: dict[int, RankState],
                   waits: dict[int, Wait]) -> Verdict | None:
-    """Every doomed rank waits in a send or receive that makes one more of its direction than
-    most ranks made (who make some), while each rank it waits for, which returned, made as many
-    of the other direction as most ranks did: the waiting rank made a message more (an extra send, a loop's
-    step more), rather than its peer a receive less.  Not without a majority (2 ranks)."""
-    calls = {r: waits[r].call for r in doomed}
-    if not all(call.is_p2p for call in calls.values()):
+    """Each doomed rank that waits for a rank that returned waits in a send or receive that makes
+    one more of its direction than most ranks made (who make some), while the ranks it waits
+    for made as many of the other direction as most ranks did: it made a message more (an
+    extra send, a loop's step more), rather than its peer a receive less.  The other doomed
+    ranks wait behind it.  Not without a majority (2 ranks)."""
+    callers = sorted(r for r in doomed if any(p in returned for p in waits[r].peers))
+    if not callers or not all(waits[r].call.is_p2p for r in callers):
         return None
     made = {r: Counter(c.is_recv for c in state.calls if c.is_p2p) for r, state in ranks.items()}
     usual = {recv: _most(made[r][recv] for r in ranks) for recv in (False, True)}
-    for r, call in calls.items():
+    for r in callers:
+        call = waits[r].call
         own, peer = usual[call.is_recv], usual[not call.is_recv]
         if not own or peer is None or made[r][call.is_recv] != own + 1:  # not own: none exchange messages
             return None
         if any(p not in returned or made[p][not call.is_recv] != peer for p in waits[r].peers):
             return None
-    callers = sorted(doomed)
-    call = calls[callers[0]]
+    call = waits[callers[0]].call
     finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
-    return Verdict("deadlock", "partial", callers, [], call.op, call.label, finding)
+    return Verdict("deadlock", "partial", callers, sorted(doomed - set(callers)), call.op, call.label, finding)
 
 
 def _most(counts: Iterable[int]) -> int | None:
@@ -59,6 +60,18 @@ def _most(counts: Iterable[int]) -> int | None:
     made = list(counts)
     count, ranks = Counter(made).most_common(1)[0] if made else (0, 0)
     return count if 2 * ranks > len(made) else None
+
+
+def broken_center(ranks: dict[int, RankState]) -> int | None:
+    """The one rank at an end of every send or receive that raised, where two or more did: its
+    connections broke (it died, or lost its network), and the raising peers were woken by it
+    ("Connection closed by peer"); None where no one rank is (a pair: each end blames the other)."""
+    ends = [{r, c.peer} for r, state in ranks.items() for c in state.calls
+            if c.is_p2p and c.state == "raised" and c.peer is not None]
+    if len(ends) < 2:
+        return None
+    common = set.intersection(*ends)
+    return common.pop() if len(common) == 1 else None
 
 
 def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:

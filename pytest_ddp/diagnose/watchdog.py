@@ -69,6 +69,12 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         left[r] += sorted({woken[g] for g in left[r] if g in woken} - set(left[r]))
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
+    center = majority.broken_center(ranks)
+    if center is not None and ranks[center].finished:  # the others were woken by its broken connections
+        kind, culprits, victims = "rank_exited", [center], set(gone) - {center}
+        for r in doomed:  # ... and leave behind those waiting for them
+            if set(left[r]) & victims and center not in left[r]:
+                left[r].append(center)
     if kind == "partial" and not victims:
         extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
@@ -395,11 +401,21 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
 
 
 def _woken(failed: list[int], ranks: dict[int, RankState]) -> list[int]:
-    """The failed ranks whose last call raised while a rank had died: woken by the death
-    ("Connection closed by peer"), not at fault."""
+    """The failed ranks whose last call raised while a rank had died, or a send or receive with
+    the dead rank that every raising send or receive was with: woken by the death ("Connection
+    closed by peer"; a pipeline stage's isend raises, and its next isend is still in flight), not
+    at fault."""
     if all(ranks[r].alive for r in failed):
         return []
-    return [r for r in failed if ranks[r].alive and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
+    center = majority.broken_center(ranks)  # a dead rank every send or receive that raised was with
+
+    def woken(state: RankState) -> bool:
+        if state.calls and state.calls[-1].state == "raised":
+            return True
+        return center is not None and not ranks[center].alive and any(
+            c.is_p2p and c.state == "raised" and c.peer == center for c in state.calls)
+
+    return [r for r in failed if ranks[r].alive and woken(ranks[r])]
 
 
 def _done(ranks: dict[int, RankState]) -> Verdict:
