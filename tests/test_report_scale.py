@@ -15,7 +15,7 @@ from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import rank_list, worded
 from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report.failure import failure_text, run_to_json
-from pytest_ddp.report.sequences import GROUP_ABOVE, sequence_table
+from pytest_ddp.report.sequences import GROUP_ABOVE, MAX_PAIRS, p2p_table, sequence_table
 
 WORLD = tuple(range(64))
 FAULTHANDLER = """\
@@ -275,3 +275,13 @@ def test_the_table_of_a_group_made_anew_shows_each_numbers_latest_call() -> None
     table = sequence_table(states)
     assert [row.split()[0] for row in table[2:]] == ["1", "2"]
     assert table[2].endswith("all_reduce [4] float32  broadcast [4] float32 root=0  <-- ranks differ")
+
+
+def test_the_table_of_unmatched_sends_and_receives_lists_the_first_pairs_only() -> None:
+    # Twelve ranks each wait to receive from rank 12, which returned: twelve pairs that do not match.
+    ranks = tuple(range(13))
+    states = [rank(r, call("recv", 1, peer=12, ranks=ranks)) for r in range(12)] + [rank(12, finished=True)]
+    table = p2p_table(states)
+    assert table[:2] == ["sends and receives that do not match:",
+                         "  rank 12 -> rank 0 on WORLD: 0 sends, 1 recv; rank 0 waits in recv #1 from 12 (t.py:11)"]
+    assert len(table) == 1 + MAX_PAIRS + 1 and table[-1] == f"  ... and {12 - MAX_PAIRS} more pairs"

@@ -217,6 +217,8 @@ DEFAULT_REDUCTION = "SUM"
 # The names of the collectives, for passes over every call of a long run (a set lookup
 # costs a tenth of Call.is_collective).
 COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
+# torch's sends and receives, each -> whether it receives, for the same passes.
+TORCH_P2P = {name: o.direction == "recv" for name, o in OPS.items() if o.pairs and o.api == "torch"}
 
 INIT = "init_process_group"
 NEW_GROUP = "new_group"

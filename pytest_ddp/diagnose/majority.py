@@ -33,26 +33,33 @@ def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) ->
 
 def extra_message(returned: list[int], doomed: set[int], ranks: dict[int, RankState],
                   waits: dict[int, Wait]) -> Verdict | None:
-    """Each doomed rank that waits for a rank that returned waits in a send or receive that makes
-    one more of its direction than most ranks made (who make some), while the ranks it waits
-    for made as many of the other direction as most ranks did: it made a message more (an
-    extra send, a loop's step more), rather than its peer a receive less.  The other doomed
-    ranks wait behind it.  Not without a majority (2 ranks)."""
+    """The few doomed ranks that wait for a rank that returned each wait in a send or receive
+    numbered one more than most ranks' latest of that direction (who made some), while the
+    ranks they wait for made as many of the other direction as most ranks did: they made a
+    message more (an extra send, a loop's step more), rather than their peers a receive less.
+    The other doomed ranks wait behind them.  Not without a majority (2 ranks)."""
     callers = sorted(r for r in doomed if any(p in returned for p in waits[r].peers))
-    if not callers or not all(waits[r].call.is_p2p for r in callers):
+    if not callers or 2 * len(callers) >= len(ranks) or not all(waits[r].call.is_p2p for r in callers):
         return None
-    made = {r: Counter(c.is_recv for c in state.calls if c.is_p2p) for r, state in ranks.items()}
-    usual = {recv: _most(made[r][recv] for r in ranks) for recv in (False, True)}
+    # A p2p call's number counts the calls of its direction to its peer: a rank's latest says how
+    # many it made (found from the end of its calls: no pass over long runs).
+    latest = {recv: {r: _latest(state, recv) for r, state in ranks.items()} for recv in (False, True)}
+    usual = {recv: _most(latest[recv][r] for r in ranks if r not in callers) for recv in (False, True)}
     for r in callers:
         call = waits[r].call
         own, peer = usual[call.is_recv], usual[not call.is_recv]
-        if not own or peer is None or made[r][call.is_recv] != own + 1:  # not own: none exchange messages
+        if not own or peer is None or call.seq != own + 1:  # not own: none exchange messages
             return None
-        if any(p not in returned or made[p][not call.is_recv] != peer for p in waits[r].peers):
+        if any(p not in returned or latest[not call.is_recv][p] != peer for p in waits[r].peers):
             return None
     call = waits[callers[0]].call
     finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
     return Verdict("deadlock", "partial", callers, sorted(doomed - set(callers)), call.op, call.label, finding)
+
+
+def _latest(state: RankState, recv: bool) -> int:
+    """The number of the rank's latest send (receive) to (from) its peer; 0 if it made none."""
+    return next((c.seq for c in reversed(state.calls) if c.is_p2p and c.is_recv == recv), 0)
 
 
 def _most(counts: Iterable[int]) -> int | None:
@@ -63,10 +70,11 @@ def _most(counts: Iterable[int]) -> int | None:
 
 
 def broken_center(ranks: dict[int, RankState]) -> int | None:
-    """The one rank at an end of every send or receive that raised, where two or more did: its
-    connections broke (it died, or lost its network), and the raising peers were woken by it
-    ("Connection closed by peer"); None where no one rank is (a pair: each end blames the other)."""
-    ends = [{r, c.peer} for r, state in ranks.items() for c in state.calls
+    """The one rank at an end of every send or receive that raised on a rank that failed or died,
+    where two or more did: its connections broke (it died, or lost its network), and the raising
+    peers were woken by it ("Connection closed by peer"); None where no one rank is (a pair:
+    each end blames the other)."""
+    ends = [{r, c.peer} for r, state in ranks.items() if state.failed or not state.alive for c in state.calls
             if c.is_p2p and c.state == "raised" and c.peer is not None]
     if len(ends) < 2:
         return None

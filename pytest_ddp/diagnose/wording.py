@@ -169,7 +169,8 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     if not state.alive or state.failed:
         return _how_it_failed(state)
     test = "their test" if plural else "its test"
-    missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if waited.is_recv else []
+    mpi_recv = waited.is_recv and waited.kind.api == "mpi"  # (matching reads every rank's calls)
+    missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if mpi_recv else []
     if missed:  # MPI: it did send, with another tag
         return f"returned from {test}; its {describe_call(missed[0].call)} matches no receive"
     # What it never did first, how it left after: the headline, cut at a terminal's width, keeps the call.

@@ -20,8 +20,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from operator import attrgetter, lt
 
-from pytest_ddp.common.ops import COLLECTIVES
-from pytest_ddp.diagnose.mpi_matching import is_mpi_p2p
+from pytest_ddp.common.ops import COLLECTIVES, TORCH_P2P
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.wording import rank_list
@@ -167,27 +166,34 @@ def table(groups: list[GroupSequences]) -> list[str]:
     return lines
 
 
+MAX_PAIRS = 10  # pairs listed in the p2p table, the first by rank
+
+
 def p2p_table(states: list[RankState]) -> list[str]:
     """Each group's pairs of ranks whose sends and receives (torch's, by peer) do not match in
     number, or that one of them still waits in: ``rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0
     waits in send #2 to 1 (t.py:8)``.  Pairs that match are left out."""
-    pairs: dict[tuple[str, int, int], tuple[list[Call], list[Call]]] = {}  # (group, from, to)
-    for state in states:
-        for call in state.calls:
-            if call.is_p2p and call.peer is not None and not is_mpi_p2p(call):
-                ends = (call.peer, state.rank) if call.is_recv else (state.rank, call.peer)
-                pairs.setdefault((call.group, *ends), ([], []))[call.is_recv].append(call)
-    lines: list[str] = []
+    made: dict[tuple[str, int, int], list[int]] = {}  # (group, from, to) -> [sends, recvs]
+    waiting: dict[tuple[str, int, int], list[tuple[int, int, Call]]] = {}  # -> (recv?, rank, call)
     waited = {(s.rank, s.waiting_on) for s in states}  # an isend or irecv a rank waits for, not one just issued
-    waits_in = lambda rank, c: c.state == "running" and (c.blocks or (rank, c.index) in waited)
-    for (group, sender, receiver), (sends, recvs) in pairs.items():
-        waiting = [(sender, c) for c in sends if waits_in(sender, c)]
-        waiting += [(receiver, c) for c in recvs if waits_in(receiver, c)]
-        if len(sends) == len(recvs) and not waiting:
+    for state in states:  # one pass over every call, in plain attribute reads (millions at scale)
+        for call in state.calls:
+            if (recv := TORCH_P2P.get(call.op)) is None or call.peer is None:
+                continue
+            key = (call.group, call.peer, state.rank) if recv else (call.group, state.rank, call.peer)
+            (made.get(key) or made.setdefault(key, [0, 0]))[recv] += 1
+            if call.exit is None and (call.blocks or (state.rank, call.index) in waited):
+                waiting.setdefault(key, []).append((recv, state.rank, call))
+    lines: list[str] = []
+    for (group, sender, receiver), (sends, recvs) in made.items():
+        if sends == recvs and (group, sender, receiver) not in waiting:
             continue
-        counts = f"{len(sends)} send{'s' * (len(sends) != 1)}, {len(recvs)} recv{'s' * (len(recvs) != 1)}"
-        where = "".join(f"; rank {rank} waits in {c.label} ({c.site})" for rank, c in waiting)
+        counts = f"{sends} send{'s' * (sends != 1)}, {recvs} recv{'s' * (recvs != 1)}"
+        where = "".join(f"; rank {rank} waits in {c.label} ({c.site})"
+                        for _, rank, c in sorted(waiting.get((group, sender, receiver), []), key=lambda w: w[0]))
         lines.append(f"  rank {sender} -> rank {receiver} on {group}: {counts}{where}")
+    if len(lines) > MAX_PAIRS:  # 511 ranks waiting for one: the rank lines above say who waits
+        lines[MAX_PAIRS:] = [f"  ... and {len(lines) - MAX_PAIRS} more pairs"]
     return ["sends and receives that do not match:", *lines] if lines else []
 
 
