@@ -86,8 +86,6 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
 
 
-
-
 def _victims(
     gone: list[int], ranks: dict[int, RankState], waits: dict[int, Wait], left: dict[int, list[int]]
 ) -> set[int]:
@@ -129,8 +127,6 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
-
-
 
 
 # -- mismatches ---------------------------------------------------------------
@@ -249,10 +245,6 @@ def _mismatch_verdict(
         status, "mismatch", culprits, agreeing,
         odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely),
     )
-
-
-
-
 
 
 # -- the verdict --------------------------------------------------------------

@@ -169,7 +169,7 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     if not state.alive or state.failed:
         return _how_it_failed(state)
     test = "their test" if plural else "its test"
-    mpi_recv = waited.is_recv and waited.kind.api == "mpi"  # (matching reads every rank's calls)
+    mpi_recv = waited.is_recv and mpi_matching.is_mpi_p2p(waited)  # (matching reads every rank's calls)
     missed = mpi_matching.unreceived_from(ranks, rank, waiter, waited.group) if mpi_recv else []
     if missed:  # MPI: it did send, with another tag
         return f"returned from {test}; its {describe_call(missed[0].call)} matches no receive"

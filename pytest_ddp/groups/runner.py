@@ -152,9 +152,10 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
         survivors = [s for s in group.states if not s.died_as_injected]
         if spec.check_collectives:
             run.sequence_differences = consistency.compare_sequences(survivors)
-            if run.sequence_differences:  # calls the ranks survived, though they differ: who departed
-                found = watchdog.finished_mismatch({s.rank: s for s in survivors})
-                run.verdict = verdict if found is None else wording.worded(found, group.states)
+            # Calls the ranks survived, though they differ: who departed, as the majority says.
+            found = watchdog.finished_mismatch({s.rank: s for s in survivors}) if run.sequence_differences else None
+            if found is not None:
+                run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)
         run.faults_not_fired = not_fired(spec, group.states)
     if verdict.status == "done" and spec.check_collectives:

@@ -17,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import HEADER, NONCE, Link, connect
@@ -355,10 +355,11 @@ def waiting_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
                     start_new_session=True,
                 )  # fmt: skip
             started[how] = Waiting(launcher, folder, tmp)
-        for waiting in started.values():
-            while not (waiting.folder / "up").exists():  # a file the test writes: no sleep stands for it
-                assert waiting.launcher.poll() is None, (waiting.folder / "output.txt").read_text()
-                time.sleep(0.05)
+        for waiting in started.values():  # up: a file the test writes once both ranks are in it
+            up, launcher = waiting.folder / "up", waiting.launcher
+            wait_for(lambda up=up, launcher=launcher: up.exists() or launcher.poll() is not None,
+                     f"{up} or the launcher's end")
+            assert launcher.poll() is None, (waiting.folder / "output.txt").read_text()
         yield started
     finally:
         for waiting in started.values():
