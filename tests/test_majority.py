@@ -7,6 +7,7 @@ from __future__ import annotations
 from test_watchdog import call, judge, ok, outline, rank, snap
 
 from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.verdicts import Cycle, Disagreement
 
 STEPS = 3
 
@@ -110,3 +111,62 @@ def test_a_stage_whose_earlier_send_to_the_dead_rank_raised_was_woken_by_the_dea
     ]
     verdict = judge(snap(*states, grace=0))
     assert verdict.kind == "rank_exited" and verdict.culprits == [2]
+
+
+# -- two ranks: the path each took (majority.new_paths) ---------------------------------
+
+
+def steps(*sites: tuple[str, str]) -> list[Call]:
+    """Returned collectives, numbered in order: (op, line) each."""
+    return [ok(op, seq, site=f"t.py:{line}", shape=None if op == "barrier" else (4,))
+            for seq, (op, line) in enumerate(sites, 1)]
+
+
+LOOP = [("all_reduce", "55"), ("broadcast", "56")] * 2  # two steps of a loop of two lines
+
+
+def test_of_two_ranks_the_one_whose_call_came_in_an_order_never_taken_is_named_as_likely() -> None:
+    # Both went round the loop twice; rank 1 then made an all_reduce more (55 right after 55).
+    verdict = judge(snap(rank(0, *steps(*LOOP), call("all_reduce", 5, site="t.py:55")),
+                         rank(1, *steps(*LOOP[:3]), call("all_reduce", 4, site="t.py:55"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])  # still a tie: said as likely
+    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.after) == [1]
+    assert verdict.summary.endswith(
+        "Likely rank 1: its all_reduce #4 (t.py:55) came right after a call from t.py:55, an order no rank's "
+        "calls took before; the others' came in an order taken before."
+    )
+
+
+def test_a_loops_first_way_out_is_no_departure_a_step_less_is_a_step_more_on_the_other() -> None:
+    # Rank 0 left the loop for the barrier (a line no call came from before); rank 1 went round
+    # once more: a step less on rank 0 or a step more on rank 1, nothing tells.
+    verdict = judge(snap(rank(0, *steps(*LOOP), call("barrier", 5, shape=None, site="t.py:58")),
+                         rank(1, *steps(*LOOP), call("all_reduce", 5, site="t.py:55"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert isinstance(verdict.finding, Disagreement) and not verdict.finding.after
+    assert "Likely" not in verdict.summary
+
+
+def test_where_both_orders_are_new_it_stays_a_tie() -> None:
+    # The loop's way back (56 -> 55) is first taken by rank 1 as rank 0 skips its all_reduce.
+    verdict = judge(snap(rank(0, *steps(*LOOP[:2]), call("broadcast", 3, site="t.py:56")),
+                         rank(1, *steps(*LOOP[:2]), call("all_reduce", 3, site="t.py:55"))))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert "Likely" not in verdict.summary
+
+
+def test_of_a_two_rank_p2p_cycle_the_rank_that_sent_twice_in_a_row_is_named_as_likely() -> None:
+    """The matrix's ring at 2 ranks: rank 0 sends then receives, rank 1 the other way round;
+    rank 0 then sends twice in a row (a send more, or a receive skipped): both ranks wait in a
+    send, a cycle."""
+    r0 = [ok("send", 1, peer=1, site="t.py:91"), ok("recv", 1, peer=1, site="t.py:92"),
+          ok("send", 2, peer=1, site="t.py:91"), call("send", 3, peer=1, site="t.py:91")]
+    r1 = [ok("recv", 1, peer=0, site="t.py:94"), ok("send", 1, peer=0, site="t.py:95"),
+          ok("recv", 2, peer=0, site="t.py:94"), call("send", 2, peer=0, site="t.py:95")]
+    verdict = judge(snap(rank(0, *r0), rank(1, *r1)))
+    assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
+    assert isinstance(verdict.finding, Cycle) and list(verdict.finding.after) == [0]
+    assert verdict.summary.endswith(
+        "Likely rank 0: its send #3 to 1 (t.py:91) came right after a call from t.py:91, an order no rank's "
+        "calls took before; the others' came in an order taken before."
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import ExtraCall, Verdict, Wait
@@ -129,3 +130,26 @@ def departures(
         return {}
     departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}
     return departing if 0 < len(departing) < len(entered) else {}
+
+
+def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int, Call]:
+    """In a tie that :func:`departures` cannot break, the path each rank took tells: a rank whose
+    call came after its previous one by a path no rank took before (from that call's line to this
+    one's: a call skipped, or one made more, in code the ranks went round before), while each
+    other rank's came by a path taken before -> the call before it.  A call from a line that made
+    none before tells nothing (a loop's first way out looks the same: a step less on one rank is a
+    step more on the other), and neither does a first call.  Empty when nothing tells."""
+    taken: set[tuple[str, str]] = set()
+    lines: set[str] = set()
+    before: dict[int, Call] = {}
+    for rank, state in ranks.items():
+        end = entered[rank].index if rank in entered else len(state.calls)
+        made = [c for c in state.calls[:end] if (c.is_collective or c.is_p2p) and c.site]
+        taken.update((a.site, b.site) for a, b in pairwise(made))
+        lines.update(c.site for c in made)
+        if rank in entered and made:
+            before[rank] = made[-1]
+    if len(before) < len(entered) or any(c.site not in lines for c in entered.values()):
+        return {}
+    new = {r: before[r] for r, c in entered.items() if (before[r].site, c.site) not in taken}
+    return new if 0 < len(new) < len(entered) else {}

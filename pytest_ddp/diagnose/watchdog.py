@@ -125,7 +125,8 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
         culprits, waiting = majority.out_of_order(culprits, waiting, waits)
     first = waits[(waiting or unmatched or culprits)[0]].call
     kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
-    cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched)
+    after = majority.new_paths(ranks, {r: waits[r].call for r in culprits}) if len(culprits) == 2 and p2p else {}
+    cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched, after)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
 
@@ -200,8 +201,9 @@ def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             if theirs is not None and theirs.shapes and _wire_size(theirs) != _wire_size(call):
                 entered = {rank: call, call.peer: theirs}
                 likely = majority.departures(ranks, entered, _wire_size)
+                after = {} if likely else majority.new_paths(ranks, entered)
                 return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label,
-                               Disagreement(call, entered, likely))
+                               Disagreement(call, entered, likely, after))
     return None
 
 
@@ -241,9 +243,10 @@ def _mismatch_verdict(
     ops = {entered[r].op for r in culprits}
     odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
     likely = majority.departures(ranks, entered, key) if not agreeing else {}
+    after = majority.new_paths(ranks, entered) if not agreeing and not likely else {}
     return Verdict(
         status, "mismatch", culprits, agreeing,
-        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely),
+        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely, after),
     )
 
 

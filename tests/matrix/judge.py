@@ -14,7 +14,7 @@ from typing import Any
 import pytest_ddp
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.consistency import unreceived_messages
-from pytest_ddp.diagnose.verdicts import Disagreement
+from pytest_ddp.diagnose.verdicts import Cycle, Disagreement
 from pytest_ddp.groups import runner
 from pytest_ddp.groups.runner import TestRun
 from tests.matrix.cells import Cell
@@ -119,8 +119,8 @@ def run_cell(cell: Cell) -> Record:
                 record.call = [c.op, c.seq, c.label, c.site]
     if kept:
         finding = kept[-1].verdict.finding
-        if isinstance(finding, Disagreement):
-            record.likely = sorted(finding.likely)
+        if isinstance(finding, (Disagreement, Cycle)):
+            record.likely = sorted(getattr(finding, "likely", {}) or finding.after)
         if record.outcome in ("deadlock", "failed"):
             record.latency = max(kept[-1].ended - certain_at(kept[-1]), 0.0)
     return record
