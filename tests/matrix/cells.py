@@ -217,9 +217,9 @@ def expected(family: str, kind: str, world: int, culprit: int) -> Expected:
         # MPI: a send returns with its message buffered, and the message is left unreceived.
         ops = ("send", "recv") if family == "p2p" else ()
         # At 2 ranks the ring's two ends are each other's peers: a receive skipped leaves both
-        # ranks in a send, waiting for each other (a cycle), the very calls of a send more
-        # (p2p's "extra" cell, whose answer allows a cycle).
-        cycle = ("p2p_cycle",) if family == "p2p" and world == 2 else ()
+        # ranks in a send (a send skipped, both in a receive), waiting for each other: a cycle,
+        # the very calls of a send more (the "extra" cell, whose answer allows a cycle).
+        cycle = ("p2p_cycle",) if family in ("p2p", "mpi") and world == 2 else ()
         return Expected(("deadlock",), ("p2p_unmatched", "partial", "unreceived", *cycle), (culprit,), ops)
     if kind.startswith("init_"):
         return Expected(("deadlock", "timeout", "failed"), ("init", "timeout"), (culprit,))
