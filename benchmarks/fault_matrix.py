@@ -5,6 +5,7 @@ and judged (tests/matrix/judge.py), and docs/matrix.md written from the results.
                                                 [--positions first middle last] [--out docs/matrix.md]
     .venv/bin/python benchmarks/fault_matrix.py --rejudge   # the last run's records, judged again
     .venv/bin/python benchmarks/fault_matrix.py --merge --families p2p --kinds shape   # rerun some cells
+    .venv/bin/python benchmarks/fault_matrix.py --merge --missing --worlds 8   # the cells not run yet
     .venv/bin/python benchmarks/fault_matrix.py --combine /tmp/later.json   # a later run's records replace
 
 Without arguments it runs the whole matrix (all families, kinds, worlds and positions); with
@@ -133,6 +134,8 @@ def main() -> int:
     parser.add_argument("--rejudge", action="store_true", help="judge the records of the last run again")
     parser.add_argument("--merge", action="store_true",
                         help="run the cells chosen and replace their records in the last run's (after a fix)")
+    parser.add_argument("--missing", action="store_true",
+                        help="with --merge: only the cells chosen that the last run has no record of")
     parser.add_argument("--combine", nargs="+", type=Path, default=[], metavar="JSON",
                         help="replace the last run's records by those of these runs (their --out's .json)")
     args = parser.parse_args()
@@ -149,6 +152,8 @@ def main() -> int:
         saved.write_text(json.dumps(run))
     if args.merge:
         chosen = matrix.cells(tuple(args.families), tuple(args.kinds), tuple(args.worlds), tuple(args.positions))
+        if args.missing:
+            chosen = [cell for cell in chosen if cell.name not in run["records"]]
         for cell in chosen:
             run["records"][cell.name] = dataclasses.asdict(run_cell(cell))
             print(f"{cell.name}: {judge(cell, Record(**run['records'][cell.name])).answer}", flush=True)
