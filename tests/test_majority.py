@@ -170,3 +170,34 @@ def test_of_a_two_rank_p2p_cycle_the_rank_that_sent_twice_in_a_row_is_named_as_l
         "Likely rank 0: its send #3 to 1 (t.py:91) came right after a call from t.py:91, an order no rank's "
         "calls took before; the others' came in an order taken before."
     )
+
+
+def test_a_connection_that_broke_between_a_pipelines_first_two_stages_names_both_its_ends() -> None:
+    """A pipeline of 4 (the matrix's pipelining-disconnect-w4-first): the connection between
+    stages 0 and 1 broke; rank 1's receive from 0 raised "Connection closed by peer", and so did
+    rank 0's isend to 1.  Gloo says the same on both ends: either may have lost it."""
+    closed = "RuntimeError: Connection closed by peer"
+    r4 = (0, 1, 2, 3)
+    first = rank(0, ok("isend", 3, peer=1, ranks=r4), call("isend", 4, peer=1, ranks=r4, state="raised", error=closed),
+                 finished=True, failed=closed)
+    second = rank(1, ok("irecv", 3, peer=0, ranks=r4), call("irecv", 4, peer=0, ranks=r4, state="raised", error=closed),
+                  finished=True, failed=closed)
+    rest = [rank(2, ok("irecv", 3, peer=1, ranks=r4), call("irecv", 4, peer=1, ranks=r4)),
+            rank(3, ok("irecv", 3, peer=2, ranks=r4), call("irecv", 4, peer=2, ranks=r4))]
+    for waiting in rest:
+        waiting.waiting_on = 1  # in its irecv #4's wait
+    verdict = judge(snap(first, second, *rest))
+    assert outline(verdict) == ("deadlock", "rank_exited", [0, 1], [2, 3])
+    assert verdict.summary.endswith(
+        "The connection between ranks 0 and 1 broke, and a call of each on it raised: either may have lost it."
+    )
+
+
+def test_a_connection_that_broke_as_its_end_died_names_the_dead_end_alone() -> None:
+    closed = "RuntimeError: Connection closed by peer"
+    dead = rank(0, ok("send", 1, peer=1), call("send", 2, peer=1, state="raised", error=closed), exit_code=-9)
+    woken = rank(1, ok("recv", 1, peer=0), call("recv", 2, peer=0, state="raised", error=closed),
+                 finished=True, failed=closed)
+    waiting = rank(2, call("recv", 1, peer=1, ranks=(0, 1, 2)))
+    verdict = judge(snap(dead, woken, waiting))
+    assert verdict.culprits == [0] and "either may have lost it" not in verdict.summary

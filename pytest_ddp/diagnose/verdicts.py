@@ -47,6 +47,8 @@ class Departed:
     needs: dict[int, list[int]]  # doomed rank -> the gone or doomed ranks it needs
     left: dict[int, list[int]]  # doomed rank -> the gone ranks it needs
     waits: dict[int, Wait]
+    # The two ends of the one connection that broke, each end's call on it raised: both named.
+    broken: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

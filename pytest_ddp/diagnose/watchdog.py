@@ -69,12 +69,14 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         left[r] += sorted({woken[g] for g in left[r] if g in woken} - set(left[r]))
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
-    center = majority.broken_center(ranks)
+    center, broken = majority.broken_center(ranks), majority.broken_pair(ranks)
     if center is not None and ranks[center].finished:  # the others were woken by its broken connections
         kind, culprits, victims = "rank_exited", [center], set(gone) - {center}
         for r in doomed:  # ... and leave behind those waiting for them
             if set(left[r]) & victims and center not in left[r]:
                 left[r].append(center)
+    if kind != "rank_exited" or not set(culprits) < set(broken):
+        broken = []
     if kind == "partial" and not victims:
         extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
@@ -82,8 +84,10 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
 
     waiter = min(r for r in doomed if left[r])
     first = first_missed(ranks[waiter], ranks[left[waiter][0]], waits[waiter].call)
-    finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits)
-    return Verdict("deadlock", kind, culprits, sorted(doomed), first.op, first.label, finding)
+    finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits, broken)
+    named = sorted(set(culprits) | set(broken))  # a broken connection's end still in the test too
+    return Verdict("deadlock", kind, named, [r for r in sorted(doomed) if r not in named], first.op, first.label,
+                   finding)
 
 
 def _victims(

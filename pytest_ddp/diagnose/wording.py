@@ -212,7 +212,12 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
 
     causes = [f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)]
     causes += [f"rank {v} {reason(v)}" for v in f.victims]
-    return "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
+    text = "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
+    if f.broken:
+        a, b = f.broken
+        text += (f" The connection between ranks {a} and {b} broke, and a call of each on it raised:"
+                 " either may have lost it.")
+    return text
 
 
 def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
