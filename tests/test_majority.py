@@ -201,3 +201,27 @@ def test_a_connection_that_broke_as_its_end_died_names_the_dead_end_alone() -> N
     waiting = rank(2, call("recv", 1, peer=1, ranks=(0, 1, 2)))
     verdict = judge(snap(dead, woken, waiting))
     assert verdict.culprits == [0] and "either may have lost it" not in verdict.summary
+
+
+def test_of_two_ranks_one_waiting_in_a_step_more_as_it_went_before_is_a_tie() -> None:
+    """DDP's uneven inputs: rank 0 waits in a third step's all_reduce, from the line and after
+    the call its steps always made; rank 1 returned after two.  A step more on rank 0 or a step
+    less on rank 1: both are named."""
+    steps_of = [ok("all_reduce", seq, site="t.py:126") for seq in (1, 2)]
+    waiting = rank(0, *steps_of, call("all_reduce", 3, site="t.py:126"))
+    returned = rank(1, *[ok("all_reduce", seq, site="t.py:126") for seq in (1, 2)], finished=True)
+    verdict = judge(snap(waiting, returned))
+    assert outline(verdict) == ("deadlock", "partial", [0, 1], [])
+    assert verdict.summary.endswith(
+        "rank 0 went on as it had (the call came after the one before it in an order of lines taken before): "
+        "a step more on rank 0 or a step less on rank 1, nothing tells which."
+    )
+
+
+def test_of_two_ranks_one_waiting_in_a_call_from_a_new_line_names_the_rank_that_returned() -> None:
+    """The barrier only rank 0 calls, after a step both made: rank 1 never called it."""
+    waiting = rank(0, ok("all_reduce", 1, site="t.py:10"), call("barrier", 2, shape=None, site="t.py:12"))
+    returned = rank(1, ok("all_reduce", 1, site="t.py:10"), finished=True)
+    verdict = judge(snap(waiting, returned))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+    assert "nothing tells" not in verdict.summary

@@ -154,6 +154,24 @@ def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int
     other rank's came by a path taken before -> the call before it.  A call from a line that made
     none before tells nothing (a loop's first way out looks the same: a step less on one rank is a
     step more on the other), and neither does a first call.  Empty when nothing tells."""
+    before, new = _paths(ranks, entered)
+    if len(before) < len(entered) or new is None:
+        return {}
+    departed = {r: before[r] for r in new}
+    return departed if 0 < len(departed) < len(entered) else {}
+
+
+def as_before(ranks: dict[int, RankState], entered: dict[int, Call]) -> bool:
+    """Every rank's call came after its previous one by a path taken before (:func:`new_paths`):
+    the ranks went on as they had, round the same code once more."""
+    before, new = _paths(ranks, entered)
+    return len(before) == len(entered) and new == set()
+
+
+def _paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> tuple[dict[int, Call], set[int] | None]:
+    """(each entered rank's call before its entered one, the ranks whose entered call came from
+    it by a path no rank took before); None for the second where an entered call's line made no
+    call before."""
     taken: set[tuple[str, str]] = set()
     lines: set[str] = set()
     before: dict[int, Call] = {}
@@ -164,7 +182,6 @@ def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int
         lines.update(c.site for c in made)
         if rank in entered and made:
             before[rank] = made[-1]
-    if len(before) < len(entered) or any(c.site not in lines for c in entered.values()):
-        return {}
-    new = {r: before[r] for r, c in entered.items() if (before[r].site, c.site) not in taken}
-    return new if 0 < len(new) < len(entered) else {}
+    if any(c.site not in lines for c in entered.values()):
+        return before, None
+    return before, {r for r, c in entered.items() if r in before and (before[r].site, c.site) not in taken}

@@ -49,6 +49,9 @@ class Departed:
     waits: dict[int, Wait]
     # The two ends of the one connection that broke, each end's call on it raised: both named.
     broken: list[int] = field(default_factory=list)
+    # As many wait as returned, each waiting call come in an order of lines taken before: a step
+    # more on these, or a step less on the culprits; nothing tells which, so these are named too.
+    alike: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -77,15 +77,19 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
                 left[r].append(center)
     if kind != "rank_exited" or not set(culprits) < set(broken):
         broken = []
+    alike: list[int] = []
     if kind == "partial" and not victims:
         extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
             return extra
+        # No majority (2 ranks): where the waiting went on as they had, it is a tie
+        if len(culprits) == len(doomed) and majority.as_before(ranks, {r: waits[r].call for r in doomed}):
+            alike = sorted(doomed)
 
     waiter = min(r for r in doomed if left[r])
     first = first_missed(ranks[waiter], ranks[left[waiter][0]], waits[waiter].call)
-    finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits, broken)
-    named = sorted(set(culprits) | set(broken))  # a broken connection's end still in the test too
+    finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits, broken, alike)
+    named = sorted(set(culprits) | set(broken) | set(alike))  # a broken connection's end still in the test too
     return Verdict("deadlock", kind, named, [r for r in sorted(doomed) if r not in named], first.op, first.label,
                    finding)
 

@@ -217,6 +217,11 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
         a, b = f.broken
         text += (f" The connection between ranks {a} and {b} broke, and a call of each on it raised:"
                  " either may have lost it.")
+    if f.alike:
+        waiting, returned = rank_list(f.alike), rank_list(f.culprits)
+        text += (f" {waiting} went on as {'they' if len(f.alike) > 1 else 'it'} had (the call came after the one"
+                 f" before it in an order of lines taken before): a step more on {waiting} or a step less on"
+                 f" {returned}, nothing tells which.")
     return text
 
 

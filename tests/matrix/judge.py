@@ -133,7 +133,7 @@ def judge(cell: Cell, record: Record) -> Judged:
         named = set(record.likely)
     # Two ranks named as disagreeing, the culprit one of them: a world of 2, or a pair of peers
     tie = (len(named) == 2 and set(expected.culprits) <= named and not record.likely
-           and record.kind in ("mismatch", "p2p_cycle", "p2p_unmatched") and len(expected.culprits) == 1)
+           and record.kind in ("mismatch", "p2p_cycle", "p2p_unmatched", "partial") and len(expected.culprits) == 1)
     false_culprit = bool(named - set(expected.culprits) - set(expected.may_name)) and not tie
     why = ""
     call = record.call
