@@ -19,11 +19,12 @@ from pytest_ddp.diagnose.wording import unreceived_line
 
 def mpi(method: str, seq: int, *, state: str = "running", peer: int | None = None, tag: int | None = None,
         got: int | None = None, group: str = "WORLD", ranks: tuple[int, ...] = R4, root: int | None = None,
-        extra: dict[str, Any] | None = None, enter: float = NOW - 1, error: str | None = None) -> Call:
+        extra: dict[str, Any] | None = None, enter: float = NOW - 1, error: str | None = None,
+        site: str | None = None) -> Call:
     """An mpi4py call as the MPI recorder describes it; ``got``: the sender a receive from any
     source got its message from (its ret says)."""
     call = Call(index=0, op=ops.MPI_PREFIX + method, group=group, group_ranks=ranks, seq=seq,
-                site=f"t.py:{10 + seq}", enter=enter, peer=peer, tag=tag, root=root, extra=extra or {})
+                site=site or f"t.py:{10 + seq}", enter=enter, peer=peer, tag=tag, root=root, extra=extra or {})
     if state != "running":
         call.exit = enter + 0.1
         call.error = (error or "Exception: error") if state == "raised" else None
@@ -139,9 +140,10 @@ def test_a_receive_whose_message_was_sent_is_in_progress() -> None:
 
 def test_messages_from_one_sender_are_received_in_the_order_sent() -> None:
     # Rank 0 sent tag 1, then tag 2.  Rank 1's first receive (any tag) took tag 1: its receive of
-    # tag 1 waits, its receive of tag 2 would not.
+    # tag 1 waits, its receive of tag 2 would not.  (The receives' lines are not the sends'.)
     sends = rank(0, done("Send", 1, peer=1, tag=1, ranks=R2), done("Send", 2, peer=1, tag=2, ranks=R2), finished=True)
-    tag_1 = rank(1, done("Recv", 1, peer=0, ranks=R2), mpi("Recv", 2, peer=0, tag=1, ranks=R2))
+    tag_1 = rank(1, done("Recv", 1, peer=0, ranks=R2, site="t.py:21"),
+                 mpi("Recv", 2, peer=0, tag=1, ranks=R2, site="t.py:22"))
     assert outline(judge(snap(sends, tag_1))) == ("deadlock", "partial", [0], [1])
     tag_2 = rank(1, done("Recv", 1, peer=0, ranks=R2), mpi("Recv", 2, peer=0, tag=2, ranks=R2))
     assert judge(snap(sends, tag_2)).status == "wait"
