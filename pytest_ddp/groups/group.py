@@ -384,8 +384,22 @@ class RankGroup:
         rp.dump_offset = file_size(rp.dump_path)
 
     def poll(self, wait: float) -> None:
-        """Wait up to ``wait`` seconds for news, then fold every new event and exit into the states."""
-        self._wait(wait)
+        """Fold new events and exits into the states until the watchdog has news to judge (every rank
+        done or ended, or a rank failed or ended) or ``wait`` is out: a rank done while others run is
+        waited past; what came before a wake-up byte drained already (``alive``) is not waited for."""
+        end, before = time.monotonic() + wait, self._judged()
+        self._fold()
+        while self._judged() == before and not all(state.finished for state in self.states):
+            left, before = end - time.monotonic(), self._judged()
+            self._wait(max(0.0, left))
+            self._fold()
+            if left <= 0 or self._news is None:  # out of time, or killed: nothing more to hear of
+                return
+
+    def _judged(self) -> list[tuple[float | None, bool]]:
+        return [(state.failed_at, state.alive) for state in self.states]  # a failure, a death
+
+    def _fold(self) -> None:
         now = time.time()
         for rp, state in zip(self.ranks, self.states):
             # Events first: a rank may have written some just before it died.

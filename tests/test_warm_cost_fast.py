@@ -1,0 +1,193 @@
+"""The controller's looks at a warm test made fewer and cheaper, with nothing missed (issue 28,
+part 5): a rank group's ``poll`` waits past a rank that is done while others still run, and comes
+back at once for what the watchdog must judge (every rank done, a failure, a death), also when the
+wake-up bytes were drained before; the event reader reads a log in plain reads, a large one whole;
+the ledger's count of tasks read from a descriptor kept open; the merged reports of a plain pass.
+
+Real ranks (a RankGroup, as the controller drives it), real files; no mocks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from pytest_ddp.common.event_log import EventLog, EventReader
+from pytest_ddp.common.protocol import Done, PhaseStart, RunItem, encode
+from pytest_ddp.groups.group import GroupConfig, RankGroup
+from pytest_ddp.groups.spawn import rank_files
+from pytest_ddp.rank import leftovers
+
+RANK_TESTS = '''
+import os, pytest
+
+FIFO = {fifo!r}
+
+def wait_for_the_test():
+    with open(FIFO) as f:  # blocks until the test opens it for writing
+        f.read()
+
+@pytest.mark.ddp(world_size=2)
+def test_rank1_waits(rank):
+    if rank == 1:
+        wait_for_the_test()
+
+@pytest.mark.ddp(world_size=2)
+def test_rank1_fails_rank0_waits(rank):
+    if rank == 0:
+        wait_for_the_test()
+    assert rank == 0, "rank 1 fails"
+
+@pytest.mark.ddp(world_size=2)
+def test_rank1_dies_rank0_waits(rank):
+    if rank == 0:
+        wait_for_the_test()
+    else:
+        os._exit(3)
+
+@pytest.mark.ddp(world_size=2)
+def test_both_pass(rank):
+    pass
+'''
+
+
+@pytest.fixture
+def group(tmp_path: Path):
+    """A started 2-rank group that collected RANK_TESTS, and the FIFO its tests wait on."""
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    (tmp_path / "test_ranks.py").write_text(RANK_TESTS.format(fifo=str(fifo)))
+    args = ["-q", "-p", "no:cacheprovider", str(tmp_path / "test_ranks.py")]
+    config = GroupConfig(2, "gloo", True, pg_timeout=600, pytest_args=args, workdir_parent=str(tmp_path))
+    group = RankGroup(config)
+    group.start(deadline=time.monotonic() + 120)
+    try:
+        yield group, fifo
+    finally:
+        _release(fifo)
+        group.kill()
+
+
+def _release(fifo: Path) -> None:
+    """Let a rank blocked opening the FIFO go on (without blocking here when none is)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader: nobody waits
+        pass
+
+
+def _begin(group: RankGroup, name: str) -> None:
+    nodeid = next(item for item in group.config.items or group._items if item.endswith(f"::{name}"))
+    group.begin(RunItem(nodeid))
+
+
+def _done_in_log(group: RankGroup, rank: int) -> EventReader:
+    """A reader of the rank's own event log, beside the group's, to see its Done without folding it."""
+    return EventReader(str(rank_files(group.workdir, rank)["events"]))
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_done_while_another_runs_is_waited_past_then_all_done_comes_at_once(group) -> None:
+    group, fifo = group
+    _begin(group, "test_rank1_waits")
+    reader = _done_in_log(group, 0)
+    seen: list[object] = []
+    wait_for(lambda: seen.extend(reader.read_new()) or any(isinstance(e, Done) for e in seen), "rank 0's Done")
+    wait = 0.3
+    began = time.monotonic()
+    group.poll(wait)
+    assert time.monotonic() - began >= wait  # rank 0's Done alone is nothing to judge
+    assert group.states[0].finished and not group.states[1].finished
+    _release(fifo)
+    group.poll(3600)  # the timeout mark fails it if it waits for the wait's end
+    assert all(state.finished for state in group.states)
+    assert [state.reports["call"]["outcome"] for state in group.states] == ["passed", "passed"]
+    reader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_while_another_rank_runs_comes_back_at_once(group) -> None:
+    group, _ = group
+    _begin(group, "test_rank1_fails_rank0_waits")
+    while group.states[1].failed_at is None:  # each poll comes back on news to judge, or in an hour
+        group.poll(3600)
+    assert not group.states[0].finished
+    assert group.states[1].reports["call"]["outcome"] == "failed"
+
+
+@pytest.mark.timeout(120)
+def test_a_death_while_another_rank_runs_comes_back_at_once(group) -> None:
+    group, _ = group
+    _begin(group, "test_rank1_dies_rank0_waits")
+    while group.states[1].alive:
+        group.poll(3600)
+    assert group.states[1].exit_code == 3
+    assert not group.states[0].finished
+
+
+@pytest.mark.timeout(120)
+def test_all_done_is_folded_in_at_once_when_the_wake_ups_were_drained_before(group) -> None:
+    group, _ = group
+    _begin(group, "test_both_pass")
+    readers = [_done_in_log(group, rank) for rank in (0, 1)]
+    seen: list[object] = []
+    wait_for(
+        lambda: seen.extend(e for r in readers for e in r.read_new()) or sum(isinstance(e, Done) for e in seen) == 2,
+        "both ranks' Done",
+    )
+    assert group.alive  # reads the wake-up bytes, folds nothing
+    group.poll(3600)  # nothing more will come: the timeout mark fails it if it waits
+    assert all(state.finished for state in group.states)
+    for reader in readers:
+        reader.close()
+
+
+def test_the_event_reader_reads_a_log_larger_than_one_read_whole_and_a_cut_line_once_whole(tmp_path) -> None:
+    path = str(tmp_path / "events")
+    reader = EventReader(path)
+    assert reader.read_new() == []  # not created yet
+    log = EventLog(path)
+    events = [PhaseStart(f"phase {i:06d}" + "x" * 100) for i in range(2000)]  # over 200 KiB
+    for event in events:
+        log.write(event)
+    assert reader.read_new() == events
+    assert reader.read_new() == []
+    line = PhaseStart("call")
+    with open(path, "ab") as f:
+        whole = encode(line)
+        f.write(whole[:5])
+        f.flush()
+        assert reader.read_new() == []  # a line cut short waits for its end
+        f.write(whole[5:])
+    assert reader.read_new() == [line]
+    log.close()
+    reader.close()
+
+
+def test_the_kernels_count_of_tasks_from_the_kept_descriptor_still_grows_with_each_thread() -> None:
+    first = leftovers.forks_made()
+    again = leftovers.forks_made()  # read again from the descriptor kept open
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    after = leftovers.forks_made()
+    assert first is not None and again is not None and after is not None
+    assert first <= again < after
+
+
+def test_a_proc_file_larger_than_the_first_read_is_read_whole(tmp_path) -> None:
+    # The same reading as /proc/stat's on a machine with many CPUs and interrupts (tens of KiB).
+    data = os.urandom(200_000)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert leftovers._read_whole(fd) == data
+        assert leftovers._read_whole(fd) == data  # from the start again, each time
+    finally:
+        os.close(fd)
