@@ -216,25 +216,34 @@ class ProcessLedger:
         return [pid for pid in alive if pid not in self.kept and not (set_up & self.from_setup.get(pid, frozenset()))]
 
 
+_stat_fd: list[int] = []  # /proc/stat, open for the process's life once read
+
+
 def forks_made() -> int | None:
     """How many tasks (processes and threads) the kernel has made since it booted: the
     ``processes`` line of /proc/stat, which never goes back.  None where it cannot be read."""
     try:
-        fd = os.open("/proc/stat", os.O_RDONLY)
+        if not _stat_fd:
+            _stat_fd.append(os.open("/proc/stat", os.O_RDONLY))
+        data = _read_whole(_stat_fd[0])
     except OSError:
         return None
-    try:
-        data = _read_all(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     start = data.find(b"\nprocesses ")
     if start < 0:
         return None
     line = data[start + 1 : data.find(b"\n", start + 1)]
     value = line.split()[1] if len(line.split()) == 2 else b""
     return int(value) if value.isdigit() else None
+
+
+def _read_whole(fd: int) -> bytes:
+    """The whole of a /proc file from one read at its start: the kernel makes it afresh for each such
+    read (a descriptor kept open saves an open and a close a look, a third of its cost), all of it
+    at once, so a read that fills the buffer is made again with a larger one."""
+    size = 1 << 14
+    while len(data := os.pread(fd, size, 0)) == size:
+        size *= 4
+    return data
 
 
 def _forks_are_counted() -> bool:
