@@ -9,7 +9,9 @@ first failing phase carries the whole diagnosis (see :mod:`pytest_ddp.report.fai
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pytest
 
@@ -28,6 +30,24 @@ from pytest_ddp.report.failure import (
 from pytest_ddp.report.writable import printable, printable_data
 
 RERUN = "rerun"  # pytest-rerunfailures' outcome of a failed attempt that it runs again
+
+
+@dataclass(frozen=True)
+class _PlainPass:
+    """A rank's phase that passed with nothing more to say (sent without its report): what merging
+    reads of a rank's report, without a TestReport made for each rank and phase."""
+
+    duration: float
+    outcome: ClassVar[str] = "passed"
+    failed: ClassVar[bool] = False
+    skipped: ClassVar[bool] = False
+    longrepr: ClassVar[None] = None
+    longreprtext: ClassVar[str] = ""
+    sections: ClassVar[tuple[tuple[str, str], ...]] = ()
+    user_properties: ClassVar[tuple[tuple[str, object], ...]] = ()
+
+
+RankReport = pytest.TestReport | _PlainPass
 
 
 def _expected_phases(state: RankState) -> list[str]:
@@ -63,19 +83,22 @@ def merged_reports(
     item: pytest.Item, run: TestRun | StartFailure, config: pytest.Config
 ) -> tuple[list[pytest.TestReport], dict[int, str]]:
     """The controller's reports for ``item``, and each failing rank's failure text."""
+    keywords = {name: 1 for name in item.keywords}
     if isinstance(run, StartFailure):  # no rank ran it: its setup failed
         text = start_failure_text(run)
-        return [_report(item, "setup", "failed", text), _report(item, "teardown", "passed", None)], {}
+        return [
+            _report(item, keywords, "setup", "failed", text), _report(item, keywords, "teardown", "passed", None)
+        ], {}
 
-    rank_reports: dict[str, dict[int, pytest.TestReport]] = {when: {} for when in PHASES}
+    rank_reports: dict[str, dict[int, RankReport]] = {when: {} for when in PHASES}
     rank_failures: dict[int, str] = {}
     for state in run.states:
         for when, event in state.reports.items():
+            rep: RankReport
             if "data" in event:
                 rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
             else:  # a plain pass, sent without its report
-                rep = _report(item, when, "passed", None)
-                rep.duration = event["duration"]
+                rep = _PlainPass(event["duration"])
             rank_reports[when][state.rank] = rep
             if rep.failed or rep.outcome == RERUN:
                 label = "" if when == "call" else f" (in {when})"
@@ -89,14 +112,14 @@ def merged_reports(
     # fixtures they still held then, and a failure there is this test's teardown error.
     for rank, end in run.stop_teardown.items():
         teardown = rank_reports["teardown"].get(rank)
-        rep = _stop_teardown_report(end, str(item.path), config)
-        if rep is None or (teardown is not None and teardown.failed):
+        at_stop = _stop_teardown_report(end, str(item.path), config)
+        if at_stop is None or (teardown is not None and teardown.failed):
             continue
-        rep.duration += teardown.duration if teardown is not None else 0.0
-        rank_reports["teardown"][rank] = rep
+        at_stop.duration += teardown.duration if teardown is not None else 0.0
+        rank_reports["teardown"][rank] = at_stop
         # The controller's own text of a rank that sent no report says it was in teardown.
         label = "" if isinstance(end, UnfinishedTeardown) else " (in teardown)"
-        rank_failures.setdefault(rank, rep.longreprtext + label)
+        rank_failures.setdefault(rank, at_stop.longreprtext + label)
     # A rank an injected fault ended on purpose was not stuck: the phase stands on the others (on
     # every rank where injected faults ended them all: none ran the test to its end).
     survivors = [state for state in run.states if not state.died_as_injected] or run.states
@@ -125,7 +148,7 @@ def merged_reports(
                 )
         elif outcome == "skipped":
             longrepr = _skip_longrepr(item, per_rank)
-        report = _report(item, when, outcome, longrepr)
+        report = _report(item, keywords, when, outcome, longrepr)
         if wasxfail is not None:
             report.wasxfail = wasxfail
         # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
@@ -224,7 +247,7 @@ def _printable(report: pytest.TestReport) -> pytest.TestReport:
     return report
 
 
-def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:
+def _merge_outcome(reps: list[RankReport], any_stuck: bool) -> tuple[str, str | None]:
     """(outcome, wasxfail) of one phase over the ranks' reports.
 
     xfail is about the test as a whole: if the expected failure happened on
@@ -247,7 +270,7 @@ def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str,
     return "passed", None
 
 
-def _skip_longrepr(item: pytest.Item, per_rank: dict[int, pytest.TestReport]) -> Any:
+def _skip_longrepr(item: pytest.Item, per_rank: dict[int, RankReport]) -> Any:
     for rep in per_rank.values():
         if rep.skipped and isinstance(rep.longrepr, (tuple, list)) and len(rep.longrepr) == 3:
             return tuple(rep.longrepr)
@@ -255,11 +278,15 @@ def _skip_longrepr(item: pytest.Item, per_rank: dict[int, pytest.TestReport]) ->
     return (str(path), (lineno or 0) + 1, "Skipped")
 
 
-def _report(item: pytest.Item, when: str, outcome: str, longrepr: Any) -> pytest.TestReport:
+def _report(
+    item: pytest.Item, keywords: Mapping[str, Any], when: str, outcome: str, longrepr: Any
+) -> pytest.TestReport:
+    """The controller's report of one phase; ``keywords``, the item's, are copied (walking the item's
+    and its parents' keywords once for all phases)."""
     return pytest.TestReport(
         nodeid=item.nodeid,
         location=item.location,
-        keywords={name: 1 for name in item.keywords},
+        keywords=dict(keywords),
         outcome=outcome,  # type: ignore[arg-type]
         longrepr=longrepr,
         when=when,  # type: ignore[arg-type]
