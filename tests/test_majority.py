@@ -225,3 +225,12 @@ def test_of_two_ranks_one_waiting_in_a_call_from_a_new_line_names_the_rank_that_
     verdict = judge(snap(waiting, returned))
     assert outline(verdict) == ("deadlock", "partial", [1], [0])
     assert "nothing tells" not in verdict.summary
+
+
+def test_of_four_ranks_one_waiting_in_a_send_its_peer_never_received_is_no_tie() -> None:
+    """Rank 0 returned after 2 receives from rank 3, whose 3rd send waits: as its sends went
+    before, but the other ranks made 3 of each, so rank 0 made a receive less (the majority)."""
+    world = 4
+    waiting = rank(3, *ring(3, world, sends=2), call("send", STEPS, peer=0, ranks=(0, 1, 2, 3)))
+    verdict = judge(snap(finished(0, world, recvs=2), finished(1, world), finished(2, world), waiting))
+    assert outline(verdict) == ("deadlock", "partial", [0], [3])

@@ -82,8 +82,10 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
             return extra
-        # No majority (2 ranks): where the waiting went on as they had, it is a tie
-        if len(culprits) == len(doomed) and majority.as_before(ranks, {r: waits[r].call for r in doomed}):
+        # No majority (as many wait as returned, the whole world: 2 ranks): where the waiting went
+        # on as they had, it is a tie
+        if len(ranks) == 2 * len(doomed) == 2 * len(culprits) and majority.as_before(
+                ranks, {r: waits[r].call for r in doomed}):
             alike = sorted(doomed)
 
     waiter = min(r for r in doomed if left[r])
@@ -197,7 +199,9 @@ def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
         if calls and calls[-1].state == "raised":
             mine = [c for c in calls if c.is_p2p]
         else:
-            mine = [c for c in [ranks[rank].blocked_call] if c is not None and c.is_p2p]
+            # the call it is blocked in, or died inside (Gloo aborts a rank whose receive meets a
+            # message of another size: its peer may not have raised yet)
+            mine = [c for c in [ranks[rank].blocked_call or ranks[rank].died_in] if c is not None and c.is_p2p]
         # torch's p2p only: MPI pairs a send with a receive by tag (diagnose.mpi_matching)
         mine = [c for c in mine if c.kind.api == "torch" and c.peer in ranks and c.peer != rank and c.shapes]
         for call in mine:

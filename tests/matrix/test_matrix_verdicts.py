@@ -102,3 +102,16 @@ def test_calls_that_disagree_are_the_mismatch_when_the_grace_is_over_whoever_fai
     going_on = rank(0, call("all_reduce", 1, shape=(7, 4), is_async=True))
     verdict = judge(snap(going_on, aborted))
     assert (verdict.status, verdict.kind, verdict.culprits) == ("stopped", "mismatch", [0, 1])
+
+
+def test_a_send_of_another_size_is_a_mismatch_though_the_receiver_died_before_the_sender_raised():
+    """Gloo aborted rank 1 inside its receive of rank 0's 5 floats (it expected 4); rank 0, in
+    its own receive from rank 1, has not raised yet.  The calls disagree, whatever raised first:
+    the matrix's p2p-shape-w2-first named rank 1 for its death in some runs."""
+    sender = rank(0, ok("send", 1, peer=1, site="t.py:91"), ok("recv", 1, peer=1, site="t.py:92"),
+                  ok("send", 2, peer=1, site="t.py:91", shape=(5,)), call("recv", 2, peer=1, site="t.py:92"))
+    receiver = rank(1, ok("recv", 1, peer=0, site="t.py:94"), ok("send", 1, peer=0, site="t.py:95"),
+                    call("recv", 2, peer=0, site="t.py:94"), exit_code=-6)
+    verdict = judge(snap(sender, receiver))
+    assert (verdict.kind, verdict.culprits) == ("mismatch", [0, 1])
+    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.likely) == [0]
