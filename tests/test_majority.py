@@ -228,9 +228,21 @@ def test_of_two_ranks_one_waiting_in_a_call_from_a_new_line_names_the_rank_that_
 
 
 def test_of_four_ranks_one_waiting_in_a_send_its_peer_never_received_is_no_tie() -> None:
-    """Rank 0 returned after 2 receives from rank 3, whose 3rd send waits: as its sends went
-    before, but the other ranks made 3 of each, so rank 0 made a receive less (the majority)."""
-    world = 4
-    waiting = rank(3, *ring(3, world, sends=2), call("send", STEPS, peer=0, ranks=(0, 1, 2, 3)))
-    verdict = judge(snap(finished(0, world, recvs=2), finished(1, world), finished(2, world), waiting))
+    """The matrix's ring (p2p-unmatched_send-w4-first): rank 0 returned without its 3rd receive
+    from rank 3, whose 3rd send waits, come as its sends went before; but ranks 1 and 2 made 3
+    of each, so rank 0 made a receive less (the majority), not rank 3 a send more."""
+    r4 = (0, 1, 2, 3)
+
+    def steps_of(r: int, first: str, second: str, lines: tuple[int, int], count: int) -> list[Call]:
+        peers = {"send": (r + 1) % 4, "recv": (r - 1) % 4}
+        return [ok(op, k, peer=peers[op], ranks=r4, site=f"t.py:{line}")
+                for k in range(1, count + 1) for op, line in ((first, lines[0]), (second, lines[1]))]
+
+    rank_0 = rank(0, *steps_of(0, "send", "recv", (91, 92), 2), ok("send", 3, peer=1, ranks=r4, site="t.py:91"),
+                  finished=True)
+    rank_1 = rank(1, *steps_of(1, "recv", "send", (94, 95), 3), finished=True)
+    rank_3 = rank(3, *steps_of(3, "recv", "send", (94, 95), 2), ok("recv", 3, peer=2, ranks=r4, site="t.py:94"),
+                  call("send", 3, peer=0, ranks=r4, site="t.py:95"))
+    rank_2 = rank(2, *steps_of(2, "send", "recv", (91, 92), 3), finished=True)
+    verdict = judge(snap(rank_0, rank_1, rank_2, rank_3))
     assert outline(verdict) == ("deadlock", "partial", [0], [3])
