@@ -70,6 +70,8 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
     center, broken = majority.broken_center(ranks), majority.broken_pair(ranks)
+    if center is not None and _raising(ranks[center]):  # it meets its broken connections in a moment
+        return Verdict("wait")
     if center is not None and ranks[center].finished:  # the others were woken by its broken connections
         kind, culprits, victims = "rank_exited", [center], set(gone) - {center}
         for r in doomed:  # ... and leave behind those waiting for them
@@ -94,6 +96,12 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     named = sorted(set(culprits) | set(broken) | set(alike))  # a broken connection's end still in the test too
     return Verdict("deadlock", kind, named, [r for r in sorted(doomed) if r not in named], first.op, first.label,
                    finding)
+
+
+def _raising(state: RankState) -> bool:
+    """The rank is still in a send or receive: one whose connections broke raises there next."""
+    call = state.blocked_call
+    return state.alive and not state.finished and call is not None and call.is_p2p
 
 
 def _victims(
@@ -318,6 +326,8 @@ def judge(snap: Snapshot) -> Verdict:
     timed_out = snap.now - snap.started >= snap.timeout
     verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _p2p_mismatch("deadlock", ranks) or _deadlock(
         ranks, waits)
+    if verdict is not None and verdict.status == "wait":  # a rank about to raise: up to the timeout
+        verdict = None
     # Peers of a rank killed on purpose may still recover (their collective raises, at once or
     # at their own timeout); only the test's timeout makes the deadlock final.
     if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
