@@ -18,7 +18,7 @@ FAST = [
     *matrix.cells(("objects",), ("extra", "exit"), (4,), ("first",)),
     *matrix.cells(("ddp", "fsdp2", "dtensor", "functional", "tensor_parallel", "pipelining", "mpi"),
                   ("raise",), (2,), ("last",)),
-    *matrix.cells(("ddp", "functional"), ("skip",), (2,), ("first",)),
+    *matrix.cells(("ddp", "functional"), ("skip",), (4,), ("first",)),  # at 2 ranks a tie: a step more or less
 ]
 
 
