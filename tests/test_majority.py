@@ -263,3 +263,20 @@ def test_a_ring_rank_whose_connections_broke_is_waited_for_until_it_raises_then_
     verdict = judge(snap(waiting, woken[0], raised, woken[1]))
     assert outline(verdict) == ("deadlock", "rank_exited", [2], [0])
     assert judge(snap(waiting, woken[0], center, woken[1], timeout=0.5)).status == "timeout"
+
+
+def test_a_broken_connection_whose_other_end_is_still_in_its_send_names_both_ends() -> None:
+    """The same pipeline, looked at before rank 0's next isend raised: it is still in isend #4's
+    wait, to rank 1, whose receive from it raised."""
+    closed = "RuntimeError: Connection closed by peer"
+    r4 = (0, 1, 2, 3)
+    first = rank(0, ok("isend", 3, peer=1, ranks=r4), call("isend", 4, peer=1, ranks=r4))
+    first.waiting_on = 1
+    second = rank(1, ok("irecv", 3, peer=0, ranks=r4), call("irecv", 4, peer=0, ranks=r4, state="raised", error=closed),
+                  finished=True, failed=closed)
+    rest = [rank(2, ok("irecv", 3, peer=1, ranks=r4), call("irecv", 4, peer=1, ranks=r4)),
+            rank(3, ok("irecv", 3, peer=2, ranks=r4), call("irecv", 4, peer=2, ranks=r4))]
+    for waiting in rest:
+        waiting.waiting_on = 1
+    verdict = judge(snap(first, second, *rest))
+    assert outline(verdict) == ("deadlock", "rank_exited", [0, 1], [2, 3])

@@ -85,17 +85,23 @@ def broken_center(ranks: dict[int, RankState]) -> int | None:
 
 def broken_pair(ranks: dict[int, RankState]) -> list[int]:
     """The two ends of the one connection every send or receive that raised was on, where a call
-    of each end raised on it and both are alive (Gloo says "Connection closed by peer" on both
-    ends of a connection that broke): either may have lost it (a pipeline's first or last stage,
-    a world of 2); [] otherwise.  Where one end died, the other was woken by the death."""
+    of each end raised on it (or the end that has not is still in a send or receive to the other)
+    and both are alive (Gloo says "Connection closed by peer" on both ends of a connection that
+    broke): either may have lost it (a pipeline's first or last stage, a world of 2); [] otherwise.
+    Where one end died, the other was woken by the death."""
     raised = {(r, c.peer) for r, state in ranks.items() for c in state.calls
               if c.is_p2p and c.state == "raised" and c.peer is not None and c.peer != r}
     pairs = {frozenset(end) for end in raised}
     if len(pairs) != 1:
         return []
     pair = sorted(next(iter(pairs)))
-    both = {r for r, _ in raised} == set(pair)
-    return pair if both and all(p in ranks and ranks[p].alive for p in pair) else []
+    if not all(p in ranks and ranks[p].alive for p in pair):
+        return []
+    for other in set(pair) - {r for r, _ in raised}:  # one end raised: the other is still in a send
+        call = ranks[other].blocked_call  # or receive to it, where it raises next
+        if call is None or not call.is_p2p or call.peer not in pair:
+            return []
+    return pair
 
 
 def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:
