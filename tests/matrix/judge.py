@@ -171,7 +171,7 @@ def _cause(cell: Cell, record: Record, why: str, tie: bool) -> str:
     if cell.family == "p2p" and cell.kind in ("shape", "dtype") and record.kind == "rank_exited":
         return "Gloo's receive raises on a message of another size, and a send and its receive are not compared"
     if cell.kind == "disconnect":
-        return "a broken connection raises on both its ends"
+        return "the rank whose connections broke had not raised yet when its peers' calls on them did (a race)"
     if cell.family == "pipelining" and cell.kind in ("skip", "extra") and record.kind == "rank_exited":
         return "a stage that gets microbatches it did not expect raises in its own code, and is named for it"
     return ""
