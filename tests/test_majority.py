@@ -4,9 +4,10 @@ receives from the previous, three steps."""
 
 from __future__ import annotations
 
-from test_watchdog import call, judge, ok, outline, rank, snap
+from test_watchdog import NOW, call, judge, ok, outline, rank, snap
 
-from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Cycle, Disagreement
 
 STEPS = 3
@@ -248,21 +249,26 @@ def test_of_four_ranks_one_waiting_in_a_send_its_peer_never_received_is_no_tie()
     assert outline(verdict) == ("deadlock", "partial", [0], [3])
 
 
-def test_a_ring_rank_whose_connections_broke_is_waited_for_until_it_raises_then_named() -> None:
+def test_a_ring_rank_whose_connections_broke_is_given_the_settle_time_to_raise_then_named() -> None:
     """The matrix's p2p-disconnect-w4-middle: rank 2's connections broke; ranks 1 and 3 raised
     on theirs to it, and rank 0 waits for rank 3.  While rank 2 is still in its send (it raises
-    there next), the verdict waits; once it raised, it alone is named."""
+    there next), the verdict settles, as for a rank finishing a collective; once it raised, it
+    alone is named."""
     closed = "RuntimeError: Connection closed by peer"
     r4 = (0, 1, 2, 3)
     waiting = rank(0, ok("send", 1, peer=1, ranks=r4), call("recv", 1, peer=3, ranks=r4))
     woken = [rank(1, call("send", 1, peer=2, ranks=r4, state="raised", error=closed), finished=True, failed=closed),
              rank(3, call("recv", 1, peer=2, ranks=r4, state="raised", error=closed), finished=True, failed=closed)]
-    center = rank(2, call("send", 1, peer=3, ranks=r4))
-    assert judge(snap(waiting, woken[0], center, woken[1])).status == "wait"
-    raised = rank(2, call("send", 1, peer=3, ranks=r4, state="raised", error=closed), finished=True, failed=closed)
+    center = rank(2, ok("send", 1, peer=3, ranks=r4), call("send", 2, peer=3, ranks=r4))  # waits for rank 3
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(waiting, woken[0], center, woken[1])) is None  # settling
+    after = Snapshot(now=NOW + watchdog.SETTLE, started=NOW - 1, timeout=60, grace=2,
+                     ranks=[waiting, woken[0], center, woken[1]])
+    assert watch.verdict(after) is not None  # no longer than the settle time
+    raised = rank(2, ok("send", 1, peer=3, ranks=r4), call("send", 2, peer=3, ranks=r4, state="raised", error=closed),
+                  finished=True, failed=closed)
     verdict = judge(snap(waiting, woken[0], raised, woken[1]))
     assert outline(verdict) == ("deadlock", "rank_exited", [2], [0])
-    assert judge(snap(waiting, woken[0], center, woken[1], timeout=0.5)).status == "timeout"
 
 
 def test_a_broken_connection_whose_other_end_is_still_in_its_send_names_both_ends() -> None:

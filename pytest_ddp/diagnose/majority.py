@@ -83,25 +83,23 @@ def broken_center(ranks: dict[int, RankState]) -> int | None:
     return common.pop() if len(common) == 1 else None
 
 
-def broken_pair(ranks: dict[int, RankState]) -> list[int]:
-    """The two ends of the one connection every send or receive that raised was on, where a call
-    of each end raised on it (or the end that has not is still in a send or receive to the other)
-    and both are alive (Gloo says "Connection closed by peer" on both ends of a connection that
-    broke): either may have lost it (a pipeline's first or last stage, a world of 2); [] otherwise.
-    Where one end died, the other was woken by the death."""
-    raised = {(r, c.peer) for r, state in ranks.items() for c in state.calls
-              if c.is_p2p and c.state == "raised" and c.peer is not None and c.peer != r}
-    pairs = {frozenset(end) for end in raised}
-    if len(pairs) != 1:
+def broken_pair(ranks: dict[int, RankState], gone: int) -> list[int]:
+    """The two ends of the one connection the gone rank's sends or receives raised on, where both
+    are alive and the other end raised on it too, or on none yet and is still in a send or receive
+    to it (Gloo says "Connection closed by peer" on both ends of a connection that broke): either
+    may have lost it (a pipeline's first or last stage, a world of 2); [] otherwise.  Where an end
+    died, the other was woken by the death; where one is at an end of several broken connections,
+    it lost them (:func:`broken_center`)."""
+    peers = {c.peer for c in ranks[gone].calls if c.is_p2p and c.state == "raised"}
+    if not ranks[gone].alive or len(peers) != 1:
         return []
-    pair = sorted(next(iter(pairs)))
-    if not all(p in ranks and ranks[p].alive for p in pair):
+    other = peers.pop()
+    if other not in ranks or other == gone or not ranks[other].alive:
         return []
-    for other in set(pair) - {r for r, _ in raised}:  # one end raised: the other is still in a send
-        call = ranks[other].blocked_call  # or receive to it, where it raises next
-        if call is None or not call.is_p2p or call.peer not in pair:
-            return []
-    return pair
+    raised_with = {c.peer for c in ranks[other].calls if c.is_p2p and c.state == "raised"}
+    call = ranks[other].blocked_call
+    still_in = call is not None and call.is_p2p and call.peer == gone
+    return sorted((gone, other)) if raised_with == {gone} or (not raised_with and still_in) else []
 
 
 def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:

@@ -47,7 +47,7 @@ class Departed:
     needs: dict[int, list[int]]  # doomed rank -> the gone or doomed ranks it needs
     left: dict[int, list[int]]  # doomed rank -> the gone ranks it needs
     waits: dict[int, Wait]
-    # The two ends of the one connection that broke, each end's call on it raised: both named.
+    # The two ends of the one connection that broke (majority.broken_pair): both named.
     broken: list[int] = field(default_factory=list)
     # As many wait as returned, each waiting call come in an order of lines taken before: a step
     # more on these, or a step less on the culprits; nothing tells which, so these are named too.

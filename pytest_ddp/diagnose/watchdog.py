@@ -69,16 +69,14 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         left[r] += sorted({woken[g] for g in left[r] if g in woken} - set(left[r]))
     culprits = [g for g in sorted(set(gone) | set(woken.values())) if g not in victims] or gone
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
-    center, broken = majority.broken_center(ranks), majority.broken_pair(ranks)
-    if center is not None and _raising(ranks[center]):  # it meets its broken connections in a moment
-        return Verdict("wait")
+    center = majority.broken_center(ranks)
     if center is not None and ranks[center].finished:  # the others were woken by its broken connections
         kind, culprits, victims = "rank_exited", [center], set(gone) - {center}
         for r in doomed:  # ... and leave behind those waiting for them
             if set(left[r]) & victims and center not in left[r]:
                 left[r].append(center)
-    if kind != "rank_exited" or not set(culprits) < set(broken):
-        broken = []
+    one = culprits[0] if center is None and kind == "rank_exited" and len(culprits) == 1 else None
+    broken = majority.broken_pair(ranks, one) if one is not None else []
     alike: list[int] = []
     if kind == "partial" and not victims:
         extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
@@ -96,12 +94,6 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     named = sorted(set(culprits) | set(broken) | set(alike))  # a broken connection's end still in the test too
     return Verdict("deadlock", kind, named, [r for r in sorted(doomed) if r not in named], first.op, first.label,
                    finding)
-
-
-def _raising(state: RankState) -> bool:
-    """The rank is still in a send or receive: one whose connections broke raises there next."""
-    call = state.blocked_call
-    return state.alive and not state.finished and call is not None and call.is_p2p
 
 
 def _victims(
@@ -300,10 +292,12 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     ranks: it runs outside any call; it is in a collective every member entered, finishing it
     (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); a
     rank's connections were broken on purpose, so every rank still in a call is about to raise
-    out of it, the broken rank's peers too; or it is in an MPI send, which may return with its
-    message buffered."""
+    out of it, the broken rank's peers too; it is the one rank at an end of every send or receive
+    that raised (its connections broke: it raises next); or it is in an MPI send, which may return
+    with its message buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
     disconnected = any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
+    center = majority.broken_center({s.rank: s for s in snap.ranks})
 
     def may_move(state: RankState) -> bool:
         call = state.current_call
@@ -311,6 +305,7 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
             call is None
             or (state.rank in waits and not waits[state.rank].peers)
             or disconnected
+            or state.rank == center
             or mpi_matching.may_return_alone(call)
         )
 
@@ -326,8 +321,6 @@ def judge(snap: Snapshot) -> Verdict:
     timed_out = snap.now - snap.started >= snap.timeout
     verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _p2p_mismatch("deadlock", ranks) or _deadlock(
         ranks, waits)
-    if verdict is not None and verdict.status == "wait":  # a rank about to raise: up to the timeout
-        verdict = None
     # Peers of a rank killed on purpose may still recover (their collective raises, at once or
     # at their own timeout); only the test's timeout makes the deadlock final.
     if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
