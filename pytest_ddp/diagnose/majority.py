@@ -10,7 +10,7 @@ tells, one as likely (:func:`departures`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 
 from pytest_ddp.diagnose.state import Call, RankState
@@ -138,17 +138,23 @@ def departures(
     gone on to the next line of correct code: the matrix's MPI ranks of a step more and less)."""
     before: dict[str, set[tuple[object, ...]]] = {}
     earlier: dict[str, Call] = {}
-    for rank, state in ranks.items():
-        end = entered[rank].index if rank in entered else len(state.calls)
-        for made in state.calls[:end]:
-            if (made.is_collective or made.is_p2p) and made.site:
-                before.setdefault(made.site, set()).add(key(made))
-                earlier[made.site] = made
+    for _, made in _made_before(ranks, entered):
+        for call in made:
+            before.setdefault(call.site, set()).add(key(call))
+            earlier[call.site] = call
     usual = {r: next(iter(before[c.site])) for r, c in entered.items() if len(before.get(c.site, ())) == 1}
     if len(usual) < len(entered):  # a line with no history, or one that made calls of several kinds
         return {}
     departing = {r: earlier[c.site] for r, c in entered.items() if key(c) != usual[r]}
     return departing if 0 < len(departing) < len(entered) else {}
+
+
+def likely(
+    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
+) -> tuple[dict[int, Call], dict[int, Call]]:
+    """A tie's likely culprits: (:func:`departures`, else :func:`new_paths`), one of them empty."""
+    departing = departures(ranks, entered, key)
+    return departing, {} if departing else new_paths(ranks, entered)
 
 
 def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int, Call]:
@@ -179,9 +185,7 @@ def _paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> tuple[dict[
     taken: set[tuple[str, str]] = set()
     lines: set[str] = set()
     before: dict[int, Call] = {}
-    for rank, state in ranks.items():
-        end = entered[rank].index if rank in entered else len(state.calls)
-        made = [c for c in state.calls[:end] if (c.is_collective or c.is_p2p) and c.site]
+    for rank, made in _made_before(ranks, entered):
         taken.update((a.site, b.site) for a, b in pairwise(made))
         lines.update(c.site for c in made)
         if rank in entered and made:
@@ -189,3 +193,11 @@ def _paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> tuple[dict[
     if any(c.site not in lines for c in entered.values()):
         return before, None
     return before, {r for r, c in entered.items() if r in before and (before[r].site, c.site) not in taken}
+
+
+def _made_before(ranks: dict[int, RankState], entered: dict[int, Call]) -> Iterator[tuple[int, list[Call]]]:
+    """Each rank's collectives and sends or receives from a known line, before its call in
+    ``entered`` (all of them for a rank not in it): what the ranks did before they parted."""
+    for rank, state in ranks.items():
+        end = entered[rank].index if rank in entered else len(state.calls)
+        yield rank, [c for c in state.calls[:end] if (c.is_collective or c.is_p2p) and c.site]

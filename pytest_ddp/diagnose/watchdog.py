@@ -212,10 +212,8 @@ def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             theirs = indexes[call.peer].get((call.group, not call.is_recv, rank, call.seq))
             if theirs is not None and theirs.shapes and _wire_size(theirs) != _wire_size(call):
                 entered = {rank: call, call.peer: theirs}
-                likely = majority.departures(ranks, entered, _wire_size)
-                after = {} if likely else majority.new_paths(ranks, entered)
                 return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label,
-                               Disagreement(call, entered, likely, after))
+                               Disagreement(call, entered, *majority.likely(ranks, entered, _wire_size)))
     return None
 
 
@@ -254,8 +252,7 @@ def _mismatch_verdict(
     culprits, agreeing = majority.minority(entered, key)
     ops = {entered[r].op for r in culprits}
     odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
-    likely = majority.departures(ranks, entered, key) if not agreeing else {}
-    after = majority.new_paths(ranks, entered) if not agreeing and not likely else {}
+    likely, after = majority.likely(ranks, entered, key) if not agreeing else ({}, {})
     return Verdict(
         status, "mismatch", culprits, agreeing,
         odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely, after),
