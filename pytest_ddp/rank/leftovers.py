@@ -16,6 +16,7 @@ session.  What neither catches: a process that left the rank's session
 from __future__ import annotations
 
 import concurrent.futures.thread
+import functools
 import os
 import signal
 import sys
@@ -116,7 +117,7 @@ def descendants() -> list[int]:
             except OSError:
                 continue
             try:
-                children = [int(pid) for pid in _read_all(fd).split()]
+                children = [int(pid) for pid in _read_whole(fd).split()]
             except OSError:
                 continue
             finally:
@@ -124,13 +125,6 @@ def descendants() -> list[int]:
             found += children
             parents += children
     return found
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def describe(pid: int) -> str:
@@ -216,16 +210,17 @@ class ProcessLedger:
         return [pid for pid in alive if pid not in self.kept and not (set_up & self.from_setup.get(pid, frozenset()))]
 
 
-_stat_fd: list[int] = []  # /proc/stat, open for the process's life once read
+@functools.cache
+def _proc_stat() -> int:
+    """/proc/stat, opened once and kept for the process's life (an OSError is not kept)."""
+    return os.open("/proc/stat", os.O_RDONLY)
 
 
 def forks_made() -> int | None:
     """How many tasks (processes and threads) the kernel has made since it booted: the
     ``processes`` line of /proc/stat, which never goes back.  None where it cannot be read."""
     try:
-        if not _stat_fd:
-            _stat_fd.append(os.open("/proc/stat", os.O_RDONLY))
-        data = _read_whole(_stat_fd[0])
+        data = _read_whole(_proc_stat())
     except OSError:
         return None
     start = data.find(b"\nprocesses ")
