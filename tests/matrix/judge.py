@@ -168,8 +168,6 @@ def _cause(cell: Cell, record: Record, why: str, tie: bool) -> str:
         return "2 ranks disagree (a world of 2, or two peers), and nothing in their calls tells which departed (a tie)"
     if cell.kind == "extra" and record.kind == "partial":
         return "the rank that made a call more waits alone in it; partial names the ranks that returned"
-    if cell.family == "p2p" and cell.kind in ("shape", "dtype") and record.kind == "rank_exited":
-        return "Gloo's receive raises on a message of another size, and a send and its receive are not compared"
     if cell.kind == "disconnect":
         return "the rank whose connections broke had not raised yet when its peers' calls on them did (a race)"
     if cell.family == "pipelining" and cell.kind in ("skip", "extra") and record.kind == "rank_exited":
