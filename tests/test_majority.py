@@ -286,3 +286,53 @@ def test_a_broken_connection_whose_other_end_is_still_in_its_send_names_both_end
         waiting.waiting_on = 1
     verdict = judge(snap(first, second, *rest))
     assert outline(verdict) == ("deadlock", "rank_exited", [0, 1], [2, 3])
+
+
+def _mpi_ring(r: int, skip_send_at: int | None = None) -> list[Call]:
+    """tests/matrix/families.py's MPI body with torch's calls, two steps: an all_reduce (t.py:267), a
+    broadcast (268), then even ranks send (273) and receive (274), odd ones receive (276) and send
+    (277), in a ring of 4; the rank skips its send in step ``skip_send_at``."""
+    r4 = (0, 1, 2, 3)
+    made: list[Call] = []
+    for step in (1, 2):
+        made += [ok("all_reduce", 2 * step - 1, ranks=r4, site="t.py:267"),
+                 ok("broadcast", 2 * step, ranks=r4, site="t.py:268")]
+        send_site = f"t.py:{273 + 4 * (r % 2)}"
+        send = [] if step == skip_send_at else [ok("send", step, peer=(r + 1) % 4, ranks=r4, site=send_site)]
+        recv = [ok("recv", step, peer=(r - 1) % 4, ranks=r4, site=f"t.py:{274 + 2 * (r % 2)}")]
+        made += send + recv if r % 2 == 0 else recv + send
+    return made
+
+
+def test_of_a_p2p_cycle_of_three_the_one_rank_that_left_a_line_by_a_new_path_is_named_as_likely() -> None:
+    """The matrix's mpi-unmatched_recv-w4-first: rank 0 skipped its 2nd send.  Rank 1 waits for it,
+    rank 2 for rank 1, rank 0 in the next all_reduce: a cycle of 0, 1 and 2.  Only rank 0's calls
+    ever went from the broadcast (268) straight to its receive (274)."""
+    r4 = (0, 1, 2, 3)
+    rank_0 = rank(0, *_mpi_ring(0, skip_send_at=2), call("all_reduce", 5, ranks=r4, site="t.py:267"))
+    rank_1 = rank(1, *_mpi_ring(1)[:-2], call("recv", 2, peer=0, ranks=r4, site="t.py:276"))
+    rank_2 = rank(2, *_mpi_ring(2)[:-1], call("recv", 2, peer=1, ranks=r4, site="t.py:274"))
+    rank_3 = rank(3, *_mpi_ring(3), call("all_reduce", 5, ranks=r4, site="t.py:267"))
+    verdict = judge(snap(rank_0, rank_1, rank_2, rank_3))
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1, 2], [3])
+    assert isinstance(verdict.finding, Cycle) and list(verdict.finding.after) == [0]
+    assert verdict.summary.endswith(
+        "Likely rank 0: its recv #2 from 3 (t.py:274) came right after a call from t.py:268, an order no rank's "
+        "calls took before; the others' came in an order taken before."
+    )
+
+
+def test_of_a_p2p_cycle_where_two_ranks_left_a_line_by_new_paths_none_is_likely() -> None:
+    """Ranks 0 and 3 both skipped their 2nd send (rank 0 went from 268 to 274, rank 3 from 276 back
+    to 267, each a path no other call took): two departures, and nothing tells which hung the ring."""
+    r4 = (0, 1, 2, 3)
+    states = [
+        rank(0, *_mpi_ring(0, skip_send_at=2)[:-1], call("recv", 2, peer=3, ranks=r4, site="t.py:274")),
+        rank(1, *_mpi_ring(1)[:-2], call("recv", 2, peer=0, ranks=r4, site="t.py:276")),
+        rank(2, *_mpi_ring(2)[:-1], call("recv", 2, peer=1, ranks=r4, site="t.py:274")),
+        rank(3, *_mpi_ring(3, skip_send_at=2), call("all_reduce", 5, ranks=r4, site="t.py:267")),
+    ]
+    verdict = judge(snap(*states))
+    assert outline(verdict)[:2] == ("deadlock", "p2p_unmatched")
+    assert isinstance(verdict.finding, Cycle) and not verdict.finding.after
+    assert "Likely" not in verdict.summary

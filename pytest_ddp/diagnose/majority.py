@@ -151,13 +151,13 @@ def departures(
 
 def likely(
     ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
-) -> tuple[dict[int, Call], dict[int, Call]]:
+) -> tuple[dict[int, Call], dict[int, tuple[Call, Call]]]:
     """A tie's likely culprits: (:func:`departures`, else :func:`new_paths`), one of them empty."""
     departing = departures(ranks, entered, key)
     return departing, {} if departing else new_paths(ranks, entered)
 
 
-def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int, Call]:
+def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int, tuple[Call, Call]]:
     """In a tie that :func:`departures` cannot break, the path each rank took tells: a rank whose
     call came after its previous one by a path no rank took before (from that call's line to this
     one's: a call skipped, or one made more, in code the ranks went round before), while each
@@ -167,8 +167,27 @@ def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int
     before, new = _paths(ranks, entered)
     if len(before) < len(entered) or new is None:
         return {}
-    departed = {r: before[r] for r in new}
+    departed = {r: (before[r], entered[r]) for r in new}
     return departed if 0 < len(departed) < len(entered) else {}
+
+
+def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[Call, Call]]:
+    """On a point-to-point cycle of more than 2 ranks (where :func:`new_paths`, reading only the
+    calls they wait in, finds the skipped send a call too late): the one rank on it that once left
+    a line by another path than it had left it by before, a path no rank's calls took at any other
+    time (a send or receive skipped, or made more, in code it went round before) -> that path's
+    two calls.  Empty unless exactly one rank on the cycle did: a rank's own ways out of a line
+    (a loop's end) are taken by its likes too."""
+    made = {r: [c for c in s.calls if (c.is_collective or c.is_p2p) and c.site] for r, s in ranks.items()}
+    taken = Counter((a.site, b.site) for calls in made.values() for a, b in pairwise(calls))
+    found: dict[int, tuple[Call, Call]] = {}
+    for rank in cycle:
+        left: dict[str, str] = {}  # line -> the line the rank's calls went to first from there
+        for a, b in pairwise(made[rank]):
+            if left.setdefault(a.site, b.site) != b.site and taken[a.site, b.site] == 1:
+                found[rank] = (a, b)
+                break
+    return found if len(found) == 1 else {}
 
 
 def as_before(ranks: dict[int, RankState], entered: dict[int, Call]) -> bool:

@@ -76,9 +76,10 @@ class Cycle:
     p2p: bool
     # Ranks blocked in a send or recv whose peer waits in a collective instead: no matching call.
     unmatched: list[int] = field(default_factory=list)
-    # Two ranks on a p2p cycle: the one whose call came by a path no rank took before -> its call
-    # before it (majority.new_paths: the likely culprit, said as likely).
-    after: dict[int, Call] = field(default_factory=dict)
+    # The one rank on a p2p cycle whose calls went by a path no rank took before -> that path's
+    # two calls: of 2 ranks, to the call it waits in (majority.new_paths); of more, anywhere since
+    # it went round the same code (majority.branched).  The likely culprit, said as likely.
+    after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ class Disagreement:
     # In a tie, the ranks whose call departs from every earlier call made from the same line
     # while the others' calls do not -> that earlier call (the likely culprits, said as likely).
     likely: dict[int, Call] = field(default_factory=dict)
-    # Else the ranks whose call came by a path no rank took before -> their call before it.
-    after: dict[int, Call] = field(default_factory=dict)
+    # Else the ranks whose call came by a path no rank took before -> their call before it, and it.
+    after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "raised", "never"]

@@ -247,21 +247,21 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
             text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
         if f.waiting:
             text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-        return text + "."
+        return text + "." + _new_paths(f.after)
     finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
     text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-    return text + "." + _new_paths(f.after, {r: f.waits[r].call for r in f.culprits})
+    return text + "." + _new_paths(f.after)
 
 
-def _new_paths(after: dict[int, Call], calls: dict[int, Call]) -> str:
+def _new_paths(after: dict[int, tuple[Call, Call]]) -> str:
     """`` Likely rank 0: its send #3 to 1 (t.py:9) came right after a call from t.py:9, an order
     no rank's calls took before; the others' came in an order taken before.``"""
     return "".join(
-        f" Likely rank {rank}: its {describe_call(calls[rank])} came right after a call from {before.site},"
+        f" Likely rank {rank}: its {describe_call(call)} came right after a call from {before.site},"
         " an order no rank's calls took before; the others' came in an order taken before."
-        for rank, before in sorted(after.items())
+        for rank, (before, call) in sorted(after.items())
     )
 
 
@@ -291,7 +291,7 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
             f" Likely rank {rank}: every earlier call from {entered[rank].site} was {_signature_text(usual)},"
             f" and rank {rank}'s is the one that departs from it."
         )
-    return text + _new_paths(f.after, entered)
+    return text + _new_paths(f.after)
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
