@@ -286,6 +286,13 @@ def test_a_broken_connection_whose_other_end_is_still_in_its_send_names_both_end
         waiting.waiting_on = 1
     verdict = judge(snap(first, second, *rest))
     assert outline(verdict) == ("deadlock", "rank_exited", [0, 1], [2, 3])
+    # ... after the settle time (rank 0's peer left: it may be about to raise, or be dying), and
+    # named alone once it died: rank 1 was woken by the death
+    in_send = rank(0, ok("send", 3, peer=1, ranks=r4), call("send", 4, peer=1, ranks=r4))  # blocking: in a call
+    assert outline(judge(snap(in_send, second, *rest)))[1:3] == ("rank_exited", [0, 1])
+    assert watchdog.Watch().verdict(snap(in_send, second, *rest)) is None
+    dead = rank(0, ok("send", 3, peer=1, ranks=r4), call("send", 4, peer=1, ranks=r4), exit_code=1)
+    assert outline(judge(snap(dead, second, *rest)))[1:3] == ("rank_exited", [0])
 
 
 def _mpi_ring(r: int, skip_send_at: int | None = None) -> list[Call]:
@@ -336,3 +343,18 @@ def test_of_a_p2p_cycle_where_two_ranks_left_a_line_by_new_paths_none_is_likely(
     assert outline(verdict)[:2] == ("deadlock", "p2p_unmatched")
     assert isinstance(verdict.finding, Cycle) and not verdict.finding.after
     assert "Likely" not in verdict.summary
+
+
+def test_a_rank_that_raised_after_a_collective_whose_shapes_differed_is_no_culprit_the_mismatch_is() -> None:
+    """The matrix's dtensor-shape-w2-last: Gloo let a scatter of [2, 2] against [3, 2] through;
+    rank 0 then raised in its own code, and rank 1 waits in the next scatter.  The calls that
+    disagree are the cause, not the rank that tripped on them (a tie: 2 ranks)."""
+    rank_0 = rank(0, ok("scatter", 1, shape=(2, 2), root=0, site="t.py:161"),
+                  ok("all_gather_into_tensor", 2, shape=(2, 2), site="t.py:162"),
+                  finished=True, failed="RuntimeError: shape '[4, 2]' is invalid for input of size 10")
+    rank_1 = rank(1, ok("scatter", 1, shape=(3, 2), root=0, site="t.py:161"),
+                  ok("all_gather_into_tensor", 2, shape=(3, 2), site="t.py:162"),
+                  call("scatter", 3, shape=(3, 2), root=0, site="t.py:161"))
+    verdict = judge(snap(rank_0, rank_1))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    assert verdict.call == "scatter #1"

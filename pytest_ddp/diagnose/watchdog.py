@@ -21,6 +21,7 @@ The verdict and its findings are data (:mod:`pytest_ddp.diagnose.verdicts`);
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 
@@ -52,7 +53,12 @@ def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | 
     doomed = doomed_ranks(ranks, waits)
     if not doomed:
         return None
-    return _gone_verdict(ranks, waits, doomed) or _cycle_verdict(ranks, waits, doomed)
+    gone = _gone_verdict(ranks, waits, doomed)
+    if gone is not None and gone.kind == "rank_exited" and (mismatch := finished_mismatch(ranks)) is not None:
+        # Calls recorded on both sides that disagree are the cause of the rank's error (Gloo lets a
+        # DTensor's scatter of [2, 2] against [3, 2] through, and one rank raises after it)
+        return dataclasses.replace(mismatch, status="deadlock")
+    return gone or _cycle_verdict(ranks, waits, doomed)
 
 
 def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: set[int]) -> Verdict | None:
