@@ -216,7 +216,7 @@ def test_twice(rank, request, ddp_shared_path):
 
 
 def test_each_attempt_of_a_rerun_test_gets_an_empty_shared_path_all_ranks_agree_on(ddp_pytester) -> None:
-    result = ddp_pytester.run_subprocess(RERUN_SHARED)
+    result = ddp_pytester.run(RERUN_SHARED)
     result.assert_outcomes(passed=1)
     lines = (ddp_pytester.pytester.path / "attempts.jsonl").read_text().splitlines()
     attempts = [json.loads(line) for line in lines]
@@ -239,7 +239,7 @@ def test_rank_1_fails(rank):
 def test_a_rank_that_runs_the_test_again_alone_fails_it(ddp_pytester) -> None:
     # pytest-rerunfailures runs in each rank's pytest: rank 1 runs its failed test again, alone,
     # and waits in a barrier its peer, done, never enters.  That was reported as a pass.
-    result = ddp_pytester.run_subprocess(ALONE)
+    result = ddp_pytester.run(ALONE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*AssertionError (then the rank ran the test again, alone*"])
 
@@ -272,7 +272,7 @@ OUTCOMES = {"passed": 7, "failed": 3}
 def test_a_session_under_rerunfailures_keeps_every_outcome(ddp_pytester, reruns) -> None:
     # --reruns stays in this session: its ddp tests run once (the controller runs them, not
     # pytest-rerunfailures); reruns=2 in the ini reaches the ranks, whose failing rank runs alone.
-    result = ddp_pytester.run_subprocess(SESSION, reruns, "-rA")
+    result = ddp_pytester.run(SESSION, reruns, "-rA")
     _no_internal_error(result)
     assert result.parseoutcomes() == {**OUTCOMES, "rerun": 2}  # the plain test's two reruns
     result.stdout.fnmatch_lines(["FAILED *test_ddp_fails[[]0[]]*", "FAILED *test_ddp_fails[[]1[]]*"])
@@ -365,7 +365,7 @@ def test_after(rank):
 
 
 def test_a_line_of_a_ranks_event_log_cut_short_fails_its_test_and_the_session_goes_on(ddp_pytester) -> None:
-    result = ddp_pytester.run_subprocess(GARBLED_LOG, "-rA")
+    result = ddp_pytester.run(GARBLED_LOG, "-rA")
     _no_internal_error(result)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["ddp: its event log holds a line that is not an event*", "FAILED *test_cut_short*"])
