@@ -161,6 +161,69 @@ def test_between_phases_a_handler_is_silenced_where_the_logger_has_one_of_its_ow
         own.propagate = bare.propagate = True
 
 
+def _settled_phases(catching_logs: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], list[bool]]:
+    """Seven phases over loggers of their own (a logger dict of their own) that each have a handler
+    of their own, so that nothing is left to attach or detach between phases (settled) until one
+    thing changes between two phases, or in one: a logger made to propagate, a logger made, a
+    logger's handlers replaced by as many others, a logger's own handler removed in a phase.  What
+    each phase caught and what reached lastResort; after each phase, whether ours was settled."""
+    monkeypatch.setattr(logging.root.manager, "loggerDict", {})
+    last_resort = _Kept()
+    monkeypatch.setattr(logging, "lastResort", last_resort)
+    caplog_handler, report_handler = _pytest.logging.LogCaptureHandler(), _pytest.logging.LogCaptureHandler()
+    silenced = log_capture._Silenced([caplog_handler, report_handler])
+    monkeypatch.setattr(log_capture, "_silenced", silenced)
+    a, b = logging.getLogger("a"), logging.getLogger("b")
+    for logger in (a, b):
+        logger.propagate = False
+        logger.addHandler(logging.NullHandler())
+    own_of_c = logging.NullHandler()
+    phases: list[list[str]] = []
+    settled: list[bool] = []
+
+    def phase(work: Any) -> None:
+        with catching_logs(caplog_handler, level=None), catching_logs(report_handler, level=logging.DEBUG):
+            caplog_handler.reset()
+            report_handler.reset()
+            work()
+        phases.append([r.getMessage() for r in caplog_handler.records])
+        settled.append(silenced._settled)
+
+    phase(lambda: a.warning("a 1"))
+    b.propagate = True
+    phase(lambda: b.warning("b 2"))  # through the root alone: detached from b
+    c = logging.getLogger("c")
+    c.propagate = False
+    c.addHandler(own_of_c)
+    phase(lambda: c.warning("c 3"))  # made between phases: attached
+    a.handlers[:] = [logging.NullHandler() for _ in a.handlers]  # as many handlers, none of them ours
+    phase(lambda: a.warning("a 4"))  # attached again
+    phase(lambda: (c.removeHandler(own_of_c), c.warning("c 5")))
+    c.warning("c between 5")  # no handler of its own left: lastResort's, as in pytest
+    phase(lambda: c.warning("c 6"))
+    c.addHandler(own_of_c)
+    phase(lambda: (c.warning("c 7"), b.warning("b 7")))
+    c.warning("c between 7")  # its own handler again: not lastResort's
+    for logger in (logging.getLogger(), a, b, c):
+        for handler in (caplog_handler, report_handler):
+            logger.removeHandler(handler)
+    return {"phases": phases, "last_resort": last_resort.messages}, settled
+
+
+def test_where_nothing_changed_the_silenced_handlers_are_left_as_they_are_and_each_change_is_seen(
+    monkeypatch,
+) -> None:
+    pytests, _ = _settled_phases(PYTEST_CATCHING_LOGS, monkeypatch)
+    monkeypatch.undo()
+    ours, settled = _settled_phases(log_capture.SilencingCatchingLogs, monkeypatch)
+    assert ours == pytests
+    assert pytests["phases"] == [["a 1"], ["b 2"], ["c 3"], ["a 4"], ["c 5"], ["c 6"], ["c 7", "b 7"]]
+    assert pytests["last_resort"] == ["c between 5"]
+    # Each change above came when nothing was left to do between phases (the look's quick path),
+    # but the two after c lost its own handler, when its phase ends detach.
+    assert settled == [True, True, True, True, False, False, True]
+
+
 @pytest.fixture
 def ranks_session(ddp_pytester) -> Iterator[pytest.RunResult]:
     ddp_pytester.pytester.makeconftest(
@@ -209,6 +272,8 @@ def ranks_session(ddp_pytester) -> Iterator[pytest.RunResult]:
         @pytest.mark.ddp(world_size=2)
         def test_the_rank_silences_pytests_handlers():
             assert _pytest.logging.catching_logs is log_capture.SilencingCatchingLogs
+            # torch's loggers have pytest's loop handlers: nothing to attach or detach between phases
+            assert log_capture._silenced._settled
 
         @pytest.mark.ddp(world_size=2)
         def test_caplog_at_level_on_a_torch_logger(caplog, rank):
