@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -107,6 +108,13 @@ def sessions_together(
     with concurrent.futures.ThreadPoolExecutor(at_once or len(sessions) or 1) as pool:
         running = {name: pool.submit(run, name, session) for name, session in sessions.items()}
         return {name: future.result() for name, future in running.items()}
+
+
+def outcomes(result: pytest.RunResult, module: str) -> dict[str, str]:
+    """The outcome of each test of ``module`` (its name and parameters: ``test_a[1]``), as the
+    short summary of a ``-rA`` session says it: the tests of one module of a session of several."""
+    summary = [re.match(rf"(PASSED|FAILED|ERROR) {re.escape(module)}::(\S+)", line) for line in result.outlines]
+    return {found[2]: found[1] for found in summary if found}
 
 
 # 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.

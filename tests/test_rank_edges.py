@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Session, live_pids, sessions_together, wait_for
+from conftest import HEADER, Session, live_pids, outcomes, sessions_together, wait_for
 from pytest_ddp.common.protocol import WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
@@ -77,23 +77,26 @@ STOPS = {
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
     """The sessions of the tests below that need a pytest of their own (a rank's processes, the
-    session's end), started together: by name, the result and its folder (where the ranks of
-    "spawns" and "dies" write their children's pids, to ``pids``)."""
+    session's end), started together: by name, the result and its folder. "left" runs both tests
+    of processes a rank left, each in a module of its own: its ranks write their children's pids
+    to ``spawned`` (test_spawns.py) and ``died`` (test_dies.py)."""
     folder = tmp_path_factory.mktemp("sessions")
-    bodies = {"spawns": spawning(folder / "spawns" / "pids"), "dies": dying(folder / "dies" / "pids")}
-    bodies |= {name: STOPPING.format(raise_it=raise_it) for name, (raise_it, _) in STOPS.items()}
-    results = sessions_together(folder, {name: Session.of(body) for name, body in bodies.items()})
+    left = {"test_spawns.py": spawning(folder / "left" / "spawned"), "test_dies.py": dying(folder / "left" / "died")}
+    runs = {"left": Session({name: HEADER + body for name, body in left.items()}, ("-rA",))}
+    runs |= {name: Session.of(STOPPING.format(raise_it=raise_it)) for name, (raise_it, _) in STOPS.items()}
+    results = sessions_together(folder, runs)
     return {name: (result, folder / name) for name, result in results.items()}
 
 
 def test_processes_a_test_left_are_ended_after_it_and_named(sessions):
-    result, folder = sessions["spawns"]
-    result.assert_outcomes(passed=2, warnings=1)
-    left = [int(pid) for pid in (folder / "pids").read_text().split()]
+    result, folder = sessions["left"]
+    assert outcomes(result, "test_spawns.py") == {"test_spawns": "PASSED", "test_next": "PASSED"}
+    assert result.parseoutcomes()["warnings"] == 1
+    left = [int(pid) for pid in (folder / "spawned").read_text().split()]
     assert live_pids(left) == []  # ended and reaped before the next test
     result.stdout.fnmatch_lines(
         [
-            "test_it.py::test_spawns",
+            "test_spawns.py::test_spawns",
             "*LeftoverProcessWarning: processes the test left running were ended: "
             f"pid {left[0]} (a fork of the rank), pid {left[1]} (sleep 600) [[]rank 1[]]",
         ]
@@ -101,9 +104,9 @@ def test_processes_a_test_left_are_ended_after_it_and_named(sessions):
 
 
 def test_processes_of_a_killed_rank_die_with_it(sessions):
-    result, folder = sessions["dies"]
-    result.assert_outcomes(failed=1)
-    left = [int(pid) for pid in (folder / "pids").read_text().split()]
+    result, folder = sessions["left"]
+    assert outcomes(result, "test_dies.py") == {"test_dies": "FAILED"}
+    left = [int(pid) for pid in (folder / "died").read_text().split()]
     wait_for(lambda: not live_pids(left), f"processes {left} to end")
 
 
