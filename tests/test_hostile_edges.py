@@ -234,45 +234,6 @@ def test_a_fault_that_never_fired_fails_its_test_saying_why(pytester: pytest.Pyt
     )
 
 
-XDIST_FAULTS = """
-import pytest, torch
-import torch.distributed as dist
-from pytest_ddp import faults
-
-
-@pytest.mark.ddp(world_size=2, faults=[faults.raise_(rank=1, at="all_reduce", exc=ValueError)])
-def test_fault(rank):
-    if rank == 1:
-        with pytest.raises(ValueError):
-            dist.all_reduce(torch.ones(1))
-    else:
-        dist.barrier()  # rank 1's all_reduce never took part
-    if rank == 1:
-        dist.barrier()
-
-
-@pytest.mark.parametrize("n", range(4))
-@pytest.mark.ddp(world_size=2)
-def test_no_fault(rank, n):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2
-
-
-@pytest.mark.ddp(world_size=2, faults=[faults.kill(rank=0, at="all_reduce", call=2)])
-def test_never_fires(rank):
-    dist.all_reduce(torch.ones(1))
-"""
-
-
-def test_faults_under_xdist_fire_in_their_own_test_only(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_xdist_faults=XDIST_FAULTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
-    result.assert_outcomes(passed=5, failed=1)
-    result.stdout.fnmatch_lines(["*FAILED test_xdist_faults.py::test_never_fires*"])
-    result.stdout.fnmatch_lines(["*injected faults never fired: SIGKILL on rank 0 at all_reduce call 2*"])
-
-
 # -- a test no rank ran to its end ---------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Rank processes: loopback-only rendezvous, xdist, GPU skips, and no orphans ever."""
+"""Rank processes: loopback-only rendezvous, xdist (and faults under it), GPU skips, and no orphans ever."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import LOOPBACK, Controller, controllers_started_together, listening_addresses, live_pids, wait_for
+from conftest import (
+    HEADER,
+    LOOPBACK,
+    Controller,
+    Session,
+    controllers_started_together,
+    listening_addresses,
+    live_pids,
+    outcomes,
+    sessions_together,
+    wait_for,
+)
 
 LOOPBACK_CHECK = f"""
 {inspect.getsource(listening_addresses)}
@@ -28,19 +39,64 @@ def test_store_and_gloo_listen_on_loopback_only(ddp_pytester) -> None:
     ddp_pytester.run(LOOPBACK_CHECK).assert_outcomes(passed=1)
 
 
-def test_xdist_runs_ddp_tests_in_parallel_without_clashes(ddp_pytester) -> None:
-    body = "".join(
-        f"""
+SUMS = "".join(
+    f"""
 @pytest.mark.ddp(world_size=2)
 def test_sum_{i}(rank):
     t = torch.tensor([rank + {i}.0])
     dist.all_reduce(t)
     assert t.item() == 1 + 2 * {i}
 """
-        for i in range(4)
-    )
-    result = ddp_pytester.run_subprocess(body, "-n", "2")
-    result.assert_outcomes(passed=4)
+    for i in range(4)
+)
+
+XDIST_FAULTS = """
+import pytest, torch
+import torch.distributed as dist
+from pytest_ddp import faults
+
+
+@pytest.mark.ddp(world_size=2, faults=[faults.raise_(rank=1, at="all_reduce", exc=ValueError)])
+def test_fault(rank):
+    if rank == 1:
+        with pytest.raises(ValueError):
+            dist.all_reduce(torch.ones(1))
+    else:
+        dist.barrier()  # rank 1's all_reduce never took part
+    if rank == 1:
+        dist.barrier()
+
+
+@pytest.mark.parametrize("n", range(4))
+@pytest.mark.ddp(world_size=2)
+def test_no_fault(rank, n):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+
+
+@pytest.mark.ddp(world_size=2, faults=[faults.kill(rank=0, at="all_reduce", call=2)])
+def test_never_fires(rank):
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.fixture(scope="module")
+def xdist_session(tmp_path_factory: pytest.TempPathFactory) -> pytest.RunResult:
+    """One session in 2 pytest-xdist workers, of the two modules the tests below read."""
+    files = {"test_sums.py": HEADER + SUMS, "test_xdist_faults.py": XDIST_FAULTS}
+    return sessions_together(tmp_path_factory.mktemp("xdist"), {"s": Session(files, ("-n", "2", "-rA"))})["s"]
+
+
+def test_xdist_runs_ddp_tests_in_parallel_without_clashes(xdist_session: pytest.RunResult) -> None:
+    assert outcomes(xdist_session, "test_sums.py") == {f"test_sum_{i}": "PASSED" for i in range(4)}
+
+
+def test_faults_under_xdist_fire_in_their_own_test_only(xdist_session: pytest.RunResult) -> None:
+    no_fault = {f"test_no_fault[{n}]": "PASSED" for n in range(4)}
+    expected = {"test_fault": "PASSED", **no_fault, "test_never_fires": "FAILED"}
+    assert outcomes(xdist_session, "test_xdist_faults.py") == expected
+    xdist_session.stdout.fnmatch_lines(["*injected faults never fired: SIGKILL on rank 0 at all_reduce call 2*"])
 
 
 def test_nccl_without_enough_gpus_is_skipped_before_spawning(ddp_pytester) -> None:
