@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import Session, sessions_together
 from pytest_ddp import faults
 from pytest_ddp.common.protocol import Injected
 from pytest_ddp.config.machine import (
@@ -87,12 +86,8 @@ def test_eight():
 """
 
 
-def unused_uid() -> int:
-    """A uid no process runs as."""
-    uid = 54321
-    if user_tasks(_statuses(), uid):
-        pytest.skip(f"uid {uid} runs processes here")
-    return uid
+WHO = ["root", "a user"]
+UID = 54321  # the other user's: a uid no process runs as
 
 
 def _statuses() -> list[str]:
@@ -106,37 +101,52 @@ def _statuses() -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("who", ["root", "a user"])
-def test_a_session_under_a_low_rlimit_nproc(pytester: pytest.Pytester, who: str) -> None:
+def nproc_prefix(who: str) -> tuple[str, ...] | str:
+    """What runs a session as ``who`` under ``ulimit -u 25``, or why it cannot run here."""
+    if not ROOT:
+        return "runs a session as root, and as another real uid (setpriv), which takes root"
+    if shutil.which("prlimit") is None:
+        return "no prlimit to lower RLIMIT_NPROC with"
+    prefix = ("prlimit", "--nproc=25:25")
+    if who == "root":
+        return prefix
+    if shutil.which("setpriv") is None:
+        return "no setpriv to run a session as another real uid"
+    if user_tasks(_statuses(), UID):
+        return f"uid {UID} runs processes here"
+    # Another real uid (RLIMIT_NPROC counts the real uid's threads), still euid 0 to read this
+    # checkout and the venv, with no capability (either would exempt it).
+    return (*prefix, "setpriv", f"--ruid={UID}", "--bounding-set=-all", "--inh-caps=-all")
+
+
+@pytest.fixture(scope="module")
+def nproc_sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pytest.RunResult | str]:
+    """NPROC_TEST's session as each of WHO, started together, or why it cannot run here."""
+    prefixes = {who: nproc_prefix(who) for who in WHO}
+    sessions = {
+        who: Session({"test_nproc.py": NPROC_TEST}, prefix=prefix)
+        for who, prefix in prefixes.items()
+        if isinstance(prefix, tuple)
+    }
+    results = sessions_together(tmp_path_factory.mktemp("nproc"), sessions, timeout=300)
+    return {who: results[who] if who in results else str(prefixes[who]) for who in WHO}
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_a_session_under_a_low_rlimit_nproc(nproc_sessions: dict[str, pytest.RunResult | str], who: str) -> None:
     """``ulimit -u 25``: root is not held to it, so both tests run; a user is, so its 2 ranks
     run (a 2-rank session peaks at 20 threads) and 8 are refused, saying why, before anything starts."""
-    if not ROOT:
-        pytest.skip("runs a session as root, and as another real uid (setpriv), which takes root")
-    pytester.makepyfile(test_nproc=NPROC_TEST)
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'tmp'}"]
-    if who == "a user":
-        if shutil.which("setpriv") is None:
-            pytest.skip("no setpriv to run a session as another real uid")
-        # Another real uid (RLIMIT_NPROC counts the real uid's threads), still euid 0 to read
-        # this checkout and the venv, with no capability (either would exempt it).
-        command = ["setpriv", f"--ruid={unused_uid()}", "--bounding-set=-all", "--inh-caps=-all", *command]
-    done = subprocess.run(
-        [*command, "test_nproc.py"],
-        cwd=pytester.path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NPROC, (25, 25)),
-    )
+    done = nproc_sessions[who]
+    if isinstance(done, str):
+        pytest.skip(done)
+    out = done.stdout.str()
     if who == "root":
-        assert done.returncode == 0, done.stdout
-        assert "2 passed" in done.stdout
+        assert done.ret == 0, out
+        assert "2 passed" in out
         return
-    assert "1 passed, 1 error" in done.stdout, done.stdout
-    assert (
-        "test_nproc.py::test_eight: world_size=8: this machine holds at most 2 ranks (RLIMIT_NPROC 25 with "
-    ) in done.stdout
-    assert f"threads of this user running, at least {RANK_TASKS} per rank); --ddp-max-world-size=N" in done.stdout
+    assert "1 passed, 1 error" in out, out
+    assert ("test_nproc.py::test_eight: world_size=8: this machine holds at most 2 ranks (RLIMIT_NPROC 25 with ") in out
+    assert f"threads of this user running, at least {RANK_TASKS} per rank); --ddp-max-world-size=N" in out
 
 
 # -- faults misused ------------------------------------------------------------------------
