@@ -208,3 +208,19 @@ def test_a_bad_fault_is_the_error_of_its_test_naming_it(ddp_pytester):
         "*test_it.py::test_bad: faults: kill(rank=2, at='all_reduce', call=1): there is no rank 2 in world_size 2*",
         "*test_it.py::test_typo: @pytest.mark.ddp: faults: kill(rank=1, at='allreduce', call=1): 'allreduce' is not*",
     ])
+
+
+def test_ranks_still_in_their_calls_after_a_disconnect_get_the_grace_not_only_the_settle_time():
+    """On a loaded machine the disconnected rank raises last, after the settle time: as for a rank
+    killed on purpose, the verdict waits up to the grace for it (and no longer)."""
+    peers = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
+             for r in (0, 2)]
+    disconnected = rank(1, call("all_reduce", 1, ranks=R3))
+    disconnected.injected.append(Injected("broken", "disconnect", "all_reduce", 1))
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(peers[0], disconnected, peers[1], grace=2)) is None
+    later = snap(peers[0], disconnected, peers[1], grace=2)
+    later.now += watchdog.SETTLE
+    assert watch.verdict(later) is None  # past the settle time, within the grace
+    later.now += 2
+    assert watch.verdict(later) is not None

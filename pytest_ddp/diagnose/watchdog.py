@@ -286,9 +286,21 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            if _moving(snap, verdict) and snap.now - self._certain_since < SETTLE:
+            if _moving(snap, verdict) and snap.now - self._certain_since < _settle_time(snap):
                 return None
         return None if verdict.status == "wait" else verdict
+
+
+def _disconnected(snap: Snapshot) -> bool:
+    """A rank's connections were broken on purpose (:func:`pytest_ddp.faults.disconnect`)."""
+    return any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
+
+
+def _settle_time(snap: Snapshot) -> float:
+    """How long ranks still moving get: the grace where connections were broken on purpose (the
+    broken rank raises last on a loaded machine, later than the settle time: the matrix's
+    classic-disconnect-w8-first named its woken neighbour), as a rank killed on purpose gets."""
+    return max(SETTLE, snap.grace) if _disconnected(snap) else SETTLE
 
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
@@ -300,7 +312,7 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     that raised (its connections broke: it raises next); or it is in an MPI send, which may return
     with its message buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
-    disconnected = any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
+    disconnected = _disconnected(snap)
     center = majority.broken_center({s.rank: s for s in snap.ranks})
 
     def may_move(state: RankState) -> bool:
