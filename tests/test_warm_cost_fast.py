@@ -2,7 +2,8 @@
 part 5): a rank group's ``poll`` waits past a rank that is done while others still run, and comes
 back at once for what the watchdog must judge (every rank done, a failure, a death), also when the
 wake-up bytes were drained before; the event reader reads a log in plain reads, a large one whole;
-the ledger's count of tasks read from a descriptor kept open; the merged reports of a plain pass.
+the ledger's count of tasks read from a descriptor kept open; the merged reports of a plain pass;
+a rank's output files looked at through descriptors kept open, closed with the group.
 
 Real ranks (a RankGroup, as the controller drives it), real files; no mocks.
 """
@@ -20,11 +21,11 @@ from conftest import wait_for
 from pytest_ddp.common.event_log import EventLog, EventReader
 from pytest_ddp.common.protocol import Done, PhaseStart, RunItem, encode
 from pytest_ddp.groups.group import GroupConfig, RankGroup
-from pytest_ddp.groups.spawn import rank_files
+from pytest_ddp.groups.spawn import OutputFile, rank_files
 from pytest_ddp.rank import leftovers
 
 RANK_TESTS = '''
-import os, pytest
+import os, sys, pytest
 
 FIFO = {fifo!r}
 
@@ -53,6 +54,11 @@ def test_rank1_dies_rank0_waits(rank):
 @pytest.mark.ddp(world_size=2)
 def test_both_pass(rank):
     pass
+
+@pytest.mark.ddp(world_size=2)
+def test_prints(rank):
+    print("out", rank)
+    print("err", rank, file=sys.stderr)
 '''
 
 
@@ -62,7 +68,7 @@ def group(tmp_path: Path):
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     (tmp_path / "test_ranks.py").write_text(RANK_TESTS.format(fifo=str(fifo)))
-    args = ["-q", "-p", "no:cacheprovider", str(tmp_path / "test_ranks.py")]
+    args = ["-q", "-p", "no:cacheprovider", "--capture=no", str(tmp_path / "test_ranks.py")]  # as a rank's
     config = GroupConfig(2, "gloo", True, pg_timeout=600, pytest_args=args, workdir_parent=str(tmp_path))
     group = RankGroup(config)
     group.start(deadline=time.monotonic() + 120)
@@ -191,3 +197,45 @@ def test_a_proc_file_larger_than_the_first_read_is_read_whole(tmp_path) -> None:
         assert leftovers._read_whole(fd) == data  # from the start again, each time
     finally:
         os.close(fd)
+
+
+@pytest.mark.timeout(120)
+def test_each_tests_output_comes_back_alone_and_the_kept_descriptors_close_with_the_group(group) -> None:
+    group, _ = group
+    for _ in range(2):  # the second test's output alone: where the first one's ended was marked
+        _begin(group, "test_prints")
+        while not all(state.finished for state in group.states):
+            group.poll(3600)
+        group.current = None
+        assert [group.test_output(rank) for rank in (0, 1)] == [
+            {"stdout": f"out {rank}\n", "stderr": f"err {rank}\n"} for rank in (0, 1)
+        ]
+    workdir = os.path.realpath(group.workdir)
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _link(fd)]
+    assert sum(path.startswith(workdir + os.sep) for path in held) >= 6  # each rank's stdout and stderr, its log
+    group.kill()
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _link(fd)]
+    assert [path for path in held if path.startswith(workdir + os.sep)] == []
+
+
+def _link(fd: str) -> bool:
+    try:
+        os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # listdir's own descriptor, closed by now
+        return False
+    return True
+
+
+def test_an_output_file_is_read_from_an_offset_before_and_after_the_rank_made_it(tmp_path) -> None:
+    path = tmp_path / "stdout"
+    output = OutputFile(path)
+    assert (output.size(), output.read_from(0)) == (0, "")  # not made yet
+    data = b"x" * 100_000 + b"\xff tail"  # more than one read; a byte that is not UTF-8
+    path.write_bytes(data[:10])
+    assert (output.size(), output.read_from(0), output.read_from(10)) == (10, "x" * 10, "")
+    with open(path, "ab") as f:  # as the rank writes: appended to the file the descriptor holds
+        f.write(data[10:])
+    assert output.size() == len(data)
+    assert output.read_from(99_990) == "x" * 10 + "\ufffd tail"
+    output.close()
+    output.close()  # as a group killed twice

@@ -48,13 +48,12 @@ from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
     GroupStore,
+    OutputFile,
     RankProcess,
     complete_spec,
     dump_complete,
-    file_size,
     fork_rank,
     rank_files,
-    read_from,
     write_spec_file,
 )
 
@@ -239,9 +238,9 @@ class RankGroup:
             rank=rank,
             proc=proc,
             events=EventReader(str(paths["events"])),
-            stdout_path=paths["stdout"],
-            stderr_path=paths["stderr"],
-            dump_path=paths["dump"],
+            stdout=OutputFile(paths["stdout"]),
+            stderr=OutputFile(paths["stderr"]),
+            dump=OutputFile(paths["dump"]),
             commands=commands,
             notify=notify,
         )
@@ -333,7 +332,7 @@ class RankGroup:
                 exit_code=codes[rp.rank],
                 waited=waited,
                 duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
-                stderr=read_from(rp.stderr_path, rp.stderr_offset),
+                stderr=rp.stderr.read_from(rp.stderr_offset),
                 stacks=stacks.get(rp.rank, ""),
             )
             for rp in silent
@@ -354,7 +353,8 @@ class RankGroup:
                 if connection is not None:
                     connection.close()
             rp.commands = rp.notify = None
-            rp.events.close()
+            for each in (rp.events, rp.stdout, rp.stderr, rp.dump):
+                each.close()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -379,9 +379,7 @@ class RankGroup:
     def _mark_output(self, rp: RankProcess) -> None:
         """What the rank writes to its stdout, stderr and stack dump file from now on is
         what comes next (a test, or the teardown at the group's stop)."""
-        rp.stdout_offset = file_size(rp.stdout_path)
-        rp.stderr_offset = file_size(rp.stderr_path)
-        rp.dump_offset = file_size(rp.dump_path)
+        rp.stdout_offset, rp.stderr_offset, rp.dump_offset = rp.stdout.size(), rp.stderr.size(), rp.dump.size()
 
     def poll(self, wait: float) -> None:
         """Fold new events and exits into the states until the watchdog has news to judge (every rank
@@ -419,7 +417,7 @@ class RankGroup:
         while pending and time.monotonic() < end:
             self._wait(0.01)
             for rp in list(pending):
-                text = read_from(rp.dump_path, rp.dump_offset)
+                text = rp.dump.read_from(rp.dump_offset)
                 if self._dump_complete(rp, text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
@@ -449,12 +447,12 @@ class RankGroup:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
         rp = self.ranks[rank]
         return {
-            "stdout": read_from(rp.stdout_path, rp.stdout_offset),
-            "stderr": read_from(rp.stderr_path, rp.stderr_offset),
+            "stdout": rp.stdout.read_from(rp.stdout_offset),
+            "stderr": rp.stderr.read_from(rp.stderr_offset),
         }
 
     def stderr_tail(self, rank: int, lines: int = 30) -> str:
-        text = read_from(self.ranks[rank].stderr_path, 0)
+        text = self.ranks[rank].stderr.read_from(0)
         return "\n".join(text.splitlines()[-lines:])
 
     def exit_codes(self) -> dict[int, int | None]:

@@ -113,6 +113,44 @@ def fork_rank(spec_path: Path, rank: int) -> tuple[Any, Connection, Connection]:
     return proc, command_write, notify_read
 
 
+class OutputFile:
+    """A file a rank writes (its stdout, its stderr, its stack dumps), as its controller reads it:
+    through one descriptor, opened once the rank has made the file and kept (its size is looked at
+    for each test and each rank: a path's stat each time was twenty a test)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def _opened(self) -> int | None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None  # not made yet
+        return self._fd
+
+    def size(self) -> int:
+        fd = self._opened()
+        return 0 if fd is None else os.fstat(fd).st_size
+
+    def read_from(self, offset: int) -> str:
+        """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
+        if self.size() <= offset:  # the common case
+            return ""
+        assert self._fd is not None  # a size above 0 came from it
+        chunks = []
+        while chunk := os.pread(self._fd, 1 << 16, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 @dataclass
 class RankProcess:
     """A started rank as its group sees it: its process, its files and pipes, how it ended."""
@@ -120,9 +158,9 @@ class RankProcess:
     rank: int
     proc: Any  # multiprocessing.Process from the forkserver
     events: EventReader
-    stdout_path: Path
-    stderr_path: Path
-    dump_path: Path
+    stdout: OutputFile
+    stderr: OutputFile
+    dump: OutputFile
     commands: Connection | None
     notify: Connection | None
     exit_code: int | None = None  # set once the process is seen to have ended
