@@ -28,8 +28,12 @@ import pytest
 # sys.modules after each run, and torch imported twice in one process crashes.
 # The plugin imports its modules on first use (nothing until used): imported inside an inner
 # session, they would be imported again by the next, and a Fault made from one copy of
-# pytest_ddp.faults would not be a Fault to the other.
-import torch.distributed  # noqa: F401
+# pytest_ddp.faults would not be a Fault to the other. An inner session's controller imports
+# torch.distributed._functional_collectives (the recorder hooks them), which registers torch's
+# c10d_functional operators: imported again once pytester dropped it (DTensor imports it, and so
+# torch.distributed.checkpoint), it fails ("Only a single TORCH_LIBRARY can be used ...").
+import torch.distributed
+import torch.distributed._functional_collectives  # noqa: F401
 
 import pytest_ddp.api
 import pytest_ddp.controller
