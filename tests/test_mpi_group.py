@@ -203,7 +203,7 @@ def test_nothing_left_after_pass_fail_and_hang(ddp_pytester, tmp_path: Path) -> 
     are gone when the session ends: after a pass, a failure and a hang."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    result = ddp_pytester.run_subprocess(
+    result = ddp_pytester.run(
         f"""
         PID_DIR = {str(pid_dir)!r}
 
