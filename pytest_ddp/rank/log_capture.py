@@ -21,8 +21,8 @@ file, subtests') go through pytest's own.
 
 That look is cheap where nothing changed, as in a warm rank between trivial tests: the manager's
 loggers, which of them propagate, and the attached loggers' handlers are compared with what they were
-when this module last left them, list against list in C (17 us a phase in one process with torch's
-loggers, against 63 us for the walk that decided the same in Python); only a change walks them.
+when this module last left them, list against list in C (15 us a phase in one process with torch's
+loggers, against 33 us for the walk that decided the same in Python); only a change walks them.
 """
 
 from __future__ import annotations
