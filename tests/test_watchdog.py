@@ -449,6 +449,16 @@ def test_init_duplicate_rank_otherwise_blames_the_later_one() -> None:
     assert (verdict.kind, verdict.culprits) == ("init", [0])
 
 
+def test_init_after_a_death_a_survivor_may_take_the_dead_process_rank_and_a_smaller_world() -> None:
+    """docs/faults.md's elastic loop: process 1 was killed; the survivors join again in a world
+    of 3, process 2 now rank 1.  Seen while they are still in init_process_group, that is no
+    duplicate (process 1 holds no rank) and no world sizes that differ (its 4 is gone with it)."""
+    dead = rank(1, ok("init_process_group", 0, shape=None, site="t.py:5",
+                      extra={"rank": 1, "world_size": 4, "init_method": "env://"}), exit_code=-9)
+    survivors = [rank(0, init(0, 3)), rank(2, init(1, 3)), rank(3, init(2, 3))]
+    assert judge(snap(survivors[0], dead, *survivors[1:])).status == "wait"
+
+
 def test_init_rank_out_of_range() -> None:
     out = init(2, state="raised", error="RuntimeError: rank < size. 2 vs 2")
     verdict = judge(snap(rank(0, init(0)), rank(1, out, finished=True, failed="RuntimeError")))

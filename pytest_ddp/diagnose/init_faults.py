@@ -36,6 +36,12 @@ class _Inits:
     calls: dict[int, Call]  # each slot's latest init_process_group
     blocked: list[int]  # slots blocked in it
 
+    @property
+    def live(self) -> dict[int, Call]:
+        """The latest init_process_group of each live process: a dead one holds no rank and no
+        world size (an elastic loop's survivors join again, one taking the dead one's rank)."""
+        return {r: c for r, c in self.calls.items() if self.ranks[r].alive}
+
 
 def init_fault(ranks: dict[int, RankState]) -> Verdict | None:
     """Certain faults of init_process_group, in tests that call it themselves."""
@@ -64,7 +70,7 @@ def _init_duplicate(inits: _Inits) -> InitFault | None:
     """Two processes with one rank: which of them gets in is a race, so blame the one that passed
     a rank other than its own slot number (it took another's rank), else the later ones to enter."""
     by_rank: dict[int, list[int]] = {}
-    for r, c in sorted(inits.calls.items(), key=lambda item: (item[1].enter, item[0])):
+    for r, c in sorted(inits.live.items(), key=lambda item: (item[1].enter, item[0])):
         if (rank := given(c, "rank")) is not None:
             by_rank.setdefault(rank, []).append(r)
     for rank, slots in sorted(by_rank.items()):
@@ -80,7 +86,7 @@ def _init_duplicate(inits: _Inits) -> InitFault | None:
 def _init_world_sizes(inits: _Inits) -> InitFault | None:
     """World sizes differ: the minority is at fault.  On a tie, the size that matches the number of
     processes wins, else the size of the first to enter."""
-    sizes = {r: s for r, c in inits.calls.items() if (s := given(c, "world_size")) is not None}
+    sizes = {r: s for r, c in inits.live.items() if (s := given(c, "world_size")) is not None}
     if len(set(sizes.values())) < 2:
         return None
     counts = Counter(sizes.values())
