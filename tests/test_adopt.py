@@ -280,6 +280,9 @@ def test_one_line_in_the_ini_file_adopts(pytester) -> None:
                     dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
                                             rank=self.rank, world_size=2)
                     assert dist.get_rank() == self.rank
+                    # Gloo's init returns on one rank before the other's handshake ends: destroyed
+                    # at once (destroy_pg_upon_exit), the group failed the other's init under load
+                    dist.barrier()
             """
         )
     )
