@@ -192,12 +192,8 @@ class TwoNodes:
         port = random.randrange(20000, 60000)
         agents = []
         for node in (0, 1):
-            # An agent that finds one of its workers failed stops the others (SIGTERM, torch's
-            # elastic agent): polling every 2 s, not 0.1, lets the last launched pytest to end
-            # write its status (under load one left its status file empty, likely stopped so)
             torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
-                        f"--master-addr={self.hostname(0)}", f"--master-port={port}", "--monitor-interval=2",
-                        "--no-python"]  # fmt: skip
+                        f"--master-addr={self.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
             agents.append(self.popen(node, [*torchrun, *argv], cwd, **kwargs))
         return agents
 
