@@ -141,8 +141,11 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
         culprits, waiting = majority.out_of_order(culprits, waiting, waits)
     first = waits[(waiting or unmatched or culprits)[0]].call
     kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
-    after = {} if not p2p else majority.new_paths(ranks, {r: waits[r].call for r in culprits}) if len(
-        culprits) == 2 else majority.branched(ranks, culprits)
+    after = {}
+    if p2p and len(culprits) == 2:
+        after = majority.new_paths(ranks, {r: waits[r].call for r in culprits})
+    elif p2p:
+        after = majority.branched(ranks, culprits)
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched, after)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
