@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_watchdog import NOW, call, judge, ok, outline, rank, snap
 
-from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose import majority, watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Cycle, Disagreement
 
@@ -343,6 +343,29 @@ def test_of_a_p2p_cycle_where_two_ranks_left_a_line_by_new_paths_none_is_likely(
     assert outline(verdict)[:2] == ("deadlock", "p2p_unmatched")
     assert isinstance(verdict.finding, Cycle) and not verdict.finding.after
     assert "Likely" not in verdict.summary
+
+
+def test_a_ranks_first_way_out_of_a_line_is_no_departure_even_where_no_other_call_took_it() -> None:
+    """Rank 0 skipped its send in the first step: it left the broadcast (268) for its receive (274),
+    a path no other call took, but the first time it left that line (a loop's first round does
+    so too).  The same skip in the second step, after it had left 268 for its send, is named."""
+    cycle = [0, 1, 2]
+    first = {r: rank(r, *_mpi_ring(r, skip_send_at=1 if r == 0 else None)) for r in range(4)}
+    assert majority.branched(first, cycle) == {}
+    second = {r: rank(r, *_mpi_ring(r, skip_send_at=2 if r == 0 else None)) for r in range(4)}
+    paths = {r: (a.site, b.site) for r, (a, b) in majority.branched(second, cycle).items()}
+    assert paths == {0: ("t.py:268", "t.py:274")}
+
+
+def test_a_second_way_out_of_a_line_that_another_rank_took_too_is_no_departure() -> None:
+    """Rank 0 left its receive (274) once for the all_reduce (267) and then for a barrier at line
+    280, a loop's end; rank 2, off the cycle, took that same way: no departure of rank 0's alone."""
+    r4 = (0, 1, 2, 3)
+    end = ok("barrier", 5, ranks=r4, site="t.py:280")
+    states = {r: rank(r, *_mpi_ring(r), *([end] if r in (0, 2) else [])) for r in range(4)}
+    assert majority.branched(states, [0, 1, 3]) == {}
+    states[2] = rank(2, *_mpi_ring(2))  # rank 0's way alone: named
+    assert list(majority.branched(states, [0, 1, 3])) == [0]
 
 
 def test_a_rank_that_raised_after_a_collective_whose_shapes_differed_is_no_culprit_the_mismatch_is() -> None:
