@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+
+# Imported here, as torch below: dropped by pytester after an in-process inner session, they were
+# imported again by the next one, whose first rank then started a forkserver of its own (a fresh
+# interpreter importing torch and pytest: about 1 s a session). Kept, one forkserver serves every
+# in-process session of this process, as it serves every group of one session.
+import multiprocessing.forkserver
+import multiprocessing.popen_forkserver
+import multiprocessing.resource_tracker  # noqa: F401
 import os
 import re
 import shutil
@@ -32,14 +40,6 @@ import pytest
 # torch.distributed._functional_collectives (the recorder hooks them), which registers torch's
 # c10d_functional operators: imported again once pytester dropped it (DTensor imports it, and so
 # torch.distributed.checkpoint), it fails ("Only a single TORCH_LIBRARY can be used ...").
-# multiprocessing's forkserver modules likewise: dropped after an in-process session, they were
-# imported again by the next one, whose first rank then started a forkserver of its own (a fresh
-# interpreter importing torch and pytest: about 2 CPU-s a session). Kept, one forkserver serves
-# every in-process session of this process, as it serves every group of one session.
-import multiprocessing.forkserver
-import multiprocessing.popen_forkserver
-import multiprocessing.resource_tracker  # noqa: F401
-
 import torch.distributed
 import torch.distributed._functional_collectives  # noqa: F401
 
