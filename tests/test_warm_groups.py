@@ -152,6 +152,45 @@ def test_asynchronous_work_that_completed_keeps_the_group(ddp_pytester) -> None:
     result.stdout.fnmatch_lines(["*2 tests on 1 rank group started*"])
 
 
+def test_a_collective_that_raised_in_its_argument_checks_keeps_the_group_one_that_timed_out_does_not(
+    ddp_pytester,
+) -> None:
+    """torch's own tests make collectives raise on purpose.  One that raised before Gloo was handed
+    it (a reduce op complex numbers do not have, an empty output list) left the group as it was;
+    one that Gloo took and that timed out there did not: the next test gets fresh ranks (torch's
+    test_barrier_timeout_full_group, written shorter)."""
+    result = ddp_pytester.run(
+        """
+        import datetime
+
+        @pytest.mark.ddp(world_size=2)
+        def test_argument_checks():
+            with pytest.raises(ValueError, match="complex"):
+                dist.all_reduce(torch.ones(2, dtype=torch.cfloat), op=dist.ReduceOp.MAX)
+            with pytest.raises(ValueError, match="at least 1"):
+                dist.scatter_object_list([], [1, 2], src=0)
+
+        @pytest.mark.ddp(world_size=2)
+        def test_on_the_same_group():
+            dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_timed_out_in_gloo(rank):
+            hasty = dist.new_group(timeout=datetime.timedelta(seconds=0.5))
+            if rank == 1:
+                time.sleep(1)  # the fault: rank 0's barrier gives up first
+            with pytest.raises(RuntimeError):
+                dist.barrier(group=hasty)
+
+        @pytest.mark.ddp(world_size=2)
+        def test_after():
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*4 tests on 2 rank groups started*"])
+
+
 def test_after_a_failure_the_next_test_is_not_started_ahead(ddp_pytester, tmp_path, monkeypatch) -> None:
     # The next test goes to the ranks before the controller reports a passing
     # one; never after a failure, which may end the session (-x).

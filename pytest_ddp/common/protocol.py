@@ -27,7 +27,8 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
             (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
 ``call``    a torch.distributed call (or an MPI communicator's) was entered: see :data:`CALL_KEYS`
-``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``); for an MPI
+``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``, and
+            ``before_backend`` where its group's backend was not handed it); for an MPI
             receive, the message it got (``src``, ``tag``)
 ``fault``   a fault declared for the test (:mod:`pytest_ddp.faults`) fires now: ``text``, ``action``,
             ``op``, ``call``, ``site``; written before it acts (a killed rank's log holds it)
@@ -252,6 +253,7 @@ class RetWire(TypedDict):
     t: float
     ok: bool
     err: NotRequired[str]  # "TypeError: cannot pickle ..." when ok is false
+    before_backend: NotRequired[bool]  # it raised before its group's backend was handed it
     src: NotRequired[int]  # an MPI receive from any source: the rank whose message it got
     tag: NotRequired[int]  # an MPI receive of any tag: the tag of the message it got
 
@@ -292,14 +294,16 @@ class CallEvent:
 
 @dataclass(slots=True)
 class RetEvent:
-    """Call ``index`` returned (``ok``) or raised (``error``); an MPI receive also says which
-    message it got (``source``, ``tag``) where its call left them open."""
+    """Call ``index`` returned (``ok``) or raised (``error``; ``before_backend``: before its
+    group's backend was handed it, which leaves the group as it was); an MPI receive also says
+    which message it got (``source``, ``tag``) where its call left them open."""
 
     KIND: ClassVar[Literal["ret"]] = "ret"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
     index: int
     ok: bool = True
     error: str | None = None
+    before_backend: bool = False
     source: int | None = None
     tag: int | None = None
     time: float = field(default_factory=_now, kw_only=True)

@@ -78,6 +78,7 @@ class Call:
     caller: str | None = None  # made inside a library (site: the user's line that led there): the library's frame
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
+    before_backend: bool = False  # raised before its group's backend was handed it: the group is as it was
     # An MPI receive that returned: the sender and tag of the message it got, where it left them open.
     got_source: int | None = None
     got_tag: int | None = None
@@ -283,6 +284,7 @@ class RankState:
                     call.exit = ev.time
                     if not ev.ok:
                         call.error = ev.error or "error"
+                        call.before_backend = ev.before_backend
                     call.got_source, call.got_tag = ev.source, ev.tag
             case PhaseStart():
                 self.phase = ev.when

@@ -406,3 +406,27 @@ def work_of(result: Any) -> dist.Work | None:
     if isinstance(boxed, torch.ScriptObject):
         return dist.Work.unbox(boxed)
     return None
+
+
+def collectives_handed(group: Any) -> int | None:
+    """How many collectives ``group`` (None: the default group) has handed its backend (its
+    sequence number); None where there is no group or its backend does not say."""
+    try:
+        chosen: Any = group or dist.distributed_c10d._get_default_group()
+        return chosen._get_sequence_number_for_group()
+    except Exception:
+        return None
+
+
+def raised_before_backend(group: Any, handed_before: int | None) -> bool:
+    """A collective on a Gloo group raised before its backend was handed it (an argument check):
+    the group's count did not move, and the group is as good as before.  Measured on Gloo: the
+    count moves for every collective the backend takes, one that then times out or fails
+    included; not for a send or a receive, which are no collectives."""
+    if handed_before is None:
+        return False
+    try:
+        gloo = dist.get_backend(group) == "gloo"
+    except Exception:
+        return False
+    return gloo and collectives_handed(group) == handed_before

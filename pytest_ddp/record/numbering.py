@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.protocol import RetWire
 
 
 class Numbers:
@@ -57,11 +58,16 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or ["?"])[0][:200]
 
 
-def write_ret(log: EventLog, index: int, error: BaseException | None) -> None:
+def write_ret(log: EventLog, index: int, error: BaseException | None, before_backend: bool = False) -> None:
+    """Call ``index`` returned, or raised ``error`` (``before_backend``: before its group's backend
+    was handed it, see :func:`pytest_ddp.record.backend_hook.raised_before_backend`)."""
     if error is None:
         log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
-    else:
-        log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"})
+        return
+    ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"}
+    if before_backend:
+        ret["before_backend"] = True
+    log.write(ret)
 
 
 SWEEP_INTERVAL = 0.005  # seconds between looks at pending work that nobody waits for

@@ -219,10 +219,11 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except Exception:  # describing must never break the user's call
                 return original(*args, **kwargs)
             index, _ = _numbers.write_call(log, body, key)
+            handed = backend_hook.collectives_handed(bound.get("group")) if spec.is_collective else None
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                write_ret(log, index, exc)
+                write_ret(log, index, exc, backend_hook.raised_before_backend(bound.get("group"), handed))
                 raise
             if result is not None and (spec.kind in ("p2p", "batch") or bound.get("async_op")):
                 works = [w for w in (result if isinstance(result, list) else [result]) if isinstance(w, dist.Work)]
@@ -243,9 +244,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _unless_nothing_to_destroy(original: Callable[..., Any], recorded: Callable[..., Any]) -> Callable[..., Any]:
-    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a
-    call to record (torch's harness classes make it after each test that ended its group, and catch
-    the AssertionError)."""
+    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a call
+    to record (torch's harness classes make it after each test that ended its group, and catch it)."""
 
     @functools.wraps(original)
     def destroy(group: Any = None) -> Any:
