@@ -51,6 +51,7 @@ RECORDS: list[protocol.Record] = [
     CallEvent(index=0, op="recv_object_list", peer=1, obj_type="dict", obj_size=120, time=1.5),
     RetEvent(3, time=2.5),
     RetEvent(4, ok=False, error="RuntimeError: closed", time=2.5),
+    RetEvent(5, ok=False, error="ValueError: no MAX on complex tensors", before_backend=True, time=2.5),
 ]
 
 
@@ -118,8 +119,10 @@ def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -
     numbers.write_call(log, body, ("g1",))
     numbers.write_call(log, '"op":"send_object_list","group":"WORLD","ranks":[0,1],"site":"t.py:12","t":1.75,'
                        '"peer":1,"obj_type":"dict","obj_size":120', ("WORLD", "send", 1))
+    numbers.write_call(log, '"op":"all_reduce","group":"WORLD","ranks":[0,1],"site":"t.py:14","t":2.0', ("WORLD",))
     numbering.write_ret(log, 0, None)
     numbering.write_ret(log, 1, TypeError("cannot pickle"))
+    numbering.write_ret(log, 2, ValueError("complex"), before_backend=True)
     log.close()
 
     lines = [json.loads(line) for line in (tmp_path / "events").read_text().splitlines()]
@@ -137,10 +140,14 @@ def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -
         index=1, op="send_object_list", group="WORLD", group_ranks=(0, 1), seq=1, site="t.py:12", enter=1.75,
         peer=1, obj_type="dict", obj_size=120, error="TypeError: cannot pickle",
     )
-    assert state.calls[0].exit is not None and state.calls[1].exit is not None
-    broadcast.exit, send.exit = state.calls[0].exit, state.calls[1].exit
-    assert state.calls == [broadcast, send]
-    assert [c.state for c in state.calls] == ["ok", "raised"]
+    checked = Call(
+        index=2, op="all_reduce", group="WORLD", group_ranks=(0, 1), seq=1, site="t.py:14", enter=2.0,
+        error="ValueError: complex", before_backend=True,
+    )
+    assert all(c.exit is not None for c in state.calls)
+    broadcast.exit, send.exit, checked.exit = (c.exit for c in state.calls)
+    assert state.calls == [broadcast, send, checked]
+    assert [c.state for c in state.calls] == ["ok", "raised", "raised"]
 
 
 # -- who accepts what ------------------------------------------------------------------
