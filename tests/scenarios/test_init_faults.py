@@ -93,4 +93,5 @@ def test_fixed_file_init_shares_one_file(tmp_path):
 def test_fixed_marked_init_false(rank, world_size):
     dist.init_process_group("gloo")
     assert dist.get_rank() == rank and dist.get_world_size() == world_size
+    dist.barrier()  # before a destroy: see tests/test_api.py's own_init
     dist.destroy_process_group()
