@@ -175,12 +175,14 @@ def test_a_collective_that_raised_in_its_argument_checks_keeps_the_group_one_tha
             dist.barrier()
 
         @pytest.mark.ddp(world_size=2)
-        def test_timed_out_in_gloo(rank):
+        def test_timed_out_in_gloo(rank, ddp_shared_path):
             hasty = dist.new_group(timeout=datetime.timedelta(seconds=0.5))
-            if rank == 1:
-                time.sleep(1)  # the fault: rank 0's barrier gives up first
+            gave_up = ddp_shared_path / "rank0-gave-up"
+            while rank == 1 and not gave_up.exists():  # the fault: rank 1 comes once rank 0 gave up
+                time.sleep(0.01)
             with pytest.raises(RuntimeError):
                 dist.barrier(group=hasty)
+            gave_up.touch()
 
         @pytest.mark.ddp(world_size=2)
         def test_after():
