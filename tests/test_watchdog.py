@@ -459,6 +459,14 @@ def test_init_after_a_death_a_survivor_may_take_the_dead_process_rank_and_a_smal
     assert judge(snap(survivors[0], dead, *survivors[1:])).status == "wait"
 
 
+def test_init_world_sizes_tied_after_a_death_match_the_live_processes() -> None:
+    """Three live processes of four: 3 and 4 tied, the 3 that matches them wins."""
+    dead = rank(1, ok("init_process_group", 0, shape=None, site="t.py:5",
+                      extra={"rank": 1, "world_size": 4, "init_method": "env://"}), exit_code=-9)
+    verdict = judge(snap(rank(0, init(0, size=3, enter=NOW - 2)), dead, rank(2, init(1, size=4)), rank(3)))
+    assert (verdict.kind, verdict.culprits) == ("init", [2])
+
+
 def test_init_rank_out_of_range() -> None:
     out = init(2, state="raised", error="RuntimeError: rank < size. 2 vs 2")
     verdict = judge(snap(rank(0, init(0)), rank(1, out, finished=True, failed="RuntimeError")))

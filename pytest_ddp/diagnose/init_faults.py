@@ -85,7 +85,7 @@ def _init_duplicate(inits: _Inits) -> InitFault | None:
 
 def _init_world_sizes(inits: _Inits) -> InitFault | None:
     """World sizes differ: the minority is at fault.  On a tie, the size that matches the number of
-    processes wins, else the size of the first to enter."""
+    live processes wins, else the size of the first to enter."""
     sizes = {r: s for r, c in inits.live.items() if (s := given(c, "world_size")) is not None}
     if len(set(sizes.values())) < 2:
         return None
@@ -93,7 +93,7 @@ def _init_world_sizes(inits: _Inits) -> InitFault | None:
     best = max(counts.values())
     tied = [s for s, n in counts.items() if n == best]
     first = sizes[min(sizes, key=lambda r: (inits.calls[r].enter, r))]
-    processes = len(inits.ranks)
+    processes = sum(state.alive for state in inits.ranks.values())  # a dead one is in no world
     expected = processes if processes in tied else first if first in tied else tied[0]
     culprits = sorted(r for r, s in sizes.items() if s != expected)
     return InitFault("world_sizes", culprits, inits.blocked)
