@@ -411,10 +411,10 @@ def work_of(result: Any) -> dist.Work | None:
 def collectives_handed(group: Any) -> int | None:
     """How many collectives ``group`` (None: the default group) has handed its backend (its
     sequence number); None where there is no group or its backend does not say."""
+    chosen: Any = group or dist.distributed_c10d.GroupMember.WORLD  # read on every collective: no checks
     try:
-        chosen: Any = group or dist.distributed_c10d._get_default_group()
         return chosen._get_sequence_number_for_group()
-    except Exception:
+    except Exception:  # None before init_process_group, a group this rank is not in, a backend that keeps none
         return None
 
 
