@@ -293,6 +293,22 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
     assert done.stdout == "exit 0\n"
 
 
+def test_ranks_find_the_entry_point_plugins_the_forkserver_imported(ddp_pytester):
+    """pytest-timeout, loaded from its entry point by this pytest, was imported by the forkserver:
+    a rank's pytest finds it imported, not by its assertion-rewriting importer (that import took
+    most of a rank's start)."""
+    result = ddp_pytester.run(
+        """
+import sys
+
+@pytest.mark.ddp(world_size=1)
+def test_it():
+    assert type(sys.modules["pytest_timeout"].__loader__).__name__ != "AssertionRewritingHook"
+"""
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_a_ranks_spec_file_is_readable_by_its_user_alone(tmp_path):
     """It holds the rank's environment: 0600, whatever the umask, and a planted link is refused."""
     from pytest_ddp.groups.spawn import write_spec_file
