@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from test_watchdog import NOW, call, judge, ok, outline, rank, snap
 
+from pytest_ddp.common.protocol import Setting
 from pytest_ddp.diagnose import majority, watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
-from pytest_ddp.diagnose.verdicts import Cycle, Disagreement
+from pytest_ddp.diagnose.verdicts import Cycle, Disagreement, Verdict
+from pytest_ddp.diagnose.wording import worded
 
 STEPS = 3
 
@@ -381,3 +383,59 @@ def test_a_rank_that_raised_after_a_collective_whose_shapes_differed_is_no_culpr
     verdict = judge(snap(rank_0, rank_1))
     assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
     assert verdict.call == "scatter #1"
+
+
+# -- values the ranks must give alike (majority.settings_differ) ------------------------------
+
+
+def gave(state: RankState, *counts: int) -> RankState:
+    """The rank's schedules, made at t.py:5, each with its microbatch count."""
+    for count in counts:
+        state.apply(Setting("their pipeline schedules' n_microbatches", count, "t.py:5"))
+    return state
+
+
+def verdict_of(snapshot: Snapshot) -> Verdict | None:
+    """The watchdog's final verdict, worded."""
+    verdict = watchdog.Watch().verdict(snapshot)
+    return None if verdict is None else worded(verdict, snapshot.ranks)
+
+
+def pipeline(counts: list[int], world: int = 4) -> list[RankState]:
+    """A pipeline's stages: the last raised in its loss, the others wait to receive from their next."""
+    ranks = tuple(range(world))
+    stages = [rank(r, call("recv", 1, peer=r + 1, ranks=ranks)) for r in range(world - 1)]
+    stages.append(rank(world - 1, finished=True, failed="RuntimeError: The size of tensor a (4) must match"))
+    for stage, count in zip(stages, counts, strict=True):
+        gave(stage, count)
+    return stages
+
+
+def test_the_stage_whose_microbatch_count_departs_is_named_not_the_stage_that_raised() -> None:
+    verdict = verdict_of(snap(*pipeline([2, 4, 4, 4])))
+    assert verdict is not None and outline(verdict) == ("deadlock", "mismatch", [0], [1, 2, 3])
+    assert verdict.summary.startswith(
+        "ranks 0-3 disagree on their pipeline schedules' n_microbatches: rank 0 gave 2 (t.py:5), ranks 1-3 gave 4"
+        " (t.py:5). What came of it: rank 3 failed (RuntimeError: The size of tensor a (4) must match)"
+    )
+
+
+def test_two_stages_that_give_two_counts_are_both_named() -> None:
+    verdict = verdict_of(snap(*pipeline([4, 2], world=2)))
+    assert verdict is not None and outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+
+
+def test_the_first_of_several_values_that_differs_decides() -> None:
+    stages = pipeline([4, 4, 4, 4])
+    gave(stages[0], 8)
+    gave(stages[1], 8)
+    gave(stages[2], 2)  # the third stage's second schedule departs; the last stage made one schedule
+    assert outline(verdict_of(snap(*stages)) or Verdict("wait")) == ("deadlock", "rank_exited", [3], [0, 1, 2])
+    gave(stages[3], 8)
+    assert outline(verdict_of(snap(*stages)) or Verdict("wait")) == ("deadlock", "mismatch", [2], [0, 1, 3])
+
+
+def test_values_alike_or_a_test_that_passed_leave_the_verdict_as_it_is() -> None:
+    assert outline(verdict_of(snap(*pipeline([4, 4, 4, 4]))) or Verdict("wait"))[1] == "rank_exited"
+    passed = [gave(rank(r, finished=True), count) for r, count in enumerate([4, 2])]
+    assert verdict_of(snap(*passed)) == Verdict("done")

@@ -52,6 +52,7 @@ RECORDS: list[protocol.Record] = [
     RetEvent(3, time=2.5),
     RetEvent(4, ok=False, error="RuntimeError: closed", time=2.5),
     RetEvent(5, ok=False, error="ValueError: no MAX on complex tensors", before_backend=True, time=2.5),
+    protocol.Setting("their pipeline schedules' n_microbatches", 4, "t.py:7", time=2.5),
 ]
 
 

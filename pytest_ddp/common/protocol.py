@@ -334,9 +334,21 @@ class Injected:
     time: float = field(default_factory=_now, kw_only=True)
 
 
+@dataclass(slots=True)
+class Setting:
+    """A value every rank of the test must give alike, as a library took it on this rank (a
+    pipeline schedule's microbatch count, :mod:`pytest_ddp.record.schedules`)."""
+
+    KIND: ClassVar[Literal["setting"]] = "setting"
+    name: str  # "n_microbatches"
+    value: int | str
+    site: str = "?"  # where the test gave it
+    time: float = field(default_factory=_now, kw_only=True)
+
+
 Event = (
     Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | SessionEnd
-    | CallEvent | RetEvent | WaitEvent | Injected
+    | CallEvent | RetEvent | WaitEvent | Injected | Setting
 )
 Record = Command | Event
 
@@ -349,7 +361,7 @@ _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
     for cls in (
         Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent,
-        Injected,
+        Injected, Setting,
     )
 }
 

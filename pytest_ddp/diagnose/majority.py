@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
+from typing import TypeVar
 
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import ExtraCall, Verdict, Wait
+from pytest_ddp.diagnose.verdicts import ExtraCall, SettingDiffers, Verdict, Wait
+
+T = TypeVar("T")
 
 
 def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
@@ -115,7 +118,26 @@ def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]
     return [r for r in culprits if r not in most], sorted([*waiting, *most])
 
 
-def minority(entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]) -> tuple[list[int], list[int]]:
+def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
+    """A test that failed or hung where its ranks gave a value they must give alike (a pipeline's
+    stages, each its schedule's microbatch count) differently, the first where they part: what
+    hung or raised came of it (a stage waits for a microbatch its peer never sends; the last
+    stage's loss meets a target cut otherwise), and the ranks that gave the rarer value departed
+    (every rank, where as many gave each: 2 ranks).  None where they agree, or nothing failed."""
+    given = [s.settings for s in ranks.values() if s.settings]
+    if verdict.kind is None or len(given) < 2:
+        return None
+    for i in range(min(len(settings) for settings in given)):
+        values = {s.rank: s.settings[i] for s in ranks.values() if s.settings}
+        if len({(v.name, v.value) for v in values.values()}) > 1:
+            culprits, _ = minority(values, lambda setting: (setting.name, setting.value))
+            others = sorted({*verdict.culprits, *verdict.waiting} - set(culprits))
+            finding = SettingDiffers(values, verdict)
+            return Verdict(verdict.status, "mismatch", culprits, others, verdict.collective, verdict.call, finding)
+    return None
+
+
+def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:
     """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
     is more common than every other (two ranks that disagree, say), that is a tie: every rank is
     named, none is taken for the norm."""

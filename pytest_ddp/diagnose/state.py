@@ -24,6 +24,7 @@ from pytest_ddp.common.protocol import (
     ProtocolError,
     Report,
     RetEvent,
+    Setting,
     TestStart,
     WaitEvent,
     WarningRecorded,
@@ -218,6 +219,7 @@ class RankState:
     interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
     warnings: list[WarningRecorded] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
+    settings: list[Setting] = field(default_factory=list)  # values the ranks must give alike, in order
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
 
     @property
@@ -306,6 +308,8 @@ class RankState:
                 self.warnings.append(ev)
             case Injected():
                 self.injected.append(ev)
+            case Setting():
+                self.settings.append(ev)
             case WaitEvent():
                 if ev.index < len(self.calls):
                     self.waiting_on = ev.index

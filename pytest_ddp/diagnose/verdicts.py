@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_ddp.common.protocol import Setting
 from pytest_ddp.diagnose.state import Call, RankState
 
 
@@ -151,8 +152,22 @@ class NoneFinished:
     ranks: list[int]
 
 
+@dataclass(frozen=True)
+class SettingDiffers:
+    """Ranks gave a value they must give alike (a pipeline schedule's microbatch count)
+    differently; what hung or failed next (``then``) came of it."""
+
+    values: dict[int, Setting]  # rank -> the first of its values that differs
+    then: Verdict  # the verdict without it
+
+    @property
+    def waits(self) -> dict[int, Wait]:
+        return getattr(self.then.finding, "waits", None) or {}
+
+
 Finding = (
     Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
+    | SettingDiffers
 )
 
 
@@ -174,6 +189,8 @@ class Verdict:
         ranks disagree, else the lowest waiting rank's call of that label, else its call; where
         no rank waits, the first call that raised on a rank not at fault (woken by the culprit)."""
         finding = self.finding
+        if isinstance(finding, SettingDiffers):
+            return finding.then.call_at_fault(states)
         if isinstance(finding, Disagreement):
             return finding.call
         waits = getattr(finding, "waits", None) or {}

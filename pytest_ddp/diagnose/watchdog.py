@@ -291,7 +291,9 @@ class Watch:
             self._certain_since = self._certain_since or snap.now
             if _moving(snap, verdict) and snap.now - self._certain_since < _settle_time(snap):
                 return None
-        return None if verdict.status == "wait" else verdict
+        if verdict.status == "wait":
+            return None
+        return majority.settings_differ(verdict, {s.rank: s for s in snap.ranks}) or verdict
 
 
 def _disconnected(snap: Snapshot) -> bool:

@@ -23,6 +23,7 @@ from pytest_ddp.diagnose.verdicts import (
     GraceOver,
     InitFault,
     NoneFinished,
+    SettingDiffers,
     SlowRanks,
     TimedOut,
     Verdict,
@@ -356,6 +357,16 @@ def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
     return f"no rank ran the test to its end: {_failures(f.ranks, ranks)}{ended}."
 
 
+def _setting_differs(f: SettingDiffers, ranks: dict[int, RankState]) -> str:
+    gave = ", ".join(
+        f"{rank_list(group)} gave {value} ({f.values[group[0]].site})"
+        for value, group in _grouped(f.values, lambda r: f.values[r].value)
+    )
+    then = f.then.finding
+    after = f" What came of it: {_WORDERS[type(then)](then, ranks)}" if then is not None else ""
+    return f"{rank_list(f.values)} disagree on {f.values[min(f.values)].name}: {gave}.{after}"
+
+
 _WORDERS: dict[type, Callable[..., str]] = {
     Departed: _departed,
     ExtraCall: _extra_call,
@@ -367,6 +378,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     GraceOver: _grace_over,
     Failures: _failures_text,
     NoneFinished: _none_finished,
+    SettingDiffers: _setting_differs,
 }
 
 

@@ -122,11 +122,12 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
         mpi = _join_mpi_world(spec) if spec["backend"] == "mpi" else None
         if mpi is None:
             default_group.start(spec)
-        from pytest_ddp.record import recorder  # imports torch: only in a rank
+        from pytest_ddp.record import recorder, schedules  # imports torch: only in a rank
 
         recorders = [recorder] if mpi is None else [recorder, mpi]
         for each in recorders:
             each.install(channel.log)
+        schedules.install(channel.log)
         context = RankContext(
             spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"],
             group_dir=os.path.dirname(spec["events"]),

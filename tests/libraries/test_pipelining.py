@@ -3,6 +3,7 @@ docs write a step: each rank wraps its part in a ``PipelineStage`` and drives it
 (``ScheduleGPipe``, ``Schedule1F1B``); the first stage feeds the batch, the last one gets the
 target and the losses.  The stages exchange activations and gradients with isend/irecv."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -82,13 +83,24 @@ def microbatches_differ(rank, schedule, train):
     pipeline_step(rank, schedule, n_microbatches=4 if rank == 0 else 2, train=train)
 
 
+def disagree(ranks, counts, site):
+    """The verdict's sentence on ``counts`` (ranks, count) given at ``site`` (the call site as
+    the report names it, from the rootdir), up to what came of it."""
+    gave = ", ".join(rf"{ranks} gave {count} \(\S*{re.escape(site)}\)" for ranks, count in counts)
+    return rf"{ranks} disagree on their pipeline schedules' n_microbatches: {gave}\. What came of it: "
+
+
+MICROBATCHES_DIFFER = disagree("ranks 0, 1", [("rank 0", 4), ("rank 1", 2)], line_of("n_microbatches=n_"))
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_microbatch_counts_that_differ_in_inference_are_diagnosed(schedule):
-    """The last stage takes 2 microbatches and returns; the first waits to send its third, as
-    it sent the two before: more microbatches on rank 0 or fewer on rank 1, both are named."""
+    """The last stage takes 2 microbatches and returns; the first waits to send its third.  Each
+    schedule recorded its count: the two ranks disagree on it, and nothing tells which is right."""
     result = pytest_ddp.run(microbatches_differ, world_size=2, args=(schedule, False), timeout=30)
-    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "partial"), result.diagnosis.text
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch"), result.diagnosis.text
     assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([0, 1], [])
+    assert re.search(MICROBATCHES_DIFFER, result.diagnosis.text)
     assert "a step more on rank 0 or a step less on rank 1, nothing tells which" in result.diagnosis.text
     assert result.diagnosis.collective == "isend"
     assert "rank 1 never received from rank 0 (returned from its test)" in result.diagnosis.text
@@ -102,8 +114,29 @@ def test_microbatch_counts_that_differ_in_training_are_diagnosed():
     """The last stage's loss meets a target cut in 2 against an output cut in 4: it raises, and
     the first stage is left waiting for the gradients' metadata."""
     result = pytest_ddp.run(microbatches_differ, world_size=2, args=("GPipe", True), timeout=30)
-    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "rank_exited"), result.diagnosis.text
-    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([1], [0])
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch"), result.diagnosis.text
+    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([0, 1], [])
+    assert re.search(MICROBATCHES_DIFFER + r"rank 1 failed \(RuntimeError: The size of tensor a", result.diagnosis.text)
     assert "must match the size of tensor b (4)" in result.ranks[1].exception
     [waiting] = [c for c in result.ranks[0].collectives if c.state == "running"]
     assert (waiting.op, waiting.peer) == ("recv_object_list", 1) and waiting.site.endswith(line_of("# the first stage"))
+
+
+def three_stages(rank):
+    """A model cut in three stages; the first cuts its batch in 2 microbatches, the others in 4."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
+    stage = PipelineStage(layers[rank], stage_index=rank, num_stages=3, device=torch.device("cpu"))
+    step = ScheduleGPipe(stage, n_microbatches=2 if rank == 0 else 4, loss_fn=torch.nn.functional.mse_loss)
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    step.step(x) if rank == 0 else step.step(target=y, losses=[]) if rank == 2 else step.step()
+
+
+def test_the_stage_whose_microbatch_count_departs_is_named():
+    """Of three stages, the one count of 2 among counts of 4 departs: the first stage, whatever
+    the last stage's loss raised on the inputs it sent."""
+    result = pytest_ddp.run(three_stages, world_size=3, timeout=30)
+    assert (result.outcome, result.diagnosis.kind) == ("deadlock", "mismatch"), result.diagnosis.text
+    assert (result.diagnosis.culprits, result.diagnosis.waiting) == ([0], [1, 2])
+    site = line_of("n_microbatches=2 if rank == 0")
+    assert re.search(disagree("ranks 0-2", [("rank 0", 2), ("ranks 1, 2", 4)], site), result.diagnosis.text)
