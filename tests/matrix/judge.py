@@ -170,6 +170,4 @@ def _cause(cell: Cell, record: Record, why: str, tie: bool) -> str:
         return "the rank that made a call more waits alone in it; partial names the ranks that returned"
     if cell.kind == "disconnect":
         return "the rank whose connections broke had not raised yet when its peers' calls on them did (a race)"
-    if cell.family == "pipelining" and cell.kind in ("skip", "extra") and record.kind == "rank_exited":
-        return "a stage that gets microbatches it did not expect raises in its own code, and is named for it"
     return ""
