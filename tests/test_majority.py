@@ -437,5 +437,9 @@ def test_the_first_of_several_values_that_differs_decides() -> None:
 
 def test_values_alike_or_a_test_that_passed_leave_the_verdict_as_it_is() -> None:
     assert outline(verdict_of(snap(*pipeline([4, 4, 4, 4]))) or Verdict("wait"))[1] == "rank_exited"
+    two_pipelines = pipeline([2, 2, 4, 4])  # ranks 0, 1 and ranks 2, 3: pipelines of their own
+    for stage, group in zip(two_pipelines, ["1", "1", "2", "2"], strict=True):
+        stage.settings[0].group = group
+    assert outline(verdict_of(snap(*two_pipelines)) or Verdict("wait"))[1] == "rank_exited"
     passed = [gave(rank(r, finished=True), count) for r, count in enumerate([4, 2])]
     assert verdict_of(snap(*passed)) == Verdict("done")

@@ -340,9 +340,10 @@ class Setting:
     pipeline schedule's microbatch count, :mod:`pytest_ddp.record.schedules`)."""
 
     KIND: ClassVar[Literal["setting"]] = "setting"
-    name: str  # "n_microbatches"
+    name: str  # "their pipeline schedules' n_microbatches"
     value: int | str
     site: str = "?"  # where the test gave it
+    group: str = "WORLD"  # the process group whose ranks must give it alike
     time: float = field(default_factory=_now, kw_only=True)
 
 

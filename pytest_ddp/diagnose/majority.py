@@ -123,13 +123,17 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
     stages, each its schedule's microbatch count) differently, the first where they part: what
     hung or raised came of it (a stage waits for a microbatch its peer never sends; the last
     stage's loss meets a target cut otherwise), and the ranks that gave the rarer value departed
-    (every rank, where as many gave each: 2 ranks).  None where they agree, or nothing failed."""
+    (every rank, where as many gave each: 2 ranks).  None where they agree, or nothing failed;
+    where the ranks' values are of different things or groups (pipelines of their own), none is
+    compared from there on."""
     given = [s.settings for s in ranks.values() if s.settings]
     if verdict.kind is None or len(given) < 2:
         return None
     for i in range(min(len(settings) for settings in given)):
         values = {s.rank: s.settings[i] for s in ranks.values() if s.settings}
-        if len({(v.name, v.value) for v in values.values()}) > 1:
+        if len({(v.name, v.group) for v in values.values()}) > 1:
+            return None
+        if len({v.value for v in values.values()}) > 1:
             culprits, _ = minority(values, lambda setting: (setting.name, setting.value))
             others = sorted({*verdict.culprits, *verdict.waiting} - set(culprits))
             finding = SettingDiffers(values, verdict)

@@ -78,7 +78,9 @@ def _patch(module: ModuleType) -> None:
         count = getattr(self, "_n_microbatches", None)
         if _log is not None and isinstance(count, int):
             site = json.loads("{" + describe.site(sys._getframe(1)) + "}")["site"]
-            _log.write(Setting(MICROBATCHES, count, site))
+            stage = getattr(self, "_stage", None) or next(iter(getattr(self, "_stages", None) or []), None)
+            group = describe.group_of(getattr(stage, "group", None)).name  # None: the default group
+            _log.write(Setting(MICROBATCHES, count, site, group))
 
     init._recorded = True  # type: ignore[attr-defined]
     schedule.__init__ = init
