@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_watchdog import NOW, call, judge, ok, outline, rank, snap
 
-from pytest_ddp.common.protocol import Setting
+from pytest_ddp.common.protocol import Injected, Setting
 from pytest_ddp.diagnose import majority, watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Cycle, Disagreement, Verdict
@@ -443,3 +443,24 @@ def test_values_alike_or_a_test_that_passed_leave_the_verdict_as_it_is() -> None
     assert outline(verdict_of(snap(*two_pipelines)) or Verdict("wait"))[1] == "rank_exited"
     passed = [gave(rank(r, finished=True), count) for r, count in enumerate([4, 2])]
     assert verdict_of(snap(*passed)) == Verdict("done")
+
+
+def test_of_two_ends_of_a_connection_the_one_the_test_cut_on_purpose_is_named() -> None:
+    # Both ends raised "Connection closed by peer"; the test had disconnected rank 1's network.
+    def ends() -> list[RankState]:
+        error = "RuntimeError: Connection closed by peer"
+        zero = rank(0, ok("send", 1, peer=1), call("recv", 1, peer=1, state="raised", error=error),
+                    finished=True, failed=error)
+        one = rank(1, ok("recv", 1, peer=0), call("send", 1, peer=0, state="raised", error=error),
+                   finished=True, failed=error)
+        return [zero, one]
+
+    assert outline(verdict_of(snap(*ends())) or Verdict("wait")) == ("done", "failed", [0, 1], [])
+    cut = ends()
+    cut[1].apply(Injected("disconnect on rank 1 at send call 1", "disconnect", "send", 1))
+    verdict = verdict_of(snap(*cut))
+    assert verdict is not None and outline(verdict) == ("done", "failed", [1], [0])
+    assert verdict.summary == (
+        "rank 1 raised RuntimeError: Connection closed by peer in send #1 to 0 (t.py:11); "
+        "then rank 0 raised RuntimeError: Connection closed by peer in recv #1 from 1 (t.py:11)."
+    )

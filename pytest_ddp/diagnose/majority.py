@@ -9,13 +9,14 @@ tells, one as likely (:func:`departures`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from typing import TypeVar
 
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import ExtraCall, SettingDiffers, Verdict, Wait
+from pytest_ddp.diagnose.verdicts import ExtraCall, Failures, GraceOver, SettingDiffers, Verdict, Wait
 
 T = TypeVar("T")
 
@@ -139,6 +140,29 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
             finding = SettingDiffers(values, verdict)
             return Verdict(verdict.status, "mismatch", culprits, others, verdict.collective, verdict.call, finding)
     return None
+
+
+def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
+    """Of the failed ranks a verdict names, those whose connections the test broke on purpose
+    (:func:`pytest_ddp.faults.disconnect`) alone, where the others' last call raised in a send or
+    receive with one of them: Gloo says "Connection closed by peer" on both ends, and the peer
+    often raises first.  None where nothing is to change."""
+    cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
+    finding = verdict.finding
+    if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & set(finding.failed):
+        return None
+
+    def woken(rank: int) -> bool:
+        last = ranks[rank].calls[-1] if ranks[rank].calls else None
+        return last is not None and last.is_p2p and last.state == "raised" and last.peer in cut
+
+    peers = [r for r in finding.failed if r not in cut and woken(r)]
+    if not peers:
+        return None
+    failed = [r for r in finding.failed if r not in peers]
+    changed = dataclasses.replace(finding, failed=failed, woken=sorted([*finding.woken, *peers]))
+    culprits = [r for r in verdict.culprits if r not in peers]
+    return dataclasses.replace(verdict, culprits=culprits, waiting=sorted([*verdict.waiting, *peers]), finding=changed)
 
 
 def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:

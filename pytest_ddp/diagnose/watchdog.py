@@ -293,7 +293,8 @@ class Watch:
                 return None
         if verdict.status == "wait":
             return None
-        return majority.settings_differ(verdict, {s.rank: s for s in snap.ranks}) or verdict
+        ranks = {s.rank: s for s in snap.ranks}
+        return majority.settings_differ(verdict, ranks) or majority.cut_on_purpose(verdict, ranks) or verdict
 
 
 def _disconnected(snap: Snapshot) -> bool:
