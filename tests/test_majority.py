@@ -464,3 +464,14 @@ def test_of_two_ends_of_a_connection_the_one_the_test_cut_on_purpose_is_named() 
         "rank 1 raised RuntimeError: Connection closed by peer in send #1 to 0 (t.py:11); "
         "then rank 0 raised RuntimeError: Connection closed by peer in recv #1 from 1 (t.py:11)."
     )
+
+
+def test_a_peer_that_died_of_the_cut_connection_first_is_not_named() -> None:
+    # Gloo aborted rank 0 in its receive from rank 1, whose network the test cut; rank 1 raised after.
+    error = "RuntimeError: Connection closed by peer"
+    zero = rank(0, ok("send", 1, peer=1), call("recv", 1, peer=1), exit_code=-6)
+    one = rank(1, ok("recv", 1, peer=0), call("send", 1, peer=0, state="raised", error=error),
+               finished=True, failed=error)
+    assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [0], [1])
+    one.apply(Injected("disconnect on rank 1 at send call 1", "disconnect", "send", 1))
+    assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [1], [0])

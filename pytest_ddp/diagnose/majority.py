@@ -144,25 +144,28 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
 
 def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
     """Of the failed ranks a verdict names, those whose connections the test broke on purpose
-    (:func:`pytest_ddp.faults.disconnect`) alone, where the others' last call raised in a send or
+    (:func:`pytest_ddp.faults.disconnect`) alone, where the others raised or died in a send or
     receive with one of them: Gloo says "Connection closed by peer" on both ends, and the peer
-    often raises first.  None where nothing is to change."""
+    often raises (or aborts) first, the cut rank then counted as woken.  None where nothing is
+    to change."""
     cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
     finding = verdict.finding
-    if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & set(finding.failed):
+    if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & {*finding.failed, *finding.woken}:
         return None
 
     def woken(rank: int) -> bool:
-        last = ranks[rank].calls[-1] if ranks[rank].calls else None
-        return last is not None and last.is_p2p and last.state == "raised" and last.peer in cut
+        state = ranks[rank]
+        last = state.died_in or (state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None)
+        return last is not None and last.is_p2p and last.peer in cut
 
     peers = [r for r in finding.failed if r not in cut and woken(r)]
     if not peers:
         return None
-    failed = [r for r in finding.failed if r not in peers]
-    changed = dataclasses.replace(finding, failed=failed, woken=sorted([*finding.woken, *peers]))
-    culprits = [r for r in verdict.culprits if r not in peers]
-    return dataclasses.replace(verdict, culprits=culprits, waiting=sorted([*verdict.waiting, *peers]), finding=changed)
+    failed = sorted({*finding.failed, *(cut & set(finding.woken))} - set(peers))
+    changed = dataclasses.replace(finding, failed=failed, woken=sorted({*finding.woken, *peers} - cut))
+    culprits = sorted({*verdict.culprits, *(cut & set(finding.woken))} - set(peers))
+    waiting = sorted({*verdict.waiting, *peers} - set(culprits))
+    return dataclasses.replace(verdict, culprits=culprits, waiting=waiting, finding=changed)
 
 
 def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:
