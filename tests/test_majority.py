@@ -475,3 +475,6 @@ def test_a_peer_that_died_of_the_cut_connection_first_is_not_named() -> None:
     assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [0], [1])
     one.apply(Injected("disconnect on rank 1 at send call 1", "disconnect", "send", 1))
     assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [1], [0])
+    zero.calls[-1].exit = NOW - 0.6  # aborted after its receive returned: its asynchronous work failed
+    assert zero.died_in is None
+    assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [1], [0])

@@ -154,8 +154,13 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
         return None
 
     def woken(rank: int) -> bool:
+        """Its last call raised, or it died (Gloo aborts a process whose asynchronous send or
+        receive failed, even between calls), with a cut rank."""
         state = ranks[rank]
-        last = state.died_in or (state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None)
+        if state.alive:
+            last = state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None
+        else:
+            last = state.died_in or next((c for c in reversed(state.calls) if c.is_p2p), None)
         return last is not None and last.is_p2p and last.peer in cut
 
     peers = [r for r in finding.failed if r not in cut and woken(r)]
