@@ -144,10 +144,10 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
 
 def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
     """Of the failed ranks a verdict names, those whose connections the test broke on purpose
-    (:func:`pytest_ddp.faults.disconnect`) alone, where the others raised or died in a send or
-    receive with one of them: Gloo says "Connection closed by peer" on both ends, and the peer
-    often raises (or aborts) first, the cut rank then counted as woken.  None where nothing is
-    to change."""
+    (:func:`pytest_ddp.faults.disconnect`) alone, where the others raised or died in a call with
+    one of them (a send or receive to it, a collective of a group it is in): Gloo says
+    "Connection closed by peer" on every end, and a peer often raises (or aborts) first, the cut
+    rank then counted as woken.  None where nothing is to change."""
     cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
     finding = verdict.finding
     if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & {*finding.failed, *finding.woken}:
@@ -160,8 +160,10 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
         if state.alive:
             last = state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None
         else:
-            last = state.died_in or next((c for c in reversed(state.calls) if c.is_p2p), None)
-        return last is not None and last.is_p2p and last.peer in cut
+            last = state.died_in or (state.calls[-1] if state.calls else None)
+        if last is None:
+            return False
+        return last.peer in cut if last.is_p2p else last.is_collective and bool(cut & set(last.group_ranks))
 
     peers = [r for r in finding.failed if r not in cut and woken(r)]
     if not peers:
