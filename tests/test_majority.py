@@ -4,6 +4,8 @@ receives from the previous, three steps."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_watchdog import NOW, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.common.protocol import Injected, Setting
@@ -478,3 +480,27 @@ def test_a_peer_that_died_of_the_cut_connection_first_is_not_named() -> None:
     zero.calls[-1].exit = NOW - 0.6  # aborted after its receive returned: its asynchronous work failed
     assert zero.died_in is None
     assert outline(verdict_of(snap(zero, one)) or Verdict("wait")) == ("done", "rank_exited", [1], [0])
+
+
+def test_a_cut_rank_that_had_not_raised_yet_is_named_not_the_neighbour_it_woke() -> None:
+    # The test cut rank 3's network; rank 0's receive from it raised first, and rank 3 is still
+    # in its receive when the verdict comes (a loaded machine), once the grace it gets is over.
+    r4 = (0, 1, 2, 3)
+    states = [
+        rank(0, ok("send", 1, peer=1, ranks=r4), raised("recv", 1, 3), finished=True, failed=CLOSED),
+        rank(1, ok("recv", 1, peer=0, ranks=r4), call("recv", 2, peer=0, ranks=r4)),
+        rank(2, call("recv", 1, peer=1, ranks=r4)),
+        rank(3, call("recv", 1, peer=2, ranks=r4)),
+    ]
+    before = verdict_of(snap(*states))
+    assert before is not None and outline(before) == ("deadlock", "rank_exited", [0], [1, 2, 3])
+    states[3].apply(Injected("connections to its peers broken on rank 3 at recv call 1", "disconnect", "recv", 1))
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(*states)) is None  # rank 3 may still raise: it gets the grace
+    later = dataclasses.replace(snap(*states), now=NOW + 2.5)
+    verdict = worded(watch.verdict(later) or Verdict("wait"), later.ranks)
+    assert outline(verdict) == ("deadlock", "rank_exited", [3], [0, 1, 2])
+    assert verdict.summary.startswith(
+        "connections to its peers broken on rank 3 at recv call 1 (faults.disconnect), before it raised."
+        " What came of it: rank 0 raised RuntimeError: Connection closed by peer in recv #1 from 3"
+    )

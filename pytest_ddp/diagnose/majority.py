@@ -16,7 +16,16 @@ from itertools import pairwise
 from typing import TypeVar
 
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import ExtraCall, Failures, GraceOver, SettingDiffers, Verdict, Wait
+from pytest_ddp.diagnose.verdicts import (
+    CutOnPurpose,
+    Departed,
+    ExtraCall,
+    Failures,
+    GraceOver,
+    SettingDiffers,
+    Verdict,
+    Wait,
+)
 
 T = TypeVar("T")
 
@@ -150,22 +159,12 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
     rank then counted as woken.  None where nothing is to change."""
     cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
     finding = verdict.finding
+    if cut and isinstance(finding, Departed) and cut.isdisjoint(verdict.culprits):
+        return _woken_by_cut(verdict, ranks, cut)
     if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & {*finding.failed, *finding.woken}:
         return None
 
-    def woken(rank: int) -> bool:
-        """Its last call raised, or it died (Gloo aborts a process whose asynchronous send or
-        receive failed, even between calls), with a cut rank."""
-        state = ranks[rank]
-        if state.alive:
-            last = state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None
-        else:
-            last = state.died_in or (state.calls[-1] if state.calls else None)
-        if last is None:
-            return False
-        return last.peer in cut if last.is_p2p else last.is_collective and bool(cut & set(last.group_ranks))
-
-    peers = [r for r in finding.failed if r not in cut and woken(r)]
+    peers = [r for r in finding.failed if r not in cut and _woken(ranks[r], cut)]
     if not peers:
         return None
     failed = sorted({*finding.failed, *(cut & set(finding.woken))} - set(peers))
@@ -173,6 +172,32 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
     culprits = sorted({*verdict.culprits, *(cut & set(finding.woken))} - set(peers))
     waiting = sorted({*verdict.waiting, *peers} - set(culprits))
     return dataclasses.replace(verdict, culprits=culprits, waiting=waiting, finding=changed)
+
+
+def _woken_by_cut(verdict: Verdict, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
+    """A deadlock whose ranks that left the test each raised (or died) in a call with a rank the
+    test cut, which had not raised yet when the verdict came (it raises last on a loaded
+    machine): the cut ranks are named, the ranks they woke wait behind them."""
+    gone = verdict.culprits
+    if not gone or not all(_woken(ranks[r], cut) for r in gone):
+        return None
+    named = sorted(cut)
+    waiting = sorted({*verdict.waiting, *gone} - cut)
+    return Verdict(verdict.status, verdict.kind, named, waiting, verdict.collective, verdict.call,
+                   CutOnPurpose(named, verdict))
+
+
+def _woken(state: RankState, cut: set[int]) -> bool:
+    """The rank's last call raised, or it died (Gloo aborts a process whose asynchronous send or
+    receive failed, even between calls), in a call with a cut rank: a send or receive to it, a
+    collective of a group it is in."""
+    if state.alive:
+        last = state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None
+    else:
+        last = state.died_in or (state.calls[-1] if state.calls else None)
+    if last is None:
+        return False
+    return last.peer in cut if last.is_p2p else last.is_collective and bool(cut & set(last.group_ranks))
 
 
 def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:

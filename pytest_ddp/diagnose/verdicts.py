@@ -165,9 +165,23 @@ class SettingDiffers:
         return getattr(self.then.finding, "waits", None) or {}
 
 
+@dataclass(frozen=True)
+class CutOnPurpose:
+    """The ranks a verdict named left the test woken by the connections the test broke on purpose
+    (:func:`pytest_ddp.faults.disconnect`) of ranks that had not raised yet; what came of it
+    (``then``)."""
+
+    cut: list[int]
+    then: Verdict
+
+    @property
+    def waits(self) -> dict[int, Wait]:
+        return getattr(self.then.finding, "waits", None) or {}
+
+
 Finding = (
     Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
-    | SettingDiffers
+    | SettingDiffers | CutOnPurpose
 )
 
 
@@ -189,7 +203,7 @@ class Verdict:
         ranks disagree, else the lowest waiting rank's call of that label, else its call; where
         no rank waits, the first call that raised on a rank not at fault (woken by the culprit)."""
         finding = self.finding
-        if isinstance(finding, SettingDiffers):
+        if isinstance(finding, (SettingDiffers, CutOnPurpose)):
             return finding.then.call_at_fault(states)
         if isinstance(finding, Disagreement):
             return finding.call

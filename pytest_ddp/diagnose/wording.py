@@ -15,6 +15,7 @@ from pytest_ddp.diagnose.consistency import CallDifference, SequenceDifference, 
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.state import Call, RankState, exit_text
 from pytest_ddp.diagnose.verdicts import (
+    CutOnPurpose,
     Cycle,
     Departed,
     Disagreement,
@@ -367,6 +368,13 @@ def _setting_differs(f: SettingDiffers, ranks: dict[int, RankState]) -> str:
     return f"{rank_list(f.values)} disagree on {f.values[min(f.values)].name}: {gave}.{after}"
 
 
+def _cut_on_purpose(f: CutOnPurpose, ranks: dict[int, RankState]) -> str:
+    injected = "; ".join(fault.text for r in f.cut for fault in ranks[r].injected if fault.action == "disconnect")
+    then = f.then.finding
+    after = f" What came of it: {_WORDERS[type(then)](then, ranks)}" if then is not None else ""
+    return f"{injected} (faults.disconnect), before {_verb(f.cut, 'it', 'they')} raised.{after}"
+
+
 _WORDERS: dict[type, Callable[..., str]] = {
     Departed: _departed,
     ExtraCall: _extra_call,
@@ -379,6 +387,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     Failures: _failures_text,
     NoneFinished: _none_finished,
     SettingDiffers: _setting_differs,
+    CutOnPurpose: _cut_on_purpose,
 }
 
 
