@@ -504,3 +504,24 @@ def test_a_cut_rank_that_had_not_raised_yet_is_named_not_the_neighbour_it_woke()
         "connections to its peers broken on rank 3 at recv call 1 (faults.disconnect), before it raised."
         " What came of it: rank 0 raised RuntimeError: Connection closed by peer in recv #1 from 3"
     )
+
+
+def test_of_the_ranks_a_cut_woke_in_a_collective_the_cut_rank_alone_is_named() -> None:
+    # Gloo's ring: the cut rank 1 and its neighbours 0 and 2 raised in all_reduce #2; rank 3 waits in it.
+    r4 = (0, 1, 2, 3)
+
+    def woke(r: int) -> RankState:
+        return rank(r, ok("all_reduce", 1, ranks=r4), call("all_reduce", 2, state="raised", ranks=r4, error=CLOSED),
+                    finished=True, failed=CLOSED)
+
+    states = [woke(0), woke(1), woke(2), rank(3, ok("all_reduce", 1, ranks=r4), call("all_reduce", 2, ranks=r4))]
+    assert outline(verdict_of(snap(*states)) or Verdict("wait")) == ("deadlock", "rank_exited", [0, 1, 2], [3])
+    states[1].apply(Injected("connections to its peers broken on rank 1 at all_reduce call 2", "disconnect",
+                             "all_reduce", 2))
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(*states)) is None  # rank 3 may still raise: it gets the grace
+    later = dataclasses.replace(snap(*states), now=NOW + 2.5)
+    verdict = worded(watch.verdict(later) or Verdict("wait"), later.ranks)
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [3])
+    assert verdict.summary.startswith("rank 1 raised RuntimeError: Connection closed by peer in all_reduce #2")
+    assert "rank 0 raised" in verdict.summary and "rank 2 raised" in verdict.summary

@@ -159,11 +159,30 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
     rank then counted as woken.  None where nothing is to change."""
     cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
     finding = verdict.finding
-    if cut and isinstance(finding, Departed) and cut.isdisjoint(verdict.culprits):
-        return _woken_by_cut(verdict, ranks, cut)
-    if not cut or not isinstance(finding, (Failures, GraceOver)) or not cut & {*finding.failed, *finding.woken}:
+    if not cut:
         return None
+    if isinstance(finding, Departed):
+        return _woken_by_cut(verdict, ranks, cut) if cut.isdisjoint(finding.culprits) else _woke_gone(
+            verdict, finding, ranks, cut)
+    if isinstance(finding, (Failures, GraceOver)) and cut & {*finding.failed, *finding.woken}:
+        return _woke_failed(verdict, finding, ranks, cut)
+    return None
 
+
+def _woke_gone(verdict: Verdict, finding: Departed, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
+    """The ranks gone with a cut rank that it woke are its victims, as :func:`broken_center`'s are."""
+    peers = [g for g in finding.culprits if g not in cut and _woken(ranks[g], cut)]
+    if not peers:
+        return None
+    culprits = [g for g in finding.culprits if g not in peers]
+    changed = dataclasses.replace(finding, culprits=culprits, victims=sorted({*finding.victims, *peers}))
+    return dataclasses.replace(verdict, culprits=[r for r in verdict.culprits if r not in peers], finding=changed)
+
+
+def _woke_failed(
+    verdict: Verdict, finding: Failures | GraceOver, ranks: dict[int, RankState], cut: set[int]
+) -> Verdict | None:
+    """The failed ranks a cut rank woke are told as woken, the cut rank failed, whichever raised first."""
     peers = [r for r in finding.failed if r not in cut and _woken(ranks[r], cut)]
     if not peers:
         return None
