@@ -196,6 +196,13 @@ def test_a_connection_that_broke_between_a_pipelines_first_two_stages_names_both
     assert verdict.summary.endswith(
         "The connection between ranks 0 and 1 broke, and a call of each on it raised: either may have lost it."
     )
+    first.apply(Injected("connections to its peers broken on rank 0 at isend call 4", "disconnect", "isend", 4))
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(first, second, *rest)) is None  # the grace a cut gets
+    later = dataclasses.replace(snap(first, second, *rest), now=NOW + 2.5)
+    verdict = worded(watch.verdict(later) or Verdict("wait"), later.ranks)
+    assert outline(verdict) == ("deadlock", "rank_exited", [0], [1, 2, 3])  # the test cut rank 0's end
+    assert "either may have lost it" not in verdict.summary
 
 
 def test_a_connection_that_broke_as_its_end_died_names_the_dead_end_alone() -> None:
@@ -501,7 +508,7 @@ def test_a_cut_rank_that_had_not_raised_yet_is_named_not_the_neighbour_it_woke()
     verdict = worded(watch.verdict(later) or Verdict("wait"), later.ranks)
     assert outline(verdict) == ("deadlock", "rank_exited", [3], [0, 1, 2])
     assert verdict.summary.startswith(
-        "connections to its peers broken on rank 3 at recv call 1 (faults.disconnect), before it raised."
+        "connections to its peers broken on rank 3 at recv call 1 (faults.disconnect)."
         " What came of it: rank 0 raised RuntimeError: Connection closed by peer in recv #1 from 3"
     )
 

@@ -170,13 +170,17 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
 
 
 def _woke_gone(verdict: Verdict, finding: Departed, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
-    """The ranks gone with a cut rank that it woke are its victims, as :func:`broken_center`'s are."""
+    """The ranks gone with a cut rank that it woke are its victims, as :func:`broken_center`'s
+    are; of a broken connection's two ends (:func:`broken_pair`), the cut one lost it."""
     peers = [g for g in finding.culprits if g not in cut and _woken(ranks[g], cut)]
-    if not peers:
+    broken = [] if cut & set(finding.broken) else finding.broken
+    if not peers and broken == finding.broken:
         return None
     culprits = [g for g in finding.culprits if g not in peers]
-    changed = dataclasses.replace(finding, culprits=culprits, victims=sorted({*finding.victims, *peers}))
-    return dataclasses.replace(verdict, culprits=[r for r in verdict.culprits if r not in peers], finding=changed)
+    changed = dataclasses.replace(finding, culprits=culprits, victims=sorted({*finding.victims, *peers}), broken=broken)
+    named = sorted({*culprits, *broken, *finding.alike})
+    waiting = sorted({*verdict.culprits, *verdict.waiting} - {*named, *peers})
+    return dataclasses.replace(verdict, culprits=named, waiting=waiting, finding=changed)
 
 
 def _woke_failed(
@@ -195,15 +199,19 @@ def _woke_failed(
 
 def _woken_by_cut(verdict: Verdict, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
     """A deadlock whose ranks that left the test each raised (or died) in a call with a rank the
-    test cut, which had not raised yet when the verdict came (it raises last on a loaded
-    machine): the cut ranks are named, the ranks they woke wait behind them."""
-    gone = verdict.culprits
+    test cut, which had not left the test when the verdict came (it raises last on a loaded
+    machine; or no rank waits for it): the cut ranks are named, the ranks they woke wait behind
+    them."""
+    gone = [r for r in verdict.culprits if r not in cut]  # a cut end of a broken pair may be named too
     if not gone or not all(_woken(ranks[r], cut) for r in gone):
         return None
     named = sorted(cut)
     waiting = sorted({*verdict.waiting, *gone} - cut)
+    then = verdict
+    if isinstance(verdict.finding, Departed) and cut & set(verdict.finding.broken):  # the cut end lost it
+        then = dataclasses.replace(verdict, finding=dataclasses.replace(verdict.finding, broken=[]))
     return Verdict(verdict.status, verdict.kind, named, waiting, verdict.collective, verdict.call,
-                   CutOnPurpose(named, verdict))
+                   CutOnPurpose(named, then))
 
 
 def _woken(state: RankState, cut: set[int]) -> bool:

@@ -168,7 +168,7 @@ class SettingDiffers:
 @dataclass(frozen=True)
 class CutOnPurpose:
     """The ranks a verdict named left the test woken by the connections the test broke on purpose
-    (:func:`pytest_ddp.faults.disconnect`) of ranks that had not raised yet; what came of it
+    (:func:`pytest_ddp.faults.disconnect`) of ranks that had not left it; what came of it
     (``then``)."""
 
     cut: list[int]

@@ -372,7 +372,7 @@ def _cut_on_purpose(f: CutOnPurpose, ranks: dict[int, RankState]) -> str:
     injected = "; ".join(fault.text for r in f.cut for fault in ranks[r].injected if fault.action == "disconnect")
     then = f.then.finding
     after = f" What came of it: {_WORDERS[type(then)](then, ranks)}" if then is not None else ""
-    return f"{injected} (faults.disconnect), before {_verb(f.cut, 'it', 'they')} raised.{after}"
+    return f"{injected} (faults.disconnect).{after}"
 
 
 _WORDERS: dict[type, Callable[..., str]] = {
