@@ -363,16 +363,18 @@ def _setting_differs(f: SettingDiffers, ranks: dict[int, RankState]) -> str:
         f"{rank_list(group)} gave {value} ({f.values[group[0]].site})"
         for value, group in _grouped(f.values, lambda r: f.values[r].value)
     )
-    then = f.then.finding
-    after = f" What came of it: {_WORDERS[type(then)](then, ranks)}" if then is not None else ""
-    return f"{rank_list(f.values)} disagree on {f.values[min(f.values)].name}: {gave}.{after}"
+    return f"{rank_list(f.values)} disagree on {f.values[min(f.values)].name}: {gave}.{_came_of_it(f.then, ranks)}"
 
 
 def _cut_on_purpose(f: CutOnPurpose, ranks: dict[int, RankState]) -> str:
     injected = "; ".join(fault.text for r in f.cut for fault in ranks[r].injected if fault.action == "disconnect")
-    then = f.then.finding
-    after = f" What came of it: {_WORDERS[type(then)](then, ranks)}" if then is not None else ""
-    return f"{injected} (faults.disconnect).{after}"
+    return f"{injected} (faults.disconnect).{_came_of_it(f.then, ranks)}"
+
+
+def _came_of_it(then: Verdict, ranks: dict[int, RankState]) -> str:
+    """The verdict a cause was found behind, in words, after that cause."""
+    finding = then.finding
+    return f" What came of it: {_WORDERS[type(finding)](finding, ranks)}" if finding is not None else ""
 
 
 _WORDERS: dict[type, Callable[..., str]] = {
