@@ -160,6 +160,54 @@ def test_where_both_orders_are_new_it_stays_a_tie() -> None:
     assert "Likely" not in verdict.summary
 
 
+# The code of the loop above, its all_reduce at t.py:55 and its broadcast at t.py:56.
+LOOP_CODE = "\n" * 52 + "def step(grad):\n    for _ in range(3):\n        dist.all_reduce(grad)\n" \
+    "        dist.broadcast(grad, src=0)\n    dist.barrier()\n"
+
+
+def code(file: str) -> str | None:
+    return LOOP_CODE if file == "t.py" else None
+
+
+def test_where_both_orders_are_new_the_code_tells_which_rank_skipped_a_call() -> None:
+    # As above: no path from t.py:56 to itself passes no all_reduce, and rank 0's calls took one.
+    ranks = [rank(0, *steps(*LOOP[:2]), call("broadcast", 3, site="t.py:56")),
+             rank(1, *steps(*LOOP[:2]), call("all_reduce", 3, site="t.py:55"))]
+    verdict = majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, code)
+    assert verdict is not None
+    verdict = worded(verdict, ranks)
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])  # a tie, said as likely
+    assert isinstance(verdict.finding, Disagreement) and list(verdict.finding.skipped) == [0]
+    assert verdict.summary.endswith(
+        "Likely rank 0: its broadcast #3 (t.py:56) came right after its call from t.py:56, and its code makes "
+        "the call of t.py:55 on every way between the two; the others' code has a way."
+    )
+    # Its code unknown (a file the controller cannot read), or a call of its own line that may not be
+    # made (under a condition): a tie as before.
+    assert majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, lambda f: None) is None
+    guarded = LOOP_CODE.replace("        dist.all_reduce(grad)", "        rank and dist.all_reduce(grad)")
+    assert majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks},
+                                    lambda f: guarded) is None
+
+
+def test_the_watch_asks_the_code_where_a_two_rank_cycle_is_a_tie() -> None:
+    """The ring of the test below at 2 ranks, rank 1 skipping its receive: both wait in a send,
+    and rank 1's send came right after its send, where its code receives between."""
+    source = "\n" * 89 + "def ring(rank, t):\n    for _ in range(3):\n        if rank % 2 == 0:\n" \
+        "            dist.send(t, dst=1)\n            dist.recv(t, src=1)\n        else:\n" \
+        "            dist.recv(t, src=0)\n            dist.send(t, dst=0)\n"
+    r0 = [ok("send", 1, peer=1, site="t.py:93"), ok("recv", 1, peer=1, site="t.py:94"),
+          call("send", 2, peer=1, site="t.py:93")]
+    r1 = [ok("recv", 1, peer=0, site="t.py:96"), ok("send", 1, peer=0, site="t.py:97"),
+          call("send", 2, peer=0, site="t.py:97")]
+    ranks = [rank(0, *r0), rank(1, *r1)]
+    verdict = watchdog.Watch(lambda f: source if f == "t.py" else None).verdict(snap(*ranks))
+    assert verdict is not None and outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
+    assert isinstance(verdict.finding, Cycle) and verdict.finding.skipped == {1: (r1[1], r1[2], ["t.py:96"])}
+    unread = watchdog.Watch().verdict(snap(*ranks))  # no code: a tie, nothing said as likely
+    assert unread is not None and isinstance(unread.finding, Cycle) and not unread.finding.skipped
+
+
 def test_of_a_two_rank_p2p_cycle_the_rank_that_sent_twice_in_a_row_is_named_as_likely() -> None:
     """The matrix's ring at 2 ranks: rank 0 sends then receives, rank 1 the other way round;
     rank 0 then sends twice in a row (a send more, or a receive skipped): both ranks wait in a

@@ -15,10 +15,13 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from typing import TypeVar
 
+from pytest_ddp.diagnose import code_paths
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
+    Cycle,
     Departed,
+    Disagreement,
     ExtraCall,
     Failures,
     GraceOver,
@@ -300,6 +303,50 @@ def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[C
                 found[rank] = (a, b)
                 break
     return found if len(found) == 1 else {}
+
+
+def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
+                    ) -> Verdict | None:
+    """A tie of two ranks (a mismatch, a point-to-point cycle) that their history cannot break
+    (:func:`likely`, :func:`new_paths`): where one rank's code has no way from its call before to
+    the one it is in that makes no call between (:mod:`pytest_ddp.diagnose.code_paths`: it skipped
+    a call its code makes), while the other's has, that rank is the likely culprit.  ``source``:
+    a file's text by the name its sites give it, or None."""
+    finding = verdict.finding
+    if isinstance(finding, Disagreement) and not finding.likely and not finding.after:
+        entered = finding.entered
+    elif isinstance(finding, Cycle) and finding.p2p and not finding.after:
+        entered = {r: finding.waits[r].call for r in finding.culprits}
+    else:
+        return None
+    before, _ = _paths(ranks, entered)
+    if len(entered) != 2 or len(before) != 2 or finding.skipped:
+        return None
+    between = {r: _calls_between(before[r], entered[r], ranks, source) for r in entered}
+    skipped = {r: (before[r], entered[r], lines) for r, lines in between.items() if lines}
+    if len(skipped) != 1 or None in between.values():
+        return None
+    return dataclasses.replace(verdict, finding=dataclasses.replace(finding, skipped=skipped))
+
+
+def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]
+                   ) -> list[str] | None:
+    """The sites of the calls the code makes on every way from ``before`` to ``call`` (both of one
+    file), by the ops the ranks' calls from each line of it were; None where the code cannot tell."""
+    file, _, start = before.site.rpartition(":")
+    other, _, end = call.site.rpartition(":")
+    text = source(file) if file == other and start.isdigit() and end.isdigit() else None
+    if text is None:
+        return None
+    ops: dict[int, set[str]] = {}
+    for state in ranks.values():
+        for c in state.calls:
+            where, _, line = c.site.rpartition(":")
+            if where == file and line.isdigit() and (c.is_collective or c.is_p2p):
+                ops.setdefault(int(line), set()).add(c.op)
+    made = {line: next(iter(names)) for line, names in ops.items() if len(names) == 1}
+    lines = code_paths.calls_between(text, int(start), int(end), made)
+    return None if lines is None else [f"{file}:{line}" for line in lines]
 
 
 def as_before(ranks: dict[int, RankState], entered: dict[int, Call]) -> bool:

@@ -81,6 +81,9 @@ class Cycle:
     # two calls: of 2 ranks, to the call it waits in (majority.new_paths); of more, anywhere since
     # it went round the same code (majority.branched).  The likely culprit, said as likely.
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
+    # Else the one rank whose code makes a call between its call before and the one it waits in
+    # (majority.skipped_in_code) -> those two calls and the sites of the calls it skipped.
+    skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class Disagreement:
     likely: dict[int, Call] = field(default_factory=dict)
     # Else the ranks whose call came by a path no rank took before -> their call before it, and it.
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
+    # Else the one rank whose code makes a call between its call before and this one, as Cycle's.
+    skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "raised", "never"]

@@ -281,8 +281,9 @@ class Watch:
     failure (the snapshot carries both; :func:`judge` applies them) and the settle time of a
     certain deadlock."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: Callable[[str], str | None] = lambda file: None) -> None:
         self._certain_since: float | None = None
+        self._source = source  # a file's text by the name its call sites give it (majority.skipped_in_code)
 
     def verdict(self, snap: Snapshot) -> Verdict | None:
         """The final verdict on the test, or None while the controller should wait."""
@@ -294,7 +295,12 @@ class Watch:
         if verdict.status == "wait":
             return None
         ranks = {s.rank: s for s in snap.ranks}
-        return majority.settings_differ(verdict, ranks) or majority.cut_on_purpose(verdict, ranks) or verdict
+        return (
+            majority.settings_differ(verdict, ranks)
+            or majority.cut_on_purpose(verdict, ranks)
+            or majority.skipped_in_code(verdict, ranks, self._source)
+            or verdict
+        )
 
 
 def _disconnected(snap: Snapshot) -> bool:

@@ -249,12 +249,12 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
             text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
         if f.waiting:
             text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-        return text + "." + _new_paths(f.after)
+        return text + "." + _new_paths(f.after) + _skipped(f.skipped)
     finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
     text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-    return text + "." + _new_paths(f.after)
+    return text + "." + _new_paths(f.after) + _skipped(f.skipped)
 
 
 def _new_paths(after: dict[int, tuple[Call, Call]]) -> str:
@@ -264,6 +264,17 @@ def _new_paths(after: dict[int, tuple[Call, Call]]) -> str:
         f" Likely rank {rank}: its {describe_call(call)} came right after a call from {before.site},"
         " an order no rank's calls took before; the others' came in an order taken before."
         for rank, (before, call) in sorted(after.items())
+    )
+
+
+def _skipped(skipped: dict[int, tuple[Call, Call, list[str]]]) -> str:
+    """`` Likely rank 0: its broadcast #3 (t.py:9) came right after its call from t.py:9, and its
+    code makes the call of t.py:8 on every way between the two; the others' code has a way.``"""
+    return "".join(
+        f" Likely rank {rank}: its {describe_call(call)} came right after its call from {before.site}, and its"
+        f" code makes the call{'s' if len(sites) > 1 else ''} of {', '.join(sites)} on every way between the two;"
+        " the others' code has a way."
+        for rank, (before, call, sites) in sorted(skipped.items())
     )
 
 
@@ -293,7 +304,7 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
             f" Likely rank {rank}: every earlier call from {entered[rank].site} was {_signature_text(usual)},"
             f" and rank {rank}'s is the one that departs from it."
         )
-    return text + _new_paths(f.after)
+    return text + _new_paths(f.after) + _skipped(f.skipped)
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:

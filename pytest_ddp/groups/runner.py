@@ -8,10 +8,12 @@ their stacks and the group is killed; a later test gets a fresh one.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_ddp.common.ops import DESTROY
@@ -124,10 +126,26 @@ class StartFailure:
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
 
 
+def _source_files() -> Callable[[str], str | None]:
+    """A file's text by the name a call site gives it (relative to the working folder, as the
+    ranks', or absolute), read once; None where it cannot be read."""
+    texts: dict[str, str | None] = {}
+
+    def read(file: str) -> str | None:
+        if file not in texts:
+            try:
+                texts[file] = Path(json.loads(f'"{file}"')).read_text()  # a site's name is JSON-escaped
+            except (OSError, ValueError):
+                texts[file] = None
+        return texts[file]
+
+    return read
+
+
 def supervise(group: Group, spec: RankSpec) -> TestRun:
     """Watch the test handed over to the group until a verdict."""
     started = group.handed_over_at
-    watch = watchdog.Watch()
+    watch = watchdog.Watch(_source_files())
     verdict = None
     while verdict is None:
         group.poll(POLL_INTERVAL)

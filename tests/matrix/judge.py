@@ -28,7 +28,7 @@ class Record:
     outcome: str
     kind: str | None = None
     culprits: list[int] = field(default_factory=list)
-    likely: list[int] = field(default_factory=list)  # a tie's likely culprits (Disagreement.likely)
+    likely: list[int] = field(default_factory=list)  # a tie's likely culprits (likely, after or skipped)
     call: list[Any] | None = None  # [op, seq, label, site] of Diagnosis.call
     differences: list[str] = field(default_factory=list)  # Result.collective_differences
     latency: float | None = None  # seconds from certain to the verdict; None: passed, or a timeout
@@ -120,7 +120,7 @@ def run_cell(cell: Cell) -> Record:
     if kept:
         finding = kept[-1].verdict.finding
         if isinstance(finding, (Disagreement, Cycle)):
-            record.likely = sorted(getattr(finding, "likely", {}) or finding.after)
+            record.likely = sorted(getattr(finding, "likely", {}) or finding.after or finding.skipped)
         if record.outcome in ("deadlock", "failed"):
             record.latency = max(kept[-1].ended - certain_at(kept[-1]), 0.0)
     return record

@@ -1,0 +1,192 @@
+"""Could a rank's code have gone from one of its calls to the next without making a call it did
+not make?  Pure: the source text in, an answer out.
+
+Two ranks that disagree have no majority; their history often cannot tell them apart either (a
+call skipped in a loop's first round: each rank's order of lines is new).  Their code can: in
+``for ...: dist.all_reduce(g); dist.broadcast(g, 0)`` no path goes from the broadcast back to it
+without the all_reduce, so a rank whose broadcast came right after its broadcast departed from
+its code, while one whose all_reduce came after it did not.
+
+Sound, or silent: a statement counts as making a call only where it calls the recorded op by
+name itself, not under a condition (``x if c else dist.send(...)``, ``and``/``or``, a lambda, a
+comprehension), and the flow of statements is over-approximated (any statement may raise and
+leave the function, which may be called again from its start; a ``try`` handler may follow any
+statement of its body).  Code the walk does not know (generators, ``match``, async code, a
+line outside any function) answers None."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+_EXIT = "exit"  # the function's end: returned or raised, and maybe called again
+_UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.TryStar, ast.Yield, ast.YieldFrom, ast.Await)
+_CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+class _Unknown(Exception):
+    """The function holds code whose flow this module does not follow."""
+
+
+def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> list[int] | None:
+    """Where every way of the code from the statement at line ``start`` (left) to the one at
+    ``end`` (reached) passes a statement that calls by name the op recorded at its line (``made``:
+    line -> the op every call from there was), the lines of those calls met that alone would have
+    led there (else all met); ``[]`` where a way passes none; None where the code cannot tell
+    (not one function, flow this module does not follow, no way at all)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    function = _function_at(tree, start)
+    if function is None or function is not _function_at(tree, end):
+        return None
+    try:
+        flow = _Flow(function)
+    except _Unknown:
+        return None
+    first, last = flow.statement_at(start), flow.statement_at(end)
+    if first is None or last is None:
+        return None
+    blocking = {s for s in flow.statements if s is not last and _calls_by_name(s, made)}
+    reached, met = _walk(flow, first, last, blocking)
+    if reached:
+        return []
+    if not met:  # no way at all, calls or not: not code this module follows
+        return None
+    # The calls met that, made, would each have led there alone (else all of them).
+    alone = sorted(s.lineno for s in met if _walk(flow, first, last, blocking - {s})[0])
+    return alone or sorted(s.lineno for s in met)
+
+
+def _walk(flow: _Flow, first: ast.stmt, last: ast.stmt, blocking: set[ast.stmt]) -> tuple[bool, set[ast.stmt]]:
+    """(whether ``last`` is reached from ``first`` passing no blocking statement, the blocking
+    statements met on the way)."""
+    seen: set[ast.stmt | str] = set()
+    met: set[ast.stmt] = set()
+    todo = list(flow.after(first))
+    while todo:
+        node = todo.pop()
+        if node is last:
+            return True, met
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, ast.stmt) and node in blocking:
+            met.add(node)  # passed only where it raised before its call (nothing recorded)
+            todo.extend(flow.raised(node))
+            continue
+        todo.extend(flow.after(node))
+    return False, met
+
+
+def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | None:
+    """The innermost (non-async) function whose body holds ``line``."""
+    holding = [node for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef) and node.body[0].lineno <= line <= (node.end_lineno or 0)]
+    return max(holding, key=lambda node: node.lineno, default=None)
+
+
+def _calls_by_name(statement: ast.stmt, made: dict[int, str]) -> bool:
+    """The statement is simple and calls, unconditionally, the op recorded at one of its lines."""
+    if isinstance(statement, _COMPOUND):
+        return False
+    ops = {op for line, op in made.items() if statement.lineno <= line <= (statement.end_lineno or statement.lineno)}
+    return bool(ops) and any(_name(call) in ops for call in _unconditional_calls(statement))
+
+
+def _unconditional_calls(node: ast.AST) -> Iterator[ast.Call]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _CONDITIONAL):
+            continue
+        if isinstance(child, ast.Call):
+            yield child
+        yield from _unconditional_calls(child)
+
+
+def _name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+_COMPOUND = (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)
+
+
+class _Flow:
+    """The statements of one function and which may run right after which."""
+
+    def __init__(self, function: ast.FunctionDef) -> None:
+        self.statements: list[ast.stmt] = []
+        self._next: dict[ast.stmt | str, set[ast.stmt | str]] = {_EXIT: set()}
+        self._raised: dict[ast.stmt, set[ast.stmt | str]] = {}  # where an exception from it goes
+        entry = self._block(function.body, _EXIT, None)
+        self._next[_EXIT].add(entry)  # called again
+
+    def after(self, node: ast.stmt | str) -> set[ast.stmt | str]:
+        return self._next.get(node, set())
+
+    def raised(self, statement: ast.stmt) -> set[ast.stmt | str]:
+        return self._raised.get(statement, set())
+
+    def statement_at(self, line: int) -> ast.stmt | None:
+        """The innermost statement (a compound one's head line included) holding ``line``."""
+        holding = [s for s in self.statements if s.lineno <= line <= (s.end_lineno or s.lineno)]
+        simple = [s for s in holding if not isinstance(s, _COMPOUND) or s.lineno == line]
+        return max(simple, key=lambda s: s.lineno, default=None)
+
+    def _edge(self, a: ast.stmt | str, b: ast.stmt | str, raised: bool = False) -> None:
+        self._next.setdefault(a, set()).add(b)
+        if raised and isinstance(a, ast.stmt):
+            self._raised.setdefault(a, set()).add(b)
+
+    def _block(self, body: list[ast.stmt], after: ast.stmt | str, loop: tuple[ast.stmt, ast.stmt | str] | None
+               ) -> ast.stmt | str:
+        """Wire the statements of ``body``, the last one to ``after``; its first (``after`` if empty)."""
+        entry = after
+        for statement in reversed(body):
+            entry = self._statement(statement, entry, loop)
+        return entry
+
+    def _statement(self, s: ast.stmt, after: ast.stmt | str, loop: tuple[ast.stmt, ast.stmt | str] | None
+                   ) -> ast.stmt:
+        if any(isinstance(n, _UNKNOWN) for n in _own_nodes(s)):
+            raise _Unknown
+        self.statements.append(s)
+        self._edge(s, _EXIT, raised=True)  # anything may raise out of the function
+        if isinstance(s, (ast.For, ast.While)):
+            self._edge(s, self._block(s.body, s, (s, after)))
+            self._edge(s, self._block(s.orelse, after, loop))
+        elif isinstance(s, ast.If):
+            self._edge(s, self._block(s.body, after, loop))
+            self._edge(s, self._block(s.orelse, after, loop))
+        elif isinstance(s, ast.With):
+            self._edge(s, self._block(s.body, after, loop))
+        elif isinstance(s, ast.Try):
+            final = self._block(s.finalbody, after, loop)
+            handlers = [self._block(h.body, final, loop) for h in s.handlers]
+            self._edge(s, self._block(s.body, self._block(s.orelse, final, loop), loop))
+            for inner in _statements_in(s.body):  # an exception from any of them
+                for handler in [*handlers, final]:
+                    self._edge(inner, handler, raised=True)
+        elif isinstance(s, ast.Break) and loop is not None:
+            self._edge(s, loop[1])
+        elif isinstance(s, ast.Continue) and loop is not None:
+            self._edge(s, loop[0])
+        elif not isinstance(s, (ast.Return, ast.Raise)):  # those leave; a nested def or class is a statement
+            self._edge(s, after)
+        return s
+
+
+def _own_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """The node and what it holds, its nested functions and classes left out."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            yield from _own_nodes(child)
+
+
+def _statements_in(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    for statement in body:
+        for node in _own_nodes(statement):
+            if isinstance(node, ast.stmt):
+                yield node

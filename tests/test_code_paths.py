@@ -1,0 +1,136 @@
+"""Whether code could go from one call's line to the next without a call between
+(pytest_ddp/diagnose/code_paths.py), on hand-written sources."""
+
+from __future__ import annotations
+
+import textwrap
+
+from pytest_ddp.diagnose.code_paths import calls_between
+
+
+def lines_of(source: str) -> dict[str, int]:
+    """``# <name>`` at a line's end -> that line."""
+    return {line.rsplit("# ", 1)[1]: i for i, line in enumerate(source.splitlines(), 1) if "# " in line}
+
+
+LOOP = textwrap.dedent("""
+    def step(grad):
+        for _ in range(3):
+            dist.all_reduce(grad)  # reduce
+            dist.broadcast(grad, src=0)  # broadcast
+        dist.barrier()  # barrier
+""")
+AT = lines_of(LOOP)
+MADE = {AT["reduce"]: "all_reduce", AT["broadcast"]: "broadcast"}
+
+
+def test_a_call_right_after_one_of_its_own_line_skipped_the_call_the_loop_makes_between() -> None:
+    assert calls_between(LOOP, AT["broadcast"], AT["broadcast"], MADE) == [AT["reduce"]]
+
+
+def test_the_loops_way_back_and_its_way_on_make_no_call_between() -> None:
+    assert calls_between(LOOP, AT["broadcast"], AT["reduce"], MADE) == []
+    assert calls_between(LOOP, AT["reduce"], AT["broadcast"], MADE) == []
+    assert calls_between(LOOP, AT["broadcast"], AT["barrier"], MADE) == []
+
+
+def test_a_call_under_a_condition_may_not_be_made() -> None:
+    for guarded in ("if rank:\n            dist.all_reduce(grad)  # reduce",
+                    "rank and dist.all_reduce(grad)  # reduce",
+                    "dist.all_reduce(grad) if rank else None  # reduce",
+                    "[dist.all_reduce(g) for g in grads]  # reduce"):
+        source = LOOP.replace("dist.all_reduce(grad)  # reduce", guarded)
+        at = lines_of(source)
+        made = {at["reduce"]: "all_reduce", at["broadcast"]: "broadcast"}
+        assert calls_between(source, at["broadcast"], at["broadcast"], made) == [], guarded
+
+
+def test_a_line_whose_calls_a_library_made_is_no_call_of_its_own() -> None:
+    # DDP's all_reduce comes from backward(), which need not make one (no_sync).
+    source = LOOP.replace("dist.all_reduce(grad)", "model(grad).sum().backward()")
+    assert calls_between(source, AT["broadcast"], AT["broadcast"], MADE) == []
+
+
+def test_a_call_skipped_in_either_branch_of_a_ring_is_the_one_that_would_have_led_there() -> None:
+    source = textwrap.dedent("""
+        def ring(rank, t):
+            for _ in range(3):
+                if rank % 2 == 0:
+                    dist.send(t, dst=1)  # send
+                    dist.recv(t, src=1)  # recv
+                else:
+                    dist.recv(t, src=0)  # recv_first
+                    dist.send(t, dst=0)  # send_after
+    """)
+    at = lines_of(source)
+    made = {at["send"]: "send", at["recv"]: "recv", at["recv_first"]: "recv", at["send_after"]: "send"}
+    assert calls_between(source, at["send_after"], at["send_after"], made) == [at["recv_first"]]
+    assert calls_between(source, at["recv"], at["recv"], made) == [at["send"]]
+    assert calls_between(source, at["recv"], at["send"], made) == []
+
+
+def test_continue_and_a_call_that_raised_before_it_was_made_are_ways_round() -> None:
+    """A statement that makes a call may raise before it (its arguments): where that is caught in
+    the function, or the function is called again, the code goes on without the call."""
+    continues = textwrap.dedent("""
+        def step(grad):
+            dist.barrier()  # barrier
+            for _ in range(3):
+                dist.broadcast(grad, src=0)  # broadcast
+                if late:
+                    continue
+                dist.all_reduce(grad)  # reduce
+    """)
+    caught = textwrap.dedent("""
+        def step(grad):
+            dist.barrier()  # barrier
+            for _ in range(3):
+                try:
+                    dist.all_reduce(grad)  # reduce
+                except RuntimeError:
+                    pass
+                dist.broadcast(grad, src=0)  # broadcast
+    """)
+    # ... but not where the broadcast comes after the all_reduce in the try: the exception skips it too.
+    in_try = textwrap.dedent("""
+        def step(grad):
+            dist.barrier()  # barrier
+            for _ in range(3):
+                try:
+                    dist.all_reduce(grad)  # reduce
+                    dist.broadcast(grad, src=0)  # broadcast
+                except RuntimeError:
+                    pass
+    """)
+    for source, way in [(continues, True), (continues.replace("continue", "pass"), False), (caught, True),
+                        (in_try, False)]:
+        at = lines_of(source)
+        made = {at["reduce"]: "all_reduce", at["broadcast"]: "broadcast", at["barrier"]: "barrier"}
+        between = calls_between(source, at["broadcast"], at["broadcast"], made)
+        assert between is not None and (between == []) is way and (way or at["reduce"] in between), source
+
+
+def test_a_break_leads_on_not_back_and_a_helpers_end_leads_to_its_start() -> None:
+    breaks = LOOP.replace("dist.broadcast(grad, src=0)  # broadcast",
+                          "dist.broadcast(grad, src=0)  # broadcast\n        if done:\n            break")
+    at = lines_of(breaks)
+    made = {at["reduce"]: "all_reduce", at["broadcast"]: "broadcast", at["barrier"]: "barrier"}
+    assert calls_between(breaks, at["broadcast"], at["broadcast"], made) == [at["reduce"]]
+    assert calls_between(breaks, at["broadcast"], at["barrier"], made) == []
+    # A helper of one step, called in its caller's loop (or again after it raised).
+    helper = "def step(grad):\n    dist.all_reduce(grad)  # reduce\n    dist.broadcast(grad, src=0)  # broadcast\n"
+    at = lines_of(helper)
+    made = {at["reduce"]: "all_reduce", at["broadcast"]: "broadcast"}
+    assert calls_between(helper, at["broadcast"], at["broadcast"], made) == [at["reduce"]]
+    assert calls_between(helper, at["broadcast"], at["reduce"], made) == []
+
+
+def test_what_the_walk_does_not_follow_tells_nothing() -> None:
+    generator = LOOP.replace("dist.barrier()", "yield grad")
+    assert calls_between(generator, AT["broadcast"], AT["broadcast"], MADE) is None
+    two = "def a():\n    dist.all_reduce(g)  # reduce\n\ndef b():\n    dist.broadcast(g, 0)  # broadcast\n"
+    at = lines_of(two)
+    assert calls_between(two, at["broadcast"], at["reduce"], {at["reduce"]: "all_reduce"}) is None
+    assert calls_between("dist.all_reduce(g)\ndist.broadcast(g, 0)\n", 2, 2, {1: "all_reduce"}) is None  # no function
+    assert calls_between("def f(:\n", 1, 1, {}) is None
+    assert calls_between(LOOP, 999, 999, MADE) is None
