@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from conftest import HEADER
 from pytest_ddp import faults
 from pytest_ddp.config.spec import SpecError, parse_faults
 from pytest_ddp.report.writable import file_name
@@ -80,6 +81,14 @@ def test_skip(rank):
         dist.all_reduce(torch.ones(2))  # the skipped call
 
 
+@pytest.mark.ddp(world_size=2, faults=[faults.skip(rank=1, at="all_reduce", call=2)])
+def test_skip_in_a_loop(rank):
+    t = torch.ones(2)
+    for _ in range(2):
+        dist.all_reduce(t)  # the call skipped in the second round
+        dist.broadcast(t, src=0)
+
+
 @pytest.mark.ddp(world_size=2, faults=[faults.extra(rank=0, at="all_reduce", call=1)])
 def test_extra(rank):
     t = torch.ones(2)
@@ -121,7 +130,7 @@ def test_each_replacing_fault_fired_on_real_ranks(ddp_pytester, tmp_path):
     result = ddp_pytester.run(REPLACED, f"--ddp-report-dir={tmp_path}", "-p", "no:randomly")
     # test_reduce_op's ranks pass (Gloo sums on both, as bare torch does), but their calls
     # disagree on the reduce op: the test fails, a mismatch.
-    result.assert_outcomes(failed=7)
+    result.assert_outcomes(failed=8)
     reports = {
         name: json.loads((tmp_path / f"{file_name(f'test_it.py::test_{name}')}.json").read_text())
         for name in ("skip", "extra", "shape", "dtype", "op", "reduce_op", "skip_at_the_backend")
@@ -139,4 +148,12 @@ def test_each_replacing_fault_fired_on_real_ranks(ddp_pytester, tmp_path):
     for name in ("shape", "dtype", "op", "reduce_op"):
         assert reports[name]["kind"] == "mismatch", (name, reports[name]["kind"])
     assert reports["skip_at_the_backend"]["culprits"] == [1]
+    # Of 2 ranks, each in another call, and each call new after the one before: a tie, which the
+    # test's code breaks (no way from the broadcast's line back to it makes no all_reduce).
+    skipped = "        dist.all_reduce(t)  # the call skipped in the second round"
+    line = HEADER.count("\n") + REPLACED.splitlines().index(skipped) + 1
+    result.stdout.fnmatch_lines([
+        f"*ranks 0, 1 disagree on collective #3: *Likely rank 1: its broadcast #3 (test_it.py:{line + 1}) came right"
+        f" after its call from test_it.py:{line + 1}, and its code makes the call of test_it.py:{line} on every way*"
+    ])
     result.stdout.fnmatch_lines(["*call skipped on rank 1 at all_reduce call 1: this all_reduce reached the backend*"])

@@ -164,6 +164,12 @@ def _cause(cell: Cell, record: Record, why: str, tie: bool) -> str:
     """Why a wrong answer is wrong, where the reason is known (measured on these cells)."""
     if not why:
         return ""
+    if tie and not cell.faults and cell.kind in ("skip", "extra"):
+        return ("a step less on one rank is a step more on the other, each a way of the code (its loop's count,"
+                " written per rank): of 2 ranks no majority tells which the code meant (a tie)")
+    if tie and not cell.faults:
+        return ("each rank took a way of its code (a value or a branch written per rank): of 2 ranks no majority"
+                " tells which the code meant (a tie)")
     if tie:
         return "2 ranks disagree (a world of 2, or two peers), and nothing in their calls tells which departed (a tie)"
     if cell.kind == "extra" and record.kind == "partial":
