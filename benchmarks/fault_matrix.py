@@ -102,6 +102,16 @@ def table(judged: list[Judged], command: str, subset: str, took: float) -> str:
         lines.append(f"| **total: {name}** | | **{right} ({share})** | **{len(members) - right}** | "
                      f"**{sum(j.tie for j in members)}** | **{sum(j.false_culprit for j in members)}** | "
                      f"{median} | {worst} |")
+    counts = []
+    for members in ([j for j in judged if j.cell.family in matrix.CLASSIC_FAMILIES], judged):
+        untold = sum(j.tie and not j.cell.faults for j in members)
+        right, told = sum(j.right for j in members), len(members) - untold
+        counts.append((untold, right, told, f"{100 * right / told if told else 0:.1f}%"))
+    (classic_untold, *classic), (all_untold, *everything) = counts
+    lines += ["", "Counted apart, the ties over a fault written in the family's code (each rank did what its code",
+              f"says, and nothing in the run tells whose way it meant: {classic_untold} cells of the classic families,",
+              f"{all_untold} in all), the matrix is right on {classic[0]} of {classic[1]} cells of the classic",
+              f"families ({classic[2]}) and on {everything[0]} of {everything[1]} in all ({everything[2]})."]
     wrong = [j for j in judged if not j.right]
     causes: dict[str, int] = {}
     for j in wrong:
