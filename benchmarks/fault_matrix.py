@@ -104,14 +104,14 @@ def table(judged: list[Judged], command: str, subset: str, took: float) -> str:
                      f"{median} | {worst} |")
     counts = []
     for members in ([j for j in judged if j.cell.family in matrix.CLASSIC_FAMILIES], judged):
-        untold = sum(j.tie and not j.cell.faults for j in members)
+        untold = sum(j.tie and not j.cell.faults and j.cell.world == 2 for j in members)
         right, told = sum(j.right for j in members), len(members) - untold
         counts.append((untold, right, told, f"{100 * right / told if told else 0:.1f}%"))
-    (classic_untold, *classic), (all_untold, *everything) = counts
-    lines += ["", "Counted apart, the ties over a fault written in the family's code (each rank did what its code",
-              f"says, and nothing in the run tells whose way it meant: {classic_untold} cells of the classic families,",
-              f"{all_untold} in all), the matrix is right on {classic[0]} of {classic[1]} cells of the classic",
-              f"families ({classic[2]}) and on {everything[0]} of {everything[1]} in all ({everything[2]})."]
+    (classic_untold, *classic), (all_untold, *every) = counts
+    lines += ["", "Counted apart, the ties of 2 ranks over a fault written in the family's code (each rank did",
+              f"what its code says, and nothing in the run tells whose way it meant: {classic_untold} cells of the",
+              f"classic families, {all_untold} in all), the matrix is right on {classic[0]} of {classic[1]} cells of",
+              f"the classic families ({classic[2]}) and on {every[0]} of {every[1]} in all ({every[2]})."]
     wrong = [j for j in judged if not j.right]
     causes: dict[str, int] = {}
     for j in wrong:

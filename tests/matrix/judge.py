@@ -164,10 +164,10 @@ def _cause(cell: Cell, record: Record, why: str, tie: bool) -> str:
     """Why a wrong answer is wrong, where the reason is known (measured on these cells)."""
     if not why:
         return ""
-    if tie and not cell.faults and cell.kind in ("skip", "extra"):
+    if tie and not cell.faults and cell.world == 2 and cell.kind in ("skip", "extra"):
         return ("a step less on one rank is a step more on the other, each a way of the code (its loop's count,"
                 " written per rank): of 2 ranks no majority tells which the code meant (a tie)")
-    if tie and not cell.faults:
+    if tie and not cell.faults and cell.world == 2:
         return ("each rank took a way of its code (a value or a branch written per rank): of 2 ranks no majority"
                 " tells which the code meant (a tie)")
     if tie:
