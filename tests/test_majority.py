@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_watchdog import NOW, call, judge, ok, outline, rank, snap
+from test_watchdog import NOW, R4, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.common.protocol import Injected, Setting
 from pytest_ddp.diagnose import majority, watchdog
@@ -580,3 +580,25 @@ def test_of_the_ranks_a_cut_woke_in_a_collective_the_cut_rank_alone_is_named() -
     assert outline(verdict) == ("deadlock", "rank_exited", [1], [3])
     assert verdict.summary.startswith("rank 1 raised RuntimeError: Connection closed by peer in all_reduce #2")
     assert "rank 0 raised" in verdict.summary and "rank 2 raised" in verdict.summary
+
+
+def test_a_tie_in_a_collective_waits_for_its_members_still_on_their_way_whose_calls_make_a_majority() -> None:
+    """Ranks 0 and 1 entered all_reduce #2 with other dtypes while ranks 2 and 3 still run towards
+    it (8 ranks on 2 cores: the matrix's dtensor-dtype-w8-last): the verdict waits past the settle
+    time for them, up to the grace, and then names the one rank the majority leaves."""
+    def entered(r: int, dtype: str = "float32") -> RankState:
+        return rank(r, ok("all_reduce", 1, ranks=R4), call("all_reduce", 2, ranks=R4, dtype=dtype))
+
+    on_the_way = [rank(r, ok("all_reduce", 1, ranks=R4)) for r in (2, 3)]
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(entered(0), entered(1, "float64"), *on_the_way)) is None
+    later = dataclasses.replace(snap(entered(0), entered(1, "float64"), *on_the_way), now=NOW + watchdog.SETTLE)
+    assert watch.verdict(later) is None  # a tie the others may break: not yet
+    arrived = dataclasses.replace(snap(*(entered(r, "float64" if r == 1 else "float32") for r in range(4))),
+                                  now=NOW + watchdog.SETTLE + 0.1)
+    verdict = watch.verdict(arrived)
+    assert verdict is not None and outline(verdict) == ("deadlock", "mismatch", [1], [0, 2, 3])
+    # Where they never come, the tie is told once the grace is over.
+    never = dataclasses.replace(snap(entered(0), entered(1, "float64"), *on_the_way), now=NOW + 2.0)
+    verdict = watch.verdict(never)
+    assert verdict is not None and outline(verdict) == ("deadlock", "mismatch", [0, 1], [])

@@ -290,7 +290,7 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            if _moving(snap, verdict) and snap.now - self._certain_since < _settle_time(snap):
+            if _moving(snap, verdict) and snap.now - self._certain_since < _settle_time(snap, verdict):
                 return None
         if verdict.status == "wait":
             return None
@@ -308,11 +308,23 @@ def _disconnected(snap: Snapshot) -> bool:
     return any(f.action == "disconnect" for s in snap.ranks for f in s.injected)
 
 
-def _settle_time(snap: Snapshot) -> float:
+def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
     """How long ranks still moving get: the grace where connections were broken on purpose (the
     broken rank raises last on a loaded machine, later than the settle time: the matrix's
-    classic-disconnect-w8-first named its woken neighbour), as a rank killed on purpose gets."""
-    return max(SETTLE, snap.grace) if _disconnected(snap) else SETTLE
+    classic-disconnect-w8-first named its woken neighbour), as a rank killed on purpose gets; and
+    where the ranks in a collective disagree as many on each side while members not in it yet run
+    on, whose calls there would make a majority (8 ranks on 2 cores: the matrix's
+    dtensor-dtype-w8-last was a tie of the 2 ranks in first)."""
+    return max(SETTLE, snap.grace) if _disconnected(snap) or _tie_others_may_break(snap, verdict) else SETTLE
+
+
+def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
+    finding = verdict.finding
+    if not isinstance(finding, Disagreement) or verdict.waiting or verdict.kind != "mismatch":
+        return False
+    members = set(finding.call.group_ranks or [s.rank for s in snap.ranks])
+    return any(s.rank in members and s.rank not in finding.entered and not s.finished and s.current_call is None
+               for s in snap.ranks)
 
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
