@@ -72,36 +72,15 @@ def test_a_call_skipped_in_either_branch_of_a_ring_is_the_one_that_would_have_le
 def test_continue_and_a_call_that_raised_before_it_was_made_are_ways_round() -> None:
     """A statement that makes a call may raise before it (its arguments): where that is caught in
     the function, or the function is called again, the code goes on without the call."""
-    continues = textwrap.dedent("""
-        def step(grad):
-            dist.barrier()  # barrier
-            for _ in range(3):
-                dist.broadcast(grad, src=0)  # broadcast
-                if late:
-                    continue
-                dist.all_reduce(grad)  # reduce
-    """)
-    caught = textwrap.dedent("""
-        def step(grad):
-            dist.barrier()  # barrier
-            for _ in range(3):
-                try:
-                    dist.all_reduce(grad)  # reduce
-                except RuntimeError:
-                    pass
-                dist.broadcast(grad, src=0)  # broadcast
-    """)
+    def looping(*lines: str) -> str:
+        return "def step(grad):\n    dist.barrier()  # barrier\n    for _ in range(3):\n" + "".join(
+            f"        {line}\n" for line in lines)
+
+    reduce, broadcast = "dist.all_reduce(grad)  # reduce", "dist.broadcast(grad, src=0)  # broadcast"
+    continues = looping(broadcast, "if late:", "    continue", reduce)
+    caught = looping("try:", f"    {reduce}", "except RuntimeError:", "    pass", broadcast)
     # ... but not where the broadcast comes after the all_reduce in the try: the exception skips it too.
-    in_try = textwrap.dedent("""
-        def step(grad):
-            dist.barrier()  # barrier
-            for _ in range(3):
-                try:
-                    dist.all_reduce(grad)  # reduce
-                    dist.broadcast(grad, src=0)  # broadcast
-                except RuntimeError:
-                    pass
-    """)
+    in_try = looping("try:", f"    {reduce}", f"    {broadcast}", "except RuntimeError:", "    pass")
     for source, way in [(continues, True), (continues.replace("continue", "pass"), False), (caught, True),
                         (in_try, False)]:
         at = lines_of(source)
