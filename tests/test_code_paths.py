@@ -1,11 +1,17 @@
 """Whether code could go from one call's line to the next without a call between
-(pytest_ddp/diagnose/code_paths.py), on hand-written sources."""
+(pytest_ddp/diagnose/code_paths.py), on hand-written sources; and which files the controller
+reads for it (groups/runner.py)."""
 
 from __future__ import annotations
 
+import os
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from pytest_ddp.diagnose.code_paths import calls_between
+from pytest_ddp.groups import runner
 
 
 def lines_of(source: str) -> dict[str, int]:
@@ -113,3 +119,17 @@ def test_what_the_walk_does_not_follow_tells_nothing() -> None:
     assert calls_between("dist.all_reduce(g)\ndist.broadcast(g, 0)\n", 2, 2, {1: "all_reduce"}) is None  # no function
     assert calls_between("def f(:\n", 1, 1, {}) is None
     assert calls_between(LOOP, 999, 999, MADE) is None
+
+
+def test_the_controller_reads_a_sites_file_only_where_it_is_a_regular_file_of_bounded_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # sites are relative to the working folder, as the ranks'
+    (tmp_path / "t.py").write_text("x = 1\n")
+    (tmp_path / 'q"uote.py').write_text("y = 2\n")
+    (tmp_path / "big.py").write_text("#" * (runner.SOURCE_LIMIT + 1))
+    os.mkfifo(tmp_path / "fifo.py")  # opened for reading, it would block the controller
+    read = runner._source_files()
+    assert read("t.py") == "x = 1\n" and read(str(tmp_path / "t.py")) == "x = 1\n"
+    assert read('q\\"uote.py') == "y = 2\n"  # a site's name is JSON-escaped
+    assert [read(name) for name in ("fifo.py", "big.py", "missing.py", "", "bad\\escape")] == [None] * 5

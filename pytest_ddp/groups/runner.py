@@ -126,17 +126,24 @@ class StartFailure:
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)  # as in TestRun
 
 
+SOURCE_LIMIT = 1 << 20  # bytes: a call site's file larger than this is not read
+
+
 def _source_files() -> Callable[[str], str | None]:
     """A file's text by the name a call site gives it (relative to the working folder, as the
-    ranks', or absolute), read once; None where it cannot be read."""
+    ranks', or absolute), read once; None where it cannot be read, or is not a regular file of
+    at most SOURCE_LIMIT bytes (a name a rank gave: never a FIFO the controller would block on)."""
     texts: dict[str, str | None] = {}
 
     def read(file: str) -> str | None:
         if file not in texts:
+            texts[file] = None
             try:
-                texts[file] = Path(json.loads(f'"{file}"')).read_text()  # a site's name is JSON-escaped
+                path = Path(json.loads(f'"{file}"'))  # a site's name is JSON-escaped
+                if path.is_file() and path.stat().st_size <= SOURCE_LIMIT:
+                    texts[file] = path.read_text()
             except (OSError, ValueError):
-                texts[file] = None
+                pass
         return texts[file]
 
     return read
