@@ -602,3 +602,10 @@ def test_a_tie_in_a_collective_waits_for_its_members_still_on_their_way_whose_ca
     never = dataclasses.replace(snap(entered(0), entered(1, "float64"), *on_the_way), now=NOW + 2.0)
     verdict = watch.verdict(never)
     assert verdict is not None and outline(verdict) == ("deadlock", "mismatch", [0, 1], [])
+    # Members still leaving all_reduce #1 (which the two left) are on their way too; a member in
+    # another group's collective is not.
+    finishing = [rank(r, call("all_reduce", 1, ranks=R4)) for r in (2, 3)]
+    assert watchdog.Watch().verdict(snap(entered(0), entered(1, "float64"), *finishing)) is None
+    elsewhere = [rank(r, call("all_reduce", 1, group="2", ranks=(2, 3))) for r in (2, 3)]
+    verdict = watchdog.Watch().verdict(snap(entered(0), entered(1, "float64"), *elsewhere))
+    assert verdict is not None and outline(verdict)[:3] == ("deadlock", "mismatch", [0, 1])

@@ -290,7 +290,8 @@ class Watch:
         verdict = judge(snap)
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
-            if _moving(snap, verdict) and snap.now - self._certain_since < _settle_time(snap, verdict):
+            moving = _moving(snap, verdict) or _tie_others_may_break(snap, verdict)
+            if moving and snap.now - self._certain_since < _settle_time(snap, verdict):
                 return None
         if verdict.status == "wait":
             return None
@@ -319,12 +320,14 @@ def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
 
 
 def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
+    """A tie in a collective whose members not in it yet run outside any call or are in an earlier one of its group."""
     finding = verdict.finding
     if not isinstance(finding, Disagreement) or verdict.waiting or verdict.kind != "mismatch":
         return False
-    members = set(finding.call.group_ranks or [s.rank for s in snap.ranks])
-    return any(s.rank in members and s.rank not in finding.entered and not s.finished and s.current_call is None
-               for s in snap.ranks)
+    call, members = finding.call, set(finding.call.group_ranks or [s.rank for s in snap.ranks])
+    return any(s.rank in members and s.rank not in finding.entered and not s.finished and (
+        (now := s.current_call) is None or (now.is_collective and now.group == call.group and now.seq < call.seq)
+    ) for s in snap.ranks)
 
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
