@@ -332,7 +332,8 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Calla
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]
                    ) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (both of one
-    file), by the ops the ranks' calls from each line of it were; None where the code cannot tell."""
+    file), by the ops the ranks' calls from each line of it were, made there and not inside a
+    library; None where the code cannot tell."""
     file, _, start = before.site.rpartition(":")
     other, _, end = call.site.rpartition(":")
     text = source(file) if file == other and start.isdigit() and end.isdigit() else None
@@ -343,8 +344,9 @@ def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source
         for c in state.calls:
             where, _, line = c.site.rpartition(":")
             if where == file and line.isdigit() and (c.is_collective or c.is_p2p):
-                ops.setdefault(int(line), set()).add(c.op)
-    made = {line: next(iter(names)) for line, names in ops.items() if len(names) == 1}
+                # a call a library made (a wrapper of the same name may skip it) counts as none
+                ops.setdefault(int(line), set()).add(c.op if c.caller is None else "")
+    made = {line: next(iter(names)) for line, names in ops.items() if len(names) == 1 and "" not in names}
     lines = code_paths.calls_between(text, int(start), int(end), made)
     return None if lines is None else [f"{file}:{line}" for line in lines]
 
