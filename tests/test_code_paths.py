@@ -113,6 +113,9 @@ def test_a_break_leads_on_not_back_and_a_helpers_end_leads_to_its_start() -> Non
 def test_what_the_walk_does_not_follow_tells_nothing() -> None:
     generator = LOOP.replace("dist.barrier()", "yield grad")
     assert calls_between(generator, AT["broadcast"], AT["broadcast"], MADE) is None
+    groups = LOOP.replace("    dist.barrier()  # barrier",
+                          "    try:\n        pass\n    except* ValueError:\n        pass")
+    assert calls_between(groups, AT["broadcast"], AT["broadcast"], MADE) is None  # except*
     two = "def a():\n    dist.all_reduce(g)  # reduce\n\ndef b():\n    dist.broadcast(g, 0)  # broadcast\n"
     at = lines_of(two)
     assert calls_between(two, at["broadcast"], at["reduce"], {at["reduce"]: "all_reduce"}) is None

@@ -10,9 +10,10 @@ its code, while one whose all_reduce came after it did not.
 Sound, or silent: a statement counts as making a call only where it calls the recorded op by
 name itself, not under a condition (``x if c else dist.send(...)``, ``and``/``or``, a lambda, a
 comprehension), and the flow of statements is over-approximated (any statement may raise and
-leave the function, which may be called again from its start; a ``try`` handler may follow any
-statement of its body).  Code the walk does not know (generators, ``match``, async code, a
-line outside any function) answers None."""
+leave the function, which may be called again from its start, a statement that makes a call
+before its call too; a ``try`` handler may follow any statement of its body).  Code the walk
+does not know (generators, ``match``, ``except*``, async code, a line outside any function)
+answers None."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import ast
 from collections.abc import Iterator
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
-_UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.TryStar, ast.Yield, ast.YieldFrom, ast.Await)
+_TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
+_UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom, ast.Await, *_TRY_STAR)
 _CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
