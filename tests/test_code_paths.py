@@ -134,5 +134,5 @@ def test_the_controller_reads_a_sites_file_only_where_it_is_a_regular_file_of_bo
     os.mkfifo(tmp_path / "fifo.py")  # opened for reading, it would block the controller
     read = runner._source_files()
     assert read("t.py") == "x = 1\n" and read(str(tmp_path / "t.py")) == "x = 1\n"
-    assert read('q\\"uote.py') == "y = 2\n"  # a site's name is JSON-escaped
-    assert [read(name) for name in ("fifo.py", "big.py", "missing.py", "", "bad\\escape")] == [None] * 5
+    assert read('q"uote.py') == "y = 2\n"  # as the site gives it (the event's JSON already decoded)
+    assert [read(name) for name in ("fifo.py", "big.py", "missing.py", "", "nul\0.py")] == [None] * 5
