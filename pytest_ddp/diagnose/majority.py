@@ -16,7 +16,7 @@ from itertools import pairwise
 from typing import TypeVar
 
 from pytest_ddp.diagnose import code_paths
-from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.state import Call, RankState, site_parts
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
     Cycle,
@@ -320,7 +320,7 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Calla
     else:
         return None
     before, _ = _paths(ranks, entered)
-    if len(entered) != 2 or len(before) != 2 or finding.skipped:
+    if len(entered) != 2 or len(before) != 2:
         return None
     between = {r: _calls_between(before[r], entered[r], ranks, source) for r in entered}
     skipped = {r: (before[r], entered[r], lines) for r, lines in between.items() if lines}
@@ -333,21 +333,18 @@ def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source
                    ) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (both of one
     file), by the ops the ranks' calls from each line of it were, made there and not inside a
-    library; None where the code cannot tell."""
-    file, _, start = before.site.rpartition(":")
-    other, _, end = call.site.rpartition(":")
-    text = source(file) if file == other and start.isdigit() and end.isdigit() else None
-    if text is None:
+    library (a wrapper of the op's name may skip it); None where the code cannot tell."""
+    (file, start), (other, end) = site_parts(before.site), site_parts(call.site)
+    text = source(file) if file == other else None
+    if text is None or start is None or end is None:
         return None
-    ops: dict[int, set[str]] = {}
-    for state in ranks.values():
-        for c in state.calls:
-            where, _, line = c.site.rpartition(":")
-            if where == file and line.isdigit() and (c.is_collective or c.is_p2p):
-                # a call a library made (a wrapper of the same name may skip it) counts as none
-                ops.setdefault(int(line), set()).add(c.op if c.caller is None else "")
-    made = {line: next(iter(names)) for line, names in ops.items() if len(names) == 1 and "" not in names}
-    lines = code_paths.calls_between(text, int(start), int(end), made)
+    ops: dict[int, set[str | None]] = {}
+    for c in (c for state in ranks.values() for c in state.calls if c.is_collective or c.is_p2p):
+        where, line = site_parts(c.site)
+        if where == file and line is not None:
+            ops.setdefault(line, set()).add(c.op if c.caller is None else None)
+    made = {line: op for line, names in ops.items() if len(names) == 1 and (op := next(iter(names))) is not None}
+    lines = code_paths.calls_between(text, start, end, made)
     return None if lines is None else [f"{file}:{line}" for line in lines]
 
 

@@ -43,6 +43,12 @@ def exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def site_parts(site: str) -> tuple[str, int | None]:
+    """``"tests/t.py:12"`` -> ``("tests/t.py", 12)``; a site with no line number -> (it, None)."""
+    file, _, line = site.rpartition(":")
+    return (file, int(line)) if file and line.isdecimal() else (site, None)
+
+
 def _peer_text(peer: int | None) -> str:
     return "any" if peer is None else "null" if peer == NULL_PEER else str(peer)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common.ops import COLLECTIVES
-from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.state import Call, RankState, site_parts
 from pytest_ddp.report.writable import file_name
 
 VERSION = "2.10"  # the format torch 2.13's recorder writes, which its analyser reads
@@ -93,10 +93,8 @@ def _frames(call: Call) -> list[dict[str, Any]]:
     frames = []
     for site in (call.caller, call.site):
         if site:
-            filename, _, line = site.rpartition(":")
-            frames.append(
-                {"name": call.kind.method, "filename": filename or site, "line": int(line) if line.isdecimal() else 0}
-            )
+            filename, line = site_parts(site)
+            frames.append({"name": call.kind.method, "filename": filename, "line": line or 0})
     return frames
 
 
