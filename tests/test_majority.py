@@ -614,3 +614,20 @@ def test_a_tie_in_a_collective_waits_for_its_members_still_on_their_way_whose_ca
     elsewhere = [rank(r, call("all_reduce", 1, group="2", ranks=(2, 3))) for r in (2, 3)]
     verdict = watchdog.Watch().verdict(snap(entered(0), entered(1, "float64"), *elsewhere))
     assert verdict is not None and outline(verdict)[:3] == ("deadlock", "mismatch", [0, 1])
+
+
+def test_two_ranks_taking_two_groups_in_other_orders_wait_for_the_members_still_on_their_way() -> None:
+    """The matrix's classic-cycle-w4-last under load: rank 0 waits in group 1, rank 3 in group 2,
+    ranks 1 and 2 not there yet; as many on each side, until they come to group 1 too."""
+    def waiting_in(r: int, group: str) -> RankState:
+        return rank(r, call("all_reduce", 1, group=group, ranks=R4))
+
+    watch = watchdog.Watch()
+    early = snap(waiting_in(0, "1"), rank(1), rank(2), waiting_in(3, "2"))
+    assert outline(watchdog.judge(early))[:3] == ("deadlock", "mismatch", [0, 3])  # the tie it was
+    assert watch.verdict(early) is None
+    assert watch.verdict(dataclasses.replace(early, now=NOW + watchdog.SETTLE)) is None
+    arrived = dataclasses.replace(snap(*(waiting_in(r, "2" if r == 3 else "1") for r in range(4))),
+                                  now=NOW + watchdog.SETTLE + 0.1)
+    verdict = watch.verdict(arrived)
+    assert verdict is not None and outline(verdict)[:3] == ("deadlock", "mismatch", [3])

@@ -313,21 +313,22 @@ def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
     """How long ranks still moving get: the grace where connections were broken on purpose (the
     broken rank raises last on a loaded machine, later than the settle time: the matrix's
     classic-disconnect-w8-first named its woken neighbour), as a rank killed on purpose gets; and
-    where the ranks in a collective disagree as many on each side while members not in it yet run
-    on, whose calls there would make a majority (8 ranks on 2 cores: the matrix's
-    dtensor-dtype-w8-last was a tie of the 2 ranks in first)."""
+    to a tie that members still on their way would break (8 ranks on 2 cores: the matrix's
+    dtensor-dtype-w8-last and classic-cycle-w4-last were ties of the 2 ranks in first)."""
     return max(SETTLE, snap.grace) if _disconnected(snap) or _tie_others_may_break(snap, verdict) else SETTLE
 
 
 def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
-    """A tie in a collective whose members not in it yet run outside any call or are in an earlier one of its group."""
+    """A mismatch of ranks as many on each side (in a collective, or groups taken in another order)
+    while members of its groups not named run outside any call or in an earlier collective there."""
     finding = verdict.finding
-    if not isinstance(finding, Disagreement) or verdict.waiting or verdict.kind != "mismatch":
+    if verdict.kind != "mismatch" or verdict.waiting:
         return False
-    call, members = finding.call, set(finding.call.group_ranks or [s.rank for s in snap.ranks])
-    return any(s.rank in members and s.rank not in finding.entered and not s.finished and (
-        (now := s.current_call) is None or (now.is_collective and now.group == call.group and now.seq < call.seq)
-    ) for s in snap.ranks)
+    calls = [finding.call] if isinstance(finding, Disagreement) else [
+        w.call for w in finding.waits.values()] if isinstance(finding, Cycle) and not finding.p2p else []
+    members = {r for c in calls for r in c.group_ranks or [s.rank for s in snap.ranks]} - set(verdict.culprits)
+    return any(s.rank in members and not s.finished and ((now := s.current_call) is None or any(
+        now.is_collective and now.group == c.group and now.seq < c.seq for c in calls)) for s in snap.ranks)
 
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
