@@ -5,12 +5,14 @@ recorder records instead, and the session says why."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import Session, sessions_together
+from pytest_ddp.record import compiled
 
 # A session whose one test runs functional collectives of every kind the compiled kernels take
 # (and one they leave to Python: broadcast names a root), on a subgroup too, mixed with a
@@ -126,3 +128,20 @@ def test_where_they_cannot_be_built_python_records_and_the_session_says_why(
     )
     assert json.loads((folder / "recorded.json").read_text())["compiled"] == [False, False]
     assert [path.suffix for path in (folder.parent / "cache" / "pytest-ddp").iterdir()] == [".lock"]
+
+
+def test_the_abi_flag_is_torchs_whether_torch_is_imported_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build asks the torch this process imported (starting no process: a fresh interpreter
+    importing torch costs 2 s), or, where there is none, a process of its own: the same answer,
+    torch's own."""
+    import torch
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a process started: {args}")
+
+    flag = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    with monkeypatch.context() as patched:
+        patched.setattr(compiled.subprocess, "run", no_process)
+        assert compiled._cxx11_abi() is flag
+    monkeypatch.delitem(sys.modules, "torch")
+    assert compiled._cxx11_abi() is flag

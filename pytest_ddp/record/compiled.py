@@ -228,19 +228,28 @@ def build() -> Built:
     return Built(failed if rebuilt is None else f"{rebuilt}, and rebuilding it failed: {failed}")
 
 
+def _cxx11_abi() -> bool:
+    """The ABI flag torch was built with, asked of torch itself: of the torch this process
+    imported (a rank's; a controller's, once the test files did), or else in a process of its
+    own (a fresh interpreter importing torch: about 2 s of CPU), so as not to import it here."""
+    flag = getattr(getattr(sys.modules.get("torch"), "_C", None), "_GLIBCXX_USE_CXX11_ABI", None)
+    if flag is not None:
+        return bool(flag)
+    answer = subprocess.run(
+        [sys.executable, "-c", "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        check=True,
+    )
+    return answer.stdout.strip() == "1"
+
+
 def _build(torch_dir: Path, target: Path) -> str | None:
     """Compile into a folder of its own in the cache, then rename the library into place and its
     sha256 beside it (in that order: see :func:`_open_verified`); None, or why it failed."""
-    # The ABI flag torch was built with: asked of torch itself, in a process of its own (the
-    # controller does not import torch).
     try:
-        abi = subprocess.run(
-            [sys.executable, "-c", "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT,
-            check=True,
-        ).stdout.strip()
+        abi = _cxx11_abi()
     except (OSError, subprocess.SubprocessError) as error:
         return f"could not ask torch how it was built: {error}"
     try:
@@ -248,7 +257,7 @@ def _build(torch_dir: Path, target: Path) -> str | None:
             output = Path(folder) / target.name
             try:
                 done = subprocess.run(
-                    _compile_command(torch_dir, output, abi == "1"),
+                    _compile_command(torch_dir, output, abi),
                     capture_output=True,
                     text=True,
                     timeout=BUILD_TIMEOUT,
