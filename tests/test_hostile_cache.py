@@ -1,9 +1,11 @@
 """Hostile edges, third round (issue 26): the compiled kernels' cache where others can write or
 nothing can be written, or where two sessions build into it at once.
 
-Every case is an inner session of its own (the cache is a session's XDG_CACHE_HOME), run
-together by one module fixture, 4 at a time. Split from test_hostile_edges.py, the rest of issue
-26's edges, so that pytest-xdist's --dist loadfile can give the two files to two workers."""
+Every case is an inner session of its own (the cache is a session's XDG_CACHE_HOME), in this
+process where it can be (its ranks come from this process's forkserver: about a second, against
+five in a session of its own, which imports torch and starts a forkserver). Split from
+test_hostile_edges.py, the rest of issue 26's edges, so that pytest-xdist's --dist loadfile can
+give the two files to two workers."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +133,11 @@ class Case:
     result: pytest.RunResult | None = None
     planted_mark: Path = Path()
 
+    def environment(self) -> dict[str, str]:
+        """What the case's session sets in the environment."""
+        return {"XDG_CACHE_HOME": str(self.home), "EXPECT_COMPILED": "1" if self.expect_compiled else "0",
+                "PLANTED_MARK": str(self.planted_mark), **self.env}  # fmt: skip
+
     def passed(self) -> pytest.RunResult:
         """The session's result: it passed, with or without the kernels, and loaded no planted library."""
         if self.skip is not None:
@@ -198,9 +206,10 @@ UNWRITABLE = ["a file as XDG_CACHE_HOME", "a file as the cache", "an unwritable 
 
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
-    """The inner sessions of the cache tests below, by the test's case: each cache laid out as
-    its test says, then the sessions run together, 4 at a time (each one's controller and ranks
-    mostly wait for their imports and each other)."""
+    """The cases of the cache tests below, by the test's case, each cache laid out as its test
+    says; the sessions of the cases that run under a prefix (setpriv: root without its
+    capabilities) run here, together, in processes of their own, and the others' in their
+    tests (:func:`ran`)."""
     folder = tmp_path_factory.mktemp("caches")
     homes = folder / "homes"
     homes.mkdir()
@@ -231,16 +240,35 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
         shared.chmod(0o1777)
         cache_with(shared, name, library, digest)
         cases["sticky"] = Case(shared, True)
-    sessions = {}
     for case, run in cases.items():
-        if run.skip is None:
-            run.planted_mark = folder / "runs" / case / "planted-was-loaded"
-            env = {"XDG_CACHE_HOME": str(run.home), "EXPECT_COMPILED": "1" if run.expect_compiled else "0",
-                   "PLANTED_MARK": str(run.planted_mark), **run.env}  # fmt: skip
-            sessions[case] = Session({"test_kernels.py": KERNELS_TEST + run.entry}, env=env, prefix=run.prefix)
-    for case, result in sessions_together(folder / "runs", sessions, timeout=600, at_once=4).items():
+        run.planted_mark = folder / "runs" / case / "planted-was-loaded"
+    prefixed = {
+        case: Session({"test_kernels.py": KERNELS_TEST + run.entry}, env=run.environment(), prefix=run.prefix)
+        for case, run in cases.items()
+        if run.skip is None and run.prefix
+    }
+    for case, result in sessions_together(folder / "runs", prefixed, timeout=600).items():
         cases[case].result = result
     return cases
+
+
+@pytest.fixture
+def ran(caches: dict[str, Case], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Case]:
+    """A case, its session run: in this process, or, run under a prefix, by :func:`caches`."""
+
+    def run(name: str) -> Case:
+        case = caches[name]
+        if case.skip is None and case.result is None:
+            for key, value in case.environment().items():
+                monkeypatch.setenv(key, value)
+            # Set, so that it is undone after: the controller turns the kernels off for its ranks
+            # in its own environment (this process's) where they cannot be had.
+            monkeypatch.setenv(compiled.ENV, "1")
+            pytester.makepyfile(test_kernels=KERNELS_TEST + case.entry)
+            case.result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+        return case
+
+    return run
 
 
 def verifies(cache: Path, name: str) -> bool:
@@ -289,14 +317,15 @@ def test_two_sessions_building_into_one_empty_cache_build_once(pytester: pytest.
 
 
 @pytest.mark.parametrize("case", list(DAMAGED))
-def test_a_damaged_library_is_never_loaded(caches: dict[str, Case], case: str) -> None:
+def test_a_damaged_library_is_never_loaded(ran: Callable[[str], Case], case: str) -> None:
     """A cached library that does not match the sha256 recorded when it was built (cut short,
     emptied, another library under its name, or none recorded) is rebuilt, never loaded; here the
     rebuild fails (no compiler), so the ranks record in Python and the session says why."""
     damage, entry = DAMAGED[case]
-    result = caches[case].passed()
+    run = ran(case)
+    result = run.passed()
     name = library_name()
-    cache = caches[case].home / "pytest-ddp"
+    cache = run.home / "pytest-ddp"
     if entry is BY_MARKER:
         why = (
             f"the sha256 of the cached {name} is missing"
@@ -315,8 +344,9 @@ def test_a_damaged_library_is_never_loaded(caches: dict[str, Case], case: str) -
     assert {path.name for path in cache.iterdir()} == left
 
 
-def test_a_truncated_library_is_rebuilt_and_the_session_says_so(caches: dict[str, Case]) -> None:
-    result = caches["truncated-rebuilt"].passed()
+def test_a_truncated_library_is_rebuilt_and_the_session_says_so(ran: Callable[[str], Case]) -> None:
+    run = ran("truncated-rebuilt")
+    result = run.passed()
     name = library_name()
     result.stdout.fnmatch_lines(
         [
@@ -324,17 +354,18 @@ def test_a_truncated_library_is_rebuilt_and_the_session_says_so(caches: dict[str
             "was built; rebuilt"
         ]
     )
-    assert verifies(caches["truncated-rebuilt"].home / "pytest-ddp", name)
+    assert verifies(run.home / "pytest-ddp", name)
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_a_cache_others_can_write_is_not_used(caches: dict[str, Case], case: str) -> None:
+def test_a_cache_others_can_write_is_not_used(ran: Callable[[str], Case], case: str) -> None:
     """A library in a cache that someone else could have written (a shared HOME=/tmp, a CI
     cache) is never loaded, even with a sha256 that matches it: the session falls back to
     Python and says why, and how to have a private cache; nothing is written there."""
     hostile, entry = HOSTILE[case]
-    result = caches[case].passed()
-    home = caches[case].home
+    run = ran(case)
+    result = run.passed()
+    home = run.home
     cache = home / "pytest-ddp"
     if hostile == "cache 0777":
         why = f"the kernels' cache {cache} is writable by others (mode 777)"
@@ -349,11 +380,11 @@ def test_a_cache_others_can_write_is_not_used(caches: dict[str, Case], case: str
                 "XDG_CACHE_HOME=<a folder of your own> gives it a private one"
             ]
         )
-    assert sorted(path.name for path in cache.iterdir()) == caches[case].before
+    assert sorted(path.name for path in cache.iterdir()) == run.before
 
 
-def test_a_library_of_another_user_in_a_private_cache_is_not_loaded(caches: dict[str, Case]) -> None:
-    result = caches["another-users-library"].passed()
+def test_a_library_of_another_user_in_a_private_cache_is_not_loaded(ran: Callable[[str], Case]) -> None:
+    result = ran("another-users-library").passed()
     result.stdout.fnmatch_lines(
         [
             f"pytest-ddp: functional collectives recorded in Python (slower): the cached {library_name()} is not a "
@@ -362,19 +393,20 @@ def test_a_library_of_another_user_in_a_private_cache_is_not_loaded(caches: dict
     )
 
 
-def test_a_cache_under_a_sticky_shared_folder_is_used(caches: dict[str, Case]) -> None:
+def test_a_cache_under_a_sticky_shared_folder_is_used(ran: Callable[[str], Case]) -> None:
     """HOME=/tmp: a private cache folder in a folder everyone may write but only the owner of an
     entry may rename or remove it (the sticky bit), is private: its kernels load."""
-    result = caches["sticky"].passed()
+    result = ran("sticky").passed()
     assert "pytest-ddp:" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("where", UNWRITABLE)
-def test_a_cache_that_cannot_be_made_or_written_falls_back_to_python(caches: dict[str, Case], where: str) -> None:
+def test_a_cache_that_cannot_be_made_or_written_falls_back_to_python(ran: Callable[[str], Case], where: str) -> None:
     """Not an error out of the plugin at configure (before: NotADirectoryError, FileNotFoundError):
     the session records in Python and says why."""
-    result = caches[f"unwritable-{where}"].passed()
-    cache = caches[f"unwritable-{where}"].home / "pytest-ddp"
+    run = ran(f"unwritable-{where}")
+    result = run.passed()
+    cache = run.home / "pytest-ddp"
     why = {
         "a file as XDG_CACHE_HOME": f"the kernels' cache {cache} cannot be made: Not a directory",
         "a file as the cache": f"the kernels' cache {cache} cannot be made: File exists",
