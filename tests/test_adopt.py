@@ -4,19 +4,22 @@ torch's own harness gives them.
 The inner sessions run in subprocesses: they import torch's test harness, which pytester's
 in-process runs would import again in the same process.  TORCH_OUTCOMES is what torch's harness
 gave these files (plain pytest, each test spawning its processes); the slow test measures it again.
+The files run with --ddp-adopt alone run in one session (the ``adopted`` fixture), each test
+reading its file's part: a session each would import torch and start a forkserver once more.
 """
 
 from __future__ import annotations
 
 import re
-import textwrap
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from conftest import line_of
+from conftest import Session, line_of, sessions_together
 from pytest_ddp.adopt.verdict import Verdict, continuous_test, process_test
 
-PROCESS_CLASSES = '''
+PROCESS_CLASSES = """
 import sys
 import unittest
 
@@ -147,9 +150,9 @@ class Objects(DistributedTestBase):
 
 
 instantiate_device_type_tests(Objects, globals(), only_for="cpu")
-'''
+"""
 
-CONTINUOUS_CLASS = '''
+CONTINUOUS_CLASS = """
 import os
 
 import torch
@@ -193,7 +196,7 @@ class Continuous(MultiProcContinuousTest):
 
 def test_after_the_class():  # its group was ended with the class
     assert not dist.is_initialized()
-'''
+"""
 
 # What torch's own harness gives these tests (plain pytest, torch spawning each test's processes):
 # measured again by test_the_outcomes_are_torch_harness_own.
@@ -221,23 +224,94 @@ TORCH_OUTCOMES = {
 OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR)\b")
 
 
-def outcomes(result: pytest.RunResult) -> dict[str, str]:
-    """Each test's outcome in a ``-v`` run."""
-    return {m[1]: m[2] for line in result.outlines if (m := OUTCOME.match(line))}
+def outcomes(result: pytest.RunResult, module: str | None = None) -> dict[str, str]:
+    """Each test's outcome in a ``-v`` run (those of ``module``, a file of a session of several)."""
+    found = {m[1]: m[2] for line in result.outlines if (m := OUTCOME.match(line))}
+    return {test: outcome for test, outcome in found.items() if module is None or test.startswith(f"{module}::")}
 
 
 def run(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.RunResult:
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=timeout)
 
 
-def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(pytester, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # MultiProcessTestCase.setUp makes a file there per rank
-    pytester.makepyfile(test_process_classes=PROCESS_CLASSES)
-    result = run(pytester, "--ddp-adopt")
-    assert outcomes(result) == TORCH_OUTCOMES
-    result.stdout.fnmatch_lines([f"*ddp: {len(TORCH_OUTCOMES)} tests on 1 rank group started*"])
-    # Nothing left behind (torch keeps its compiler's cache there, as it does under its own harness).
-    assert [path.name for path in tmp_path.iterdir() if not path.name.startswith("torchinductor_")] == []
+ONE_CLASS = """
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class One(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_rank(self):
+        dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                rank=self.rank, world_size=2)
+        assert dist.get_rank() == self.rank
+        # Gloo's init returns on one rank before the other's handshake ends: destroyed
+        # at once (destroy_pg_upon_exit), the group failed the other's init under load
+        dist.barrier()
+"""
+
+HANGS = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class Hangs(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_ranks_differ(self):
+        dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                rank=self.rank, world_size=2)
+        if self.rank == 0:
+            dist.all_reduce(torch.ones(1))
+        else:
+            dist.recv(torch.zeros(1), src=0)
+"""
+
+EXPECTS_A_CRASH = """
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class ExpectsACrash(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self.special_return_code_checks = {self.test_aborts.__wrapped__: -6}
+        self._spawn_processes()
+
+    def test_aborts(self):
+        pass
+"""
+
+OWN = """
+import os
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class Own(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_spawned(self):
+        assert "PYTEST_DDP_SHARED_ROOT" not in os.environ  # a process torch spawned
+"""
+
+
+def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
+    assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
+    adopted.ran_on_one_group("test_process_classes.py")
+    # Nothing left behind, by this file or any other of the session (torch keeps its compiler's
+    # cache there, as it does under its own harness).
+    assert [path.name for path in adopted.tmpdir.iterdir() if not path.name.startswith("torchinductor_")] == []
 
 
 @pytest.mark.slow
@@ -246,79 +320,31 @@ def test_the_outcomes_are_torch_harness_own(pytester) -> None:
     assert outcomes(run(pytester, "-p", "no:ddp", timeout=900)) == TORCH_OUTCOMES
 
 
-def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(pytester, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LOG_DIR", str(tmp_path))
-    pytester.makepyfile(test_continuous=CONTINUOUS_CLASS)
-    result = run(pytester, "--ddp-adopt")
-    assert outcomes(result) == {
+def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(adopted) -> None:
+    assert outcomes(adopted.result, "test_continuous.py") == {
         "test_continuous.py::Continuous::test_a": "PASSED",
         "test_continuous.py::Continuous::test_b_fails": "FAILED",
         "test_continuous.py::Continuous::test_c_after_a_failure": "PASSED",
         "test_continuous.py::Continuous::test_d_skip_test_in_a_worker": "FAILED",
         "test_continuous.py::test_after_the_class": "PASSED",
     }
-    assert (tmp_path / "opts0").read_text() == (tmp_path / "opts1").read_text() == "x"
-    result.stdout.fnmatch_lines(["*rank 1 failed*", "*ddp: 4 tests on 1 rank group started*"])
+    assert (adopted.log_dir / "opts0").read_text() == (adopted.log_dir / "opts1").read_text() == "x"
+    failure_section(adopted.result, "Continuous.test_b_fails").fnmatch_lines(["*rank 1 failed*"])
+    adopted.ran_on_one_group("test_continuous.py")  # its 4 tests; not test_after_the_class
 
 
 def test_one_line_in_the_ini_file_adopts(pytester) -> None:
     pytester.makeini("[pytest]\nddp_adopt = true\n")
-    pytester.makepyfile(
-        test_one=textwrap.dedent(
-            """
-            import torch.distributed as dist
-            from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-            class One(MultiProcessTestCase):
-                world_size = 2
-
-                def setUp(self):
-                    super().setUp()
-                    self._spawn_processes()
-
-                def test_rank(self):
-                    dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
-                                            rank=self.rank, world_size=2)
-                    assert dist.get_rank() == self.rank
-                    # Gloo's init returns on one rank before the other's handshake ends: destroyed
-                    # at once (destroy_pg_upon_exit), the group failed the other's init under load
-                    dist.barrier()
-            """
-        )
-    )
+    pytester.makepyfile(test_one=ONE_CLASS)
     result = run(pytester)
     assert outcomes(result) == {"test_one.py::One::test_rank": "PASSED"}
     result.stdout.fnmatch_lines(["*ddp: 1 test on 1 rank group started*"])
 
 
-def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stack(pytester) -> None:
-    path = pytester.makepyfile(
-        test_hang=textwrap.dedent(
-            """
-            import torch
-            import torch.distributed as dist
-            from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-            class Hangs(MultiProcessTestCase):
-                world_size = 2
-
-                def setUp(self):
-                    super().setUp()
-                    self._spawn_processes()
-
-                def test_ranks_differ(self):
-                    dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
-                                            rank=self.rank, world_size=2)
-                    if self.rank == 0:
-                        dist.all_reduce(torch.ones(1))
-                    else:
-                        dist.recv(torch.zeros(1), src=0)
-            """
-        )
-    )
-    result = run(pytester, "--ddp-adopt", "--ddp-timeout=300")
-    assert outcomes(result) == {"test_hang.py::Hangs::test_ranks_differ": "FAILED"}
-    result.stdout.fnmatch_lines(
+def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stack(adopted) -> None:
+    path = adopted.folder / "test_hang.py"
+    assert outcomes(adopted.result, "test_hang.py") == {"test_hang.py::Hangs::test_ranks_differ": "FAILED"}
+    failure_section(adopted.result, "Hangs.test_ranks_differ").fnmatch_lines(
         [
             "*deadlock*",
             f"*rank 0*all_reduce #1 (test_hang.py:{line_of(path, 'all_reduce')})*",
@@ -326,58 +352,24 @@ def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stac
             "*Python stacks*",
         ]
     )
-    assert "timed out" not in result.stdout.str()
+    assert "timed out" not in adopted.result.stdout.str()
 
 
-def test_what_cannot_be_honoured_fails_naming_the_class_and_the_feature(pytester) -> None:
-    pytester.makepyfile(
-        test_code=textwrap.dedent(
-            """
-            from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-            class ExpectsACrash(MultiProcessTestCase):
-                world_size = 2
-
-                def setUp(self):
-                    super().setUp()
-                    self.special_return_code_checks = {self.test_aborts.__wrapped__: -6}
-                    self._spawn_processes()
-
-                def test_aborts(self):
-                    pass
-            """
-        )
+def test_what_cannot_be_honoured_fails_naming_the_class_and_the_feature(adopted) -> None:
+    assert outcomes(adopted.result, "test_code.py") == {"test_code.py::ExpectsACrash::test_aborts": "FAILED"}
+    failure_section(adopted.result, "ExpectsACrash.test_aborts").fnmatch_lines(
+        ["*AdoptError: ExpectsACrash: special_return_code_checks*"]
     )
-    result = run(pytester, "--ddp-adopt")
-    assert outcomes(result) == {"test_code.py::ExpectsACrash::test_aborts": "FAILED"}
-    result.stdout.fnmatch_lines(["*AdoptError: ExpectsACrash: special_return_code_checks*"])
 
 
 def test_without_the_option_torchs_harness_runs_its_own_way(pytester) -> None:
-    pytester.makepyfile(
-        test_own=textwrap.dedent(
-            """
-            import os
-            from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-            class Own(MultiProcessTestCase):
-                world_size = 2
-
-                def setUp(self):
-                    super().setUp()
-                    self._spawn_processes()
-
-                def test_spawned(self):
-                    assert "PYTEST_DDP_SHARED_ROOT" not in os.environ  # a process torch spawned
-            """
-        )
-    )
+    pytester.makepyfile(test_own=OWN)
     result = run(pytester)
     assert outcomes(result) == {"test_own.py::Own::test_spawned": "PASSED"}
     assert "ddp:" not in result.stdout.str()
 
 
-DIST_BACKEND_SPAWN = '''
+DIST_BACKEND_SPAWN = """
 # As torch's test/distributed/test_distributed_spawn.py: the installed torch's mixin of distributed
 # tests, run by TestDistBackend's own _run (its init, its file barrier in the folder setUp makes).
 import torch
@@ -389,7 +381,7 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         super().setUp()
         self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
-'''
+"""
 # A set of the mixin's tests (collectives, point-to-point, subgroups, objects), and what torch's harness gives them
 # on a machine without CUDA (test_the_mixins_outcomes_are_torch_harness_own measures it again).
 DIST_BACKEND_SELECTION = (
@@ -422,11 +414,9 @@ def dist_backend_env(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
 
 
-def test_torchs_own_distributed_mixin_runs_on_warm_ranks_with_torchs_outcomes(pytester, dist_backend_env) -> None:
-    pytester.makepyfile(test_distributed_spawn=DIST_BACKEND_SPAWN)
-    result = run(pytester, "--ddp-adopt", "-k", DIST_BACKEND_SELECTION)
-    assert outcomes(result) == DIST_BACKEND_OUTCOMES
-    result.stdout.fnmatch_lines([f"*ddp: {len(DIST_BACKEND_OUTCOMES)} tests on 1 rank group started*"])
+def test_torchs_own_distributed_mixin_runs_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
+    assert outcomes(adopted.result, "test_distributed_spawn.py") == DIST_BACKEND_OUTCOMES
+    adopted.ran_on_one_group("test_distributed_spawn.py")
 
 
 @pytest.mark.slow
@@ -483,7 +473,7 @@ def test_continuous_test_verdict(ends, expected) -> None:
 # A DeepSpeed-style harness, shaped as DeepSpeed's tests/unit/common.py and conftest.py shape theirs
 # (DistributedExec's launchers, _dist_run, _dist_destroy; DistributedTest; the conftest's
 # pytest_runtest_call), written here with torch.distributed in place of deepspeed.comm.
-DEEPSPEED_CONFTEST = '''
+DEEPSPEED_CONFTEST = """
 import inspect
 import multiprocessing as mp
 import os
@@ -567,9 +557,9 @@ def pytest_runtest_call(item):
     if getattr(item.cls, "is_dist_test", False):
         item.cls()(item._request)
         item.runtest = lambda: True
-'''
+"""
 
-DEEPSPEED_TESTS = '''
+DEEPSPEED_TESTS = """
 import os
 
 import pytest
@@ -598,7 +588,7 @@ class TestCollectives(DistributedTest):
     def test_fails_on_rank_1(self):
         dist.barrier()
         assert int(os.environ["RANK"]) == 0
-'''
+"""
 DEEPSPEED_OUTCOMES = {
     "test_ds.py::TestCollectives::test_all_reduce": "PASSED",
     "test_ds.py::TestCollectives::test_skips": "SKIPPED",
@@ -606,12 +596,10 @@ DEEPSPEED_OUTCOMES = {
 }
 
 
-def test_deepspeed_style_classes_run_on_warm_ranks(pytester) -> None:
-    pytester.makeconftest(DEEPSPEED_CONFTEST)
-    pytester.makepyfile(test_ds=DEEPSPEED_TESTS)
-    result = run(pytester, "--ddp-adopt")
-    assert outcomes(result) == DEEPSPEED_OUTCOMES
-    result.stdout.fnmatch_lines(["*rank 1 failed*", "*ddp: 3 tests on 1 rank group started*"])
+def test_deepspeed_style_classes_run_on_warm_ranks(adopted) -> None:
+    assert outcomes(adopted.result, "test_ds.py") == DEEPSPEED_OUTCOMES
+    failure_section(adopted.result, "TestCollectives.test_fails_on_rank_1").fnmatch_lines(["*rank 1 failed*"])
+    adopted.ran_on_one_group("test_ds.py")
 
 
 @pytest.mark.slow
@@ -619,3 +607,97 @@ def test_deepspeed_style_outcomes_are_their_harness_own(pytester) -> None:
     pytester.makeconftest(DEEPSPEED_CONFTEST)
     pytester.makepyfile(test_ds=DEEPSPEED_TESTS)
     assert outcomes(run(pytester, "-p", "no:ddp")) == DEEPSPEED_OUTCOMES
+
+
+# -- the --ddp-adopt session of the tests above -------------------------------------
+
+# A plugin of the --ddp-adopt session: each rank writes the node id of each test it runs to a file
+# of its own (by its pid), so that each file's tests are seen to run on the ranks of the one group.
+RAN_ON = """
+import os
+
+def pytest_runtest_setup(item):
+    if "PYTEST_DDP_SHARED_ROOT" in os.environ:  # in a rank (not in a process torch spawned)
+        with open(os.path.join(os.environ["RAN_DIR"], str(os.getpid())), "a") as f:
+            f.write(item.nodeid + "\\n")
+"""
+
+
+@dataclass
+class Adopted:
+    """The --ddp-adopt session of every file below, and the folders it was given."""
+
+    result: pytest.RunResult
+    folder: Path  # its files
+    tmpdir: Path  # its TMPDIR
+    log_dir: Path  # $LOG_DIR, for the continuous class
+    ran_dir: Path  # $RAN_DIR, for RAN_ON
+
+    def ran_on_one_group(self, module: str) -> None:
+        """The tests of ``module`` that run on ranks (ADOPTED_RANK_TESTS), and no other, ran on the
+        session's one group of 2 ranks: what ``ddp: N tests on 1 rank group started`` says of a
+        session of that file alone."""
+        ran = [path.read_text().splitlines() for path in sorted(self.ran_dir.iterdir())]  # by rank
+        assert [sorted(test for test in tests if test.startswith(f"{module}::")) for tests in ran] == [
+            sorted(ADOPTED_RANK_TESTS[module])
+        ] * 2
+        total = sum(map(len, ADOPTED_RANK_TESTS.values()))
+        self.result.stdout.fnmatch_lines([f"*ddp: {total} tests on 1 rank group started*"])
+
+
+def failure_section(result: pytest.RunResult, title: str) -> pytest.LineMatcher:
+    """The lines of the failure section of ``title`` (``Class.test``) in ``result``'s output."""
+    lines = result.outlines
+    start = lines.index(next(line for line in lines if re.fullmatch(rf"_+ {re.escape(title)} _+", line)))
+    end = next((i for i in range(start + 1, len(lines)) if re.fullmatch(r"(_+ .+ _+|=+ .+ =+)", lines[i])), len(lines))
+    return pytest.LineMatcher(lines[start + 1 : end])
+
+
+# The files of the --ddp-adopt session, in the order it runs them (the deadlock last: it stops the
+# group), each with its tests that run on the ranks.
+ADOPTED_RANK_TESTS = {
+    "test_process_classes.py": list(TORCH_OUTCOMES),
+    "test_continuous.py": [
+        f"test_continuous.py::Continuous::{name}"
+        for name in ("test_a", "test_b_fails", "test_c_after_a_failure", "test_d_skip_test_in_a_worker")
+    ],
+    "test_distributed_spawn.py": list(DIST_BACKEND_OUTCOMES),
+    "test_ds.py": list(DEEPSPEED_OUTCOMES),
+    "test_code.py": ["test_code.py::ExpectsACrash::test_aborts"],
+    "test_hang.py": ["test_hang.py::Hangs::test_ranks_differ"],
+}
+
+
+@pytest.fixture(scope="module")
+def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
+    """One --ddp-adopt session of the files of the tests above that run with that option alone, each
+    test reading its file's part: a session each would import torch and its harness, and start a
+    forkserver and a rank group, of its own."""
+    folder = tmp_path_factory.mktemp("adopt")
+    tmpdir, log_dir, ran_dir = (folder / name for name in ("tmp", "log", "ran"))
+    for path in tmpdir, log_dir, ran_dir:
+        path.mkdir()
+    files = {
+        "test_process_classes.py": PROCESS_CLASSES,
+        "test_continuous.py": CONTINUOUS_CLASS,
+        "test_distributed_spawn.py": DIST_BACKEND_SPAWN,
+        "conftest.py": DEEPSPEED_CONFTEST,
+        "test_ds.py": DEEPSPEED_TESTS,
+        "test_code.py": EXPECTS_A_CRASH,
+        "test_hang.py": HANGS,
+        "ran_on.py": RAN_ON,
+    }
+    # MultiProcessTestCase.setUp makes a file in TMPDIR per rank; the continuous class writes in LOG_DIR;
+    # TestDistBackend reads BACKEND and WORLD_SIZE. The mixin's -k selection applies to its file alone;
+    # --ddp-timeout=300: the deadlock's report must come before any timeout.
+    env = {
+        "TMPDIR": str(tmpdir),
+        "LOG_DIR": str(log_dir),
+        "RAN_DIR": str(ran_dir),
+        "BACKEND": "gloo",
+        "WORLD_SIZE": "2",
+    }
+    selection = f"({DIST_BACKEND_SELECTION}) or not TestDistBackendWithSpawn"
+    args = ("-v", "-p", "ran_on", "--ddp-adopt", "--ddp-timeout=300", "-k", selection, *ADOPTED_RANK_TESTS)
+    result = sessions_together(folder, {"s": Session(files, args, env)}, timeout=300)["s"]
+    return Adopted(result, folder / "s", tmpdir, log_dir, ran_dir)
