@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,25 +39,57 @@ pytestmark = pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher next t
 DEADLINE = 120
 
 
-class MpiRun:
-    """mpiexec running one scenario of mpi_program.py, and its ranks' logs folded into rank states."""
+# mpi_program.py runs one scenario a world; this runs several, one after another, on one world
+# (each rank a fresh interpreter importing torch and mpi4py: a world costs seconds of CPU a rank).
+# Each scenario is a test of its own, as mpi_program.main starts one, in one log; between two,
+# every rank waits for the others on the world as it was before the recorder (unrecorded), so that
+# no message of one scenario meets a receive of the next.
+SCENARIOS = """
+import sys
+from mpi4py import MPI
+import mpi_program
+from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.protocol import TestStart
+from pytest_ddp.record import mpi_recorder
 
-    def __init__(self, scenario: str, ranks: int, folder: Path) -> None:
+folder, scenarios = sys.argv[1], sys.argv[2:]
+unrecorded = MPI.COMM_WORLD
+rank = unrecorded.Get_rank()
+mpi_program._log = EventLog(f"{folder}/rank{rank}.log")
+mpi_recorder.install(mpi_program._log)
+for scenario in scenarios:
+    unrecorded.Barrier()
+    mpi_recorder.start_test()
+    mpi_program._log.write(TestStart(scenario))
+    mpi_program.SCENARIOS[scenario](rank)
+"""
+
+
+class MpiRun:
+    """mpiexec running scenarios of mpi_program.py one after another on one world, and its ranks'
+    logs folded into rank states, a list per test."""
+
+    def __init__(self, scenarios: list[str], ranks: int, folder: Path) -> None:
+        self.folder = folder
         self.readers = [EventReader(str(folder / f"rank{r}.log")) for r in range(ranks)]
         self.tests: list[list[RankState]] = [[] for _ in range(ranks)]  # per rank, a state per test
         self.started = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(Path(pytest_ddp.__file__).parent.parent)}
         assert LAUNCHER is not None
         self.process = subprocess.Popen(
-            [*LAUNCHER, "-n", str(ranks), sys.executable, PROGRAM.name, scenario, str(folder)],
-            cwd=PROGRAM.parent, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            [*LAUNCHER, "-n", str(ranks), sys.executable, "-c", SCENARIOS, str(folder), *scenarios],
+            cwd=PROGRAM.parent,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
 
-    @property
-    def states(self) -> list[RankState]:
-        """The ranks in the scenario's first test."""
-        return [tests[0] if tests else RankState(rank=r) for r, tests in enumerate(self.tests)]
+    def states(self, test: int = 0) -> list[RankState]:
+        """The ranks in the ``test``-th test (a scenario, or a test a scenario starts)."""
+        return [tests[test] if len(tests) > test else RankState(rank=r) for r, tests in enumerate(self.tests)]
 
     def read(self) -> None:
         for rank, (reader, tests) in enumerate(zip(self.readers, self.tests)):
@@ -65,14 +98,14 @@ class MpiRun:
                     tests.append(RankState(rank=rank))
                 tests[-1].apply(event)
 
-    def read_until(self, ready: Callable[[list[RankState]], bool]) -> None:
-        """Fold the logs until ``ready`` holds of the states, while the ranks run."""
+    def read_until(self, test: int, ready: Callable[[list[RankState]], bool]) -> None:
+        """Fold the logs until ``ready`` holds of the ``test``-th test's states, while the ranks run."""
         while True:
             self.read()
-            if ready(self.states):
+            if ready(self.states(test)):
                 return
             assert self.process.poll() is None, f"mpiexec ended first:\n{self.process.communicate()[0]}"
-            assert time.monotonic() - self.started < DEADLINE, f"the logs never got there: {self.states}"
+            assert time.monotonic() - self.started < DEADLINE, f"the logs never got there: {self.states(test)}"
             try:  # returns at once if mpiexec ends; else the logs are read again
                 self.process.wait(timeout=0.05)
             except subprocess.TimeoutExpired:
@@ -93,8 +126,8 @@ class MpiRun:
 
 
 @contextmanager
-def mpi_run(scenario: str, ranks: int, folder: Path) -> Iterator[MpiRun]:
-    run = MpiRun(scenario, ranks, folder)
+def mpi_run(scenarios: list[str], ranks: int, folder: Path) -> Iterator[MpiRun]:
+    run = MpiRun(scenarios, ranks, folder)
     try:
         yield run
     finally:
@@ -114,20 +147,62 @@ def site(text: str) -> str:
     return f"mpi_program.py:{line_of(PROGRAM, text)}"
 
 
-def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_path: Path) -> None:
-    with mpi_run("calls", 2, tmp_path) as run:
-        output = run.finish()
+@dataclass
+class Ran:
+    """A world's run of scenarios: its mpiexec, its output, and a hang's verdict, judged while it hung."""
+
+    run: MpiRun
+    output: str
+    verdict: Verdict
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """calls (tests 0 and 1: it starts a next test), then waitall (test 2), on one world of 2."""
+    with mpi_run(["calls", "waitall"], 2, tmp_path_factory.mktemp("two_ranks")) as run:
+        run.read_until(2, lambda states: states[0].finished and states[1].current_call is not None)
+        verdict = judge(run.states(2))
+        return Ran(run, run.finish(), verdict)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """large_any_source (test 0), then small_any_source (test 1), on one world of 3: in this order,
+    as the message small_any_source leaves would meet large_any_source's receive."""
+    with mpi_run(["large_any_source", "small_any_source"], 3, tmp_path_factory.mktemp("three_ranks")) as run:
+        run.read_until(0, lambda states: states[0].finished and all(s.calls for s in states[1:]))
+        verdict = judge(run.states(0))
+        return Ran(run, run.finish(), verdict)
+
+
+def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(two_ranks: Ran) -> None:
+    run, output = two_ranks.run, two_ranks.output
     assert output.count('{"world": "RecordingComm", "request": true}') == 2
-    sender, receiver = run.states
+    sender, receiver = run.states()
     calls = sender.calls
     assert [c.label for c in calls] == [
-        "Send #1 to 1 (tag 5)", "send #2 to 1 (tag 7)", "Send #3 to 1 (tag 8)", "Isend #4 to 1 (tag 9)",
-        "Send #5 to 1 (tag 10)", "isend #6 to 1 (tag 11)", "Allreduce #1", "allreduce #2", "Split #3",
-        "Barrier #1 on group 1.0 [0]", "Dup #4", "Bcast #1 on group 2 [0, 1]", "Irecv #1 from any (tag 99)",
+        "Send #1 to 1 (tag 5)",
+        "send #2 to 1 (tag 7)",
+        "Send #3 to 1 (tag 8)",
+        "Isend #4 to 1 (tag 9)",
+        "Send #5 to 1 (tag 10)",
+        "isend #6 to 1 (tag 11)",
+        "Allreduce #1",
+        "allreduce #2",
+        "Split #3",
+        "Barrier #1 on group 1.0 [0]",
+        "Dup #4",
+        "Bcast #1 on group 2 [0, 1]",
+        "Irecv #1 from any (tag 99)",
     ]
     first = calls[0]
     assert (first.peer, first.tag, first.shapes, first.dtypes, first.extra, first.state) == (
-        1, 5, [[10]], ["int64"], {"bytes": 80}, "ok"
+        1,
+        5,
+        [[10]],
+        ["int64"],
+        {"bytes": 80},
+        "ok",
     )
     assert first.site == site("comm.Send(data, dest=1, tag=5)")
     pickled, counted, in_place, reduced = (calls[i] for i in (1, 2, 6, 7))
@@ -146,33 +221,29 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(tmp_
     assert receiver.calls[3].site == site("comm.Irecv(data, source=0, tag=9).Wait()")
     got_none = receiver.calls[5]  # its wait() returned None: it completed all the same
     assert (got_none.label, got_none.state, got_none.got_source) == ("irecv #2 from any (tag 11)", "ok", 0)
-    for state in run.states:
+    for state in run.states():
         assert state.in_flight == [{"i": 12, "err": "request not complete 0.1 s after the test"}]
-    assert outline(judge(run.states)) == ("done", None, [], [])
+    assert outline(judge(run.states())) == ("done", None, [], [])
     # The next test on these ranks numbers its calls from 0; a communicator made before it is named so.
     assert [[c.label for c in tests[1].calls] for tests in run.tests] == [["Barrier #1 on group before-2 [0, 1]"]] * 2
     # The recorder writes its events by hand: only keys the wire format defines.
-    lines = [json.loads(line) for r in (0, 1) for line in (tmp_path / f"rank{r}.log").read_text().splitlines()]
+    lines = [json.loads(line) for r in (0, 1) for line in (run.folder / f"rank{r}.log").read_text().splitlines()]
     assert all(set(line) <= CALL_KEYS for line in lines if line["e"] == "call")
     assert all(set(line) <= RET_KEYS for line in lines if line["e"] == "ret")
 
 
-def test_small_sends_to_one_any_source_receive_pass_but_leave_a_message_never_received(tmp_path: Path) -> None:
-    with mpi_run("small_any_source", 3, tmp_path) as run:
-        run.finish()
-    assert outline(judge(run.states)) == ("done", None, [], [])
-    got = run.states[0].calls[0].got_source
+def test_small_sends_to_one_any_source_receive_pass_but_leave_a_message_never_received(three_ranks: Ran) -> None:
+    states = three_ranks.run.states(1)
+    assert outline(judge(states)) == ("done", None, [], [])
+    got = states[0].calls[0].got_source
     assert got in (1, 2)
-    unreceived = [(m.rank, m.dest, m.call.label) for m in unreceived_messages(run.states)]
+    unreceived = [(m.rank, m.dest, m.call.label) for m in unreceived_messages(states)]
     assert unreceived == [(3 - got, 0, "Send #1 to 0 (tag 0)")]
 
 
-def test_large_sends_to_one_any_source_receive_blame_the_receiver(tmp_path: Path) -> None:
-    with mpi_run("large_any_source", 3, tmp_path) as run:
-        run.read_until(lambda states: states[0].finished and all(s.calls for s in states[1:]))
-        verdict = judge(run.states)
-        run.finish()
-    blocked = 3 - (run.states[0].calls[0].got_source or 0)
+def test_large_sends_to_one_any_source_receive_blame_the_receiver(three_ranks: Ran) -> None:
+    run, verdict = three_ranks.run, three_ranks.verdict
+    blocked = 3 - (run.states()[0].calls[0].got_source or 0)
     assert outline(verdict) == ("deadlock", "partial", [0], [blocked])
     assert verdict.summary == (
         f"rank 0 never received from rank {blocked} (returned from its test); "
@@ -180,14 +251,11 @@ def test_large_sends_to_one_any_source_receive_blame_the_receiver(tmp_path: Path
     )
 
 
-def test_a_rank_in_waitall_waits_in_its_irecv(tmp_path: Path) -> None:
-    with mpi_run("waitall", 2, tmp_path) as run:
-        run.read_until(lambda states: states[0].finished and states[1].current_call is not None)
-        verdict = judge(run.states)
-        run.finish()
+def test_a_rank_in_waitall_waits_in_its_irecv(two_ranks: Ran) -> None:
+    run, verdict = two_ranks.run, two_ranks.verdict
     assert outline(verdict) == ("deadlock", "partial", [0], [1])
     line = site("MPI.Request.Waitall([comm.Irecv(data, source=0, tag=3)])")
     assert verdict.summary == (
         f"rank 0 never sent to rank 1 (returned from its test); rank 1 waits in Irecv #1 from 0 (tag 3) ({line})."
     )
-    assert run.states[1].calls[0].state == "ok"  # rank 0 sent once the hang was judged
+    assert run.states(2)[1].calls[0].state == "ok"  # rank 0 sent once the hang was judged
