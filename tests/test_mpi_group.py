@@ -3,38 +3,179 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from test_processes import LOOPBACK_CHECK
 
-from conftest import Controller, controllers_started_together, live_pids, wait_for
+from conftest import Controller, DdpPytester, controllers_started_together, live_pids, outcomes, wait_for
 from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 
 
-def test_mpi_tests_run_on_one_warm_world(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_world(comm, rank, world_size):
-            assert (comm.Get_rank(), comm.Get_size()) == (rank, world_size) == (rank, 2)
-            assert comm.allreduce(rank + 1) == 3
+# The tests below that run with no option of their own share one inner session, in this module
+# (its ranks' helpers first, then each test's part, the hang last: it stops the world), and so one
+# MPI world: a world's ranks each import torch and mpi4py, seconds of CPU a rank.  Each test reads
+# its part: its tests' outcomes (-rA), its failure sections.
+TOGETHER_HELPERS = """
+def ran_on(name, rank):
+    with open(os.path.join(RAN_DIR, f"{name}-{rank}"), "w") as f:
+        f.write(str(os.getpid()))
 
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_same_world_again(comm, rank):
-            assert comm.bcast(f"from {rank}", root=1) == "from 1"
-            assert not dist.is_initialized()  # an MPI world, no torch process group
-        """
-    )
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["ddp: 2 tests on 1 rank group started*"])
+def note(name, rank):
+    stand_in = os.getppid()
+    with open(f"/proc/{stand_in}/stat") as f:
+        launcher = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{os.getpid()}/maps") as maps:
+        shm = sorted({l.split(maxsplit=5)[5].strip() for l in maps if " /dev/shm/" in l})
+    with open(os.path.join(PID_DIR, f"{name}-{rank}"), "w") as f:
+        f.write(" ".join(map(str, [os.getpid(), stand_in, launcher, *shm])))
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+"""
+
+# Each test notes its ranks' pids (RAN_DIR): the two ran on the same processes, one world.
+WARM_WORLD = """
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_world(comm, rank, world_size):
+    ran_on("world", rank)
+    assert (comm.Get_rank(), comm.Get_size()) == (rank, world_size) == (rank, 2)
+    assert comm.allreduce(rank + 1) == 3
+
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_same_world_again(comm, rank):
+    ran_on("again", rank)
+    assert comm.bcast(f"from {rank}", root=1) == "from 1"
+    assert not dist.is_initialized()  # an MPI world, no torch process group
+"""
+
+# MPICH's gforker listens on nothing; Open MPI's launcher listens on every interface
+# (measured, 4.1, whatever it is told), as hydra does: only its ranks are checked then.
+_LAUNCHER = find_launcher(None)
+GFORKER = _LAUNCHER is not None and Path(_LAUNCHER[0]).name == "mpiexec.gforker"
+LOOPBACK_ONLY = f"""
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_mpi_listens_on_loopback_only(comm, rank):
+    comm.Barrier()
+    stand_in = os.getppid()
+    processes = (os.getpid(), stand_in, parent_of(stand_in)) if {GFORKER} else (os.getpid(), stand_in)
+    addresses = [a for pid in processes for a in listening_addresses(pid)]
+    assert set(addresses) <= LOOPBACK, addresses
+"""
+
+FAILS_ON_ONE = """
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_fails_on_one(comm, rank):
+    assert rank == 0, "rank 1 disagrees"
+"""
+
+COMM_OUTSIDE_MPI = """
+@pytest.mark.ddp(world_size=2)
+def test_gloo(comm):
+    pass
+"""
+
+PASS_FAIL_AND_HANG = """
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_passes(comm, rank):
+    note("pass", rank)
+
+@pytest.mark.ddp(world_size=2, backend="mpi")
+def test_fails(comm, rank):
+    note("fail", rank)
+    assert rank == 0
+
+@pytest.mark.ddp(world_size=2, backend="mpi", timeout=2)
+def test_hangs(comm, rank):
+    note("hang", rank)
+    if rank == 0:
+        comm.Barrier()
+    time.sleep(3600)
+"""
+
+
+@dataclass
+class Together:
+    """The shared session, and what its ranks noted: pids by name (``world-0``), and, taken as
+    soon as the session ended, the noted processes and /dev/shm segments of PASS_FAIL_AND_HANG
+    still there."""
+
+    result: pytest.RunResult
+    ran_on: dict[str, int]
+    noted: list[list[str]]
+    live: list[int]
+    segments: set[str]
+    segments_left: list[str]
+
+    def outcomes(self) -> dict[str, str]:
+        return outcomes(self.result, "test_it.py")
+
+    def section(self, title: str) -> pytest.LineMatcher:
+        """The lines of the failure (or error) section of ``title`` (``test_x``)."""
+        lines = self.result.outlines
+        start = lines.index(next(line for line in lines if re.fullmatch(rf"_+ {re.escape(title)} _+", line)))
+        ends = (i for i in range(start + 1, len(lines)) if re.fullmatch(r"(_+ .+ _+|=+ .+ =+)", lines[i]))
+        return pytest.LineMatcher(lines[start + 1 : next(ends, len(lines))])
+
+
+@pytest.fixture(scope="module")
+def _together_holder() -> dict[str, Together]:
+    return {}
+
+
+@pytest.fixture
+def together(
+    _together_holder: dict[str, Together], ddp_pytester: DdpPytester, tmp_path_factory: pytest.TempPathFactory
+) -> Together:
+    """The shared session: run, in this process, by the first test that asks for it."""
+    if "it" not in _together_holder:
+        ran_dir, pid_dir = tmp_path_factory.mktemp("ran_on"), tmp_path_factory.mktemp("pids")
+        source = (
+            f"RAN_DIR, PID_DIR = {str(ran_dir)!r}, {str(pid_dir)!r}\n"
+            + LOOPBACK_CHECK
+            + TOGETHER_HELPERS
+            + WARM_WORLD
+            + LOOPBACK_ONLY
+            + FAILS_ON_ONE
+            + COMM_OUTSIDE_MPI
+            + PASS_FAIL_AND_HANG
+        )
+        result = ddp_pytester.run(source, "-rA")
+        # As soon as the session ended: every process of every MPI world and its shared memory gone.
+        noted = [p.read_text().split() for p in pid_dir.iterdir()]
+        live = live_pids(sorted({int(field) for fields in noted for field in fields[:3]}))
+        segments = {field for fields in noted for field in fields[3:]}
+        left = [s for s in segments if Path(s).exists()]
+        ran_on = {p.name: int(p.read_text()) for p in ran_dir.iterdir()}
+        _together_holder["it"] = Together(result, ran_on, noted, live, segments, left)
+    return _together_holder["it"]
+
+
+def test_the_shared_session_ran_each_test_once(together: Together) -> None:
+    together.result.assert_outcomes(passed=5, failed=3, errors=1)
+    # Its one Gloo group, and one MPI world for its seven MPI tests: a failure keeps the world.
+    together.result.stdout.fnmatch_lines(["ddp: 9 tests on 2 rank groups started*"])
+
+
+def test_mpi_tests_run_on_one_warm_world(together: Together) -> None:
+    assert {name: together.outcomes()[name] for name in ("test_world", "test_same_world_again")} == {
+        "test_world": "PASSED",
+        "test_same_world_again": "PASSED",
+    }
+    # Both tests on one rank group: the same two rank processes.
+    world = [together.ran_on[f"world-{rank}"] for rank in (0, 1)]
+    again = [together.ran_on[f"again-{rank}"] for rank in (0, 1)]
+    assert len(set(world)) == 2 and world == again, (world, again)
 
 
 def test_backend_option_makes_unmarked_backends_mpi(ddp_pytester) -> None:
@@ -49,28 +190,16 @@ def test_backend_option_makes_unmarked_backends_mpi(ddp_pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
-def test_failure_on_one_rank_is_that_ranks(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_fails_on_one(comm, rank):
-            assert rank == 0, "rank 1 disagrees"
-        """
-    )
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*rank 1 failed (AssertionError: rank 1 disagrees)*"])
+def test_failure_on_one_rank_is_that_ranks(together: Together) -> None:
+    assert together.outcomes()["test_fails_on_one"] == "FAILED"
+    together.section("test_fails_on_one").fnmatch_lines(["*rank 1 failed (AssertionError: rank 1 disagrees)*"])
 
 
-def test_comm_fixture_outside_mpi_tests_says_why(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        @pytest.mark.ddp(world_size=2)
-        def test_gloo(comm):
-            pass
-        """
+def test_comm_fixture_outside_mpi_tests_says_why(together: Together) -> None:
+    assert together.outcomes()["test_gloo"] == "ERROR"
+    together.section("ERROR at setup of test_gloo").fnmatch_lines(
+        ["*comm: the MPI world of backend='mpi' tests; this test's backend is not mpi*"]
     )
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*comm: the MPI world of backend='mpi' tests; this test's backend is not mpi*"])
 
 
 @pytest.mark.parametrize(
@@ -95,28 +224,15 @@ def test_a_launcher_that_cannot_start_the_world_says_so(ddp_pytester, launcher, 
     result.stdout.fnmatch_lines([message])
 
 
-def test_mpi_ranks_and_launcher_listen_on_loopback_only(ddp_pytester) -> None:
-    # MPICH's gforker listens on nothing; Open MPI's launcher listens on every interface
-    # (measured, 4.1, whatever it is told), as hydra does: only its ranks are checked then.
-    launcher = find_launcher(None)
-    gforker = launcher is not None and Path(launcher[0]).name == "mpiexec.gforker"
-    result = ddp_pytester.run(
-        LOOPBACK_CHECK
-        + f"""
-def parent_of(pid):
-    with open(f"/proc/{{pid}}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-@pytest.mark.ddp(world_size=2, backend="mpi")
-def test_mpi_listens_on_loopback_only(comm, rank):
-    comm.Barrier()
-    stand_in = os.getppid()
-    processes = (os.getpid(), stand_in, parent_of(stand_in)) if {gforker} else (os.getpid(), stand_in)
-    addresses = [a for pid in processes for a in listening_addresses(pid)]
-    assert set(addresses) <= LOOPBACK, addresses
-"""
-    )
-    result.assert_outcomes(passed=2)  # the Gloo check of LOOPBACK_CHECK, and this one
+def test_mpi_ranks_and_launcher_listen_on_loopback_only(together: Together) -> None:
+    # The Gloo check of LOOPBACK_CHECK, and this one.
+    assert {
+        name: together.outcomes()[name]
+        for name in ("test_nothing_listens_beyond_loopback", "test_mpi_listens_on_loopback_only")
+    } == {
+        "test_nothing_listens_beyond_loopback": "PASSED",
+        "test_mpi_listens_on_loopback_only": "PASSED",
+    }
 
 
 # -- nothing left behind ----------------------------------------------------------
@@ -198,48 +314,17 @@ def test_run_calls_a_function_on_an_mpi_world() -> None:
     assert result.values == [3, 3, 3]
 
 
-def test_nothing_left_after_pass_fail_and_hang(ddp_pytester, tmp_path: Path) -> None:
+def test_nothing_left_after_pass_fail_and_hang(together: Together) -> None:
     """Every process of every MPI world (ranks, stand-ins, launcher) and its shared memory
     are gone when the session ends: after a pass, a failure and a hang."""
-    pid_dir = tmp_path / "pids"
-    pid_dir.mkdir()
-    result = ddp_pytester.run(
-        f"""
-        PID_DIR = {str(pid_dir)!r}
-
-        def note(name, rank):
-            stand_in = os.getppid()
-            with open(f"/proc/{{stand_in}}/stat") as f:
-                launcher = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{{os.getpid()}}/maps") as maps:
-                shm = sorted({{l.split(maxsplit=5)[5].strip() for l in maps if " /dev/shm/" in l}})
-            with open(os.path.join(PID_DIR, f"{{name}}-{{rank}}"), "w") as f:
-                f.write(" ".join(map(str, [os.getpid(), stand_in, launcher, *shm])))
-
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_passes(comm, rank):
-            note("pass", rank)
-
-        @pytest.mark.ddp(world_size=2, backend="mpi")
-        def test_fails(comm, rank):
-            note("fail", rank)
-            assert rank == 0
-
-        @pytest.mark.ddp(world_size=2, backend="mpi", timeout=2)
-        def test_hangs(comm, rank):
-            note("hang", rank)
-            if rank == 0:
-                comm.Barrier()
-            time.sleep(3600)
-        """
-    )
-    result.assert_outcomes(passed=1, failed=2)
-    noted = [p.read_text().split() for p in pid_dir.iterdir()]
-    assert len(noted) == 6
-    pids = sorted({int(field) for fields in noted for field in fields[:3]})
-    assert not live_pids(pids)
-    segments = {field for fields in noted for field in fields[3:]}
-    assert segments and not [s for s in segments if Path(s).exists()]
+    assert {name: together.outcomes()[name] for name in ("test_passes", "test_fails", "test_hangs")} == {
+        "test_passes": "PASSED",
+        "test_fails": "FAILED",
+        "test_hangs": "FAILED",
+    }
+    assert len(together.noted) == 6
+    assert not together.live
+    assert together.segments and not together.segments_left
 
 
 def _can_make_network_namespaces() -> bool:
@@ -297,8 +382,11 @@ def _processes_in(namespace: str) -> list[int]:
     "version, root, options",
     [
         # Measured: Debian's Open MPI 4.1.4 (mpirun) and 4.1.6 (mpiexec, on a GPU machine).
-        ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n", False,
-         ["--oversubscribe"]),
+        (
+            "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n",
+            False,
+            ["--oversubscribe"],
+        ),
         ("mpiexec (OpenRTE) 4.1.6\n", True, ["--oversubscribe", "--allow-run-as-root"]),
         ("HYDRA build details:\n    Version:                                 5.0.2\n", True, []),
         ("", True, []),
