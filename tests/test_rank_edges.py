@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HEADER, Session, live_pids, outcomes, sessions_together, wait_for
+from conftest import live_pids, outcomes, wait_for
 from pytest_ddp.common.protocol import WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
@@ -34,7 +34,9 @@ def spawn(path):
 
 
 def spawning(pids: Path) -> str:
-    return SPAWN + f"""
+    return (
+        SPAWN
+        + f"""
 @pytest.mark.ddp(world_size=2)
 def test_spawns(rank):
     if rank == 1:
@@ -45,10 +47,13 @@ def test_spawns(rank):
 def test_next(rank):
     dist.barrier()
 """
+    )
 
 
 def dying(pids: Path) -> str:
-    return SPAWN.replace("start_new_session=True", "") + f"""
+    return (
+        SPAWN.replace("start_new_session=True", "")
+        + f"""
 @pytest.mark.ddp(world_size=2)
 def test_dies(rank):
     if rank == 1:
@@ -56,6 +61,7 @@ def test_dies(rank):
         os.kill(os.getpid(), 9)
     dist.barrier()
 """
+    )
 
 
 STOPPING = """
@@ -74,25 +80,16 @@ STOPS = {
 }
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
-    """The sessions of the tests below that need a pytest of their own (a rank's processes, the
-    session's end), started together: by name, the result and its folder. "left" runs both tests
-    of processes a rank left, each in a module of its own: its ranks write their children's pids
-    to ``spawned`` (test_spawns.py) and ``died`` (test_dies.py)."""
-    folder = tmp_path_factory.mktemp("sessions")
-    left = {"test_spawns.py": spawning(folder / "left" / "spawned"), "test_dies.py": dying(folder / "left" / "died")}
-    runs = {"left": Session({name: HEADER + body for name, body in left.items()}, ("-rA",))}
-    runs |= {name: Session.of(STOPPING.format(raise_it=raise_it)) for name, (raise_it, _) in STOPS.items()}
-    results = sessions_together(folder, runs)
-    return {name: (result, folder / name) for name, result in results.items()}
-
-
-def test_processes_a_test_left_are_ended_after_it_and_named(sessions):
-    result, folder = sessions["left"]
+# The sessions below run in this process: their ranks come from its forkserver, as every group of
+# a session's do, and what they check is the ranks' processes and the session's result, not this
+# session's process (a session of its own was a pytest, a forkserver and ranks importing torch).
+def test_processes_a_test_left_are_ended_after_it_and_named(ddp_pytester):
+    spawned = ddp_pytester.pytester.path / "spawned"
+    ddp_pytester.write(spawning(spawned), name="test_spawns")
+    result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
     assert outcomes(result, "test_spawns.py") == {"test_spawns": "PASSED", "test_next": "PASSED"}
     assert result.parseoutcomes()["warnings"] == 1
-    left = [int(pid) for pid in (folder / "spawned").read_text().split()]
+    left = [int(pid) for pid in spawned.read_text().split()]
     assert live_pids(left) == []  # ended and reaped before the next test
     result.stdout.fnmatch_lines(
         [
@@ -103,10 +100,12 @@ def test_processes_a_test_left_are_ended_after_it_and_named(sessions):
     )
 
 
-def test_processes_of_a_killed_rank_die_with_it(sessions):
-    result, folder = sessions["left"]
+def test_processes_of_a_killed_rank_die_with_it(ddp_pytester):
+    died = ddp_pytester.pytester.path / "died"
+    ddp_pytester.write(dying(died), name="test_dies")
+    result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
     assert outcomes(result, "test_dies.py") == {"test_dies": "FAILED"}
-    left = [int(pid) for pid in (folder / "died").read_text().split()]
+    left = [int(pid) for pid in died.read_text().split()]
     wait_for(lambda: not live_pids(left), f"processes {left} to end")
 
 
@@ -162,9 +161,11 @@ def test_threads_left_lists_only_the_tests_threads_with_their_stacks():
 
 
 @pytest.mark.parametrize("name", STOPS)
-def test_exit_or_keyboard_interrupt_in_a_rank_stops_the_session(sessions, name):
+def test_exit_or_keyboard_interrupt_in_a_rank_stops_the_session(ddp_pytester, name):
     raise_it, expected = STOPS[name]
-    result, _ = sessions[name]
+    ddp_pytester.write(STOPPING.format(raise_it=raise_it))
+    # The session's KeyboardInterrupt is its result here, not this test's.
+    result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider", no_reraise_ctrlc=True)
     assert result.ret == (3 if "exit" in raise_it else pytest.ExitCode.INTERRUPTED)
     result.stdout.fnmatch_lines(expected)
     result.stdout.no_fnmatch_line("*died*")
