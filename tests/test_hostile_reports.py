@@ -94,7 +94,9 @@ def _reports(folder: Path) -> dict[str, dict]:
 def test_rank_text_utf8_cannot_encode_reaches_every_report_and_the_session_goes_on(ddp_pytester, xdist) -> None:
     reports = ddp_pytester.pytester.path / "reports"
     args = [f"--ddp-report-dir={reports}", "--junitxml=junit.xml", "-rA", *(["-n", "2"] if xdist else [])]
-    result = ddp_pytester.run_subprocess(RANK_TEXT, *args)
+    # Plain, in this process (its ranks from this process's forkserver); under xdist, in a process
+    # of its own: run here, its workers, each a pytest importing torch, cost as much.
+    result = (ddp_pytester.run_subprocess if xdist else ddp_pytester.run)(RANK_TEXT, *args)
     output = result.stdout.str() + result.stderr.str()
     assert "INTERNALERROR" not in output
     result.assert_outcomes(failed=6, passed=2, warnings=1)
@@ -295,8 +297,11 @@ def test_ranks_draw_alike(rank):
 @pytest.mark.skipif(not RANDOMLY.is_dir(), reason=f"pytest-randomly is not installed in {RANDOMLY} (make venv)")
 def test_a_session_under_randomly_keeps_every_outcome(ddp_pytester, monkeypatch) -> None:
     # Its ranks reseed from the session's seed, as its plain tests do: they draw the same numbers.
+    # In this process: its sys.path (the ranks get the controller's) and the environment, as a
+    # session of its own would have them.
     monkeypatch.setenv("PYTHONPATH", str(RANDOMLY))
-    result = ddp_pytester.run_subprocess(SESSION + RANDOM_DRAWS, "-p", "randomly", "--randomly-seed=12345", "-rA")
+    monkeypatch.syspath_prepend(RANDOMLY)
+    result = ddp_pytester.run(SESSION + RANDOM_DRAWS, "-p", "randomly", "--randomly-seed=12345", "-rA")
     _no_internal_error(result)
     result.stdout.fnmatch_lines(["*--randomly-seed=12345*"])
     result.assert_outcomes(passed=OUTCOMES["passed"] + 1, failed=OUTCOMES["failed"])
