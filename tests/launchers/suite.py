@@ -198,9 +198,9 @@ def check_suite(result: Result, folder: Path) -> None:
 
 def check_collection_differs(result: Result, nproc: int = 4, stopped: bool = False) -> None:
     """What every launcher must give for SUITE with DIFFERENT_COLLECTION, on ``nproc`` processes;
-    ``stopped``: the launcher stops the other workers once one failed (torchrun's agent, on two
-    nodes: "Sending process ... closing signal SIGTERM", seen under load), so a rank other than 0
-    may end with -15 before its own status 4."""
+    ``stopped``: the launcher stops the other workers once one failed (torchrun's agent, on one
+    node or two: "Sending process ... closing signal SIGTERM", seen under load), so a rank other
+    than 0 may end with -15 before its own status 4."""
     out = result.output
     assert "the ranks collected different tests" in out, out
     assert "rank 2 (on " in out and "1 not collected here: test_launched.py::test_needs_eight" in out, out

@@ -51,13 +51,16 @@ def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_collections_that_differ_stop_every_rank(collections_differ: Sessions, launcher: str) -> None:
-    suite.check_collection_differs(shared(collections_differ, launcher).result, DIFFER_NPROC)
+    # torchrun's agent stops its other workers (SIGTERM) once one failed: under load, before
+    # they ended with their own status 4.
+    stopped = launcher == "torchrun"
+    suite.check_collection_differs(shared(collections_differ, launcher).result, DIFFER_NPROC, stopped=stopped)
 
 
 def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: Sessions) -> None:
     """What a launched rank's pytest (a host) is told by rank 0's, as its log shows it."""
     run = shared(collections_differ, "torchrun")
-    suite.check_collection_differs(run.result, DIFFER_NPROC)
+    suite.check_collection_differs(run.result, DIFFER_NPROC, stopped=True)
     for rank in range(1, DIFFER_NPROC):
         log = (run.folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
         assert "ddp: the ranks collected different tests" in log and "test_needs_eight" in log, log
