@@ -1,8 +1,10 @@
 """The MPI program of tests/test_mpi_recorder.py, run under mpiexec: each rank records its
-calls into ``<log dir>/rank<N>.log`` as a pytest-ddp rank does, runs one scenario, and
-writes its ``done`` event when the scenario returns, as a rank does when its test ends.
+calls into ``<log dir>/rank<N>.log`` as a pytest-ddp rank does, runs its scenarios one after
+another, each a test of its own, and writes its ``done`` event when a scenario returns, as a rank
+does when its test ends. Between two scenarios every rank waits for the others on the world as it
+was before the recorder (unrecorded), so that no message of one meets a receive of the next.
 
-    mpiexec -n N python mpi_program.py SCENARIO LOG_DIR
+    mpiexec -n N python mpi_program.py LOG_DIR SCENARIO [SCENARIO ...]
 
 A scenario that hangs on purpose has rank 0 wait, after its done event, for its standard
 input to close (mpiexec forwards it to rank 0): the test closes it once it has judged the
@@ -118,13 +120,16 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
 
 def main() -> None:
     global _log
-    scenario, folder = sys.argv[1:3]
-    rank = MPI.COMM_WORLD.Get_rank()
+    folder, scenarios = sys.argv[1], sys.argv[2:]
+    unrecorded = MPI.COMM_WORLD
+    rank = unrecorded.Get_rank()
     _log = EventLog(f"{folder}/rank{rank}.log")
     mpi_recorder.install(_log)
-    mpi_recorder.start_test()
-    _log.write(TestStart(scenario))
-    SCENARIOS[scenario](rank)
+    for scenario in scenarios:
+        unrecorded.Barrier()
+        mpi_recorder.start_test()
+        _log.write(TestStart(scenario))
+        SCENARIOS[scenario](rank)
 
 
 if __name__ == "__main__":

@@ -39,32 +39,6 @@ pytestmark = pytest.mark.skipif(LAUNCHER is None, reason="no MPI launcher next t
 DEADLINE = 120
 
 
-# mpi_program.py runs one scenario a world; this runs several, one after another, on one world
-# (each rank a fresh interpreter importing torch and mpi4py: a world costs seconds of CPU a rank).
-# Each scenario is a test of its own, as mpi_program.main starts one, in one log; between two,
-# every rank waits for the others on the world as it was before the recorder (unrecorded), so that
-# no message of one scenario meets a receive of the next.
-SCENARIOS = """
-import sys
-from mpi4py import MPI
-import mpi_program
-from pytest_ddp.common.event_log import EventLog
-from pytest_ddp.common.protocol import TestStart
-from pytest_ddp.record import mpi_recorder
-
-folder, scenarios = sys.argv[1], sys.argv[2:]
-unrecorded = MPI.COMM_WORLD
-rank = unrecorded.Get_rank()
-mpi_program._log = EventLog(f"{folder}/rank{rank}.log")
-mpi_recorder.install(mpi_program._log)
-for scenario in scenarios:
-    unrecorded.Barrier()
-    mpi_recorder.start_test()
-    mpi_program._log.write(TestStart(scenario))
-    mpi_program.SCENARIOS[scenario](rank)
-"""
-
-
 class MpiRun:
     """mpiexec running scenarios of mpi_program.py one after another on one world, and its ranks'
     logs folded into rank states, a list per test."""
@@ -77,7 +51,7 @@ class MpiRun:
         env = {**os.environ, "PYTHONPATH": str(Path(pytest_ddp.__file__).parent.parent)}
         assert LAUNCHER is not None
         self.process = subprocess.Popen(
-            [*LAUNCHER, "-n", str(ranks), sys.executable, "-c", SCENARIOS, str(folder), *scenarios],
+            [*LAUNCHER, "-n", str(ranks), sys.executable, PROGRAM.name, str(folder), *scenarios],
             cwd=PROGRAM.parent,
             env=env,
             stdin=subprocess.PIPE,
