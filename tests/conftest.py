@@ -129,6 +129,15 @@ def outcomes(result: pytest.RunResult, module: str) -> dict[str, str]:
     return {found[2]: found[1] for found in summary if found}
 
 
+def failure_section(result: pytest.RunResult, title: str) -> pytest.LineMatcher:
+    """The lines of the failure (or error) section of ``title`` (``test_x``, ``Class.test``,
+    ``ERROR at setup of test_x``) in ``result``'s output: one test's part of a session of several."""
+    lines = result.outlines
+    start = next(i for i, line in enumerate(lines) if re.fullmatch(rf"_+ {re.escape(title)} _+", line))
+    end = next((i for i in range(start + 1, len(lines)) if re.fullmatch(r"(_+ .+ _+|=+ .+ =+)", lines[i])), len(lines))
+    return pytest.LineMatcher(lines[start + 1 : end])
+
+
 # 127.0.0.1 and ::1 as /proc/net/tcp and tcp6 write them.
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 
@@ -207,8 +216,6 @@ def rank_processes() -> list[int]:
         if name.startswith("ddp-rank"):
             pids.append(int(entry))
     return live_pids(pids)
-
-
 
 
 def ranks_working_in(folder: Path) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Session, line_of, sessions_together
+from conftest import Session, failure_section, line_of, sessions_together
 from pytest_ddp.adopt.verdict import Verdict, continuous_test, process_test
 
 PROCESS_CLASSES = """
@@ -643,14 +643,6 @@ class Adopted:
         ] * 2
         total = sum(map(len, ADOPTED_RANK_TESTS.values()))
         self.result.stdout.fnmatch_lines([f"*ddp: {total} tests on 1 rank group started*"])
-
-
-def failure_section(result: pytest.RunResult, title: str) -> pytest.LineMatcher:
-    """The lines of the failure section of ``title`` (``Class.test``) in ``result``'s output."""
-    lines = result.outlines
-    start = lines.index(next(line for line in lines if re.fullmatch(rf"_+ {re.escape(title)} _+", line)))
-    end = next((i for i in range(start + 1, len(lines)) if re.fullmatch(r"(_+ .+ _+|=+ .+ =+)", lines[i])), len(lines))
-    return pytest.LineMatcher(lines[start + 1 : end])
 
 
 # The files of the --ddp-adopt session, in the order it runs them (the deadlock last: it stops the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,15 @@ from pathlib import Path
 import pytest
 from test_processes import LOOPBACK_CHECK
 
-from conftest import Controller, DdpPytester, controllers_started_together, live_pids, outcomes, wait_for
+from conftest import (
+    Controller,
+    DdpPytester,
+    controllers_started_together,
+    failure_section,
+    live_pids,
+    outcomes,
+    wait_for,
+)
 from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
@@ -120,13 +127,6 @@ class Together:
     def outcomes(self) -> dict[str, str]:
         return outcomes(self.result, "test_it.py")
 
-    def section(self, title: str) -> pytest.LineMatcher:
-        """The lines of the failure (or error) section of ``title`` (``test_x``)."""
-        lines = self.result.outlines
-        start = lines.index(next(line for line in lines if re.fullmatch(rf"_+ {re.escape(title)} _+", line)))
-        ends = (i for i in range(start + 1, len(lines)) if re.fullmatch(r"(_+ .+ _+|=+ .+ =+)", lines[i]))
-        return pytest.LineMatcher(lines[start + 1 : next(ends, len(lines))])
-
 
 @pytest.fixture(scope="module")
 def _together_holder() -> dict[str, Together]:
@@ -192,12 +192,14 @@ def test_backend_option_makes_unmarked_backends_mpi(ddp_pytester) -> None:
 
 def test_failure_on_one_rank_is_that_ranks(together: Together) -> None:
     assert together.outcomes()["test_fails_on_one"] == "FAILED"
-    together.section("test_fails_on_one").fnmatch_lines(["*rank 1 failed (AssertionError: rank 1 disagrees)*"])
+    failure_section(together.result, "test_fails_on_one").fnmatch_lines(
+        ["*rank 1 failed (AssertionError: rank 1 disagrees)*"]
+    )
 
 
 def test_comm_fixture_outside_mpi_tests_says_why(together: Together) -> None:
     assert together.outcomes()["test_gloo"] == "ERROR"
-    together.section("ERROR at setup of test_gloo").fnmatch_lines(
+    failure_section(together.result, "ERROR at setup of test_gloo").fnmatch_lines(
         ["*comm: the MPI world of backend='mpi' tests; this test's backend is not mpi*"]
     )
 
