@@ -135,10 +135,10 @@ SIGNALS = [signal.SIGKILL, signal.SIGINT, signal.SIGTERM]
 
 @pytest.fixture(scope="module")
 def controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Controller]]:
-    """The controllers of the tests below, started together, one per signal: SIGINT's and
-    SIGTERM's ranks sleep; SIGKILL's rank 0 is blocked in a barrier (its rank 1 sleeps), the
-    controller of both SIGKILL's test and the blocked ranks' (one kill: a controller each cost
-    a pytest, a forkserver and two ranks, each importing torch)."""
+    """The controllers of the test below, started together, one per signal: SIGINT's and
+    SIGTERM's ranks sleep; SIGKILL's rank 0 is blocked in a collective (a barrier its rank 1,
+    asleep, never calls), which dies with its controller as a sleeping rank does (a controller of
+    its own cost a pytest, a forkserver and two ranks, each importing torch)."""
     sleeping = HANGING_TEST.format(body="time.sleep(3600)")
     blocked = HANGING_TEST.format(body="if rank == 0: dist.barrier()\n    time.sleep(3600)")
     sources = {how.name: blocked if how == signal.SIGKILL else sleeping for how in SIGNALS}
@@ -146,26 +146,15 @@ def controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         yield started
 
 
-def signalled(controller: Controller, how: signal.Signals) -> int:
-    """``controller`` sent ``how`` (by the first test that asks: SIGKILL's controller serves
-    two): its exit status, once its ranks died."""
-    ranks = controller.rank_pids()
-    controller.process.send_signal(how)  # nothing, once it exited (a signal it was sent before)
-    code = controller.process.wait(timeout=60)
-    wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
-    return code
-
-
 @pytest.mark.parametrize("how", SIGNALS, ids=lambda s: s.name)
 def test_ranks_die_with_their_controller(controllers: dict[str, Controller], how: signal.Signals) -> None:
     controller = controllers[how.name]
-    code = signalled(controller, how)
+    ranks = controller.rank_pids()
+    controller.process.send_signal(how)
+    code = controller.process.wait(timeout=60)
+    wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
     # Ctrl-C ends the session as pytest does (status 2), SIGTERM kills it as it kills pytest;
     # after either, nothing of multiprocessing's is left in its TMPDIR (SIGKILL leaves it).
     assert code == {signal.SIGINT: 2}.get(how, -how)
     if how != signal.SIGKILL:
         assert not list(controller.tmpdir.glob("pymp-*"))
-
-
-def test_ranks_blocked_in_a_collective_die_with_their_controller(controllers: dict[str, Controller]) -> None:
-    signalled(controllers[signal.SIGKILL.name], signal.SIGKILL)
