@@ -2,8 +2,8 @@
 nothing can be written, or where two sessions build into it at once.
 
 Every case is an inner session of its own (the cache is a session's XDG_CACHE_HOME), in this
-process where it can be (its ranks come from this process's forkserver: about a second, against
-five in a session of its own, which imports torch and starts a forkserver). Split from
+process where it can be (its ranks come from this process's forkserver: 2 to 3 s a case here,
+against 5 to 6 s in a session of its own, which imports torch and starts a forkserver). Split from
 test_hostile_edges.py, the rest of issue 26's edges, so that pytest-xdist's --dist loadfile can
 give the two files to two workers."""
 
