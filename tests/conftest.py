@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,6 +186,14 @@ def _not_in_ci() -> Iterator[None]:
 @pytest.fixture
 def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
     return DdpPytester(pytester)
+
+
+@pytest.fixture(scope="module")
+def module_shared() -> dict[str, Any]:
+    """What a module's tests share, made by the first of them that needs it: a fixture that runs
+    an inner session in this process needs ``pytester``, which is made for each test, so it cannot
+    be module-scoped itself; it keeps its result here, by name."""
+    return {}
 
 
 def alive(pid: int) -> bool:

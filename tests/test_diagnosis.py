@@ -1,16 +1,14 @@
 """Each way distributed code hangs, diagnosed: the right kind, rank and collective, in about a second.
 
-One inner pytest session (a real one, in a subprocess) runs every broken
-pattern below as a ddp test with ``--ddp-report-dir``; each test here reads
-that pattern's JSON report.
+One inner pytest session (a real one, run in this process by the first test
+that needs it) runs every broken pattern below as a ddp test with
+``--ddp-report-dir``; each test here reads that pattern's JSON report.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,23 +103,22 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Run every broken pattern once; their JSON reports by test name."""
-    folder = tmp_path_factory.mktemp("broken")
-    (folder / "test_broken.py").write_text(BROKEN)
-    report_dir = folder / "reports"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_broken.py", f"--ddp-report-dir={report_dir}"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert not ranks_working_in(folder), "the inner session left rank processes behind"
+@pytest.fixture
+def reports(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[str, dict]:
+    """Every broken pattern, run once; their JSON reports by test name."""
+    if "reports" not in module_shared:
+        module_shared["reports"] = run_broken(pytester)
+    return module_shared["reports"]
+
+
+def run_broken(pytester: pytest.Pytester) -> dict[str, dict]:
+    pytester.makepyfile(test_broken=BROKEN)
+    report_dir = pytester.path / "reports"
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--ddp-report-dir={report_dir}")
+    assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
+    assert not ranks_working_in(pytester.path), "the inner session left rank processes behind"
     found = {}
-    for path in Path(report_dir).glob("*.json"):
+    for path in report_dir.glob("*.json"):
         if path.name.endswith(".trace.json"):
             continue  # the same report as a Chrome trace
         data = json.loads(path.read_text())

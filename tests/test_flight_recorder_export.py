@@ -1,7 +1,8 @@
 """``--ddp-report-dir``'s Flight Recorder dumps (``<test>.fr/``), read by torch's own analyser.
 
-Real hangs on Gloo and (where one can run) on an MPI world, one inner session each, both
-run at once: for each, ``torchfrtrace`` (the venv's, as a subprocess) must name the op, the
+Real hangs on Gloo and (where one can run) on an MPI world, one inner session each, run in
+this process: for each, torch's analyser (``torchfrtrace``'s ``main``, run in this process, which
+has torch imported: a subprocess would import it again, 2 s of CPU a run) must name the op, the
 collective's number and the ranks that pytest-ddp's verdict names.  Then the conversion on
 hand-made states, and the analyser's matching run in this process on dumps read in an order
 the test chooses.
@@ -9,10 +10,11 @@ the test chooses.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import pickle
-import subprocess
-import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,14 @@ import pytest
 from torch.distributed.flight_recorder.components import types as fr_types
 from torch.distributed.flight_recorder.components.builder import build_db
 from torch.distributed.flight_recorder.components.config_manager import JobConfig
+from torch.distributed.flight_recorder.fr_trace import main as torchfrtrace
 
-from conftest import Session, ranks_working_in, sessions_together
+from conftest import HEADER, ranks_working_in
 from pytest_ddp.common.ops import COLLECTIVES, op
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.groups.mpi_group import mpi_unavailable
 from pytest_ddp.report import flight_recorder
 from pytest_ddp.report.writable import file_name
-
-TORCHFRTRACE = Path(sys.executable).with_name("torchfrtrace")
 
 HANGS = """
 @pytest.mark.ddp(world_size=3, timeout=60)
@@ -71,20 +72,25 @@ def test_mismatch(comm, rank):
 NO_MPI = mpi_unavailable(None)
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The hangs, on Gloo and (where it can run) on MPI, run at once with --ddp-report-dir; each
-    session's report folder."""
-    folder = tmp_path_factory.mktemp("hangs")
-    runs = {"gloo": (Session.of(HANGS, "--ddp-report-dir=reports"), 3)}
-    if NO_MPI is None:
-        runs["mpi"] = (Session.of(MPI_HANGS, "--ddp-report-dir=reports"), 2)
-    results = sessions_together(folder, {name: session for name, (session, _) in runs.items()}, timeout=300)
-    for name, result in results.items():
-        assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
-        result.assert_outcomes(failed=runs[name][1])
-        assert not ranks_working_in(folder / name), "the inner session left rank processes behind"
-    return {name: folder / name / "reports" for name in results}
+@pytest.fixture
+def sessions(
+    module_shared: dict[str, Any], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Path]:
+    """The hangs, on Gloo and (where it can run) on MPI, each run once in a folder of its own (in
+    this process, by the first test that needs them) with --ddp-report-dir; each one's report folder."""
+    if "sessions" not in module_shared:
+        runs = {"gloo": (HANGS, 3)}
+        if NO_MPI is None:
+            runs["mpi"] = (MPI_HANGS, 2)
+        for name, (source, failed) in runs.items():
+            monkeypatch.chdir(pytester.mkdir(name))
+            Path("test_it.py").write_text(HEADER + textwrap.dedent(source))
+            result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--ddp-report-dir=reports")
+            assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
+            result.assert_outcomes(failed=failed)
+            assert not ranks_working_in(pytester.path / name), "the inner session left rank processes behind"
+        module_shared["sessions"] = {name: pytester.path / name / "reports" for name in runs}
+    return module_shared["sessions"]
 
 
 @pytest.fixture
@@ -100,14 +106,17 @@ def verdict_and_analysis(reports: Path, test: str) -> tuple[dict[str, Any], fr_t
     folder = reports / f"{name}.fr"
     assert sorted(p.name for p in folder.iterdir()) == ["rank_0", "rank_1", "rank_2"]
     database = reports / f"{name}.db"
-    run = subprocess.run(
-        [str(TORCHFRTRACE), str(folder), "-o", str(database)], capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
+    log, analyser_logger = io.StringIO(), logging.getLogger("Flight Recorder")
+    handler = logging.StreamHandler(log)
+    analyser_logger.addHandler(handler)
+    try:
+        torchfrtrace([str(folder), "-o", str(database)])
+    finally:
+        analyser_logger.removeHandler(handler)
     _, db = pickle.loads(database.read_bytes())
     failing = [c for c in db.collectives if not c.pass_check or c.missing_ranks]
-    assert failing, run.stderr
-    return report, failing[0], run.stderr
+    assert failing, log.getvalue()
+    return report, failing[0], log.getvalue()
 
 
 def test_the_analyser_names_the_rank_that_skipped_a_collective(reports: Path) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import Session, line_of, sessions_together
+from conftest import line_of
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.wording import worded
@@ -169,11 +170,17 @@ CAUSES = {
 }
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[pytest.RunResult, Path]:
-    folder = tmp_path_factory.mktemp("headline")
-    run = Session({"test_h.py": FAILURES}, ("-rfE", "--tb=short"), {"COLUMNS": "80"})
-    return sessions_together(folder, {"s": run}, timeout=240)["s"], folder / "s" / "test_h.py"
+@pytest.fixture
+def session(
+    module_shared: dict[str, Any], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pytest.RunResult, Path]:
+    """FAILURES' session, run in this process by the first test that needs it, and its file."""
+    if "session" not in module_shared:
+        path = pytester.makepyfile(test_h=FAILURES)
+        monkeypatch.setenv("COLUMNS", "80")
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rfE", "--tb=short")
+        module_shared["session"] = result, path
+    return module_shared["session"]
 
 
 def _short_summary(result: pytest.RunResult) -> dict[str, str]:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_processes import LOOPBACK_CHECK
@@ -128,17 +129,12 @@ class Together:
         return outcomes(self.result, "test_it.py")
 
 
-@pytest.fixture(scope="module")
-def _together_holder() -> dict[str, Together]:
-    return {}
-
-
 @pytest.fixture
 def together(
-    _together_holder: dict[str, Together], ddp_pytester: DdpPytester, tmp_path_factory: pytest.TempPathFactory
+    module_shared: dict[str, Any], ddp_pytester: DdpPytester, tmp_path_factory: pytest.TempPathFactory
 ) -> Together:
     """The shared session: run, in this process, by the first test that asks for it."""
-    if "it" not in _together_holder:
+    if "together" not in module_shared:
         ran_dir, pid_dir = tmp_path_factory.mktemp("ran_on"), tmp_path_factory.mktemp("pids")
         source = (
             f"RAN_DIR, PID_DIR = {str(ran_dir)!r}, {str(pid_dir)!r}\n"
@@ -157,8 +153,8 @@ def together(
         segments = {field for fields in noted for field in fields[3:]}
         left = [s for s in segments if Path(s).exists()]
         ran_on = {p.name: int(p.read_text()) for p in ran_dir.iterdir()}
-        _together_holder["it"] = Together(result, ran_on, noted, live, segments, left)
-    return _together_holder["it"]
+        module_shared["together"] = Together(result, ran_on, noted, live, segments, left)
+    return module_shared["together"]
 
 
 def test_the_shared_session_ran_each_test_once(together: Together) -> None:

@@ -15,9 +15,9 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,19 +45,18 @@ needs_chromium = pytest.mark.skipif(
 WINDOW = (1280, 800)
 
 
-@pytest.fixture(scope="module")
-def hang(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 2-rank hang run once with --ddp-report-dir; its report folder."""
-    folder = tmp_path_factory.mktemp("hang")
-    (folder / "test_hang.py").write_text(HANG)
-    reports = folder / "reports"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py", f"--ddp-report-dir={reports}"],
-        cwd=folder, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert not ranks_working_in(folder), "the inner session left rank processes behind"
-    return reports
+@pytest.fixture
+def hang(module_shared: dict[str, Any], pytester: pytest.Pytester) -> Path:
+    """A real 2-rank hang run once with --ddp-report-dir (in this process, by the first test that
+    needs it); its report folder."""
+    if "hang" not in module_shared:
+        pytester.makepyfile(test_hang=HANG)
+        reports = pytester.path / "reports"
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--ddp-report-dir={reports}")
+        assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
+        assert not ranks_working_in(pytester.path), "the inner session left rank processes behind"
+        module_shared["hang"] = reports
+    return module_shared["hang"]
 
 
 def test_a_hang_writes_its_report_its_trace_and_its_page(hang: Path) -> None:
