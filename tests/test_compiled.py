@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, sessions_together
+from conftest import Session, session_in_process
 from pytest_ddp.record import compiled
 
 # A session whose one test runs functional collectives of every kind the compiled kernels take
@@ -68,23 +68,25 @@ def test_functional():
 """
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
-    """The three sessions of the tests below, started together: the workload recorded by the
-    compiled kernels, by Python alone (PYTEST_DDP_COMPILED=0), and on a machine where they
-    cannot be built (with a ddp test too). By name, the result and the session's folder (what
-    rank 0 recorded is in its recorded.json)."""
-    folder = tmp_path_factory.mktemp("compiled")
-    no_compiler = {"XDG_CACHE_HOME": str(folder / "cache"), "CXX": "false"}  # a compiler that always fails
-    envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}, "no_compiler": no_compiler}
-    files = {"test_functional.py": RECORDED_FUNCTIONAL_COLLECTIVES}
-    sessions = {
-        name: Session(files | ({"test_ddp.py": DDP_TEST} if name == "no_compiler" else {}),
-                      env={"RECORDED_TO": str(folder / name / "recorded.json"), **env})
-        for name, env in envs.items()
-    }  # fmt: skip
-    results = sessions_together(folder, sessions)
-    return {name: (result, folder / name) for name, result in results.items()}
+@pytest.fixture
+def sessions(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
+    """The three sessions of the tests below, run in this process by the first test that needs
+    them: the workload recorded by the compiled kernels, by Python alone (PYTEST_DDP_COMPILED=0),
+    and on a machine where they cannot be built (with a ddp test too). By name, the result and
+    the session's folder (what rank 0 recorded is in its recorded.json)."""
+    if "sessions" not in module_shared:
+        no_compiler = {"XDG_CACHE_HOME": str(pytester.path / "cache"), "CXX": "false"}  # a compiler that always fails
+        envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}, "no_compiler": no_compiler}
+        files = {"test_functional.py": RECORDED_FUNCTIONAL_COLLECTIVES}
+        results = {}
+        for name, env in envs.items():
+            session = Session(
+                files | ({"test_ddp.py": DDP_TEST} if name == "no_compiler" else {}),
+                env={"RECORDED_TO": str(pytester.path / name / "recorded.json"), **env},
+            )
+            results[name] = session_in_process(pytester, name, session), pytester.path / name
+        module_shared["sessions"] = results
+    return module_shared["sessions"]
 
 
 def recorded(sessions: dict[str, tuple[pytest.RunResult, Path]], name: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ranks_working_in
+from conftest import Session, ranks_working_in, session_in_process
 
 BROKEN = '''
 import os, time
@@ -112,11 +112,10 @@ def reports(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[st
 
 
 def run_broken(pytester: pytest.Pytester) -> dict[str, dict]:
-    pytester.makepyfile(test_broken=BROKEN)
-    report_dir = pytester.path / "reports"
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--ddp-report-dir={report_dir}")
+    result = session_in_process(pytester, "broken", Session({"test_broken.py": BROKEN}, ("--ddp-report-dir=reports",)))
     assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
-    assert not ranks_working_in(pytester.path), "the inner session left rank processes behind"
+    assert not ranks_working_in(pytester.path / "broken"), "the inner session left rank processes behind"
+    report_dir = pytester.path / "broken" / "reports"
     found = {}
     for path in report_dir.glob("*.json"):
         if path.name.endswith(".trace.json"):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import line_of
+from conftest import Session, line_of, session_in_process
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.wording import worded
@@ -171,15 +171,12 @@ CAUSES = {
 
 
 @pytest.fixture
-def session(
-    module_shared: dict[str, Any], pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> tuple[pytest.RunResult, Path]:
+def session(module_shared: dict[str, Any], pytester: pytest.Pytester) -> tuple[pytest.RunResult, Path]:
     """FAILURES' session, run in this process by the first test that needs it, and its file."""
     if "session" not in module_shared:
-        path = pytester.makepyfile(test_h=FAILURES)
-        monkeypatch.setenv("COLUMNS", "80")
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rfE", "--tb=short")
-        module_shared["session"] = result, path
+        run = Session({"test_h.py": FAILURES}, ("-rfE", "--tb=short"), {"COLUMNS": "80"})
+        result = session_in_process(pytester, "headline", run)
+        module_shared["session"] = result, pytester.path / "headline" / "test_h.py"
     return module_shared["session"]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import ranks_working_in
+from conftest import Session, ranks_working_in, session_in_process
 from pytest_ddp.report import picture
 from pytest_ddp.report.writable import file_name
 
@@ -50,12 +50,10 @@ def hang(module_shared: dict[str, Any], pytester: pytest.Pytester) -> Path:
     """A real 2-rank hang run once with --ddp-report-dir (in this process, by the first test that
     needs it); its report folder."""
     if "hang" not in module_shared:
-        pytester.makepyfile(test_hang=HANG)
-        reports = pytester.path / "reports"
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--ddp-report-dir={reports}")
+        result = session_in_process(pytester, "hang", Session({"test_hang.py": HANG}, ("--ddp-report-dir=reports",)))
         assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
-        assert not ranks_working_in(pytester.path), "the inner session left rank processes behind"
-        module_shared["hang"] = reports
+        assert not ranks_working_in(pytester.path / "hang"), "the inner session left rank processes behind"
+        module_shared["hang"] = pytester.path / "hang" / "reports"
     return module_shared["hang"]
 
 
