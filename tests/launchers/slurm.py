@@ -288,7 +288,8 @@ class SlurmCluster:
         if r.returncode != 0:
             raise RuntimeError(f"sbatch failed ({r.returncode}): {r.stdout}{r.stderr}")
         job = r.stdout.strip().split(";")[0]
-        # Not `sbatch --wait`: it looks at the job 2 s, 10 s, then 42 s after submitting.
+        # Not `sbatch --wait`: it looks at the job 2 s, 10 s, then 42 s after submitting. Four
+        # looks a second: each is a process and a request to slurmctld, and a job lasts seconds.
         fields: dict[str, str] = {}
 
         def ended() -> bool:
@@ -296,7 +297,7 @@ class SlurmCluster:
             fields = self._job(job)
             return fields.get("JobState", "PENDING") not in UNFINISHED
 
-        if not poll(ended, timeout, interval=0.05):
+        if not poll(ended, timeout, interval=0.25):
             subprocess.run(["scancel", job], env=self.env, capture_output=True)  # not left to later tests
             raise TimeoutError(f"batch job {job} still {fields.get('JobState')} after {timeout} s")
         code, sig = (int(n) for n in fields["ExitCode"].split(":"))
