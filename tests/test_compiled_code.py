@@ -4,7 +4,7 @@ when it runs, and the thread check lets a library's idle threads be (inductor's 
 monitor) while it still fails a test for a thread that can take part in a later test's collectives.
 
 One inner session (its tests run on the same warm ranks), with the recorder's compiled kernels and
-with Python's (PYTEST_DDP_COMPILED=0), the two started together; models are tiny, and inductor's
+with Python's (PYTEST_DDP_COMPILED=0), the two run in this process; models are tiny, and inductor's
 compiled code is cached by torch across runs."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, sessions_together
+from conftest import Session, session_in_process
 from pytest_ddp.rank import leftovers
 
 COMPILED_CODE = """
@@ -111,8 +111,12 @@ def test_what_is_recorded():
         json.dump(calls, f)
 """
 
+# Not this file's name: its session runs in this process, which imported this module.
+MODULE = "test_under_compile"
+
+
 def line_of(text: str) -> str:
-    return f"test_compiled_code.py:{COMPILED_CODE.splitlines().index(text) + 1}"
+    return f"{MODULE}.py:{COMPILED_CODE.splitlines().index(text) + 1}"
 
 
 # Where the compiled function's collective is recorded: at its line, where the code that runs it is an
@@ -122,20 +126,20 @@ COLLECTIVE_LINE = line_of('    y = funcol.all_reduce(x * 2, "sum", dist.group.WO
 COMPILED_FUNCTION = line_of("def doubled_then_summed(x):")
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[pytest.RunResult, Path]]:
-    """The session of COMPILED_CODE with the compiled kernels and with Python's, by name: its
-    result and its folder (what test_what_is_recorded recorded is in its recorded.json)."""
-    folder = tmp_path_factory.mktemp("compiled_code")
-    envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}}
-    sessions = {
-        name: Session(
-            {"test_compiled_code.py": COMPILED_CODE}, env={"RECORDED_TO": str(folder / name / "recorded.json"), **env}
-        )
-        for name, env in envs.items()
-    }
-    results = sessions_together(folder, sessions, timeout=600)
-    return {name: (result, folder / name) for name, result in results.items()}
+@pytest.fixture
+def sessions(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
+    """The session of COMPILED_CODE with the compiled kernels and with Python's, run in this
+    process by the first test that needs them, by name: its result and its folder (what
+    test_what_is_recorded recorded is in its recorded.json)."""
+    if "sessions" not in module_shared:
+        envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}}
+        results = {}
+        for name, env in envs.items():
+            recorded_to = str(pytester.path / name / "recorded.json")
+            session = Session({f"{MODULE}.py": COMPILED_CODE}, env={"RECORDED_TO": recorded_to, **env})
+            results[name] = session_in_process(pytester, name, session), pytester.path / name
+        module_shared["sessions"] = results
+    return module_shared["sessions"]
 
 
 @pytest.mark.parametrize("kernels", ["compiled", "python"])
