@@ -10,6 +10,7 @@ as long on 2 cores (measured: 23.8 and 27.0 s together, 25.9 and 25.5 s one afte
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,11 +70,12 @@ def pytest_configure(config):
 @dataclass
 class Shared:
     """A finished launched session, for the tests that assert on it; ``left``: its processes
-    that outlived it (each ended once seen)."""
+    that outlived it (each ended once seen); ``left_in_tmp``: what it left in its own TMPDIR."""
 
     result: suite.Result
     folder: Path
     left: list[str]
+    left_in_tmp: list[str]
 
 
 class Sessions:
@@ -102,13 +104,15 @@ class Sessions:
         return run
 
     def _run(self, name: str, command: Callable[..., list[str]]) -> Shared:
-        where = self._folder(name)
+        where, tmp = self._folder(name), suite.private_tmp()
         self._prepare(where)
         try:
-            result = suite.run(command(*self._argv), where)
+            result = suite.run(command(*self._argv), where, env={**suite.launched_environment(), "TMPDIR": str(tmp)})
         finally:
             left = suite.wait_for_no_leftovers(str(where))
-        return Shared(result, where, left)
+            left_in_tmp = suite.files_left_in(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return Shared(result, where, left, left_in_tmp)
 
 
 def shared(runs: Sessions, name: str) -> Shared:

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -207,6 +208,18 @@ def check_collection_differs(result: Result, nproc: int = 4, stopped: bool = Fal
     ended = {r: -15 if stopped and r != 0 and code == -15 else 4 for r, code in result.codes.items()}
     assert result.codes == ended and sorted(ended) == list(range(nproc)), (result.codes, out)
     assert out.count("the ranks collected different tests") == 1  # rank 0's terminal only
+
+
+def private_tmp() -> Path:
+    """A TMPDIR for one launched session alone (short: it holds Unix sockets' paths): what is
+    left in it once the session ended is the session's (:func:`files_left_in`)."""
+    return Path(tempfile.mkdtemp(prefix="ddp-l-", dir="/tmp"))
+
+
+def files_left_in(tmp: Path) -> list[str]:
+    """What a session left in its own TMPDIR, pytest's own basetemps (it keeps the last three) and
+    torchrun's logs (its folder for them, without ``--log-dir``) aside."""
+    return sorted(name for name in os.listdir(tmp) if not name.startswith(("pytest-of-", "torchelastic_")))
 
 
 def leftovers(folder: str) -> list[str]:

@@ -250,22 +250,6 @@ def test_a_folder_another_could_write_to_is_refused(monkeypatch: pytest.MonkeyPa
 
 # -- real torchrun sessions ---------------------------------------------------------------
 
-PASS_AND_FAIL = '''
-import pytest, torch, torch.distributed as dist
-
-
-@pytest.mark.ddp(world_size=2)
-def test_pass(rank):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2
-
-
-@pytest.mark.ddp(world_size=2)
-def test_fail(rank):
-    assert rank == 0
-'''
-
 # Rank 0 writes UP once both ranks are inside the test, which then waits for ever.
 HANG_WHEN_UP = '''
 import os, threading
@@ -284,15 +268,6 @@ def test_waits(rank):
 '''
 
 
-@pytest.fixture
-def own_tmp() -> Iterator[Path]:
-    """A TMPDIR for the session alone (short: it holds a Unix socket's path): what is left in it
-    is the session's."""
-    path = Path(tempfile.mkdtemp(prefix="ddp-h-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _torchrun(folder: Path, *pytest_args: str) -> list[str]:
     """torchrun on 2 processes, its own logs in ``folder`` (else it leaves them in TMPDIR)."""
     command = [TORCHRUN, "--standalone", "--nproc-per-node=2", f"--log-dir={folder / 'torchrun-logs'}",
@@ -302,24 +277,6 @@ def _torchrun(folder: Path, *pytest_args: str) -> list[str]:
 
 def _environment(tmp: Path) -> dict[str, str]:
     return {**suite.launched_environment(), "TMPDIR": str(tmp)}
-
-
-def _left_in(tmp: Path) -> list[str]:
-    """What the session left in its TMPDIR, pytest's own basetemps (it keeps the last three) aside."""
-    return sorted(name for name in os.listdir(tmp) if not name.startswith("pytest-of-"))
-
-
-def test_a_launched_session_passes_and_leaves_no_folder_behind(folder: Path, own_tmp: Path) -> None:
-    """A failing test: torchrun SIGTERMs the launched pytest still running once the other exits
-    non-zero.  Each launched pytest left a ``pymp-*`` folder (the forkserver's socket) that way."""
-    if (why := torchrun_unavailable()) is not None:
-        pytest.skip(why)
-    (folder / "test_session.py").write_text(PASS_AND_FAIL)
-    (folder / "conftest.py").write_text(suite.CONFTEST)
-    result = suite.run(_torchrun(folder), folder, env=_environment(own_tmp))
-    assert result.outcomes == {"test_pass": "passed", "test_fail": "failed"}, result.output
-    assert result.codes == {0: 1, 1: 1}, (result.codes, result.output)
-    assert _left_in(own_tmp) == [], result.output
 
 
 @dataclasses.dataclass
@@ -346,7 +303,7 @@ def waiting_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     try:
         for how in SIGNALLED:
             folder = tmp_path_factory.mktemp(f"signalled-{how}")
-            tmp = Path(tempfile.mkdtemp(prefix="ddp-h-", dir="/tmp"))  # short: it holds a socket's path
+            tmp = suite.private_tmp()
             (folder / "test_session.py").write_text(HANG_WHEN_UP.format(up=str(folder / "up")))
             (folder / "conftest.py").write_text(suite.CONFTEST)
             with open(folder / "output.txt", "w") as output:
@@ -387,4 +344,4 @@ def test_a_signal_stops_a_launched_session_at_once_leaving_nothing(
     assert result.codes == {0: 2, 1: 2}, (result.codes, result.output)
     assert "KeyboardInterrupt" in result.output and result.returncode != 0, result.output
     assert suite.wait_for_no_leftovers(str(waiting.folder)) == []
-    assert _left_in(waiting.tmp) == [], result.output
+    assert suite.files_left_in(waiting.tmp) == [], result.output
