@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Session, sessions_together
+from conftest import Session, session_in_process, sessions_together
 from pytest_ddp.record import compiled
 
 pytest_plugins = ["pytester"]
@@ -289,17 +289,20 @@ def test_two_sessions_building_into_one_empty_cache_build_once(pytester: pytest.
     wrapper.write_text(f'#!/bin/sh\necho "$$" >> "{log}"\nexec "{real}" "$@"\n')
     wrapper.chmod(0o700)
     home = tmp_path / "home"
-    pytester.makepyfile(test_kernels=KERNELS_TEST + BY_MARKER)
-    env = dict(os.environ, XDG_CACHE_HOME=str(home), CXX=str(wrapper), EXPECT_COMPILED="1")
+    env = {"XDG_CACHE_HOME": str(home), "CXX": str(wrapper), "EXPECT_COMPILED": "1"}
+    session = Session({"test_kernels.py": KERNELS_TEST + BY_MARKER}, ("-q",), env)
+    # One in a process of its own, started first (it imports torch), the other in this one.
+    there = pytester.mkdir("there")
+    (there / "test_kernels.py").write_text(session.files["test_kernels.py"])
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_kernels.py"]
-    sessions = [
-        subprocess.Popen(
-            command, cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for _ in range(2)
-    ]
-    outputs = [process.communicate(timeout=600)[0] for process in sessions]
-    assert [process.returncode for process in sessions] == [0, 0], outputs
+    other = subprocess.Popen(
+        command, cwd=there, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        here = session_in_process(pytester, "here", session)
+    finally:
+        output = other.communicate(timeout=600)[0]
+    assert (here.ret, other.returncode) == (0, 0), (here.stdout.str(), output)
     assert len(log.read_text().splitlines()) == 1
     name = library_name()
     cache = home / "pytest-ddp"
