@@ -2,8 +2,8 @@
 
 Real hangs on Gloo and (where one can run) on an MPI world, one inner session each, run in
 this process: for each, torch's analyser (``torchfrtrace``'s ``main``, called here: a subprocess
-would import torch again, 2 s of CPU a run) must name the op, the
-collective's number and the ranks that pytest-ddp's verdict names.  Then the conversion on
+would import torch again, 2 s of CPU a run) must name the op, the collective's number and the
+ranks that pytest-ddp's verdict names.  Then the conversion on
 hand-made states, and the analyser's matching run in this process on dumps read in an order
 the test chooses.
 """
