@@ -107,7 +107,7 @@ class Sessions:
         where, tmp = self._folder(name), suite.private_tmp()
         self._prepare(where)
         try:
-            result = suite.run(command(*self._argv), where, env={**suite.launched_environment(), "TMPDIR": str(tmp)})
+            result = suite.run(command(*self._argv), where, env=suite.launched_environment(tmp))
         finally:
             left = suite.wait_for_no_leftovers(str(where))
             left_in_tmp = suite.files_left_in(tmp)

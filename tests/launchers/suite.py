@@ -128,8 +128,12 @@ def pytest_command(*args: str) -> list[str]:
     return ["-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "--junitxml=report.xml", *args]
 
 
-def launched_environment() -> dict[str, str]:
+def launched_environment(tmp: Path | None = None) -> dict[str, str]:
+    """What a launcher runs with: this environment, one thread for torch's ops, nothing of this
+    session's (its addopts, its xdist worker), and ``tmp`` (:func:`private_tmp`) as TMPDIR if given."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
     env.pop("PYTEST_ADDOPTS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
     return env

@@ -275,10 +275,6 @@ def _torchrun(folder: Path, *pytest_args: str) -> list[str]:
     return isolated_node_command([*command, *suite.pytest_command(*pytest_args)])
 
 
-def _environment(tmp: Path) -> dict[str, str]:
-    return {**suite.launched_environment(), "TMPDIR": str(tmp)}
-
-
 @dataclasses.dataclass
 class Waiting:
     """A torchrun session of waiting_sessions: its launcher, its folder (output.txt holds what it
@@ -308,8 +304,8 @@ def waiting_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
             (folder / "conftest.py").write_text(suite.CONFTEST)
             with open(folder / "output.txt", "w") as output:
                 launcher = subprocess.Popen(
-                    _torchrun(folder), cwd=folder, env=_environment(tmp), stdout=output, stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    _torchrun(folder), cwd=folder, env=suite.launched_environment(tmp), stdout=output,
+                    stderr=subprocess.STDOUT, start_new_session=True,
                 )  # fmt: skip
             started[how] = Waiting(launcher, folder, tmp)
         for waiting in started.values():  # up: a file the test writes once both ranks are in it
