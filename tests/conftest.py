@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -51,6 +51,8 @@ import pytest_ddp.faults  # noqa: F401
 # pytester gives each inner session a HOME of its own: pin the cache of the recorder's compiled
 # kernels to this session's, or every inner session would build them again (5 to 7 s each).
 os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+
+T = TypeVar("T")
 
 HEADER = "import os, sys, time\nimport pytest, torch, torch.distributed as dist\n"
 
@@ -123,10 +125,13 @@ def sessions_together(
         return {name: future.result() for name, future in running.items()}
 
 
-def session_in_process(pytester: pytest.Pytester, name: str, session: Session) -> pytest.RunResult:
+def session_in_process(
+    pytester: pytest.Pytester, name: str, session: Session, status: int | None = None
+) -> pytest.RunResult:
     """An inner pytest session run in this process (no interpreter, torch or plugin to start:
     about 5 s of CPU fewer than in a subprocess), in ``pytester.path/<name>``; the environment is
     as before after it, what the session set (its ``env``, and what its controller set) undone.
+    It must leave no rank process, and end with ``status`` where one is given.
     A session under a ``prefix`` (``setpriv``) needs a process of its own: sessions_together."""
     assert not session.prefix, "a session under a prefix runs in a process of its own"
     folder = pytester.mkdir(name)
@@ -136,11 +141,14 @@ def session_in_process(pytester: pytest.Pytester, name: str, session: Session) -
     os.environ.update(session.env)
     os.chdir(folder)
     try:
-        return pytester.runpytest_inprocess("-p", "no:cacheprovider", *session.args)
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *session.args)
     finally:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environment)
+    assert status is None or result.ret == status, "\n".join(result.outlines[-60:] + result.errlines[-30:])
+    assert not ranks_working_in(folder), "the inner session left rank processes behind"
+    return result
 
 
 def outcomes(result: pytest.RunResult, module: str) -> dict[str, str]:
@@ -208,12 +216,30 @@ def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
     return DdpPytester(pytester)
 
 
+class ModuleShared:
+    """What a module's tests share (an inner session run in this process, its result), made by
+    the first of them that needs it: such a fixture needs ``pytester``, which is made for each
+    test, so it cannot be module-scoped itself. What failed to be made fails every test that
+    needs it, and is not made again."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Any] = {}
+
+    def once(self, name: str, make: Callable[[], T]) -> T:
+        if name not in self._made:
+            try:
+                self._made[name] = make()
+            except Exception as error:
+                self._made[name] = error
+        made = self._made[name]
+        if isinstance(made, Exception):
+            raise made
+        return cast(T, made)
+
+
 @pytest.fixture(scope="module")
-def module_shared() -> dict[str, Any]:
-    """What a module's tests share, made by the first of them that needs it: a fixture that runs
-    an inner session in this process needs ``pytester``, which is made for each test, so it cannot
-    be module-scoped itself; it keeps its result here, by name."""
-    return {}
+def module_shared() -> ModuleShared:
+    return ModuleShared()
 
 
 def alive(pid: int) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, session_in_process
+from conftest import ModuleShared, Session, session_in_process
 from pytest_ddp.record import compiled
 
 # A session whose one test runs functional collectives of every kind the compiled kernels take
@@ -69,12 +69,13 @@ def test_functional():
 
 
 @pytest.fixture
-def sessions(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
+def sessions(module_shared: ModuleShared, pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
     """The three sessions of the tests below, run in this process by the first test that needs
     them: the workload recorded by the compiled kernels, by Python alone (PYTEST_DDP_COMPILED=0),
     and on a machine where they cannot be built (with a ddp test too). By name, the result and
     the session's folder (what rank 0 recorded is in its recorded.json)."""
-    if "sessions" not in module_shared:
+
+    def run() -> dict[str, tuple[pytest.RunResult, Path]]:
         no_compiler = {"XDG_CACHE_HOME": str(pytester.path / "cache"), "CXX": "false"}  # a compiler that always fails
         envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}, "no_compiler": no_compiler}
         files = {"test_functional.py": RECORDED_FUNCTIONAL_COLLECTIVES}
@@ -85,8 +86,9 @@ def sessions(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[s
                 env={"RECORDED_TO": str(pytester.path / name / "recorded.json"), **env},
             )
             results[name] = session_in_process(pytester, name, session), pytester.path / name
-        module_shared["sessions"] = results
-    return module_shared["sessions"]
+        return results
+
+    return module_shared.once("sessions", run)
 
 
 def recorded(sessions: dict[str, tuple[pytest.RunResult, Path]], name: str) -> dict[str, Any]:

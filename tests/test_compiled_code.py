@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, session_in_process
+from conftest import ModuleShared, Session, session_in_process
 from pytest_ddp.rank import leftovers
 
 COMPILED_CODE = """
@@ -127,19 +127,20 @@ COMPILED_FUNCTION = line_of("def doubled_then_summed(x):")
 
 
 @pytest.fixture
-def sessions(module_shared: dict[str, Any], pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
+def sessions(module_shared: ModuleShared, pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
     """The session of COMPILED_CODE with the compiled kernels and with Python's, run in this
     process by the first test that needs them, by name: its result and its folder (what
     test_what_is_recorded recorded is in its recorded.json)."""
-    if "sessions" not in module_shared:
-        envs = {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}}
+
+    def run() -> dict[str, tuple[pytest.RunResult, Path]]:
         results = {}
-        for name, env in envs.items():
+        for name, env in {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}}.items():
             recorded_to = str(pytester.path / name / "recorded.json")
             session = Session({f"{MODULE}.py": COMPILED_CODE}, env={"RECORDED_TO": recorded_to, **env})
             results[name] = session_in_process(pytester, name, session), pytester.path / name
-        module_shared["sessions"] = results
-    return module_shared["sessions"]
+        return results
+
+    return module_shared.once("sessions", run)
 
 
 @pytest.mark.parametrize("kernels", ["compiled", "python"])

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import Session, line_of, session_in_process
+from conftest import ModuleShared, Session, line_of, session_in_process
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.wording import worded
@@ -171,13 +170,14 @@ CAUSES = {
 
 
 @pytest.fixture
-def session(module_shared: dict[str, Any], pytester: pytest.Pytester) -> tuple[pytest.RunResult, Path]:
+def session(module_shared: ModuleShared, pytester: pytest.Pytester) -> tuple[pytest.RunResult, Path]:
     """FAILURES' session, run in this process by the first test that needs it, and its file."""
-    if "session" not in module_shared:
-        run = Session({"test_h.py": FAILURES}, ("-rfE", "--tb=short"), {"COLUMNS": "80"})
-        result = session_in_process(pytester, "headline", run)
-        module_shared["session"] = result, pytester.path / "headline" / "test_h.py"
-    return module_shared["session"]
+
+    def run() -> tuple[pytest.RunResult, Path]:
+        failures = Session({"test_h.py": FAILURES}, ("-rfE", "--tb=short"), {"COLUMNS": "80"})
+        return session_in_process(pytester, "headline", failures), pytester.path / "headline" / "test_h.py"
+
+    return module_shared.once("session", run)
 
 
 def _short_summary(result: pytest.RunResult) -> dict[str, str]:

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from test_processes import LOOPBACK_CHECK
@@ -18,6 +17,7 @@ from test_processes import LOOPBACK_CHECK
 from conftest import (
     Controller,
     DdpPytester,
+    ModuleShared,
     controllers_started_together,
     failure_section,
     live_pids,
@@ -131,10 +131,11 @@ class Together:
 
 @pytest.fixture
 def together(
-    module_shared: dict[str, Any], ddp_pytester: DdpPytester, tmp_path_factory: pytest.TempPathFactory
+    module_shared: ModuleShared, ddp_pytester: DdpPytester, tmp_path_factory: pytest.TempPathFactory
 ) -> Together:
     """The shared session: run, in this process, by the first test that asks for it."""
-    if "together" not in module_shared:
+
+    def run() -> Together:
         ran_dir, pid_dir = tmp_path_factory.mktemp("ran_on"), tmp_path_factory.mktemp("pids")
         source = (
             f"RAN_DIR, PID_DIR = {str(ran_dir)!r}, {str(pid_dir)!r}\n"
@@ -153,8 +154,9 @@ def together(
         segments = {field for fields in noted for field in fields[3:]}
         left = [s for s in segments if Path(s).exists()]
         ran_on = {p.name: int(p.read_text()) for p in ran_dir.iterdir()}
-        module_shared["together"] = Together(result, ran_on, noted, live, segments, left)
-    return module_shared["together"]
+        return Together(result, ran_on, noted, live, segments, left)
+
+    return module_shared.once("together", run)
 
 
 def test_the_shared_session_ran_each_test_once(together: Together) -> None:

@@ -17,12 +17,11 @@ import struct
 import subprocess
 import zlib
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import Session, ranks_working_in, session_in_process
+from conftest import ModuleShared, Session, session_in_process
 from pytest_ddp.report import picture
 from pytest_ddp.report.writable import file_name
 
@@ -46,15 +45,15 @@ WINDOW = (1280, 800)
 
 
 @pytest.fixture
-def hang(module_shared: dict[str, Any], pytester: pytest.Pytester) -> Path:
+def hang(module_shared: ModuleShared, pytester: pytest.Pytester) -> Path:
     """A real 2-rank hang run once with --ddp-report-dir (in this process, by the first test that
     needs it); its report folder."""
-    if "hang" not in module_shared:
-        result = session_in_process(pytester, "hang", Session({"test_hang.py": HANG}, ("--ddp-report-dir=reports",)))
-        assert result.ret == 1, "\n".join(result.outlines[-60:] + result.errlines[-30:])
-        assert not ranks_working_in(pytester.path / "hang"), "the inner session left rank processes behind"
-        module_shared["hang"] = pytester.path / "hang" / "reports"
-    return module_shared["hang"]
+
+    def run() -> Path:
+        session_in_process(pytester, "hang", Session({"test_hang.py": HANG}, ("--ddp-report-dir=reports",)), 1)
+        return pytester.path / "hang" / "reports"
+
+    return module_shared.once("hang", run)
 
 
 def test_a_hang_writes_its_report_its_trace_and_its_page(hang: Path) -> None:
