@@ -341,7 +341,8 @@ HYDRA = Path(sys.executable).parent / "mpiexec"  # MPICH's, from PyPI's mpich
 def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytester) -> None:
     """MPICH's hydra (`mpiexec`) listens on every interface, so it runs here in a network
     namespace whose only interface is loopback.  A rank killed mid-test is named, the world is
-    replaced for the next test, and nothing of hydra's is left."""
+    replaced for the next test, and nothing of hydra's is left: no process, and no file in a /tmp
+    of the namespace's own (a tmpfs), where hydra writes a file for each world."""
     pytester.makepyfile(
         """
         import os, signal, pytest
@@ -358,10 +359,15 @@ def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytes
             assert comm.allreduce(1) == 2
         """
     )
-    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --ddp-mpi-launcher={HYDRA}"
-    script = f"ip link set lo up && echo namespace $(readlink /proc/self/ns/net) && exec {inner}"
-    result = pytester.run("unshare", "--net", "sh", "-c", script, timeout=120)
+    basetemp = pytester.path / "basetemp"
+    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --basetemp={basetemp} --ddp-mpi-launcher={HYDRA}"
+    # A fresh /tmp, with this test's folder (the shell's working directory) mounted back in it.
+    private_tmp = 'mount -t tmpfs tmpfs /tmp && mkdir -p "$PWD" && mount -c --bind /proc/self/cwd "$PWD" && cd "$PWD"'
+    left = "echo left in /tmp: $(ls -A /tmp | grep -v '^pytest-of-')"
+    script = f"{private_tmp} && ip link set lo up && echo namespace $(readlink /proc/self/ns/net) && {inner}; {left}"
+    result = pytester.run("unshare", "--net", "--mount", "sh", "-c", script, timeout=120)
     result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
+    assert [line for line in result.outlines if line.startswith("left in /tmp:")] == ["left in /tmp:"], result.outlines
     namespace = next(line.split()[1] for line in result.outlines if line.startswith("namespace "))
     wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
 

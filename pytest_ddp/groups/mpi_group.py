@@ -71,6 +71,7 @@ from pytest_ddp.groups.spawn import RankProcess
 
 logger = logging.getLogger(__name__)
 MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
+HELPERS_GRACE = 2.0  # seconds the launcher's children get to end by themselves when a world is killed
 # Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
 # Keeps an MPI library's network transport on loopback when it opens one at all
@@ -195,16 +196,25 @@ def _children(parent: int) -> list[int]:
     return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and parent_of(int(e.name)) == parent]
 
 
-def _wait_gone(pid: int) -> None:
-    """Wait until a process that is not our child has ended."""
+def _wait_gone(pids: list[int], timeout: float | None = None) -> None:
+    """Wait until processes that are not our children have ended, or ``timeout`` has passed."""
+    fds = []
     try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        select.select([fd], [], [], None)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                fds.append(os.pidfd_open(pid))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while fds:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ended = select.select(fds, [], [], left)[0]
+            if not ended:
+                return
+            for fd in ended:
+                fds.remove(fd)
+                os.close(fd)
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 class MpiGroup(RankGroup):
@@ -446,13 +456,17 @@ class MpiGroup(RankGroup):
             # The launcher, and the process groups of its children: the stand-ins that
             # gforker starts, or hydra's proxies, which make process groups of their own.
             helpers = _children(self._launcher.pid)
+            # First they get a moment to end by themselves, as they do once the stand-ins have
+            # (their connections are closed by now): hydra's proxy then removes the topology file it
+            # wrote for MPI_Init, /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves behind.  Not the
+            # launcher itself: gforker waits about 2 s after its processes end.
+            _wait_gone(helpers, HELPERS_GRACE)
             for pid in [self._launcher.pid, *helpers]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
             self._launcher.wait()
             self._launcher = None
-            for pid in helpers:
-                _wait_gone(pid)
+            _wait_gone(helpers)
         # MPICH removes them in MPI_Finalize, which ranks that were killed or that
         # exit as every rank does (os._exit) never reach.
         remove_shared_memory(self._shared_memory)
