@@ -3,7 +3,7 @@ cached, and loaded by the ranks.
 
 A Python kernel on each functional collective and its wait_tensor costs about 35 us of CPU per
 call on two ranks; the compiled ones cost a few.  They are built with the machine's C++
-compiler against the installed torch's headers (about 5 s, once: the library is cached under
+compiler against the installed torch's headers (5 to 10 s, once: the library is cached under
 ``~/.cache/pytest-ddp``, named by what it was built from), by the controller before it starts
 any rank, and by a launched rank that finds none.  Where they cannot be built or loaded (no
 compiler, no Python headers, a torch whose C++ API differs, a cache that cannot be made or is
