@@ -334,15 +334,28 @@ def _can_make_network_namespaces() -> bool:
 
 
 HYDRA = Path(sys.executable).parent / "mpiexec"  # MPICH's, from PyPI's mpich
+# In a mount namespace, /tmp as an overlay: all that is there stays in sight (a test's folder, maybe
+# this Python), and what is written there goes to the upper layer, where what is new in /tmp shows.
+OVERLAY_TMP = (
+    "mount -t tmpfs tmpfs /mnt && mkdir /mnt/lower /mnt/upper /mnt/work && mount --bind /tmp /mnt/lower"
+    " && mount -t overlay overlay -o lowerdir=/mnt/lower,upperdir=/mnt/upper,workdir=/mnt/work /tmp"
+)
+
+
+def _can_overlay_tmp() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not Path("/mnt").is_dir():
+        return False
+    return subprocess.run(["unshare", "--mount", "sh", "-c", OVERLAY_TMP], capture_output=True).returncode == 0
 
 
 @pytest.mark.skipif(not _can_make_network_namespaces(), reason="needs root, unshare and ip for a network namespace")
+@pytest.mark.skipif(not _can_overlay_tmp(), reason="cannot mount an overlay of /tmp on layers in /mnt")
 @pytest.mark.skipif(not HYDRA.exists(), reason="no MPICH mpiexec (hydra) beside this Python")
 def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytester) -> None:
     """MPICH's hydra (`mpiexec`) listens on every interface, so it runs here in a network
     namespace whose only interface is loopback.  A rank killed mid-test is named, the world is
-    replaced for the next test, and nothing of hydra's is left: no process, and no file in a /tmp
-    of the namespace's own (a tmpfs), where hydra writes a file for each world."""
+    replaced for the next test, and nothing of hydra's is left: no process, and no file in /tmp,
+    where hydra writes one for each world (seen in an overlay of /tmp in a mount namespace)."""
     pytester.makepyfile(
         """
         import os, signal, pytest
@@ -359,15 +372,15 @@ def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytes
             assert comm.allreduce(1) == 2
         """
     )
-    basetemp = pytester.path / "basetemp"
-    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --basetemp={basetemp} --ddp-mpi-launcher={HYDRA}"
-    # A fresh /tmp, with this test's folder (the shell's working directory) mounted back in it.
-    private_tmp = 'mount -t tmpfs tmpfs /tmp && mkdir -p "$PWD" && mount -c --bind /proc/self/cwd "$PWD" && cd "$PWD"'
-    left = "echo left in /tmp: $(ls -A /tmp | grep -v '^pytest-of-')"
-    script = f"{private_tmp} && ip link set lo up && echo namespace $(readlink /proc/self/ns/net) && {inner}; {left}"
+    inner = f"{sys.executable} -m pytest -p no:cacheprovider -q --ddp-mpi-launcher={HYDRA}"
+    new = 'echo new in /tmp: $(ls -A /mnt/upper | while read f; do [ -e "/mnt/lower/$f" ] || echo "$f"; done)'
+    script = (
+        f'{OVERLAY_TMP} && cd "$PWD" && ip link set lo up'
+        f" && echo namespace $(readlink /proc/self/ns/net) && {inner}; {new}"
+    )
     result = pytester.run("unshare", "--net", "--mount", "sh", "-c", script, timeout=120)
     result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
-    assert [line for line in result.outlines if line.startswith("left in /tmp:")] == ["left in /tmp:"], result.outlines
+    assert [line for line in result.outlines if line.startswith("new in /tmp:")] == ["new in /tmp:"], result.outlines
     namespace = next(line.split()[1] for line in result.outlines if line.startswith("namespace "))
     wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
 
