@@ -301,6 +301,10 @@ class Own(MultiProcessTestCase):
         super().setUp()
         self._spawn_processes()
 
+    def tearDown(self):  # as torch's own tests do: MultiProcessTestCase leaves the file setUp made
+        super().tearDown()
+        os.remove(self.file_name)
+
     def test_spawned(self):
         assert "PYTEST_DDP_SHARED_ROOT" not in os.environ  # a process torch spawned
 """
