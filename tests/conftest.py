@@ -229,10 +229,10 @@ class ModuleShared:
         if name not in self._made:
             try:
                 self._made[name] = make()
-            except Exception as error:
-                self._made[name] = error
+            except (Exception, pytest.fail.Exception, pytest.skip.Exception) as error:
+                self._made[name] = error  # pytest.fail() and skip() are BaseExceptions
         made = self._made[name]
-        if isinstance(made, Exception):
+        if isinstance(made, BaseException):
             raise made
         return cast(T, made)
 

@@ -34,8 +34,9 @@ def test_one_session_under_the_launcher(suite_runs: Sessions, launcher: str) -> 
 
 @pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_a_launched_session_leaves_no_folder_behind(suite_runs: Sessions, launcher: str) -> None:
-    """The suite fails: once one launched pytest exits non-zero, torchrun SIGTERMs the others still
-    running. Each left a ``pymp-*`` folder (its forkserver's socket) in TMPDIR that way."""
+    """The suite fails: once one launched pytest exits non-zero, the launcher ends the others still
+    running (torchrun with SIGTERM). Each left a ``pymp-*`` folder (its forkserver's socket) in
+    TMPDIR that way."""
     run = shared(suite_runs, launcher)
     assert run.left_in_tmp == [], run.result.output
 
