@@ -78,7 +78,6 @@ class Controller:
         runs = not session.config.option.collectonly
         if specs and runs:
             self._build_kernels()
-        if runs and any(spec.backend != "mpi" for _, spec in specs):  # an MPI launcher starts MPI ranks
             fork_context()  # the forkserver imports torch while pytest gets going
         if self.world is not None:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)

@@ -294,6 +294,45 @@ def parent(pid: int) -> int | None:
         return None
 
 
+# Inside an MPI rank (a test's source, which imports os): its stand-in, the process the launcher
+# started for it, named ``ddp-standin<N>``, its command line ending with the world's folder (where the
+# rank's stdout is); the launcher is the stand-in's parent.
+STAND_IN_OF_AN_MPI_RANK = """
+def stand_in_of(rank):
+    folder = os.path.dirname(os.path.realpath("/proc/self/fd/1"))
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/cmdline") as f:
+                last = f.read().split("\\0")[-2]
+        except (OSError, IndexError):
+            continue
+        if name == f"ddp-standin{rank}" and os.path.realpath(last) == folder:
+            return int(pid)
+    raise LookupError(f"no stand-in of rank {rank} in {folder}")
+"""
+
+
+def stand_ins_under(ancestor: int) -> list[int]:
+    """The MPI stand-ins (``ddp-standin<N>``) that descend from ``ancestor``, in rank order."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        pid = int(entry)
+        if name.startswith("ddp-standin"):
+            up = parent(pid)
+            while up is not None and up > 1 and up != ancestor:
+                up = parent(up)
+            if up == ancestor:
+                found[int(name.removeprefix("ddp-standin"))] = pid
+    return [found[rank] for rank in sorted(found)]
+
+
 @pytest.fixture(autouse=True)
 def no_rank_left_behind(request: pytest.FixtureRequest):
     """Every test leaves no rank process of its own behind (ranks are children of

@@ -20,30 +20,28 @@ from pathlib import Path
 
 import pytest
 
-from conftest import live_pids, wait_for
+from conftest import STAND_IN_OF_AN_MPI_RANK, live_pids, wait_for
 from pytest_ddp.common import ops
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.watchdog import judge
 from pytest_ddp.diagnose.wording import worded
 from pytest_ddp.groups import mpi_group
-from pytest_ddp.groups.mpi_group import mpi_unavailable
+from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
 
 needs_mpi = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi_unavailable(None)))
 
-# A rank's view of its world, from /proc: its stand-in is its parent, the launcher the stand-in's,
-# and the stand-in's command line ends with the world's folder, where its socket is.
-WORLD_OF_A_RANK = """
+# A rank's view of its world, from /proc: its stand-in, the launcher (the stand-in's parent), and the
+# world's folder, where its socket is.
+WORLD_OF_A_RANK = STAND_IN_OF_AN_MPI_RANK + """
 import socket
 
 def parent_of(pid):
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
-def world():
-    stand_in = os.getppid()
-    with open(f"/proc/{stand_in}/cmdline") as f:
-        folder = f.read().split("\\0")[-2]
-    return stand_in, parent_of(stand_in), folder
+def world(rank):
+    stand_in = stand_in_of(rank)
+    return stand_in, parent_of(stand_in), os.path.dirname(os.path.realpath("/proc/self/fd/1"))
 
 def connect(folder):
     # The world's socket, by way of the folder's descriptor: its path is too long for a socket's.
@@ -86,7 +84,7 @@ NOTES = {str(tmp_path)!r}
 @pytest.mark.parametrize("code", [7, 0])
 @pytest.mark.ddp(world_size=2, backend="mpi", timeout=60)
 def test_abort(comm, rank, code):
-    stand_in, launcher, _ = world()
+    stand_in, launcher, _ = world(rank)
     note(NOTES, f"abort{{code}}-{{rank}}", os.getpid(), stand_in, launcher)
     if rank == 1:
         comm.Abort(code)
@@ -94,7 +92,7 @@ def test_abort(comm, rank, code):
 
 @pytest.mark.ddp(world_size=2, backend="mpi", timeout=60)
 def test_after(comm, rank):
-    stand_in, launcher, _ = world()
+    stand_in, launcher, _ = world(rank)
     note(NOTES, f"after-{{rank}}", os.getpid(), stand_in, launcher)
     assert comm.allreduce(rank) == 1
 """
@@ -145,7 +143,7 @@ def test_a_rank_that_ended_in_mpi_abort_is_the_culprit_and_the_ranks_killed_with
 
 FORGER = """
 import json, os, socket, struct, sys
-folder, victim = sys.argv[1], int(sys.argv[2])
+folder = sys.argv[1]
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.settimeout(20)
 try:
@@ -154,7 +152,7 @@ try:
 except PermissionError:  # another user
     print("denied")
     sys.exit()
-hello = json.dumps({"rank": 0, "pid": victim, "stand_in": os.getpid()}).encode()
+hello = json.dumps({"rank": 0, "stand_in": os.getpid()}).encode()
 try:
     sock.sendall(struct.pack("!i", len(hello)) + hello)
     got = sock.recv(4096)
@@ -165,17 +163,19 @@ except TimeoutError:
 print("refused" if got == b"" else f"answered {got!r}")
 """
 
-# From inside the world (a rank: the launcher's descendant, so it gets a challenge), each attack on
-# its own connection, which the controller must close; then the world must still work.
-ATTACKS_FROM_A_RANK = """
-import hashlib, hmac, json, socket, struct
+# From inside the world: a process that rank 0's stand-in started (so the launcher's descendant, which
+# gets a challenge) once the test runs, each attack on its own connection, which the controller must
+# close.  It notes the attacks whose connections were kept open.
+ATTACKER = """
+import hashlib, hmac, json, os, secrets, socket, struct, sys, time
+folder, notes = sys.argv[1], sys.argv[2]
 
 def frame(payload):
     return struct.pack("!i", len(payload)) + payload
 
-def signed(secret, challenge, rank, pid, stand_in):
-    mac = hmac.new(secret, challenge + f"{rank} {pid} {stand_in}".encode(), hashlib.sha256).hexdigest()
-    return json.dumps({"rank": rank, "pid": pid, "stand_in": stand_in, "mac": mac}).encode()
+def signed(secret, challenge, rank, stand_in):
+    mac = hmac.new(secret, challenge + f"{rank} {stand_in}".encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"rank": rank, "stand_in": stand_in, "mac": mac}).encode()
 
 def read_frame(sock):
     header = sock.recv(4, socket.MSG_WAITALL)
@@ -183,19 +183,62 @@ def read_frame(sock):
         return None
     return sock.recv(struct.unpack("!i", header)[0], socket.MSG_WAITALL)
 
-def attack(folder, sends):
-    '''Connect, take the challenge, send what ``sends(challenge)`` makes; whether the controller then
-    closed the connection (it answers a hello with nothing else).'''
-    sock = connect(folder)
+def attack(sends):
+    '''Connect, take the challenge, send what ``sends(challenge)`` makes (and the descriptors it
+    names); whether the controller then closed the connection.'''
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(60)
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    sock.connect(f"/proc/self/fd/{fd}/mpi.sock")
+    os.close(fd)
     challenge = read_frame(sock)
     assert challenge, "a process the launcher started gets a challenge"
+    data, fds = sends(challenge)
     try:
-        sock.sendall(sends(challenge))
+        socket.send_fds(sock, [data], fds) if fds else sock.sendall(data)
         closed = sock.recv(1) == b""
     except (BrokenPipeError, ConnectionResetError):
         closed = True
     sock.close()
     return closed
+
+while not os.path.exists(os.path.join(notes, "go")):  # rank 0's test says when: every rank said hello
+    time.sleep(0.01)
+with open(os.path.join(folder, "mpi.key"), "rb") as f:
+    secret = f.read()  # a process of the world's user can read it: the other checks must hold
+me, stand_in = os.getpid(), os.getppid()
+three = [os.dup(0), os.dup(1), os.dup(2)]
+attacks = {
+    "no MAC": lambda c: (frame(json.dumps({"rank": 0, "stand_in": me}).encode()), []),
+    "wrong secret": lambda c: (frame(signed(secrets.token_bytes(32), c, 0, me)), []),
+    "a rank that said hello": lambda c: (frame(signed(secret, c, 0, me)), []),
+    "a rank out of range": lambda c: (frame(signed(secret, c, 5, me)), []),
+    "another's stand-in": lambda c: (frame(signed(secret, c, 0, stand_in)), []),
+    "more descriptors than a launcher gives": lambda c: (frame(signed(secret, c, 1, me)), three),
+    "not JSON": lambda c: (frame(b"\\xff{not json"), []),
+    "a JSON list": lambda c: (frame(b"[0, 1]"), []),
+    "wrong fields": lambda c: (frame(json.dumps({"rank": 0}).encode()), []),
+    "wrong types": lambda c: (frame(json.dumps({"rank": "0", "stand_in": me, "mac": 1}).encode()), []),
+    "huge": lambda c: (struct.pack("!i", 2**30) + b"x" * 1000, []),
+    "negative length": lambda c: (struct.pack("!i", -1), []),
+    "partial, then stalled": lambda c: (b"\\x00\\x00", []),
+}
+kept = [what for what, sends in attacks.items() if not attack(sends)]
+with open(os.path.join(notes, "attacks.tmp"), "w") as f:
+    json.dump(kept, f)
+os.rename(os.path.join(notes, "attacks.tmp"), os.path.join(notes, "attacks"))
+"""
+
+# The launcher, as --ddp-mpi-launcher: MPICH's gforker, which starts rank 0's stand-in by way of a
+# shell that first starts the attacker (the stand-in's child, once the shell has become the stand-in).
+LAUNCHER = """#!/bin/sh
+n=$2; shift 2
+exec {gforker} -n "$n" sh {start} "$@"
+"""
+START = """#!/bin/sh
+eval folder=\\${{$#}}
+if [ "$PMI_RANK" = 0 ]; then {python} {attacker} "$folder" {notes} & fi
+exec "$@"
 """
 
 
@@ -222,17 +265,29 @@ AS_ANOTHER_USER = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"
 ANOTHER_USER = os.geteuid() == 0 and shutil.which("setpriv") is not None
 
 
-def _forge_from_outside(notes: Path, victim: int) -> None:
+def _forge_from_outside(notes: Path) -> None:
     """Once the ranks are up: processes outside the world (this one's children) send a forged hello,
     one of this user, and one of another user where this is root."""
     wait_for(lambda: (notes / "folder").exists(), "the ranks to say where their socket is", limit=120)
-    forger = [sys.executable, "-c", FORGER, (notes / "folder").read_text(), str(victim)]
+    forger = [sys.executable, "-c", FORGER, (notes / "folder").read_text()]
     results = []
     for prefix in ([], AS_ANOTHER_USER) if ANOTHER_USER else ([],):
         done = subprocess.run([*prefix, *forger], capture_output=True, text=True, timeout=60)
         results.append(done.stdout.strip() or done.stderr[-500:])
     (notes / "outside.tmp").write_text("\n".join(results))
     (notes / "outside.tmp").rename(notes / "outside")
+
+
+def _attacking_launcher(folder: Path, notes: Path) -> str:
+    """--ddp-mpi-launcher's value: gforker, with an attacker started by rank 0's stand-in."""
+    gforker = find_launcher(None)
+    if gforker is None or Path(gforker[0]).name != "mpiexec.gforker":
+        pytest.skip("needs MPICH's mpiexec.gforker")
+    (folder / "attacker.py").write_text(ATTACKER)
+    start = START.format(python=sys.executable, attacker=folder / "attacker.py", notes=notes)
+    (folder / "start.sh").write_text(start)
+    (folder / "launch.sh").write_text(LAUNCHER.format(gforker=gforker[0], start=folder / "start.sh"))
+    return f"sh {folder / 'launch.sh'}"
 
 
 @needs_mpi
@@ -242,58 +297,47 @@ def test_forged_and_malformed_hellos_are_refused_and_the_world_stops_only_its_ow
 ) -> None:
     """Before: a hello from any local process re-pointed a rank at any pid (the world's stop then
     SIGKILLed it) and took over its command link; a malformed one crashed the controller's loop; a
-    file in /dev/shm that a rank's test mapped was removed with the world."""
+    file in /dev/shm that a rank's test mapped was removed with the world.  A rank, which runs the
+    test's code, is not a process the launcher started: it cannot pose as a stand-in."""
     monkeypatch.setattr(mpi_group, "HELLO_WAIT", 1.0)  # the stalled hello is dropped after this
     notes = tmp_path / "notes"
     notes.mkdir()
-    outside = threading.Thread(target=_forge_from_outside, args=(notes, victim.pid), daemon=True)
+    launcher = _attacking_launcher(tmp_path, notes)
+    outside = threading.Thread(target=_forge_from_outside, args=(notes,), daemon=True)
     outside.start()
     result = ddp_pytester.run(
         WORLD_OF_A_RANK
-        + ATTACKS_FROM_A_RANK
         + f"""
-import mmap, secrets, stat
-NOTES, VICTIM = {str(notes)!r}, {victim.pid}
+import json, mmap, stat
+NOTES = {str(notes)!r}
 with open({str(victim_file)!r}, "r+b") as f:  # every rank maps it while it collects this module
     MAPPED = mmap.mmap(f.fileno(), mmap.PAGESIZE)
 
 @pytest.mark.ddp(world_size=2, backend="mpi", timeout=120)
 def test_attacks(comm, rank):
-    stand_in, _, folder = world()
+    _, _, folder = world(rank)
     if rank == 0:
         note(NOTES, "folder", folder)
         while not os.path.exists(os.path.join(NOTES, "outside")):  # the outside forger's turn
             time.sleep(0.01)
-        with open(os.path.join(folder, "mpi.key"), "rb") as f:
-            secret = f.read()  # a rank's own user can read it: the pid checks must hold
-        me = os.getpid()
-        attacks = {{
-            "no MAC": lambda c: frame(json.dumps({{"rank": 0, "pid": VICTIM, "stand_in": me}}).encode()),
-            "wrong secret": lambda c: frame(signed(secrets.token_bytes(32), c, 0, VICTIM, me)),
-            "a rank that said hello": lambda c: frame(signed(secret, c, 0, VICTIM, me)),
-            "a rank out of range": lambda c: frame(signed(secret, c, 5, VICTIM, me)),
-            "another's stand-in": lambda c: frame(signed(secret, c, 0, VICTIM, stand_in)),
-            "not JSON": lambda c: frame(b"\\xff{{not json"),
-            "a JSON list": lambda c: frame(b"[0, 1]"),
-            "wrong fields": lambda c: frame(json.dumps({{"rank": 0}}).encode()),
-            "wrong types": lambda c: frame(json.dumps({{"rank": "0", "pid": 1, "stand_in": me, "mac": 1}}).encode()),
-            "huge": lambda c: struct.pack("!i", 2**30) + b"x" * 1000,
-            "negative length": lambda c: struct.pack("!i", -1),
-            "partial, then stalled": lambda c: b"\\x00\\x00",
-        }}
-        kept = [what for what, sends in attacks.items() if not attack(folder, sends)]
-        assert kept == [], f"connections kept open: {{kept}}"
+        note(NOTES, "go")  # the attacker's turn
+        while not os.path.exists(os.path.join(NOTES, "attacks")):
+            time.sleep(0.01)
+        with open(os.path.join(NOTES, "attacks")) as f:
+            assert json.load(f) == [], "connections kept open"
+        assert connect(folder).recv(1) == b"", "this rank, not one the launcher started, got a challenge"
     comm.Barrier()
     assert comm.allreduce(rank + 1) == 3  # the world still works
 
 @pytest.mark.ddp(world_size=2, backend="mpi")
 def test_the_worlds_files_are_private(comm, rank):
-    _, _, folder = world()
+    _, _, folder = world(rank)
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     for each in ("mpi.sock", "mpi.key", "mpi.shm", "launcher.out"):
         assert stat.S_IMODE(os.stat(os.path.join(folder, each)).st_mode) == 0o600, each
     assert stat.S_ISSOCK(os.stat(os.path.join(folder, "mpi.sock")).st_mode)
 """,
+        f"--ddp-mpi-launcher={launcher}",
     )
     outside.join(timeout=60)
     assert (notes / "outside").read_text().splitlines() == ["refused", "denied"][: 1 + ANOTHER_USER]
@@ -307,6 +351,7 @@ def test_the_worlds_files_are_private(comm, rank):
             "*: process *: rank 0 has said hello already",
             "*: process *: its hello names rank 5, not one of 2",
             "*: process *: its hello names process * as its stand-in",
+            "*: process * handed over more descriptors than a launcher gives",
             "*: process *: its hello is not JSON *",
             "*: process *: its hello does not have a hello's fields",
             "*: process *: its hello does not have a hello's fields",
@@ -314,6 +359,7 @@ def test_the_worlds_files_are_private(comm, rank):
             "*: process * announced a hello of 1073741824 bytes",
             "*: process * announced a hello of -1 bytes",
             "*: process * sent no hello in 1 s",
+            "*refused a connection to its socket: process * is not one that the MPI launcher started",
         ]
     )
     assert victim.poll() is None, "the world's stop killed a process that was not its own"
@@ -328,7 +374,7 @@ HANGING = (
     + """
 @pytest.mark.ddp(world_size=2, backend="mpi", timeout=600)
 def test_hang(comm, rank):
-    stand_in, launcher, folder = world()
+    stand_in, launcher, folder = world(rank)
     note(os.environ["NOTES"], f"rank{rank}", os.getpid(), stand_in, launcher, folder, *shared_memory())
     if rank == 0:
         comm.Barrier()

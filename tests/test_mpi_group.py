@@ -15,6 +15,7 @@ import pytest
 from test_processes import LOOPBACK_CHECK
 
 from conftest import (
+    STAND_IN_OF_AN_MPI_RANK,
     Controller,
     DdpPytester,
     ModuleShared,
@@ -22,6 +23,7 @@ from conftest import (
     failure_section,
     live_pids,
     outcomes,
+    stand_ins_under,
     wait_for,
 )
 from pytest_ddp.groups.mpi_group import find_launcher, mpi_unavailable
@@ -39,9 +41,8 @@ def ran_on(name, rank):
         f.write(str(os.getpid()))
 
 def note(name, rank):
-    stand_in = os.getppid()
-    with open(f"/proc/{stand_in}/stat") as f:
-        launcher = int(f.read().rsplit(")", 1)[1].split()[1])
+    stand_in = stand_in_of(rank)
+    launcher = parent_of(stand_in)
     with open(f"/proc/{os.getpid()}/maps") as maps:
         shm = sorted({l.split(maxsplit=5)[5].strip() for l in maps if " /dev/shm/" in l})
     with open(os.path.join(PID_DIR, f"{name}-{rank}"), "w") as f:
@@ -75,7 +76,7 @@ LOOPBACK_ONLY = f"""
 @pytest.mark.ddp(world_size=2, backend="mpi")
 def test_mpi_listens_on_loopback_only(comm, rank):
     comm.Barrier()
-    stand_in = os.getppid()
+    stand_in = stand_in_of(rank)
     processes = (os.getpid(), stand_in, parent_of(stand_in)) if {GFORKER} else (os.getpid(), stand_in)
     addresses = [a for pid in processes for a in listening_addresses(pid)]
     assert set(addresses) <= LOOPBACK, addresses
@@ -140,6 +141,7 @@ def together(
         source = (
             f"RAN_DIR, PID_DIR = {str(ran_dir)!r}, {str(pid_dir)!r}\n"
             + LOOPBACK_CHECK
+            + STAND_IN_OF_AN_MPI_RANK
             + TOGETHER_HELPERS
             + WARM_WORLD
             + LOOPBACK_ONLY
@@ -282,7 +284,8 @@ def test_no_mpi_process_outlives_its_controller(mpi_controllers: dict[str, Contr
     after Ctrl-C the world's shared memory goes too."""
     controller = mpi_controllers[how.name]
     ranks = controller.rank_pids()
-    stand_ins = [_parent(pid) for pid in ranks]
+    stand_ins = stand_ins_under(controller.process.pid)
+    assert len(stand_ins) == len(ranks)
     launcher = _parent(stand_ins[0])
     segments = set().union(*(_shared_memory(pid) for pid in ranks))
     assert segments, "MPICH maps its shared memory in /dev/shm"

@@ -8,8 +8,9 @@ connection:
 
 - the controller takes it only from a process of its own user that its launcher started (the
   kernel's ``SO_PEERCRED``, and ``/proc``'s parents); the stand-in only from its own ancestor;
-- the controller sends a challenge (random bytes); the rank answers with its hello (its rank, its
-  process, its stand-in), signed with an HMAC of the challenge and those fields under the secret;
+- the controller sends a challenge (random bytes); the stand-in answers with its hello (its rank and
+  its process), signed with an HMAC of the challenge and those fields under the secret, and hands over
+  with it the descriptors its launcher gave it for ``MPI_Init`` (:data:`FD_VARIABLES`);
 - every message is multiprocessing's frame (a length, then the bytes), read with a deadline and a
   bound on its length.
 
@@ -40,16 +41,19 @@ HELLO_WAIT = 10.0  # seconds a connection gets to send its hello, and a stand-in
 MAX_MESSAGE = 4096  # bytes: a challenge or a hello is far shorter, and so is what a rank's link sends
 HEADER = struct.Struct("!i")  # multiprocessing.connection's frame: the length, then the bytes
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
-_FIELDS = ("rank", "pid", "stand_in")
+_FIELDS = ("rank", "stand_in")
+# The variables in which a launcher names a descriptor it gave each process it started, for
+# ``MPI_Init`` to talk to it through (MPICH's PMI: gforker, hydra; Slurm's PMI-2).  The stand-in hands
+# them over to the rank the controller forks, which finds them at other numbers.
+FD_VARIABLES = ("PMI_FD",)
 
 
 @dataclass(frozen=True)
 class Hello:
-    """What a rank says of itself, signed."""
+    """What a stand-in says of itself, signed."""
 
     rank: int
-    pid: int  # the rank's process
-    stand_in: int  # its stand-in, the process that connected
+    stand_in: int  # the stand-in's process, the one that connected
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -87,14 +91,14 @@ def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def _mac(secret: bytes, challenge: bytes, numbers: tuple[int, int, int]) -> bytes:
+def _mac(secret: bytes, challenge: bytes, numbers: tuple[int, ...]) -> bytes:
     return hmac.new(secret, challenge + " ".join(map(str, numbers)).encode(), hashlib.sha256).hexdigest().encode()
 
 
-def hello(secret: bytes, challenge: bytes, rank: int, pid: int, stand_in: int) -> bytes:
+def hello(secret: bytes, challenge: bytes, rank: int, stand_in: int) -> bytes:
     """The hello that answers ``challenge``."""
-    fields = {"rank": rank, "pid": pid, "stand_in": stand_in}
-    return json.dumps({**fields, "mac": _mac(secret, challenge, (rank, pid, stand_in)).decode()}).encode()
+    fields = {"rank": rank, "stand_in": stand_in}
+    return json.dumps({**fields, "mac": _mac(secret, challenge, (rank, stand_in)).decode()}).encode()
 
 
 def parse_hello(message: bytes, secret: bytes, challenge: bytes) -> Hello:
@@ -105,12 +109,12 @@ def parse_hello(message: bytes, secret: bytes, challenge: bytes) -> Hello:
         raise ValueError(f"its hello is not JSON ({exc})") from None
     if not isinstance(fields, dict) or sorted(fields) != sorted((*_FIELDS, "mac")):
         raise ValueError("its hello does not have a hello's fields")
-    rank, pid, stand_in = (fields[name] for name in _FIELDS)
-    if not all(type(n) is int for n in (rank, pid, stand_in)) or not isinstance(fields["mac"], str):
+    rank, stand_in = (fields[name] for name in _FIELDS)
+    if not all(type(n) is int for n in (rank, stand_in)) or not isinstance(fields["mac"], str):
         raise ValueError("its hello's fields are not of a hello's types")
-    if not hmac.compare_digest(fields["mac"].encode(errors="replace"), _mac(secret, challenge, (rank, pid, stand_in))):
+    if not hmac.compare_digest(fields["mac"].encode(errors="replace"), _mac(secret, challenge, (rank, stand_in))):
         raise ValueError("its hello is not signed with the world's secret")
-    return Hello(rank, pid, stand_in)
+    return Hello(rank, stand_in)
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -163,3 +167,11 @@ def remove_shared_memory(files: dict[str, tuple[int, int]]) -> None:
                 os.unlink(path)
         except OSError:
             continue
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (its launcher's), from /proc; OSError once it is gone."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    pairs = (entry.decode(errors="surrogateescape").partition("=") for entry in entries if b"=" in entry)
+    return {name: value for name, _, value in pairs}

@@ -34,16 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_ddp.common.event_log import EventReader
-from pytest_ddp.common.protocol import (
-    CallFunction,
-    Command,
-    Fatal,
-    Ready,
-    RunItem,
-    SessionEnd,
-    Stop,
-    encode,
-)
+from pytest_ddp.common.protocol import CallFunction, Command, Fatal, Ready, RunItem, SessionEnd, Stop, encode
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
@@ -165,10 +156,14 @@ class RankGroup:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
         proc, commands, notify = fork_rank(self.write_spec(rank, env, store_port=port), rank)
         rp = self.rank_process(rank, proc, commands, notify)
-        assert self._news is not None
-        self._news.register(notify, selectors.EVENT_READ, rp)
-        self._news.register(proc.sentinel, selectors.EVENT_READ, rp)
+        self.watch(rp)
         return rp
+
+    def watch(self, rp: RankProcess) -> None:
+        """Hear of a forked rank: its notify pipe's bytes, and its end (its sentinel)."""
+        assert self._news is not None and rp.notify is not None
+        self._news.register(rp.notify, selectors.EVENT_READ, rp)
+        self._news.register(rp.proc.sentinel, selectors.EVENT_READ, rp)
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
         """torchrun's environment for one node running every rank (torch's

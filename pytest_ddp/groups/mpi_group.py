@@ -4,17 +4,17 @@ The ranks of an MPI world must be started by the MPI library's launcher: it
 hands each process what ``MPI_Init`` needs (MPICH's ``PMI_FD``, ``PMI_RANK``).
 So the controller does not fork them; it runs the launcher, in a session of its
 own and told by the kernel to die with the controller, and each process the
-launcher starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that forks the
-rank.  What the rest of the plugin sees is a :class:`~pytest_ddp.groups.group.RankGroup`:
-the same event logs, output files, stack dumps and commands.
+launcher starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that hands
+over what its launcher gave it (its environment, its ``PMI_FD``); the controller
+then forks the rank from its forkserver, as any rank.  What the rest of the plugin
+sees is a :class:`~pytest_ddp.groups.group.RankGroup`: the same processes, event
+logs, output files, stack dumps and commands.
 
-- The link between controller and rank is a Unix socket, a file (0600) in the group's folder
-  (0700), no network address; each rank's connection carries its commands one way and its
-  wake-up bytes the other, like a forked rank's pipes.  A connection counts only from a process
-  the launcher started that signs its hello with the world's secret, for a rank whose process
-  is its stand-in's child (:mod:`pytest_ddp.common.mpi_world`); any other is logged and closed.
-- A rank's end is told by its stand-in (exit status and time of death), or by
-  the end of the connection if the stand-in itself was killed.
+- The stand-ins reach the controller through a Unix socket, a file (0600) in the group's folder
+  (0700), no network address.  A connection counts only from a process the launcher started
+  that signs its hello with the world's secret (:mod:`pytest_ddp.common.mpi_world`); any other
+  is logged and closed.  It stays open while the rank lives: its end, when the launcher killed
+  the stand-in (``MPI_Abort``), is the rank's too.
 - The default launcher is MPICH's ``mpiexec.gforker``, installed with MPICH next
   to ``mpiexec``: it starts the processes of one machine and listens on no
   socket.  MPICH's ``mpiexec`` (hydra) listens on every interface for its
@@ -37,7 +37,6 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 from pytest_ddp.common import prctl
 from pytest_ddp.common.mpi_world import (
+    FD_VARIABLES,
     HEADER,
     HELLO_WAIT,
     MAX_MESSAGE,
@@ -57,6 +57,7 @@ from pytest_ddp.common.mpi_world import (
     Hello,
     at_socket,
     descends_from,
+    environment_of,
     frame,
     parent_of,
     parse_hello,
@@ -65,9 +66,8 @@ from pytest_ddp.common.mpi_world import (
     write_key,
     write_shared_memory,
 )
-from pytest_ddp.common.protocol import parse_exit_message
 from pytest_ddp.groups.group import GroupStartError, RankGroup
-from pytest_ddp.groups.spawn import RankProcess
+from pytest_ddp.groups.spawn import Descriptor, RankProcess, fork_rank
 
 logger = logging.getLogger(__name__)
 MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
@@ -135,28 +135,31 @@ def mpi_unavailable(command: str | None) -> str | None:
     return None
 
 
-@dataclass
-class LaunchedProcess:
-    """A rank the launcher started, in the shape the group uses of a forked rank's Process."""
+class _Unforked:
+    """A rank whose stand-in has not said hello yet, in the shape of a forked rank's Process."""
 
-    pid: int | None = None  # known once the rank has said hello
-    exitcode: int | None = None  # told by its stand-in
-    pidfd: int | None = None  # the process itself (not ours to wait for), whoever gets its pid later
+    pid: int | None = None
+    exitcode: int | None = None
 
     def kill(self) -> None:
-        if self.pidfd is not None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        pass
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait until the process has ended (its pidfd is readable then)."""
-        if self.pidfd is not None:
-            select.select([self.pidfd], [], [], timeout)
+        pass
+
+
+@dataclass
+class _StandIn:
+    """The connection of a rank's stand-in, once it said a good hello: open while the rank lives."""
+
+    link: Connection
+    rp: RankProcess
 
     def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        """Tell the stand-in that the controller ends the world (else it does), and let it end."""
+        with contextlib.suppress(OSError):
+            self.link.send_bytes(b"end")
+        self.link.close()
 
 
 @dataclass
@@ -168,11 +171,18 @@ class _Greeting:
     challenge: bytes
     deadline: float  # time.monotonic() by which its hello must be read
     received: bytearray = field(default_factory=bytearray)
+    descriptors: list[int] = field(default_factory=list)  # handed over with the hello
     length: int = 0  # the hello's, once its frame's header is read
 
     def wanted(self) -> int:
-        """How many bytes of its frame are still to come (never more: a rank's messages follow it)."""
+        """How many bytes of its frame are still to come (never more)."""
         return HEADER.size + self.length - len(self.received)
+
+    def close(self) -> None:
+        self.sock.close()
+        for fd in self.descriptors:
+            os.close(fd)
+        self.descriptors = []
 
 
 def _shared_memory_of(pid: int) -> set[str]:
@@ -217,6 +227,33 @@ def _wait_gone(pids: list[int], timeout: float | None = None) -> None:
             os.close(fd)
 
 
+def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor]]:
+    """What the launcher gave a stand-in, which its rank gets: its environment, and the descriptors
+    the stand-in handed over, by the variable that names each; ValueError if it did not hand over
+    one for each that the launcher named."""
+    try:
+        env = environment_of(greeting.peer)
+    except OSError as exc:
+        raise ValueError(f"its environment cannot be read ({exc})") from None
+    named = [name for name in FD_VARIABLES if name in env]
+    if len(greeting.descriptors) != len(named):
+        raise ValueError(f"it handed over {len(greeting.descriptors)} descriptors, its launcher named {named}")
+    return env, dict(zip(named, map(Descriptor, greeting.descriptors)))
+
+
+def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
+    """A line in the rank's stderr: how much of /dev/shm is free (MPI's shared memory, and a test's,
+    is there, and a full one is the usual cause of a SIGBUS)."""
+    with contextlib.suppress(OSError):
+        room = os.statvfs(SHARED_MEMORY)
+        free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
+        with open(stderr, "a") as out:
+            out.write(
+                f"pytest-ddp: rank {rank} was killed by SIGBUS; {SHARED_MEMORY}, where MPI keeps the shared memory "
+                f"of one machine's ranks, has {free / 2**20:.1f} MiB free of {size / 2**20:.1f} MiB\n"
+            )
+
+
 class MpiGroup(RankGroup):
     """The ranks of one MPI world, started by an MPI launcher (see the module's docstring)."""
 
@@ -225,7 +262,7 @@ class MpiGroup(RankGroup):
         self._launcher: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
         self._secret = b""
-        self._all_connected = False  # every rank has said hello
+        self._all_connected = False  # every rank's stand-in has said hello
         self._shared_memory: dict[str, tuple[int, int]] = {}  # the world's files in /dev/shm
         self.refused: list[str] = []  # why connections to the socket were refused (the latest ones)
 
@@ -239,7 +276,7 @@ class MpiGroup(RankGroup):
             self._listen()
             for rank in range(cfg.world_size):
                 self.write_spec(rank, env=None)
-                self.ranks.append(self.rank_process(rank, LaunchedProcess(), None, None))
+                self.ranks.append(self.rank_process(rank, _Unforked(), None, None))
             env = {**os.environ, **self.rank_environment()}
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
@@ -309,12 +346,14 @@ class MpiGroup(RankGroup):
                 self._accept()
             elif isinstance(key.data, _Greeting):
                 self._read_hello(key.data)
+            elif isinstance(key.data, _StandIn):
+                self._stand_in_news(key.data)
             else:
-                self._read(key.fileobj, key.data)  # type: ignore[arg-type]
+                self._news_of(key)
         now = time.monotonic()
         for key in list(self._news.get_map().values()):
             if isinstance(key.data, _Greeting) and now > key.data.deadline:
-                self._refuse(key.data.sock, f"process {key.data.peer} sent no hello in {HELLO_WAIT:g} s")
+                self._refuse(key.data, f"process {key.data.peer} sent no hello in {HELLO_WAIT:g} s")
         self._check_launcher()
 
     def _accept(self) -> None:
@@ -326,108 +365,96 @@ class MpiGroup(RankGroup):
         except OSError:  # another look took it, or no descriptor is left for it
             return
         pid, uid = peer_credentials(sock)
+        greeting = _Greeting(sock, pid, secrets.token_bytes(SECRET_BYTES), time.monotonic() + HELLO_WAIT)
         if uid != os.geteuid():
-            return self._refuse(sock, f"process {pid} runs as user {uid}")
+            return self._refuse(greeting, f"process {pid} runs as user {uid}")
         if self._launcher is None or not descends_from(pid, self._launcher.pid):
-            return self._refuse(sock, f"process {pid} is not one that the MPI launcher started")
-        challenge = secrets.token_bytes(SECRET_BYTES)
+            return self._refuse(greeting, f"process {pid} is not one that the MPI launcher started")
         sock.setblocking(False)
         try:
-            sock.sendall(frame(challenge))  # a few bytes into a new socket's empty buffer
+            sock.sendall(frame(greeting.challenge))  # a few bytes into a new socket's empty buffer
         except OSError as exc:
-            return self._refuse(sock, f"process {pid} could not be sent its challenge ({exc})")
-        greeting = _Greeting(sock, pid, challenge, time.monotonic() + HELLO_WAIT)
+            return self._refuse(greeting, f"process {pid} could not be sent its challenge ({exc})")
         self._news.register(sock, selectors.EVENT_READ, greeting)
 
     def _read_hello(self, greeting: _Greeting) -> None:
-        """Read what has come of a hello, never past it; a whole one is checked."""
+        """Read what has come of a hello and the descriptors handed over with it, never past it; a
+        whole one is checked."""
         try:
-            chunk = greeting.sock.recv(greeting.wanted())
+            chunk, fds, flags, _ = socket.recv_fds(greeting.sock, greeting.wanted(), len(FD_VARIABLES))
         except BlockingIOError:
             return
         except OSError:
-            chunk = b""
+            chunk, fds, flags = b"", [], 0
+        greeting.descriptors += fds
+        if flags & socket.MSG_CTRUNC:
+            return self._refuse(greeting, f"process {greeting.peer} handed over more descriptors than a launcher gives")
         if not chunk:
-            return self._refuse(greeting.sock, f"process {greeting.peer} left without a whole hello")
+            return self._refuse(greeting, f"process {greeting.peer} left without a whole hello")
         greeting.received += chunk
         if not greeting.length and len(greeting.received) == HEADER.size:
             (greeting.length,) = HEADER.unpack(greeting.received)
             if not 0 < greeting.length <= MAX_MESSAGE:
                 why = f"process {greeting.peer} announced a hello of {greeting.length} bytes"
-                return self._refuse(greeting.sock, why)
+                return self._refuse(greeting, why)
         if greeting.length and not greeting.wanted():
             self._hello(greeting, bytes(greeting.received[HEADER.size :]))
 
     def _hello(self, greeting: _Greeting, message: bytes) -> None:
+        """A good hello: fork the rank, with the stand-in's environment and descriptors, and tell
+        the stand-in its process; any other refused."""
         assert self._news is not None
         try:
             rp = self._rank_of(parse_hello(message, self._secret, greeting.challenge), greeting.peer)
+            env, descriptors = _launched(greeting)
         except ValueError as exc:
-            return self._refuse(greeting.sock, f"process {greeting.peer}: {exc}")
+            return self._refuse(greeting, f"process {greeting.peer}: {exc}")
         self._news.unregister(greeting.sock)
+        rp.proc, rp.commands, rp.notify = fork_rank(self.write_spec(rp.rank, env), rp.rank, descriptors)
         greeting.sock.setblocking(True)
-        # A read once the socket is ready has a deadline too: a message cut short is a broken link.
-        greeting.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(HELLO_WAIT), 0))
-        connection = Connection(greeting.sock.detach())
-        rp.commands = rp.notify = connection
-        self._news.register(connection, selectors.EVENT_READ, rp)
+        link = Connection(greeting.sock.detach())
+        greeting.close()  # the rank's now, not ours
+        self.watch(rp)
+        self._news.register(link, selectors.EVENT_READ, _StandIn(link, rp))
+        with contextlib.suppress(OSError):  # gone: its end is heard of next
+            link.send_bytes(str(rp.proc.pid).encode())
         self._all_connected = all(rp.proc.pid is not None for rp in self.ranks)
 
     def _rank_of(self, hello: Hello, peer: int) -> RankProcess:
-        """The rank a signed hello names, once its process is known to be the child of the stand-in
-        that connected; ValueError saying why not."""
+        """The rank a signed hello names, from the stand-in that connected; ValueError saying why not."""
         if hello.stand_in != peer:
             raise ValueError(f"its hello names process {hello.stand_in} as its stand-in")
         if not 0 <= hello.rank < len(self.ranks):
             raise ValueError(f"its hello names rank {hello.rank}, not one of {len(self.ranks)}")
-        proc: LaunchedProcess = self.ranks[hello.rank].proc
-        if proc.pid is not None:
+        if self.ranks[hello.rank].proc.pid is not None:
             raise ValueError(f"rank {hello.rank} has said hello already")
-        try:
-            pidfd = os.pidfd_open(hello.pid)
-        except (OSError, OverflowError) as exc:
-            raise ValueError(f"its hello names process {hello.pid} ({exc})") from None
-        if hello.pid <= 0 or parent_of(hello.pid) != peer:  # checked once its pidfd holds the process
-            os.close(pidfd)
-            raise ValueError(f"its hello names process {hello.pid}, not a child of its stand-in")
-        proc.pid, proc.pidfd = hello.pid, pidfd
         return self.ranks[hello.rank]
 
-    def _refuse(self, sock: socket.socket, why: str) -> None:
+    def _refuse(self, greeting: _Greeting, why: str) -> None:
         """Drop a connection, saying why (logged, and in a start error)."""
-        if self._news is not None and sock in self._news.get_map():
-            self._news.unregister(sock)
-        sock.close()
+        if self._news is not None and greeting.sock in self._news.get_map():
+            self._news.unregister(greeting.sock)
+        greeting.close()
         text = f"{self.name}: refused a connection to its socket: {why}"
         logger.warning("%s", text)
         self.refused = [*self.refused[-(MAX_REFUSALS - 1) :], text]
 
-    def _read(self, connection: Connection, rp: RankProcess) -> None:
-        """A rank's wake-up byte, or its stand-in's word that it ended, or the end of the link."""
+    def _stand_in_news(self, stand_in: _StandIn) -> None:
+        """A stand-in sends nothing: its connection is ready when the stand-in is gone (killed by its
+        launcher: ``MPI_Abort``), and its rank goes with it, as it went with its stand-in."""
         assert self._news is not None
-        try:
-            message = connection.recv_bytes(MAX_MESSAGE)
-        except (EOFError, OSError):  # the stand-in is gone (killed with its launcher), or the link broke
-            self._news.unregister(connection)
-            connection.close()
-            self._gone(rp, None)
-            return
-        try:
-            ended = parse_exit_message(message)
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("%s: rank %d's link sent a malformed message, dropped: %s", self.name, rp.rank, exc)
-            return
-        if ended is not None:
-            self._gone(rp, ended)
+        self._news.unregister(stand_in.link)
+        stand_in.close()
+        if stand_in.rp.proc.exitcode is None:
+            stand_in.rp.proc.kill()
 
-    def _gone(self, rp: RankProcess, ended: tuple[int, float] | None) -> None:
-        if rp.exit_code is not None:
-            return
-        code, when = ended if ended is not None else (-signal.SIGKILL, time.time())
-        rp.exit_code = rp.proc.exitcode = code
-        rp.died_at = when
-        if ended is None:
-            rp.commands = rp.notify = None
+    def _news_of(self, key: selectors.SelectorKey) -> None:
+        """As for forked ranks; a rank killed by SIGBUS is told in its stderr how full /dev/shm is."""
+        rp: RankProcess = key.data
+        ended = rp.exit_code is not None
+        super()._news_of(key)
+        if not ended and rp.exit_code == -signal.SIGBUS:
+            _say_how_full_shared_memory_is(self._paths(rp.rank)["stderr"], rp.rank)
 
     def _check_launcher(self) -> None:
         """While the group starts: a launcher that ended before every rank said hello failed."""
@@ -442,13 +469,11 @@ class MpiGroup(RankGroup):
         )
 
     def kill(self) -> None:
-        if self._news is not None:  # connections that had not said hello yet
+        if self._news is not None:  # the stand-ins' connections, and those that had not said hello yet
             for key in list(self._news.get_map().values()):
-                if isinstance(key.data, _Greeting):
-                    key.data.sock.close()
+                if isinstance(key.data, (_Greeting, _StandIn)):
+                    key.data.close()
         super().kill()
-        for rp in self.ranks:
-            rp.proc.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None

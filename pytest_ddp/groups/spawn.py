@@ -20,6 +20,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -111,15 +112,37 @@ def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-def fork_rank(spec_path: Path, rank: int) -> tuple[Any, Connection, Connection]:
-    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read end."""
+class Descriptor:
+    """A descriptor of this process that a rank forked from the forkserver gets a copy of (at
+    another number: :meth:`number` there); pickled as multiprocessing passes a pipe's."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(duplicate: Any) -> int:
+    """The number of a descriptor a rank was handed (in the rank, as its args are unpickled)."""
+    return int(duplicate.detach())
+
+
+def fork_rank(
+    spec_path: Path, rank: int, descriptors: dict[str, Descriptor] | None = None
+) -> tuple[Any, Connection, Connection]:
+    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read
+    end.  ``descriptors``: copies the rank gets, each named by the environment variable that says its
+    number (an MPI launcher's ``PMI_FD``)."""
     context = fork_context()
     command_read, command_write = context.Pipe(duplex=False)
     notify_read, notify_write = context.Pipe(duplex=False)
     from pytest_ddp.rank.entry import forked_main
 
     proc = context.Process(
-        target=forked_main, args=(str(spec_path), command_read, notify_write), name=f"ddp-rank{rank}"
+        target=forked_main,
+        args=(str(spec_path), command_read, notify_write, descriptors or {}),
+        name=f"ddp-rank{rank}",
     )
     proc.start()
     command_read.close()

@@ -1,8 +1,8 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
 Forked by :class:`pytest_ddp.groups.group.RankGroup` from a forkserver that already
-imported torch and pytest (:func:`forked_main`), or by the stand-in an MPI
-launcher started (:mod:`pytest_ddp.rank.mpi_standin`); either way its life goes on in
+imported torch and pytest (:func:`forked_main`); an MPI group's ranks too, each with what
+the MPI launcher gave its stand-in (:mod:`pytest_ddp.rank.mpi_standin`).  Its life goes on in
 :func:`serve`.  In "pytest" mode the rank is a pytest session of its own that
 collected the group's tests (like an xdist worker) and runs each one, with its
 own fixtures, when the controller says so (:mod:`pytest_ddp.rank.session`).  In
@@ -61,7 +61,7 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
-def redirect_output(spec: dict[str, Any]) -> None:
+def _redirect_output(spec: dict[str, Any]) -> None:
     """fds 1 and 2 to the files the controller reads; unbuffered, so nothing is lost on a kill."""
     for fd, path in ((1, spec["stdout"]), (2, spec["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -88,15 +88,19 @@ def _join_mpi_world(spec: dict[str, Any]) -> ModuleType:
     return mpi_recorder
 
 
-def forked_main(spec_path: str, commands: Connection, notify: Connection) -> None:
-    """A rank's life, from the forkserver's fork to its exit."""
+def forked_main(spec_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]) -> None:
+    """A rank's life, from the forkserver's fork to its exit.  ``descriptors``: those an MPI launcher
+    gave the rank's stand-in, by the variable that names each (``PMI_FD``), at their numbers here."""
     parent = os.getppid()
     _release_forkserver()
     os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver's SIG_IGN is not the test's
     try:
         spec = json.loads(Path(spec_path).read_text())
-        redirect_output(spec)
+        for name, fd in descriptors.items():
+            os.set_inheritable(fd, True)  # as the launcher gave it
+            spec["env"][name] = str(fd)
+        _redirect_output(spec)
     except FileNotFoundError:
         # The controller gave the group up (Ctrl-C while it started) and removed its folder
         # while this rank was being forked; stderr is still the user's terminal here.
@@ -105,8 +109,7 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection) -> Non
 
 
 def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
-    """The rest of a rank's life, however it was started (forked, or by an MPI launcher):
-    join the group, run what the controller hands over, exit."""
+    """The rest of a rank's life: join the group, run what the controller hands over, exit."""
     _become_rank(spec["rank"], parent)
     prctl.become_subreaper()
     keeper = leftovers.start_keeper(spec["rank"])

@@ -4,55 +4,51 @@
 The launcher (MPICH's ``mpiexec.gforker`` by default, see :mod:`pytest_ddp.groups.mpi_group`)
 starts this small process, the rank's *stand-in*, with the launcher's environment
 (``PMI_RANK``, ``PMI_FD``, ...).  The stand-in connects to the controller's socket in that folder
-(its own ancestor's, as the kernel says), takes the controller's challenge, and forks the rank, which
-answers it with its hello signed with the world's secret (:mod:`pytest_ddp.common.mpi_world`).
-The rank inherits both the connection and the launcher's descriptors, so ``MPI_Init`` in the
-rank works as if the launcher had started it.  Then the stand-in waits:
+(its own ancestor's, as the kernel says), takes the controller's challenge, and answers with its hello
+signed with the world's secret (:mod:`pytest_ddp.common.mpi_world`), handing over with it the
+launcher's descriptors that ``MPI_Init`` talks through.  The controller then forks the rank from
+its forkserver, where torch and pytest are imported already, as it forks any rank, with the
+stand-in's environment and those descriptors: ``MPI_Init`` in the rank works as if the launcher had
+started it.  A rank the launcher's own Python started would import torch and load pytest's plugins
+itself: about 2.4 s of CPU a rank, measured.  Then the stand-in waits:
 
-- when the rank ends, it sends the controller the rank's exit status and the time
-  of its death (a launcher does not say which of its processes died first), and
-  lingers until the controller closes the connection.  Lingering keeps the
-  launcher from killing the other ranks when one dies, as MPICH's launchers do:
-  the watchdog sees the death and the ranks it strands, not a cascade of kills;
+- it is told the rank's process, and lingers until the controller closes the connection.
+  Lingering keeps the launcher from killing the other ranks when one dies, as MPICH's launchers do:
+  the watchdog sees the death and the ranks it strands, not a cascade of kills; a stand-in the
+  launcher killed (``MPI_Abort``) ends its connection, and the controller kills its rank;
 - when the launcher dies, the kernel sends the stand-in SIGTERM (PR_SET_PDEATHSIG): it
   kills the rank and removes the world's files in /dev/shm, which only ``MPI_Finalize``
   would have; if the controller is gone too (SIGKILL, SIGTERM), the world's folder as well.
-- when its rank is killed by SIGBUS, it says in the rank's stderr how full /dev/shm is: MPI's
-  shared memory, and a test's, is there, and a full one is the usual cause.
 
-Before the fork the stand-in imports only this package's ``__init__`` (pytest, not
-torch): about 0.25 s, which the rank then need not import again.
+The stand-in imports only this package's ``__init__`` (pytest, not torch): about 0.25 s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import shutil
 import signal
 import socket
 import sys
-import time
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pytest_ddp.common import mpi_world, prctl
 from pytest_ddp.common.mpi_world import (
+    FD_VARIABLES,
     HEADER,
     HELLO_WAIT,
     MAX_MESSAGE,
-    SHARED_MEMORY,
     at_socket,
     descends_from,
+    frame,
     peer_credentials,
     read_key,
     read_shared_memory,
     remove_shared_memory,
 )
-from pytest_ddp.common.protocol import exit_message
 
 # Where launchers put a process's rank in the world they start (MPICH's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -66,31 +62,52 @@ def launched_rank() -> int:
     raise RuntimeError(f"started by no MPI launcher this knows: none of {', '.join(RANK_VARIABLES)} is set")
 
 
-class _LauncherGone:
-    """The SIGTERM handler that the kernel's parent-death signal calls once the launcher has died."""
+class _Unattended:
+    """Ends the world where its controller may not: when the launcher has died (SIGTERM, the kernel's
+    parent-death signal), or the controller's connection ended without its word that it ends it."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.rank: int | None = None  # a pidfd of the rank, once forked
         self.controller: int | None = None  # a pidfd of the controller, once connected
+        self.link: Connection | None = None  # the connection to it, once the hello is sent
+        self.ending = False
 
-    def __call__(self, number: int, frame: Any) -> None:
+    def launcher_gone(self, number: int, stack: Any) -> None:
+        if not self.ending:  # else this process is ending already
+            self.end()
+
+    def end(self) -> NoReturn:
+        """Kill the rank and remove the world's files in /dev/shm; then its folder too, unless the
+        controller says it ends the world: once the controller has ended, nobody else can."""
+        self.ending = True
         try:
             if self.rank is not None:  # ended first: the world's files are in use till then
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(self.rank, signal.SIGKILL)
                 select.select([self.rank], [], [])
             remove_shared_memory(read_shared_memory(self.folder))
-            if self.controller is not None and select.select([self.controller], [], [], 0)[0]:
-                shutil.rmtree(self.folder, ignore_errors=True)  # nobody is left to read or remove it
+            if self.link is not None and self.controller is not None and not _ended_by(self.link, self.controller):
+                shutil.rmtree(self.folder, ignore_errors=True)
         finally:
             os._exit(1)
 
 
-def _become_stand_in(rank: int, parent: int, on_launcher_gone: _LauncherGone) -> None:
+def _ended_by(link: Connection, controller: int) -> bool:
+    """Whether the controller says it ends the world; if not, it has ended (waited for: it ends the
+    connection, by its word or by its death, once it hears that the rank died)."""
+    if link.fileno() in select.select([link.fileno(), controller], [], [])[0]:
+        with contextlib.suppress(EOFError, OSError):
+            link.recv_bytes(MAX_MESSAGE)
+            return True
+    select.select([controller], [], [])
+    return False
+
+
+def _become_stand_in(rank: int, parent: int, unattended: _Unattended) -> None:
     """Name this process ``ddp-standin<N>`` (ps, pgrep) and end with the launcher."""
     prctl.name(f"ddp-standin{rank}")
-    signal.signal(signal.SIGTERM, on_launcher_gone)
+    signal.signal(signal.SIGTERM, unattended.launcher_gone)
     if not prctl.die_with_parent(parent, signal.SIGTERM):
         os._exit(1)
 
@@ -126,68 +143,31 @@ def _challenge(sock: socket.socket) -> bytes:
     return _receive(sock, length)
 
 
+def _launcher_descriptors() -> list[int]:
+    """The descriptors the launcher named in this process's environment, in FD_VARIABLES' order."""
+    return [int(os.environ[name]) for name in FD_VARIABLES if name in os.environ]
+
+
 def main(folder: str) -> None:
     launcher = os.getppid()
     rank = launched_rank()
-    on_launcher_gone = _LauncherGone(folder)
-    _become_stand_in(rank, launcher, on_launcher_gone)
+    unattended = _Unattended(folder)
+    _become_stand_in(rank, launcher, unattended)
     secret = read_key(folder)
-    sock, on_launcher_gone.controller = _connect(folder)
+    sock, unattended.controller = _connect(folder)
     challenge = _challenge(sock)
+    hello = mpi_world.hello(secret, challenge, rank, os.getpid())
+    # Handed over as copies, and kept open here: to the launcher, the process it started ends when
+    # the stand-in does, whenever the rank ended (as when the rank was the stand-in's child).
+    socket.send_fds(sock, [frame(hello)], _launcher_descriptors())
     sock.settimeout(None)
-    connection = Connection(sock.detach())
-    stand_in = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the stand-in's, not the rank's
-        os.close(on_launcher_gone.controller)
-        hello = mpi_world.hello(secret, challenge, rank, os.getpid(), stand_in)
-        _rank(folder, rank, connection, stand_in, hello)
-    on_launcher_gone.rank = os.pidfd_open(pid)  # before the wait: the process cannot have been reaped
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code == -signal.SIGBUS:
-        _say_how_full_shared_memory_is(folder, rank)
+    connection = unattended.link = Connection(sock.detach())
     try:
-        connection.send_bytes(exit_message(code, time.time()))
-        while True:  # until the controller closes the connection (EOFError)
-            connection.recv_bytes()
-    except (EOFError, OSError):
-        pass
+        unattended.rank = os.pidfd_open(int(connection.recv_bytes(MAX_MESSAGE)))
+        connection.recv_bytes(MAX_MESSAGE)  # the controller's word that it ends the world
+    except (EOFError, OSError, ValueError):
+        unattended.end()
     os._exit(0)
-
-
-def _say_how_full_shared_memory_is(folder: str, rank: int) -> None:
-    """A line in the rank's stderr: how much of /dev/shm is free."""
-    try:
-        spec = json.loads((Path(folder) / f"rank{rank}.json").read_text())
-        room = os.statvfs(SHARED_MEMORY)
-        free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
-        with open(spec["stderr"], "a") as stderr:
-            stderr.write(
-                f"pytest-ddp: rank {rank} was killed by SIGBUS; {SHARED_MEMORY}, where MPI keeps the shared memory "
-                f"of one machine's ranks, has {free / 2**20:.1f} MiB free of {size / 2**20:.1f} MiB\n"
-            )
-    except (OSError, ValueError, KeyError):
-        pass
-
-
-def _rank(folder: str, rank: int, connection: Connection, stand_in: int, hello: bytes) -> None:
-    """The rank process: says who it is, then lives the life of every rank."""
-    try:
-        spec = json.loads((Path(folder) / f"rank{rank}.json").read_text())
-        connection.send_bytes(hello)
-        os.setsid()  # as a forked rank: its keeper ends its session, no other rank's
-        from pytest_ddp.rank.channel import Channel
-        from pytest_ddp.rank.entry import redirect_output, serve
-
-        redirect_output(spec)
-        serve(spec, Channel(spec["events"], connection, connection), stand_in)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        os._exit(3)
 
 
 if __name__ == "__main__":
