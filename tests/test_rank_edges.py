@@ -270,7 +270,7 @@ def test_a_rank_forked_after_its_group_was_given_up_exits_quietly(tmp_path):
         "import multiprocessing, sys\n"
         "from pytest_ddp.rank.entry import forked_main\n"
         "a, b = multiprocessing.Pipe(False)\n"
-        f"forked_main({str(tmp_path / 'gone' / 'rank0.json')!r}, a, b)\n"
+        f"forked_main({str(tmp_path / 'gone' / 'rank0.json')!r}, a, b, {{}})\n"
     )
     assert forked_main  # the function the script calls
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

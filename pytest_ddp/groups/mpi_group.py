@@ -67,7 +67,7 @@ from pytest_ddp.common.mpi_world import (
     write_shared_memory,
 )
 from pytest_ddp.groups.group import GroupStartError, RankGroup
-from pytest_ddp.groups.spawn import Descriptor, RankProcess, fork_rank
+from pytest_ddp.groups.spawn import Descriptor, RankProcess, fork_rank, forkserver_ready
 
 logger = logging.getLogger(__name__)
 MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
@@ -281,6 +281,7 @@ class MpiGroup(RankGroup):
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
             env.pop("PYTEST_ADDOPTS", None)
+            forkserver_ready()  # a hello is answered by a fork, and stand-ins wait HELLO_WAIT for challenges
             command = [*launcher, "-n", str(cfg.world_size), sys.executable, "-m", "pytest_ddp.rank.mpi_standin"]
             there_before = _files_in(SHARED_MEMORY)
             output = os.open(self.workdir / "launcher.out", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -112,6 +112,18 @@ def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
+def forkserver_ready() -> None:
+    """Return once the forkserver forks at once: it does so only after its imports (seconds, more
+    under load), and a caller that must answer others quickly should not wait for them in a fork."""
+    process = fork_context().Process(target=_nothing, name="ddp-ready")
+    process.start()
+    process.join()
+
+
+def _nothing() -> None:
+    pass
+
+
 class Descriptor:
     """A descriptor of this process that a rank forked from the forkserver gets a copy of (at
     another number: :meth:`number` there); pickled as multiprocessing passes a pipe's."""
