@@ -108,20 +108,6 @@ class Stop:
 Command = RunItem | CallFunction | Stop
 
 
-def exit_message(code: int, when: float) -> bytes:
-    """What an MPI rank's stand-in (:mod:`pytest_ddp.rank.mpi_standin`) sends when its rank has ended:
-    a notify message of its own kind."""
-    return b"exit " + json.dumps({"code": code, "time": when}).encode()
-
-
-def parse_exit_message(message: bytes) -> tuple[int, float] | None:
-    """(exit code, time of death) from :func:`exit_message`; None for any other message."""
-    if not message.startswith(b"exit "):
-        return None
-    fields = json.loads(message[5:])
-    return int(fields["code"]), float(fields["time"])
-
-
 # -- events (rank -> controller) -----------------------------------------------------
 
 

@@ -10,15 +10,16 @@ launcher's descriptors that ``MPI_Init`` talks through.  The controller then for
 its forkserver, where torch and pytest are imported already, as it forks any rank, with the
 stand-in's environment and those descriptors: ``MPI_Init`` in the rank works as if the launcher had
 started it.  A rank the launcher's own Python started would import torch and load pytest's plugins
-itself: about 2.4 s of CPU a rank, measured.  Then the stand-in waits:
+itself: about 2.4 s of CPU a rank more.  Then the stand-in waits:
 
-- it is told the rank's process, and lingers until the controller closes the connection.
+- it is told the rank's process, and lingers until the controller says it ends the world.
   Lingering keeps the launcher from killing the other ranks when one dies, as MPICH's launchers do:
   the watchdog sees the death and the ranks it strands, not a cascade of kills; a stand-in the
   launcher killed (``MPI_Abort``) ends its connection, and the controller kills its rank;
-- when the launcher dies, the kernel sends the stand-in SIGTERM (PR_SET_PDEATHSIG): it
-  kills the rank and removes the world's files in /dev/shm, which only ``MPI_Finalize``
-  would have; if the controller is gone too (SIGKILL, SIGTERM), the world's folder as well.
+- when the launcher dies (the kernel sends the stand-in SIGTERM: PR_SET_PDEATHSIG), or the controller
+  (its connection ends without that word), the stand-in kills the rank and removes the world's
+  files in /dev/shm, which only ``MPI_Finalize`` would have; once the controller has ended without
+  a word (SIGKILL, SIGTERM), the world's folder as well.
 
 The stand-in imports only this package's ``__init__`` (pytest, not torch): about 0.25 s.
 """
