@@ -86,6 +86,7 @@ NOTES = {str(tmp_path)!r}
 def test_abort(comm, rank, code):
     stand_in, launcher, _ = world(rank)
     note(NOTES, f"abort{{code}}-{{rank}}", os.getpid(), stand_in, launcher)
+    comm.Barrier()  # both noted
     if rank == 1:
         comm.Abort(code)
     comm.Barrier()
