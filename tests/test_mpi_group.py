@@ -59,6 +59,7 @@ WARM_WORLD = """
 def test_world(comm, rank, world_size):
     ran_on("world", rank)
     assert (comm.Get_rank(), comm.Get_size()) == (rank, world_size) == (rank, 2)
+    assert parent_of(parent_of(os.getpid())) == CONTROLLER  # forked by its forkserver, as a Gloo rank
     assert comm.allreduce(rank + 1) == 3
 
 @pytest.mark.ddp(world_size=2, backend="mpi")
@@ -139,7 +140,7 @@ def together(
     def run() -> Together:
         ran_dir, pid_dir = tmp_path_factory.mktemp("ran_on"), tmp_path_factory.mktemp("pids")
         source = (
-            f"RAN_DIR, PID_DIR = {str(ran_dir)!r}, {str(pid_dir)!r}\n"
+            f"RAN_DIR, PID_DIR, CONTROLLER = {str(ran_dir)!r}, {str(pid_dir)!r}, {os.getpid()}\n"
             + LOOPBACK_CHECK
             + STAND_IN_OF_AN_MPI_RANK
             + TOGETHER_HELPERS
