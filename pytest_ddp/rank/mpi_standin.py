@@ -10,7 +10,7 @@ launcher's descriptors that ``MPI_Init`` talks through.  The controller then for
 its forkserver, where torch and pytest are imported already, as it forks any rank, with the
 stand-in's environment and those descriptors: ``MPI_Init`` in the rank works as if the launcher had
 started it.  A rank the launcher's own Python started would import torch and load pytest's plugins
-itself: about 2.4 s of CPU a rank more.  Then the stand-in waits:
+itself: about 2.4 s of CPU a rank more, where the forkserver's are paid once a session.  Then the stand-in waits:
 
 - it is told the rank's process, and lingers until the controller says it ends the world.
   Lingering keeps the launcher from killing the other ranks when one dies, as MPICH's launchers do:
