@@ -220,9 +220,8 @@ class RankGroup:
             "local_rank": rank,
         }
 
-    def write_spec(self, rank: int, env: dict[str, str] | None, store_port: int | None = None) -> Path:
-        """The rank's spec file (see :func:`pytest_ddp.rank.entry.serve`); ``env`` None: the rank keeps
-        the environment it was started with."""
+    def write_spec(self, rank: int, env: dict[str, str], store_port: int | None = None) -> Path:
+        """The rank's spec file (see :func:`pytest_ddp.rank.entry.serve`), ``env`` its whole environment."""
         portable = self.portable_spec(rank, store_port)
         spec = complete_spec(portable, env, self.workdir, self.config.pytest_args, self.config.sys_path)
         return write_spec_file(self.workdir, spec)

@@ -262,7 +262,6 @@ class MpiGroup(RankGroup):
         self._launcher: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
         self._secret = b""
-        self._all_connected = False  # every rank's stand-in has said hello
         self._shared_memory: dict[str, tuple[int, int]] = {}  # the world's files in /dev/shm
         self.refused: list[str] = []  # why connections to the socket were refused (the latest ones)
 
@@ -274,9 +273,7 @@ class MpiGroup(RankGroup):
         try:
             self._secret = write_key(self.workdir)
             self._listen()
-            for rank in range(cfg.world_size):
-                self.write_spec(rank, env=None)
-                self.ranks.append(self.rank_process(rank, _Unforked(), None, None))
+            self.ranks = [self.rank_process(rank, _Unforked(), None, None) for rank in range(cfg.world_size)]
             env = {**os.environ, **self.rank_environment()}
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
@@ -419,7 +416,6 @@ class MpiGroup(RankGroup):
         self._news.register(link, selectors.EVENT_READ, _StandIn(link, rp))
         with contextlib.suppress(OSError):  # gone: its end is heard of next
             link.send_bytes(str(rp.proc.pid).encode())
-        self._all_connected = all(rp.proc.pid is not None for rp in self.ranks)
 
     def _rank_of(self, hello: Hello, peer: int) -> RankProcess:
         """The rank a signed hello names, from the stand-in that connected; ValueError saying why not."""
@@ -460,7 +456,7 @@ class MpiGroup(RankGroup):
     def _check_launcher(self) -> None:
         """While the group starts: a launcher that ended before every rank said hello failed."""
         launcher = self._launcher
-        if self._all_connected or launcher is None or launcher.poll() is None:
+        if launcher is None or launcher.poll() is None or all(rp.proc.pid is not None for rp in self.ranks):
             return
         output = (self.workdir / "launcher.out").read_text(errors="replace")[-3000:]
         command = find_launcher(self.config.mpi_launcher) or []

@@ -86,7 +86,7 @@ def rank_files(folder: Path, rank: int) -> dict[str, Path]:
 
 
 def complete_spec(
-    portable: dict[str, Any], env: dict[str, str] | None, folder: Path, pytest_args: list[str], sys_path: list[str]
+    portable: dict[str, Any], env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
 ) -> dict[str, Any]:
     """A rank's whole spec: the portable part and what only the machine it runs on knows
     (its files in ``folder``, its working directory and import path)."""
@@ -125,8 +125,8 @@ def _nothing() -> None:
 
 
 class Descriptor:
-    """A descriptor of this process that a rank forked from the forkserver gets a copy of (at
-    another number: :meth:`number` there); pickled as multiprocessing passes a pipe's."""
+    """A descriptor of this process that a rank forked from the forkserver gets a copy of, as a pipe's
+    is passed (through the forkserver's socket); the rank finds it at another number."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

@@ -113,9 +113,8 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
     _become_rank(spec["rank"], parent)
     prctl.become_subreaper()
     keeper = leftovers.start_keeper(spec["rank"])
-    if spec["env"] is not None:  # None: keep the launcher's environment
-        os.environ.clear()
-        os.environ.update(spec["env"])
+    os.environ.clear()
+    os.environ.update(spec["env"])
     os.chdir(spec["cwd"])
     dump = open(spec["dump"], "w")  # noqa: SIM115 - must stay open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
