@@ -257,20 +257,23 @@ def live_pids(pids: list[int]) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-def rank_processes() -> list[int]:
-    """Pids of every pytest-ddp rank process on this machine (named ``ddp-rank<N>``)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def processes_named(prefix: str) -> dict[int, str]:
+    """The processes on this machine whose name (``comm``) starts with ``prefix``: pid -> name."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/comm") as f:
                 name = f.read().strip()
         except OSError:
             continue
-        if name.startswith("ddp-rank"):
-            pids.append(int(entry))
-    return live_pids(pids)
+        if name.startswith(prefix):
+            found[int(entry)] = name
+    return found
+
+
+def rank_processes() -> list[int]:
+    """Pids of every pytest-ddp rank process on this machine (named ``ddp-rank<N>``)."""
+    return live_pids(list(processes_named("ddp-rank")))
 
 
 def ranks_working_in(folder: Path) -> list[int]:
@@ -298,6 +301,10 @@ def parent(pid: int) -> int | None:
 # started for it, named ``ddp-standin<N>``, its command line ending with the world's folder (where the
 # rank's stdout is); the launcher is the stand-in's parent.
 STAND_IN_OF_AN_MPI_RANK = """
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
 def stand_in_of(rank):
     folder = os.path.dirname(os.path.realpath("/proc/self/fd/1"))
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -317,19 +324,12 @@ def stand_in_of(rank):
 def stand_ins_under(ancestor: int) -> list[int]:
     """The MPI stand-ins (``ddp-standin<N>``) that descend from ``ancestor``, in rank order."""
     found = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        pid = int(entry)
-        if name.startswith("ddp-standin"):
-            up = parent(pid)
-            while up is not None and up > 1 and up != ancestor:
-                up = parent(up)
-            if up == ancestor:
-                found[int(name.removeprefix("ddp-standin"))] = pid
+    for pid, name in processes_named("ddp-standin").items():
+        up = parent(pid)
+        while up is not None and up > 1 and up != ancestor:
+            up = parent(up)
+        if up == ancestor:
+            found[int(name.removeprefix("ddp-standin"))] = pid
     return [found[rank] for rank in sorted(found)]
 
 

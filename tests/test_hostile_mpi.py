@@ -35,10 +35,6 @@ needs_mpi = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mpi
 WORLD_OF_A_RANK = STAND_IN_OF_AN_MPI_RANK + """
 import socket
 
-def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
 def world(rank):
     stand_in = stand_in_of(rank)
     return stand_in, parent_of(stand_in), os.path.dirname(os.path.realpath("/proc/self/fd/1"))

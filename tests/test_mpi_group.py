@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(mpi_unavailable(None) is not None, reason=str(mp
 
 # The tests below that run with no option of their own share one inner session, in this module
 # (its ranks' helpers first, then each test's part, the hang last: it stops the world), and so one
-# MPI world: a world's ranks each import torch and mpi4py, seconds of CPU a rank.  Each test reads
+# MPI world: a world's start (launcher, stand-ins, MPI_Init) takes seconds.  Each test reads
 # its part: its tests' outcomes (-rA), its failure sections.
 TOGETHER_HELPERS = """
 def ran_on(name, rank):
@@ -47,10 +47,6 @@ def note(name, rank):
         shm = sorted({l.split(maxsplit=5)[5].strip() for l in maps if " /dev/shm/" in l})
     with open(os.path.join(PID_DIR, f"{name}-{rank}"), "w") as f:
         f.write(" ".join(map(str, [os.getpid(), stand_in, launcher, *shm])))
-
-def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 """
 
 # Each test notes its ranks' pids (RAN_DIR): the two ran on the same processes, one world.
