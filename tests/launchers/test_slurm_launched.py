@@ -1,5 +1,8 @@
-"""Launched mode under SLURM: ``srun -n 4 pytest`` and an ``sbatch`` script running it, on a
-one-node cluster the session starts itself (tests/launchers/slurm.py)."""
+"""Launched mode under SLURM, on a one-node cluster the session starts itself (tests/launchers/slurm.py):
+the suite in an ``sbatch`` script whose ``srun -n 4 pytest`` starts the ranks, as a job runs it, and
+the collections that differ under ``srun -n 3 pytest`` from the shell, where srun makes the job's
+allocation itself. The two are the ways a user starts ranks with SLURM; the ranks see the same step
+variables either way, so the suite (25 CPU-s of 4 pytest processes and their forkservers) runs once."""
 
 from __future__ import annotations
 
@@ -11,25 +14,13 @@ from . import suite
 from .slurm import SlurmCluster
 
 
-def _srun(cluster: SlurmCluster, folder: Path, nproc: int = 4) -> suite.Result:
-    proc = cluster.srun(
-        ["-n", str(nproc), sys.executable, *suite.pytest_command("-rs")], folder, env=suite.launched_environment(),
-        timeout=240,
-    )
-    return suite.collect(folder, proc.returncode, proc.stdout + proc.stderr)
-
-
-def test_one_session_under_srun(slurm_cluster: SlurmCluster, folder: Path) -> None:
-    suite.write_suite(folder)
-    result = _srun(slurm_cluster, folder)
-    suite.check_suite(result, folder)
-    assert "launched by slurm: 4 ranks on 1 node" in result.output
-
-
 def test_collections_that_differ_under_srun(slurm_cluster: SlurmCluster, folder: Path) -> None:
     """On 3 tasks: the session ends before any test runs, and rank 2 has a rank beside it."""
     suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
-    suite.check_collection_differs(_srun(slurm_cluster, folder, 3), 3)
+    proc = slurm_cluster.srun(
+        ["-n", "3", sys.executable, *suite.pytest_command()], folder, env=suite.launched_environment(), timeout=240
+    )
+    suite.check_collection_differs(suite.collect(folder, proc.returncode, proc.stdout + proc.stderr), 3)
 
 
 def test_one_session_in_an_sbatch_script(slurm_cluster: SlurmCluster, folder: Path) -> None:
@@ -41,3 +32,4 @@ def test_one_session_in_an_sbatch_script(slurm_cluster: SlurmCluster, folder: Pa
     code, output = slurm_cluster.sbatch(script, folder, timeout=240, env=suite.launched_environment())
     result = suite.collect(folder, code, output)
     suite.check_suite(result, folder)
+    assert "launched by slurm: 4 ranks on 1 node" in result.output
