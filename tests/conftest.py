@@ -54,6 +54,28 @@ os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
 
 T = TypeVar("T")
 
+# The files that cost most, most first (CPU-s in one run of the suite, docs/benchmarks.md): they run
+# before the others. pytest-xdist's --dist loadfile (with --no-loadscope-reorder, Makefile) hands
+# files to its workers in collection order; by default it hands them out by their number of tests,
+# and a long file of one or two tests (the wheel's, SLURM's) came last, keeping one worker busy
+# for 20 to 30 s while the other had nothing left.
+LONGEST_FILES = (
+    "launchers/test_launched.py", "test_hostile_cache.py", "launchers/test_two_nodes.py", "test_compiled_code.py",
+    "launchers/test_slurm_launched.py", "test_adopt.py", "matrix/test_matrix_fast.py", "test_hostile_reports.py",
+    "test_processes.py", "test_hostile_mpi.py", "launchers/test_hostile_launched.py", "test_controller_edges.py",
+    "test_mpi_group.py", "test_wheel.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """LONGEST_FILES' tests first, in that order; the others after them, as collected."""
+    tests = Path(__file__).parent
+    missing = [name for name in LONGEST_FILES if not (tests / name).is_file()]
+    assert not missing, f"conftest.LONGEST_FILES names files that are not there: {missing}"
+    rank = {str(tests / name): position for position, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(LONGEST_FILES)))
+
+
 HEADER = "import os, sys, time\nimport pytest, torch, torch.distributed as dist\n"
 
 
