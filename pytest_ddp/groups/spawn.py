@@ -36,12 +36,9 @@ SECRET_ENV = "PYTEST_DDP_SECRET"
 NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 
 # Imported once by the forkserver, before it forks any rank (then the plugins of
-# :func:`_entry_point_plugins`, then gc.freeze(): pytest_ddp.groups.preload). torch._dynamo:
-# torch imports it at a process's first functional collective (DTensor, FSDP2, torch.compile),
-# 1.5 CPU-s and 800 modules a rank; once here instead. It starts no thread and touches no device.
+# :func:`_entry_point_plugins`, then gc.freeze(): pytest_ddp.groups.preload).
 PRELOAD = [
-    "torch", "torch.distributed", "torch._dynamo", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry",
-    "pytest_ddp.rank.session",
+    "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry", "pytest_ddp.rank.session",
 ]
 
 
