@@ -294,6 +294,37 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
     assert done.stdout == "exit 0\n"
 
 
+# Which modules hold a torch.distributed function the recorder wraps (by name, in a rank, after the
+# fork), as c10d's original: their calls would go unrecorded. Printed after each step: torch.distributed
+# and the functional collectives (torch's own bindings, under any launcher), the forkserver's preload,
+# then torch._dynamo (its import loads DTensor's modules; preloaded, DTensor's scatter went unrecorded).
+BOUND_ORIGINALS = """
+import importlib, sys
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from pytest_ddp.common.ops import OPS
+from pytest_ddp.groups.spawn import PRELOAD
+
+wrapped = {id(getattr(c10d, op)) for op, spec in OPS.items() if spec.python and hasattr(c10d, op)}
+for step in (["torch.distributed._functional_collectives"], PRELOAD, ["torch._dynamo"]):
+    for name in step:
+        importlib.import_module(name)
+    print(" ".join(
+        f"{name}.{attribute}"
+        for name, module in list(sys.modules.items()) if module is not None and module not in (c10d, dist)
+        for attribute, value in list(vars(module).items()) if id(value) in wrapped
+    ))
+"""
+
+
+def test_the_forkserver_preloads_no_module_that_holds_what_the_recorder_wraps():
+    done = subprocess.run([sys.executable, "-c", BOUND_ORIGINALS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    torchs_own, preloaded, with_dynamo = (set(line.split()) for line in done.stdout.splitlines())
+    assert preloaded - torchs_own == set()  # the steps add up: only what the preload adds
+    assert "torch.distributed.tensor._collective_utils.scatter" in with_dynamo - preloaded  # the scan sees it
+
+
 def test_ranks_find_the_entry_point_plugins_the_forkserver_imported(ddp_pytester):
     """pytest-timeout, loaded from its entry point by this pytest, was imported by the forkserver:
     a rank's pytest finds it imported, not by its assertion-rewriting importer (that import took
