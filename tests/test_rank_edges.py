@@ -297,7 +297,7 @@ def test_ctrl_c_while_the_forkserver_imports_torch_prints_nothing(tmp_path):
 # Which modules hold a torch.distributed function the recorder wraps (by name, in a rank, after the
 # fork), as c10d's original: their calls would go unrecorded. Printed after each step: torch.distributed
 # and the functional collectives (torch's own bindings, under any launcher), the forkserver's preload,
-# then torch._dynamo (its import loads DTensor's modules; preloaded, DTensor's scatter went unrecorded).
+# then DTensor (torch._dynamo's import loads it: preloaded, DTensor's scatter went unrecorded).
 BOUND_ORIGINALS = """
 import importlib, sys
 import torch.distributed as dist
@@ -306,7 +306,7 @@ from pytest_ddp.common.ops import OPS
 from pytest_ddp.groups.spawn import PRELOAD
 
 wrapped = {id(getattr(c10d, op)) for op, spec in OPS.items() if spec.python and hasattr(c10d, op)}
-for step in (["torch.distributed._functional_collectives"], PRELOAD, ["torch._dynamo"]):
+for step in (["torch.distributed._functional_collectives"], PRELOAD, ["torch.distributed.tensor"]):
     for name in step:
         importlib.import_module(name)
     print(" ".join(
@@ -320,9 +320,9 @@ for step in (["torch.distributed._functional_collectives"], PRELOAD, ["torch._dy
 def test_the_forkserver_preloads_no_module_that_holds_what_the_recorder_wraps():
     done = subprocess.run([sys.executable, "-c", BOUND_ORIGINALS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    torchs_own, preloaded, with_dynamo = (set(line.split()) for line in done.stdout.splitlines())
+    torchs_own, preloaded, with_dtensor = (set(line.split()) for line in done.stdout.splitlines())
     assert preloaded - torchs_own == set()  # the steps add up: only what the preload adds
-    assert "torch.distributed.tensor._collective_utils.scatter" in with_dynamo - preloaded  # the scan sees it
+    assert "torch.distributed.tensor._collective_utils.scatter" in with_dtensor - preloaded  # the scan sees it
 
 
 def test_ranks_find_the_entry_point_plugins_the_forkserver_imported(ddp_pytester):
