@@ -214,6 +214,14 @@ def check_collection_differs(result: Result, nproc: int = 4, stopped: bool = Fal
     assert out.count("the ranks collected different tests") == 1  # rank 0's terminal only
 
 
+def check_hosts_logged_why(folder: Path, nproc: int) -> None:
+    """What each launched rank's pytest (a host) was told by rank 0's when the collections differ
+    (SUITE with DIFFERENT_COLLECTION), as its log in basetemp<rank> (runs.OWN_BASETEMP) shows it."""
+    for rank in range(1, nproc):
+        log = (folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
+        assert "ddp: the ranks collected different tests" in log and "test_needs_eight" in log, log
+
+
 def private_tmp() -> Path:
     """A TMPDIR for one launched session alone (short: it holds Unix sockets' paths): what is
     left in it once the session ended is the session's (:func:`files_left_in`)."""

@@ -5,8 +5,9 @@ torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
 Each session runs once under each launcher (a fixture, tests/launchers/runs.py),
-and the tests read it: the suite, the collections that differ (its report, and its hosts' logs),
-the teardowns at a group's stop.
+and the tests read it: the suite, the teardowns at a group's stop, and the collections that
+differ (its report, and its hosts' logs), under mpiexec only: test_two_nodes.py runs the same
+session under torchrun, on two nodes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), each launched pytest in a basetemp
     of its own: the tests below read its report and its hosts' logs. In this file, with every
     test that reads it: pytest-xdist's --dist loadfile runs a file's tests in one worker, so the
-    session runs once per launcher."""
+    session runs once."""
 
     def prepare(folder: Path) -> None:
         suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
@@ -58,21 +59,16 @@ def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
     return Sessions(lambda name: tmp_path_factory.mktemp(f"differ-{name}"), prepare, DIFFER_NPROC)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_collections_that_differ_stop_every_rank(collections_differ: Sessions, launcher: str) -> None:
-    # torchrun's agent stops its other workers (SIGTERM) once one failed: under load, before
-    # they ended with their own status 4.
-    stopped = launcher == "torchrun"
-    suite.check_collection_differs(shared(collections_differ, launcher).result, DIFFER_NPROC, stopped=stopped)
+# Under mpiexec only: torchrun's run of the same session is test_two_nodes.py's, on two nodes.
+def test_collections_that_differ_stop_every_rank(collections_differ: Sessions) -> None:
+    suite.check_collection_differs(shared(collections_differ, "mpiexec").result, DIFFER_NPROC)
 
 
 def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: Sessions) -> None:
     """What a launched rank's pytest (a host) is told by rank 0's, as its log shows it."""
-    run = shared(collections_differ, "torchrun")
-    suite.check_collection_differs(run.result, DIFFER_NPROC, stopped=True)
-    for rank in range(1, DIFFER_NPROC):
-        log = (run.folder / f"basetemp{rank}" / f"ddp-rank{rank}.log").read_text()
-        assert "ddp: the ranks collected different tests" in log and "test_needs_eight" in log, log
+    run = shared(collections_differ, "mpiexec")
+    suite.check_collection_differs(run.result, DIFFER_NPROC)
+    suite.check_hosts_logged_why(run.folder, DIFFER_NPROC)
 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group

@@ -12,6 +12,7 @@ import pytest
 
 from . import suite
 from .nodes import TwoNodes, namespaces_unavailable
+from .runs import OWN_BASETEMP
 
 
 def _run_on_two_nodes(folder: Path, timeout: float = 240) -> tuple[suite.Result, str]:
@@ -40,7 +41,10 @@ def test_one_session_across_two_nodes(folder: Path) -> None:
 
 
 def test_collections_that_differ_across_two_nodes(folder: Path) -> None:
-    suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
+    """torchrun's run of the collections that differ (test_launched.py runs mpiexec's on one node):
+    every rank stopped, rank 2 named with its node, and each host told why, the other node's too."""
+    suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
     result, _ = _run_on_two_nodes(folder)
     suite.check_collection_differs(result, stopped=True)
     assert "rank 2 (on node1)" in result.output
+    suite.check_hosts_logged_why(folder, 4)
