@@ -37,14 +37,15 @@ lint: venv
 # cores: docs/benchmarks.md, "The project's own suite"), each test file in one worker (--dist
 # loadfile): the tests of a file that read one shared session or set of controllers run where
 # it ran, and it runs once. Files go out in the order tests/conftest.py gives them, the longest
-# first (--no-loadscope-reorder: not by their number of tests).
+# first (--no-loadscope-reorder: not by their number of tests). The 20 slowest tests close the
+# output: where the suite's time goes, for whoever makes it shorter.
 # The package's bytecode is compiled first: under PYTHONDONTWRITEBYTECODE (set on this project's
 # machines) Python never caches it, so each of the suite's hundreds of processes that imports the
 # plugin (sessions' controllers, forkservers, launched processes, MPI ranks) compiled it again:
 # 0.1 to 0.2 s of CPU each. A stale one is recompiled in memory, never trusted.
 test: lint
 	$(PY) -m compileall -q pytest_ddp
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv
 # (.venv-torch<version>): the oldest release pyproject.toml's `torch>=` admits
