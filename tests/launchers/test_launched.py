@@ -5,9 +5,9 @@ torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
 Each session runs once under each launcher (a fixture, tests/launchers/runs.py),
-and the tests read it: the suite, the teardowns at a group's stop, and the collections that
-differ (its report, and its hosts' logs), under mpiexec only: test_two_nodes.py runs the same
-session under torchrun, on two nodes.
+and the tests read it: the suite, the teardowns at a group's stop. The collections that differ
+run under mpiexec only, read by one test: test_two_nodes.py runs the same session under
+torchrun, on two nodes.
 """
 
 from __future__ import annotations
@@ -46,27 +46,15 @@ def test_a_launched_session_leaves_no_folder_behind(suite_runs: Sessions, launch
 DIFFER_NPROC = 3
 
 
-@pytest.fixture(scope="module")
-def collections_differ(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
-    """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), each launched pytest in a basetemp
-    of its own: the tests below read its report and its hosts' logs. In this file, with every
-    test that reads it: pytest-xdist's --dist loadfile runs a file's tests in one worker, so the
-    session runs once."""
+def test_collections_that_differ_stop_every_rank_and_each_host_logs_why(tmp_path: Path) -> None:
+    """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), under mpiexec (torchrun's run of it is
+    test_two_nodes.py's, on two nodes): every rank ends with status 4, and each launched rank's
+    pytest (a host) logs what rank 0's told it, in a basetemp of its own."""
 
     def prepare(folder: Path) -> None:
         suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
 
-    return Sessions(lambda name: tmp_path_factory.mktemp(f"differ-{name}"), prepare, DIFFER_NPROC)
-
-
-# Under mpiexec only: torchrun's run of the same session is test_two_nodes.py's, on two nodes.
-def test_collections_that_differ_stop_every_rank(collections_differ: Sessions) -> None:
-    suite.check_collection_differs(shared(collections_differ, "mpiexec").result, DIFFER_NPROC)
-
-
-def test_a_host_logs_why_the_session_ended_when_collections_differ(collections_differ: Sessions) -> None:
-    """What a launched rank's pytest (a host) is told by rank 0's, as its log shows it."""
-    run = shared(collections_differ, "mpiexec")
+    run = shared(Sessions(lambda _: tmp_path, prepare, DIFFER_NPROC), "mpiexec")
     suite.check_collection_differs(run.result, DIFFER_NPROC)
     suite.check_hosts_logged_why(run.folder, DIFFER_NPROC)
 
