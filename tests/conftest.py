@@ -60,7 +60,7 @@ T = TypeVar("T")
 # and a long file of one or two tests (the wheel's, SLURM's) came last, keeping one worker busy
 # for 20 to 30 s while the other had nothing left.
 LONGEST_FILES = (
-    "launchers/test_launched.py", "test_hostile_cache.py", "launchers/test_two_nodes.py", "test_compiled_code.py",
+    "launchers/test_launched.py", "launchers/test_two_nodes.py", "test_compiled_code.py",
     "launchers/test_slurm_launched.py", "test_adopt.py", "matrix/test_matrix_fast.py", "test_hostile_reports.py",
     "test_processes.py", "test_hostile_mpi.py", "launchers/test_hostile_launched.py", "test_controller_edges.py",
     "test_mpi_group.py", "test_wheel.py",
