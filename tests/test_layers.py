@@ -29,7 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "faults": {"common"},
     "common": set(),
 }
-MAX_LINES = 500
+# A module near the cap is split where its concerns part (one job per module), never compressed
+# to fit: no docstrings reflowed, no loops folded into conditional expressions.
+MAX_LINES = 600
 
 
 def layer(module: str) -> str:
@@ -135,7 +137,7 @@ def test_every_module_belongs_to_a_layer() -> None:
     assert {layer(m) for m in sources()} - {"face"} <= set(ALLOWED)
 
 
-def test_no_module_over_500_lines() -> None:
+def test_no_module_over_the_line_cap() -> None:
     long = {m: n for m, s in sources().items() if (n := len(s.splitlines())) > MAX_LINES}
     assert long == {}
 
