@@ -275,6 +275,13 @@ class RankState:
         return None
 
     @property
+    def last_raised(self) -> Call | None:
+        """Its last call, where that raised."""
+        if self.calls and self.calls[-1].state == "raised":
+            return self.calls[-1]
+        return None
+
+    @property
     def blocked_call(self) -> Call | None:
         """The call this rank is blocked in; none once it is out of the test, whatever its log says."""
         return None if self.finished else self.current_call

@@ -10,9 +10,9 @@ progress.  The blocked ranks that cannot progress whatever the running ranks
 do form the *doomed* set, found as a greatest fixpoint; if it is not empty,
 the deadlock is certain and the verdict says who is at fault.  Ranks that
 entered the same collective in ways that can never complete together (another
-op or root, another number of bytes) are a certain mismatch at once; a [2, 5]
-tensor against a [10] one completes on Gloo, and is left to
-:func:`compare_sequences` after the test.
+op or root, another number of bytes) are a certain mismatch at once; calls
+that complete though they differ are found in the calls recorded, after the
+test or once a rank failed (both in :mod:`pytest_ddp.diagnose.mismatches`).
 
 Who waits for whom, and the doomed set, are worked out in :mod:`pytest_ddp.diagnose.waits`.
 The verdict and its findings are data (:mod:`pytest_ddp.diagnose.verdicts`);
@@ -25,11 +25,10 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from pytest_ddp.common.dtypes import ELEMENT_SIZES
-from pytest_ddp.common.ops import COLLECTIVES, MONITORED_BARRIER, MPI_ABORT
+from pytest_ddp.common.ops import MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching
 from pytest_ddp.diagnose.init_faults import init_fault
-from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.mismatches import finished_mismatch, inflight_mismatch, p2p_mismatch
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import (
     Cycle,
@@ -44,7 +43,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
-from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, first_missed, group_members, reaches, waits_of
+from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, first_missed, reaches, waits_of
 
 # -- certain deadlocks --------------------------------------------------------
 
@@ -54,11 +53,15 @@ def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | 
     if not doomed:
         return None
     gone = _gone_verdict(ranks, waits, doomed)
-    if gone is not None and gone.kind == "rank_exited" and (mismatch := finished_mismatch(ranks)) is not None:
-        # Calls recorded on both sides that disagree are the cause of the rank's error (Gloo lets a
-        # DTensor's scatter of [2, 2] against [3, 2] through, and one rank raises after it)
-        return dataclasses.replace(mismatch, status="deadlock")
-    return gone or _cycle_verdict(ranks, waits, doomed)
+    if gone is None:
+        return _cycle_verdict(ranks, waits, doomed)
+    if gone.kind == "rank_exited":
+        # Calls recorded on both sides that disagree are the cause of the rank's error: Gloo lets
+        # calls of one size in other shapes through, and a rank trips on the data after them.
+        mismatch = finished_mismatch(ranks)
+        if mismatch is not None:
+            return dataclasses.replace(mismatch, status="deadlock")
+    return gone
 
 
 def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: set[int]) -> Verdict | None:
@@ -81,25 +84,29 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
         for r in doomed:  # ... and leave behind those waiting for them
             if set(left[r]) & victims and center not in left[r]:
                 left[r].append(center)
-    one = culprits[0] if center is None and kind == "rank_exited" and len(culprits) == 1 else None
-    broken = majority.broken_pair(ranks, one) if one is not None else []
+    broken: list[int] = []
+    if center is None and kind == "rank_exited" and len(culprits) == 1:
+        broken = majority.broken_pair(ranks, culprits[0])
     alike: list[int] = []
     if kind == "partial" and not victims:
-        extra = majority.extra_call(culprits, doomed, waits) or majority.extra_message(culprits, doomed, ranks, waits)
+        extra = majority.extra_call(culprits, doomed, waits)
+        if extra is None:
+            extra = majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
             return extra
         # No majority (as many wait as returned, the whole world: 2 ranks): where the waiting went
-        # on as they had, it is a tie
-        if len(ranks) == 2 * len(doomed) == 2 * len(culprits) and majority.as_before(
-                ranks, {r: waits[r].call for r in doomed}):
+        # on as they had, it is a tie.
+        no_majority = len(ranks) == 2 * len(doomed) == 2 * len(culprits)
+        if no_majority and majority.as_before(ranks, {r: waits[r].call for r in doomed}):
             alike = sorted(doomed)
 
     waiter = min(r for r in doomed if left[r])
     first = first_missed(ranks[waiter], ranks[left[waiter][0]], waits[waiter].call)
     finding = Departed(culprits, sorted(victims), sorted(doomed), needs, left, waits, broken, alike)
-    named = sorted(set(culprits) | set(broken) | set(alike))  # a broken connection's end still in the test too
-    return Verdict("deadlock", kind, named, [r for r in sorted(doomed) if r not in named], first.op, first.label,
-                   finding)
+    # A broken connection's end still in the test is named too.
+    named = sorted(set(culprits) | set(broken) | set(alike))
+    waiting = [r for r in sorted(doomed) if r not in named]
+    return Verdict("deadlock", kind, named, waiting, first.op, first.label, finding)
 
 
 def _victims(
@@ -123,8 +130,10 @@ def _woken_by_peer(gone: list[int], ranks: dict[int, RankState]) -> dict[int, in
     "Connection closed by peer") -> that peer: the death broke the exchange for them."""
     woken = {}
     for g in gone:
-        last = ranks[g].calls[-1] if ranks[g].calls else None
-        if last and last.is_p2p and last.state == "raised" and last.peer in ranks and not ranks[last.peer].alive:
+        last = ranks[g].last_raised
+        if last is None or not last.is_p2p or last.peer not in ranks:
+            continue
+        if not ranks[last.peer].alive:
             woken[g] = last.peer
     return woken
 
@@ -136,11 +145,20 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     culprits = sorted(r for r in doomed if reaches(r, r, needs))
     waiting = sorted(doomed - set(culprits))
     p2p = any(waits[r].call.is_p2p for r in culprits)
-    unmatched = [r for r in culprits if waits[r].call.is_p2p and any(not waits[p].call.is_p2p for p in needs[r])]
+    # Ranks in a send or receive that a rank in a collective must match: no call of theirs will.
+    unmatched = []
+    for r in culprits:
+        if waits[r].call.is_p2p and any(not waits[p].call.is_p2p for p in needs[r]):
+            unmatched.append(r)
     if not p2p:
         culprits, waiting = majority.out_of_order(culprits, waiting, waits)
     first = waits[(waiting or unmatched or culprits)[0]].call
-    kind = "p2p_unmatched" if unmatched else "p2p_cycle" if p2p else "mismatch"
+    if unmatched:
+        kind = "p2p_unmatched"
+    elif p2p:
+        kind = "p2p_cycle"
+    else:
+        kind = "mismatch"
     after = {}
     if p2p and len(culprits) == 2:
         after = majority.new_paths(ranks, {r: waits[r].call for r in culprits})
@@ -148,125 +166,6 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
         after = majority.branched(ranks, culprits)
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched, after)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
-
-
-# -- mismatches ---------------------------------------------------------------
-
-
-def _wire_size(call: Call) -> tuple[object, ...]:
-    """What goes over the wire per tensor: bytes where the dtype is known, else shape and dtype
-    (to tell mismatches that cannot complete from those Gloo lets through: [2, 5] against [10])."""
-    sizes: list[object] = []
-    for shape, dtype in zip(call.shapes, call.dtypes):
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        sizes.append(numel * ELEMENT_SIZES[dtype] if dtype in ELEMENT_SIZES else (tuple(shape), dtype))
-    return tuple(sizes)
-
-
-def _completion_key(call: Call) -> tuple[object, ...]:
-    """What two ranks must agree on for Gloo to complete a collective at all."""
-    sizes = () if call.kind.uneven else _wire_size(call)
-    return call.op, call.root, sizes
-
-
-def _inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
-    """A rank blocked, dead or raised inside a collective that a peer entered in a way that can never
-    complete with it (the peer may have returned from it: Gloo's size check aborts one rank)."""
-    # (group, number, members) -> each member that entered it -> its completion key: worked out
-    # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
-    entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
-    for rank in sorted(ranks):
-        calls = ranks[rank].calls
-        raised = calls[-1] if calls and calls[-1].state == "raised" else None  # MPICH's truncation error
-        call = ranks[rank].blocked_call or ranks[rank].died_in or raised
-        if call is None or not call.is_collective:
-            continue
-        key = (call.group, call.seq, call.group_ranks)
-        if key not in entered:
-            entered[key] = {
-                m: _completion_key(theirs)
-                for m in group_members(call, ranks) or []
-                if (theirs := collective_at(ranks[m], call.group, call.seq)) is not None
-            }
-        own, keys = _completion_key(call), entered[key]
-        if set(keys.values()) != {own} and any(k != own for m, k in keys.items() if m != rank):
-            return _mismatch_verdict("deadlock", ranks, call, _completion_key)
-    return None
-
-
-def _p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
-    """A send and the receive it pairs with (the same group and number, each the other's peer)
-    whose messages differ in size: Gloo's receive raises on it, or takes part of it and a later
-    call raises.  The two calls disagree, whichever rank raised: that rank is not the culprit for
-    it.  Looked for in the call a rank is blocked in, and over every call of a rank that raised."""
-    # Each peer's sends and receives by (group, direction, other end, number): one pass over a
-    # peer's calls however many ranks wait for it (511 ranks waiting for one: 2.6 s -> 25 ms).
-    indexes: dict[int, dict[tuple[str, bool, int | None, int], Call]] = {}
-    for rank in sorted(ranks):
-        calls = ranks[rank].calls
-        if calls and calls[-1].state == "raised":
-            mine = [c for c in calls if c.is_p2p]
-        else:
-            # the call it is blocked in, or died inside (Gloo aborts a rank whose receive meets a
-            # message of another size: its peer may not have raised yet)
-            mine = [c for c in [ranks[rank].blocked_call or ranks[rank].died_in] if c is not None and c.is_p2p]
-        # torch's p2p only: MPI pairs a send with a receive by tag (diagnose.mpi_matching)
-        mine = [c for c in mine if c.kind.api == "torch" and c.peer in ranks and c.peer != rank and c.shapes]
-        for call in mine:
-            assert call.peer is not None  # in ranks
-            if call.peer not in indexes:
-                indexes[call.peer] = {(c.group, c.is_recv, c.peer, c.seq): c for c in ranks[call.peer].calls
-                                      if c.is_p2p}
-            theirs = indexes[call.peer].get((call.group, not call.is_recv, rank, call.seq))
-            if theirs is not None and theirs.shapes and _wire_size(theirs) != _wire_size(call):
-                entered = {rank: call, call.peer: theirs}
-                return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label,
-                               Disagreement(call, entered, *majority.likely(ranks, entered, _wire_size)))
-    return None
-
-
-def finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
-    """After the test: two ranks that entered the same collective with different signatures."""
-    made = {rank: ranks[rank].calls for rank in sorted(ranks)}
-
-    def collectives(calls: list[Call]) -> list[Call]:
-        return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]  # "?": a group the recorder could not name
-
-    # The calls the ranks made alike from the first are alike by signature: only what follows can
-    # differ, unless a (group, number) made there comes again (a group made anew: compare all).
-    shared = shared_prefix(list(made.values()))
-    skipped = {(c.group, c.seq) for c in collectives(next(iter(made.values()), [])[:shared])}
-    rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls[shared:])]
-    if any((call.group, call.seq) in skipped for _, call in rest):
-        rest = [(rank, call) for rank, calls in made.items() for call in collectives(calls)]
-    by_position: dict[tuple[str, int], dict[int, Call]] = {}
-    for rank, call in rest:
-        by_position.setdefault((call.group, call.seq), {})[rank] = call
-    for entered in by_position.values():
-        if len({Call.signature(c) for c in entered.values()}) > 1:
-            return _mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
-    return None
-
-
-def _mismatch_verdict(
-    status: str, ranks: dict[int, RankState], call: Call, key: Callable[[Call], tuple[object, ...]]
-) -> Verdict:
-    members = sorted(set(call.group_ranks or ranks) & set(ranks))
-    entered = {}
-    for r in members:
-        theirs = collective_at(ranks[r], call.group, call.seq)
-        if theirs is not None:
-            entered[r] = theirs
-    culprits, agreeing = majority.minority(entered, key)
-    ops = {entered[r].op for r in culprits}
-    odd = entered[culprits[0]] if len(ops) == 1 else None  # None: a tie between different operations
-    likely, after = majority.likely(ranks, entered, key) if not agreeing else ({}, {})
-    return Verdict(
-        status, "mismatch", culprits, agreeing,
-        odd.op if odd else None, odd.label if odd else None, Disagreement(call, entered, likely, after),
-    )
 
 
 # -- the verdict --------------------------------------------------------------
@@ -310,35 +209,48 @@ def _disconnected(snap: Snapshot) -> bool:
 
 
 def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
-    """How long ranks still moving get: the grace where connections were broken on purpose (the
-    broken rank raises last on a loaded machine, later than the settle time: the matrix's
-    classic-disconnect-w8-first named its woken neighbour), as a rank killed on purpose gets; and
-    to a tie that members still on their way would break (8 ranks on 2 cores: the matrix's
-    dtensor-dtype-w8-last and classic-cycle-w4-last were ties of the 2 ranks in first)."""
-    return max(SETTLE, snap.grace) if _disconnected(snap) or _tie_others_may_break(snap, verdict) else SETTLE
+    """How long ranks still moving get: the settle time; the grace where connections were broken on
+    purpose (the broken rank may raise after its woken peers, later than the settle time), as a
+    rank killed on purpose gets, and where members still on their way would break a tie."""
+    if _disconnected(snap) or _tie_others_may_break(snap, verdict):
+        return max(SETTLE, snap.grace)
+    return SETTLE
 
 
 def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
     """A mismatch of ranks as many on each side (in a collective, or groups taken in another order)
-    while members of its groups not named run outside any call or in an earlier collective there."""
-    finding = verdict.finding
+    while members of its groups not named run outside any call or in an earlier collective there:
+    their calls, once they come, make a majority."""
     if verdict.kind != "mismatch" or verdict.waiting:
         return False
-    calls = [finding.call] if isinstance(finding, Disagreement) else [
-        w.call for w in finding.waits.values()] if isinstance(finding, Cycle) and not finding.p2p else []
-    members = {r for c in calls for r in c.group_ranks or [s.rank for s in snap.ranks]} - set(verdict.culprits)
-    return any(s.rank in members and not s.finished and ((now := s.current_call) is None or any(
-        now.is_collective and now.group == c.group and now.seq < c.seq for c in calls)) for s in snap.ranks)
+    finding = verdict.finding
+    if isinstance(finding, Disagreement):
+        calls = [finding.call]
+    elif isinstance(finding, Cycle) and not finding.p2p:
+        calls = [wait.call for wait in finding.waits.values()]
+    else:
+        return False
+    everyone = [s.rank for s in snap.ranks]
+    members = {r for c in calls for r in c.group_ranks or everyone} - set(verdict.culprits)
+    for state in snap.ranks:
+        if state.rank not in members or state.finished:
+            continue
+        now = state.current_call
+        if now is None:
+            return True
+        if now.is_collective and any(now.group == c.group and now.seq < c.seq for c in calls):
+            return True
+    return False
 
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     """Some unfinished rank may still finish or block elsewhere, so the verdict would name more
     ranks: it runs outside any call; it is in a collective every member entered, finishing it
-    (with 64 ranks, 30 were still leaving all_reduce #11 when the others blocked in #12); a
-    rank's connections were broken on purpose, so every rank still in a call is about to raise
-    out of it, the broken rank's peers too; it is the one rank at an end of every send or receive
-    that raised (its connections broke: it raises next); or it is in an MPI send, which may return
-    with its message buffered."""
+    (ranks still leave one collective while others block in the next); a rank's connections
+    were broken on purpose, so every rank still in a call is about to raise out of it, the broken
+    rank's peers too; it is the one rank at an end of every send or receive that raised (its
+    connections broke: it raises next); or it is in an MPI send, which may return with its
+    message buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
     disconnected = _disconnected(snap)
     center = majority.broken_center({s.rank: s for s in snap.ranks})
@@ -363,8 +275,12 @@ def judge(snap: Snapshot) -> Verdict:
         return _done(ranks)
     waits = waits_of(ranks)
     timed_out = snap.now - snap.started >= snap.timeout
-    verdict = init_fault(ranks) or _inflight_mismatch(ranks) or _p2p_mismatch("deadlock", ranks) or _deadlock(
-        ranks, waits)
+    verdict = (
+        init_fault(ranks)
+        or inflight_mismatch(ranks)
+        or p2p_mismatch("deadlock", ranks)
+        or _deadlock(ranks, waits)
+    )
     # Peers of a rank killed on purpose may still recover (their collective raises, at once or
     # at their own timeout); only the test's timeout makes the deadlock final.
     if verdict is not None and (timed_out or not _only_injected_deaths(verdict.culprits, ranks)):
@@ -382,12 +298,21 @@ def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> b
 def mpi_abort(state: RankState) -> Call | None:
     """The MPI_Abort this rank's process ended in, if it did: the rank failed, whatever its exit
     status, and the ranks its launcher then killed died of it."""
-    last = state.calls[-1] if state.calls and not state.alive else None
-    return last if last is not None and last.op == MPI_ABORT and last.state == "running" else None
+    if state.alive or not state.calls:
+        return None
+    last = state.calls[-1]
+    if last.op == MPI_ABORT and last.state == "running":
+        return last
+    return None
 
 
 def _faulty(state: RankState) -> bool:
-    return state.failed or (not state.alive and (state.exit_code != 0 or mpi_abort(state) is not None))
+    """A failed report, or a process that ended with an error or in an MPI_Abort."""
+    if state.failed:
+        return True
+    if state.alive:
+        return False
+    return state.exit_code != 0 or mpi_abort(state) is not None
 
 
 def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict:
@@ -418,8 +343,10 @@ def _monitored_barrier_timeout(status: str, ranks: dict[int, RankState]) -> Verd
     slow: set[int] = set()
     for rank, state in sorted(ranks.items()):
         last = state.calls[-1] if state.calls else None
-        found = _SLOW_RANKS.search(last.error or "") if last and last.op == MONITORED_BARRIER else None
-        if found and last is not None:
+        if last is None or last.op != MONITORED_BARRIER:
+            continue
+        found = _SLOW_RANKS.search(last.error or "")
+        if found is not None:
             reporters[rank] = last
             slow.update(int(r) for r in found.group(1).replace(",", " ").split())
     named = sorted(slow & set(ranks))
@@ -437,8 +364,9 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     waiting = [r for r in sorted(ranks) if not ranks[r].finished and r not in culprits]
     if not culprits or not waiting or _only_injected_deaths(culprits, ranks):
         return None
-    times = [t for r in culprits if (t := ranks[r].failed_at or ranks[r].died_at) is not None]
-    if snap.now - min(times, default=snap.now) < snap.grace:
+    times = [ranks[r].failed_at or ranks[r].died_at for r in culprits]
+    first_failure = min((t for t in times if t is not None), default=snap.now)
+    if snap.now - first_failure < snap.grace:
         return None
     slow = _monitored_barrier_timeout("stopped", ranks)
     if slow is not None:
@@ -447,8 +375,7 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
     # (Gloo's size check aborts one rank of a functional all_reduce; its peer goes on, async).
     mismatch = finished_mismatch(ranks)
     if mismatch is not None:
-        m = mismatch
-        return Verdict("stopped", m.kind, m.culprits, m.waiting, m.collective, m.call, m.finding)
+        return dataclasses.replace(mismatch, status="stopped")
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
     woken = _woken(culprits, ranks)
     culprits = [r for r in culprits if r not in woken]
@@ -466,10 +393,11 @@ def _woken(failed: list[int], ranks: dict[int, RankState]) -> list[int]:
     center = majority.broken_center(ranks)  # a dead rank every send or receive that raised was with
 
     def woken(state: RankState) -> bool:
-        if state.calls and state.calls[-1].state == "raised":
+        if state.last_raised is not None:
             return True
-        return center is not None and not ranks[center].alive and any(
-            c.is_p2p and c.state == "raised" and c.peer == center for c in state.calls)
+        if center is None or ranks[center].alive:
+            return False
+        return any(c.is_p2p and c.state == "raised" and c.peer == center for c in state.calls)
 
     return [r for r in failed if ranks[r].alive and woken(ranks[r])]
 
@@ -481,7 +409,11 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         if all(state.finished_at is None for state in ranks.values()):  # every rank's process ended
             return Verdict("done", "rank_exited", sorted(ranks), finding=NoneFinished(sorted(ranks)))
         return Verdict("done")
-    found = finished_mismatch(ranks) or _p2p_mismatch("done", ranks) or _monitored_barrier_timeout("done", ranks)
+    found = (
+        finished_mismatch(ranks)
+        or p2p_mismatch("done", ranks)
+        or _monitored_barrier_timeout("done", ranks)
+    )
     if found is not None:
         return found
     dead = [r for r in failed if not ranks[r].alive]
@@ -489,12 +421,17 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         return Verdict("done", "failed", failed, [], finding=Failures(failed))
     # Ranks whose last call raised were woken by the death ("Connection closed by peer"); the
     # ranks an MPI_Abort's launcher killed died of it.
-    woken = [r for r in sorted(ranks) if r not in dead and ranks[r].calls and ranks[r].calls[-1].state == "raised"]
-    if aborted := [r for r in dead if mpi_abort(ranks[r]) is not None]:
-        dead, woken = aborted, sorted(woken + [r for r in dead if r not in aborted])
-    died_in = [call for r in dead if (call := ranks[r].died_in) is not None]
-    shown = died_in[0] if died_in else ranks[woken[0]].calls[-1] if woken else None
-    return Verdict(
-        "done", "rank_exited", dead, woken,
-        shown.op if shown else None, shown.label if shown else None, Failures(dead, woken),
-    )
+    woken = [r for r in sorted(ranks) if r not in dead and ranks[r].last_raised is not None]
+    aborted = [r for r in dead if mpi_abort(ranks[r]) is not None]
+    if aborted:
+        woken = sorted(woken + [r for r in dead if r not in aborted])
+        dead = aborted
+    finding = Failures(dead, woken)
+    died_in = [call for call in (ranks[r].died_in for r in dead) if call is not None]
+    if died_in:
+        shown = died_in[0]
+    elif woken:
+        shown = ranks[woken[0]].calls[-1]
+    else:
+        return Verdict("done", "rank_exited", dead, woken, finding=finding)
+    return Verdict("done", "rank_exited", dead, woken, shown.op, shown.label, finding)

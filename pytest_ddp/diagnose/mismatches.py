@@ -1,0 +1,176 @@
+"""Mismatches: ranks whose calls at one place of their sequences disagree.  Pure: no processes, no I/O.
+
+Ranks that enter the same collective (same group, same sequence number) must agree on it, and so
+must a send and the receive it pairs with.  Some disagreements can never complete (another op
+or root, another number of bytes on the wire): the ranks in them are a certain mismatch while
+they still wait (:func:`inflight_mismatch`, :func:`p2p_mismatch`).  Others complete without an
+error on Gloo and MPICH (a [2, 5] tensor against a [10] one, another reduce op) and are found
+in the calls the ranks recorded, once they are out of the test or a rank failed
+(:func:`finished_mismatch`).  Which ranks departed is the majority's word
+(:mod:`pytest_ddp.diagnose.majority`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pytest_ddp.common.dtypes import ELEMENT_SIZES
+from pytest_ddp.common.ops import COLLECTIVES
+from pytest_ddp.diagnose import majority
+from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.verdicts import Disagreement, Verdict
+from pytest_ddp.diagnose.waits import collective_at, group_members
+
+# What two calls are compared by: equal keys agree.
+Key = Callable[[Call], tuple[object, ...]]
+
+
+def wire_size(call: Call) -> tuple[object, ...]:
+    """What goes over the wire per tensor: bytes where the dtype is known, else shape and dtype
+    (to tell mismatches that cannot complete from those Gloo lets through: [2, 5] against [10])."""
+    sizes: list[object] = []
+    for shape, dtype in zip(call.shapes, call.dtypes):
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if dtype in ELEMENT_SIZES:
+            sizes.append(numel * ELEMENT_SIZES[dtype])
+        else:
+            sizes.append((tuple(shape), dtype))
+    return tuple(sizes)
+
+
+def _completion_key(call: Call) -> tuple[object, ...]:
+    """What two ranks must agree on for Gloo to complete a collective at all."""
+    sizes = () if call.kind.uneven else wire_size(call)
+    return call.op, call.root, sizes
+
+
+# -- while the ranks wait -----------------------------------------------------
+
+
+def inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+    """A rank blocked, dead or raised inside a collective that a peer entered in a way that can
+    never complete with it.  The peer may have returned from it: Gloo's size check aborts only the
+    rank that receives too much, and MPICH raises "message truncated" on it alone."""
+    # (group, number, members) -> each member that entered it -> its completion key: worked out
+    # once for all the ranks blocked in it, so O(ranks) per collective, not O(ranks^2).
+    entered: dict[tuple[str, int, tuple[int, ...]], dict[int, tuple[object, ...]]] = {}
+    for rank in sorted(ranks):
+        state = ranks[rank]
+        call = state.blocked_call or state.died_in or state.last_raised
+        if call is None or not call.is_collective:
+            continue
+        position = (call.group, call.seq, call.group_ranks)
+        if position not in entered:
+            entered[position] = _completion_keys(call, ranks)
+        own = _completion_key(call)
+        if any(key != own for member, key in entered[position].items() if member != rank):
+            return mismatch_verdict("deadlock", ranks, call, _completion_key)
+    return None
+
+
+def _completion_keys(call: Call, ranks: dict[int, RankState]) -> dict[int, tuple[object, ...]]:
+    """Each member of ``call``'s group that entered its collective -> the completion key of its call there."""
+    keys = {}
+    for member in group_members(call, ranks) or []:
+        theirs = collective_at(ranks[member], call.group, call.seq)
+        if theirs is not None:
+            keys[member] = _completion_key(theirs)
+    return keys
+
+
+def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
+    """A send and the receive it pairs with (the same group and number, each the other's peer)
+    whose messages differ in size: Gloo's receive raises on it, or takes part of it and a later
+    call raises.  The two calls disagree, whichever rank raised: that rank is not the culprit for
+    it.  Looked for in the call a rank is blocked in, and over every call of a rank that raised."""
+    # Each peer's sends and receives, indexed once however many ranks wait for that peer.
+    indexes: dict[int, dict[tuple[str, bool, int | None, int], Call]] = {}
+    for rank in sorted(ranks):
+        for call in _compared_p2p(rank, ranks):
+            peer = call.peer
+            assert peer is not None  # _compared_p2p keeps calls whose peer is a rank
+            if peer not in indexes:
+                indexes[peer] = _p2p_index(ranks[peer])
+            theirs = indexes[peer].get((call.group, not call.is_recv, rank, call.seq))
+            if theirs is None or not theirs.shapes:
+                continue
+            if wire_size(theirs) != wire_size(call):
+                entered = {rank: call, peer: theirs}
+                likely, after = majority.likely(ranks, entered, wire_size)
+                finding = Disagreement(call, entered, likely, after)
+                return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label, finding)
+    return None
+
+
+def _p2p_index(state: RankState) -> dict[tuple[str, bool, int | None, int], Call]:
+    """The rank's sends and receives by (group, direction, other end, number)."""
+    return {(c.group, c.is_recv, c.peer, c.seq): c for c in state.calls if c.is_p2p}
+
+
+def _compared_p2p(rank: int, ranks: dict[int, RankState]) -> list[Call]:
+    """The rank's sends and receives to compare with their peers': every one where its last call
+    raised; else the one it is blocked in or died inside (Gloo aborts a rank whose receive meets a
+    message of another size, and its peer may not have raised yet).  torch's only, with shapes
+    and another rank at the other end: MPI pairs a send with a receive by tag
+    (:mod:`pytest_ddp.diagnose.mpi_matching`)."""
+    state = ranks[rank]
+    if state.last_raised is not None:
+        mine = [c for c in state.calls if c.is_p2p]
+    else:
+        inside = state.blocked_call or state.died_in
+        mine = [inside] if inside is not None and inside.is_p2p else []
+    return [c for c in mine if c.kind.api == "torch" and c.peer in ranks and c.peer != rank and c.shapes]
+
+
+# -- in the calls the ranks made ----------------------------------------------
+
+
+def finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+    """The first collective two ranks entered with different signatures (:meth:`Call.signature`),
+    whether or not it completed: read after the test, or once a rank failed."""
+    made = {rank: ranks[rank].calls for rank in sorted(ranks)}
+    # The calls the ranks made alike from the first are alike by signature: only what follows can
+    # differ, unless a (group, number) made there comes again (a group made anew: compare all).
+    shared = shared_prefix(list(made.values()))
+    first = next(iter(made.values()), [])
+    skipped = {(c.group, c.seq) for c in _collectives(first[:shared])}
+    rest = [(rank, call) for rank, calls in made.items() for call in _collectives(calls[shared:])]
+    if any((call.group, call.seq) in skipped for _, call in rest):
+        rest = [(rank, call) for rank, calls in made.items() for call in _collectives(calls)]
+    by_position: dict[tuple[str, int], dict[int, Call]] = {}
+    for rank, call in rest:
+        by_position.setdefault((call.group, call.seq), {})[rank] = call
+    for entered in by_position.values():
+        if len({Call.signature(c) for c in entered.values()}) > 1:
+            return mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
+    return None
+
+
+def _collectives(calls: list[Call]) -> list[Call]:
+    """The collectives among ``calls``, but those on a group the recorder could not name ("?")."""
+    return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]
+
+
+def mismatch_verdict(status: str, ranks: dict[int, RankState], call: Call, key: Key) -> Verdict:
+    """The verdict on the members that entered ``call``'s collective: those whose call differs
+    by ``key`` from most are named; in a tie every one is, with what tells its likely culprits
+    (:func:`pytest_ddp.diagnose.majority.likely`)."""
+    members = sorted(set(call.group_ranks or ranks) & set(ranks))
+    entered = {}
+    for r in members:
+        theirs = collective_at(ranks[r], call.group, call.seq)
+        if theirs is not None:
+            entered[r] = theirs
+    culprits, agreeing = majority.minority(entered, key)
+    likely: dict[int, Call] = {}
+    after: dict[int, tuple[Call, Call]] = {}
+    if not agreeing:  # a tie
+        likely, after = majority.likely(ranks, entered, key)
+    finding = Disagreement(call, entered, likely, after)
+    if len({entered[r].op for r in culprits}) > 1:  # a tie between different operations: none is named
+        return Verdict(status, "mismatch", culprits, agreeing, None, None, finding)
+    odd = entered[culprits[0]]
+    return Verdict(status, "mismatch", culprits, agreeing, odd.op, odd.label, finding)
