@@ -71,7 +71,8 @@ def extra_message(returned: list[int], doomed: set[int], ranks: dict[int, RankSt
             return None
     call = waits[callers[0]].call
     finding = ExtraCall(callers, returned, {r: waits[r] for r in callers})
-    return Verdict("deadlock", "partial", callers, sorted(doomed - set(callers)), call.op, call.label, finding)
+    behind = sorted(doomed - set(callers))
+    return Verdict("deadlock", "partial", callers, behind, call.op, call.label, finding)
 
 
 def _latest(state: RankState, recv: bool) -> int:
@@ -91,8 +92,13 @@ def broken_center(ranks: dict[int, RankState]) -> int | None:
     where two or more did: its connections broke (it died, or lost its network), and the raising
     peers were woken by it ("Connection closed by peer"); None where no one rank is (a pair:
     each end blames the other)."""
-    ends = [{r, c.peer} for r, state in ranks.items() if state.failed or not state.alive for c in state.calls
-            if c.is_p2p and c.state == "raised" and c.peer is not None]
+    ends = []
+    for r, state in ranks.items():
+        if state.alive and not state.failed:
+            continue
+        for c in state.calls:
+            if c.is_p2p and c.state == "raised" and c.peer is not None:
+                ends.append({r, c.peer})
     if len(ends) < 2:
         return None
     common = set.intersection(*ends)
@@ -115,10 +121,14 @@ def broken_pair(ranks: dict[int, RankState], gone: int) -> list[int]:
     raised_with = {c.peer for c in ranks[other].calls if c.is_p2p and c.state == "raised"}
     call = ranks[other].blocked_call
     still_in = call is not None and call.is_p2p and call.peer == gone
-    return sorted((gone, other)) if raised_with == {gone} or (not raised_with and still_in) else []
+    if raised_with == {gone} or (not raised_with and still_in):
+        return sorted((gone, other))
+    return []
 
 
-def out_of_order(culprits: list[int], waiting: list[int], waits: dict[int, Wait]) -> tuple[list[int], list[int]]:
+def out_of_order(
+    culprits: list[int], waiting: list[int], waits: dict[int, Wait]
+) -> tuple[list[int], list[int]]:
     """Collectives waiting for each other in a cycle where most of its ranks wait in one call:
     the fewer, each in another call, took the collectives in another order (culprits); the
     rest wait for them.  With no such majority (2 ranks, say) every rank on the cycle stays."""
@@ -150,7 +160,8 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
             culprits, _ = minority(values, lambda setting: (setting.name, setting.value))
             others = sorted({*verdict.culprits, *verdict.waiting} - set(culprits))
             finding = SettingDiffers(values, verdict)
-            return Verdict(verdict.status, "mismatch", culprits, others, verdict.collective, verdict.call, finding)
+            status, collective, call = verdict.status, verdict.collective, verdict.call
+            return Verdict(status, "mismatch", culprits, others, collective, call, finding)
     return None
 
 
@@ -164,15 +175,18 @@ def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | N
     finding = verdict.finding
     if not cut:
         return None
+    if isinstance(finding, Departed) and cut.isdisjoint(finding.culprits):
+        return _woken_by_cut(verdict, ranks, cut)
     if isinstance(finding, Departed):
-        return _woken_by_cut(verdict, ranks, cut) if cut.isdisjoint(finding.culprits) else _woke_gone(
-            verdict, finding, ranks, cut)
+        return _woke_gone(verdict, finding, ranks, cut)
     if isinstance(finding, (Failures, GraceOver)) and cut & {*finding.failed, *finding.woken}:
         return _woke_failed(verdict, finding, ranks, cut)
     return None
 
 
-def _woke_gone(verdict: Verdict, finding: Departed, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
+def _woke_gone(
+    verdict: Verdict, finding: Departed, ranks: dict[int, RankState], cut: set[int]
+) -> Verdict | None:
     """The ranks gone with a cut rank that it woke are its victims, as :func:`broken_center`'s
     are; of a broken connection's two ends (:func:`broken_pair`), the cut one lost it."""
     peers = [g for g in finding.culprits if g not in cut and _woken(ranks[g], cut)]
@@ -180,7 +194,8 @@ def _woke_gone(verdict: Verdict, finding: Departed, ranks: dict[int, RankState],
     if not peers and broken == finding.broken:
         return None
     culprits = [g for g in finding.culprits if g not in peers]
-    changed = dataclasses.replace(finding, culprits=culprits, victims=sorted({*finding.victims, *peers}), broken=broken)
+    victims = sorted({*finding.victims, *peers})
+    changed = dataclasses.replace(finding, culprits=culprits, victims=victims, broken=broken)
     named = sorted({*culprits, *broken, *finding.alike})
     waiting = sorted({*verdict.culprits, *verdict.waiting} - {*named, *peers})
     return dataclasses.replace(verdict, culprits=named, waiting=waiting, finding=changed)
@@ -221,13 +236,14 @@ def _woken(state: RankState, cut: set[int]) -> bool:
     """The rank's last call raised, or it died (Gloo aborts a process whose asynchronous send or
     receive failed, even between calls), in a call with a cut rank: a send or receive to it, a
     collective of a group it is in."""
-    if state.alive:
-        last = state.calls[-1] if state.calls and state.calls[-1].state == "raised" else None
-    else:
+    last = state.last_raised
+    if not state.alive:  # its last call, or the call it died inside
         last = state.died_in or (state.calls[-1] if state.calls else None)
     if last is None:
         return False
-    return last.peer in cut if last.is_p2p else last.is_collective and bool(cut & set(last.group_ranks))
+    if last.is_p2p:
+        return last.peer in cut
+    return last.is_collective and bool(cut & set(last.group_ranks))
 
 
 def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:
@@ -250,7 +266,7 @@ def departures(
     any rank made from the same line (a smaller last batch, another dtype), while each other rank's
     call is what its line always made -> that earlier call.  Empty when nothing tells them apart
     (a rank whose call comes from a line that made none before may have taken another path, or
-    gone on to the next line of correct code: the matrix's MPI ranks of a step more and less)."""
+    gone on to the next line of correct code while its peer makes a step more)."""
     before: dict[str, set[tuple[object, ...]]] = {}
     earlier: dict[str, Call] = {}
     for _, made in _made_before(ranks, entered):
@@ -343,7 +359,12 @@ def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source
         where, line = site_parts(c.site)
         if where == file and line is not None:
             ops.setdefault(line, set()).add(c.op if c.caller is None else None)
-    made = {line: op for line, names in ops.items() if len(names) == 1 and (op := next(iter(names))) is not None}
+    # The lines whose every call was one op, made there (not inside a library).
+    made: dict[int, str] = {}
+    for line, names in ops.items():
+        op = next(iter(names)) if len(names) == 1 else None
+        if op is not None:
+            made[line] = op
     lines = code_paths.calls_between(text, start, end, made)
     return None if lines is None else [f"{file}:{line}" for line in lines]
 
