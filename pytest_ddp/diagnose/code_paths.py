@@ -61,7 +61,9 @@ def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> li
     return alone or sorted(s.lineno for s in met)
 
 
-def _walk(flow: _Flow, first: ast.stmt, last: ast.stmt, blocking: set[ast.stmt]) -> tuple[bool, set[ast.stmt]]:
+def _walk(
+    flow: _Flow, first: ast.stmt, last: ast.stmt, blocking: set[ast.stmt]
+) -> tuple[bool, set[ast.stmt]]:
     """(whether ``last`` is reached from ``first`` passing no blocking statement, the blocking
     statements met on the way)."""
     seen: set[ast.stmt | str] = set()
@@ -93,7 +95,8 @@ def _calls_by_name(statement: ast.stmt, made: dict[int, str]) -> bool:
     """The statement is simple and calls, unconditionally, the op recorded at one of its lines."""
     if isinstance(statement, _COMPOUND):
         return False
-    ops = {op for line, op in made.items() if statement.lineno <= line <= (statement.end_lineno or statement.lineno)}
+    end = statement.end_lineno or statement.lineno
+    ops = {op for line, op in made.items() if statement.lineno <= line <= end}
     return bool(ops) and any(_name(call) in ops for call in _unconditional_calls(statement))
 
 
@@ -107,11 +110,18 @@ def _unconditional_calls(node: ast.AST) -> Iterator[ast.Call]:
 
 
 def _name(call: ast.Call) -> str | None:
+    """The name a call calls by: ``f`` of ``f(...)`` and of ``x.f(...)``."""
     func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return None
 
 
-_COMPOUND = (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)
+_COMPOUND = (
+    ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef
+)
 
 
 class _Flow:

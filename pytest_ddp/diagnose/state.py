@@ -82,7 +82,8 @@ class Call:
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
-    caller: str | None = None  # made inside a library (site: the user's line that led there): the library's frame
+    # Made inside a library: the library's frame (``site`` is then the user's line that led there).
+    caller: str | None = None
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
     before_backend: bool = False  # raised before its group's backend was handed it: the group is as it was
@@ -132,7 +133,8 @@ class Call:
             if kind.api == "mpi":
                 text += _tag_text(self.tag)
                 if kind.recv_from:  # Sendrecv
-                    text += f", from {_peer_text(self.extra.get('recv_from'))}{_tag_text(self.extra.get('recv_tag'))}"
+                    source, tag = self.extra.get("recv_from"), self.extra.get("recv_tag")
+                    text += f", from {_peer_text(source)}{_tag_text(tag)}"
         if self.group != "WORLD":
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text
@@ -236,7 +238,8 @@ class RankState:
     def used_store(self) -> bool:
         """The test made a default group by a rendezvous on its rank group's store (``env://``, or
         ``tcp://`` to it), whose keys stay there: no later rendezvous can be made on that store."""
-        return any(c.op == INIT and not str(c.extra.get("init_method")).startswith(_OWN_STORES) for c in self.calls)
+        methods = [str(c.extra.get("init_method")) for c in self.calls if c.op == INIT]
+        return any(not method.startswith(_OWN_STORES) for method in methods)
 
     @property
     def died_as_injected(self) -> bool:

@@ -185,8 +185,8 @@ class CutOnPurpose:
 
 
 Finding = (
-    Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished
-    | SettingDiffers | CutOnPurpose
+    Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures
+    | NoneFinished | SettingDiffers | CutOnPurpose
 )
 
 
