@@ -14,7 +14,9 @@ from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import rank_list, worded
 from pytest_ddp.groups.runner import TestRun
-from pytest_ddp.report.failure import failure_text, run_to_json
+from pytest_ddp.report.failure import failure_text
+from pytest_ddp.report.json_report import to_json
+from pytest_ddp.report.model import build
 from pytest_ddp.report.sequences import GROUP_ABOVE, MAX_PAIRS, p2p_table, sequence_table
 
 WORLD = tuple(range(64))
@@ -147,11 +149,11 @@ def test_a_split_without_a_majority_names_no_minority() -> None:
                                                if r < 8 else 0)) for r in range(16)]
     text = failure_text(judged(states), {}, "/src/train.py")
     assert text.splitlines()[2].startswith("the ranks part ways at all_reduce #3 (no majority): ranks 0-7 entered")
-    assert run_to_json(judged(states), {})["divergence"]["minority"] == []
+    assert to_json(build(judged(states), {}, ""))["divergence"]["minority"] == []
 
 
 def test_the_json_of_a_64_rank_hang_keeps_every_rank_and_says_where_they_part() -> None:
-    data = run_to_json(skips_last(), {})
+    data = to_json(build(skips_last(), {}, ""))
     assert [r["rank"] for r in data["ranks"]] == list(range(64))
     assert all(len(r["calls"]) in (11, 12) for r in data["ranks"])
     assert data["ranks"][5]["stack"].startswith("Current thread 0x00007f1e63005b80")  # each rank's own

@@ -1,7 +1,9 @@
-"""The watchdog's findings in words: the one or two sentences a verdict's reader acts on.
+"""The words of a failed test's report: the watchdog's findings, the headline, each rank's state.
 
 The watchdog (:mod:`pytest_ddp.diagnose.watchdog`) decides and returns data; this module
-words it, once per failing test, for the report, the JSON and ``run()``.
+words it, once per failing test, for the report, the JSON and ``run()``: the verdict's summary
+(:func:`worded`), the headline around it (:func:`lead`, :func:`tag`), and what each rank is doing
+(:func:`rank_doing`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
 from pytest_ddp.diagnose import mpi_matching
-from pytest_ddp.diagnose.consistency import CallDifference, SequenceDifference, UnfinishedWork, UnreceivedMessage
+from pytest_ddp.diagnose.consistency import (
+    CallDifference,
+    SequenceDifference,
+    UnfinishedWork,
+    UnreceivedMessage,
+)
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.state import Call, RankState, exit_text
 from pytest_ddp.diagnose.verdicts import (
@@ -442,3 +449,76 @@ def difference_line(difference: SequenceDifference) -> str:
         for n, group_ranks in _grouped(d.counts, d.counts.get)
     ]
     return f"group {d.group}: " + ", ".join(made)
+
+
+# -- the headline: what happened and to whom, then the verdict's tag ----------
+
+_NAMED_STATUSES = ("deadlock", "stopped", "timeout")  # a tag's first word; any other status: "failed"
+
+
+def lead(
+    verdict: Verdict,
+    *,
+    unfinished: bool,
+    unreceived: bool,
+    differ: bool,
+    not_fired: list[str],
+    stop_teardown: bool,
+) -> str:
+    """What happened and to whom: the verdict's summary, or what failed a test whose ranks all
+    passed (work left in flight, messages never received, sequences that differ, faults that never
+    fired, a failed teardown at the group's stop)."""
+    if verdict.summary:
+        return verdict.summary
+    if unfinished:
+        return "asynchronous work left in flight"
+    if unreceived:
+        return "messages sent and never received"
+    if differ:
+        return "the ranks' collective sequences differ"
+    if not_fired:
+        return f"injected faults never fired: {'; '.join(not_fired)}"
+    if stop_teardown:
+        return "the ranks failed in the teardown of the fixtures they still held when their group was stopped"
+    return "failed"
+
+
+def tag(verdict: Verdict, elapsed: float) -> str:
+    """``[ddp deadlock, partial, 0.41 s]`` (a deadlock's kind and how long into the test it was
+    diagnosed), ``[ddp failed]``, ``[ddp stopped, rank_exited]``: after the lead, so that pytest's
+    one-line summary, cut at the terminal's width, keeps the cause."""
+    status = verdict.status if verdict.status in _NAMED_STATUSES else "failed"
+    words = [status] + ([verdict.kind] if verdict.kind and verdict.kind != status else [])
+    if verdict.status == "deadlock":
+        words.append(f"{elapsed:.2f} s")
+    return f"[ddp {', '.join(words)}]"
+
+
+# -- each rank's state --------------------------------------------------------
+
+
+def rank_status(state: RankState) -> str:
+    """What the rank is doing, in a few words: ``finished (passed)``, ``running (call), outside any
+    collective``; "" when it waits in a call."""
+    if not state.alive:
+        return f"died ({exit_text(state.exit_code)}) during {state.phase}"
+    if state.finished:
+        return f"finished ({'failed' if state.failed else 'passed'})"
+    if state.current_call is not None:
+        return ""
+    return f"running ({state.phase}), outside any collective"
+
+
+def rank_doing(state: RankState) -> str:
+    """``waiting in barrier #2 (test_x.py:20), in call``, ``finished (passed); last call all_reduce
+    #3 (t.py:9)``: the rank's status and its current or last call."""
+    status = rank_status(state)
+    last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
+    where = describe_call(last) if last is not None else "no collective yet"
+    return f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
+
+
+def not_entered(state: RankState) -> str:
+    """What to say of a rank that did not make the collective where the ranks part ways: where it is."""
+    status = rank_status(state) or f"waiting in {describe_call(state.current_call or state.calls[-1])}"
+    return f"did not enter it, {status}"

@@ -1,4 +1,5 @@
-"""Turn what the ranks did into what pytest shows: one report per phase, and the text of a hang.
+"""The failure text: a report (:mod:`pytest_ddp.report.model`) as pytest shows it, and the texts
+of a test no rank ran and of a stopped group's failed teardown.
 
 The failure text follows one order, so that people learn where to look:
 
@@ -22,30 +23,16 @@ size.  The JSON keeps every rank.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
-from pathlib import Path
-from typing import Any
 
 from pytest_ddp.diagnose.state import RankState, exit_text
-from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list, unfinished_line, unreceived_line
+from pytest_ddp.diagnose.wording import difference_line, rank_list, unfinished_line, unreceived_line
 from pytest_ddp.groups.group import UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.report import picture, stack_tree, timeline
-from pytest_ddp.report.sequences import (
-    GROUP_ABOVE,
-    Divergence,
-    GroupSequences,
-    divergence,
-    divergence_line,
-    group_sequences,
-    p2p_table,
-    table,
-)
-from pytest_ddp.report.writable import file_name, printable_data
+from pytest_ddp.report import stack_tree
+from pytest_ddp.report.model import RankFacts, Report, build
+from pytest_ddp.report.sequences import GROUP_ABOVE, divergence_line, table
 
-PHASES = ("setup", "call", "teardown")
 OUTPUT_TAIL_LINES = 40
 HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
 
@@ -68,52 +55,11 @@ def _head(full: str) -> list[str]:
     return [line, "", full, ""] if _cut(full) else [line, ""]
 
 
-_NAMED_STATUSES = ("deadlock", "stopped", "timeout")  # a tag's first word; any other status: "failed"
-
-
-def _lead(run: TestRun) -> str:
-    """What happened and to whom: the verdict's summary, or what failed a test whose ranks all passed."""
-    verdict = run.verdict
-    if verdict.summary:
-        return verdict.summary
-    if run.unfinished_work:
-        return "asynchronous work left in flight"
-    if run.unreceived_messages:
-        return "messages sent and never received"
-    if run.sequence_differences:
-        return "the ranks' collective sequences differ"
-    if run.faults_not_fired:
-        return f"injected faults never fired: {'; '.join(run.faults_not_fired)}"
-    if run.stop_teardown:
-        return "the ranks failed in the teardown of the fixtures they still held when their group was stopped"
-    return "failed"
-
-
-def _tag(run: TestRun) -> str:
-    """``[ddp deadlock, partial, 0.41 s]`` (a deadlock's kind and how long into the test it was
-    diagnosed), ``[ddp failed]``, ``[ddp stopped, rank_exited]``: after the lead, so that pytest's
-    one-line summary, cut at the terminal's width, keeps the cause."""
-    verdict = run.verdict
-    status = verdict.status if verdict.status in _NAMED_STATUSES else "failed"
-    words = [status] + ([verdict.kind] if verdict.kind and verdict.kind != status else [])
-    if verdict.status == "deadlock":
-        words.append(f"{run.elapsed:.2f} s")
-    return f"[ddp {', '.join(words)}]"
-
-
-def headline(run: TestRun) -> str:
-    """The whole headline of a failure: what happened and who (long or several lines when a rank's
-    exception message is), then the verdict's tag."""
-    return f"{_lead(run)} {_tag(run)}"
-
-
-def _headline_lines(run: TestRun) -> list[str]:
+def _headline_lines(report: Report) -> list[str]:
     """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
-    lead, tag = _lead(run), _tag(run)
-    whole = f"{lead} {tag}"
-    if not _cut(whole):
-        return [capped(whole), ""]
-    return [f"{capped(lead, HEADLINE_LIMIT - len(tag) - 1)} {tag}", "", whole, ""]
+    if not _cut(report.headline):
+        return [capped(report.headline), ""]
+    return [f"{capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)} {report.tag}", "", report.headline, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -123,19 +69,19 @@ def injected_lines(states: list[RankState]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def rank_line(state: RankState) -> str:
+def rank_line(rank: RankFacts) -> str:
     """``rank 0: waiting in barrier #2 (test_x.py:20), in call; peak RSS 310 MB``."""
-    return f"rank {state.rank}: {_rank_state(state)}{_memory([state])}"
+    return f"rank {rank.rank}: {rank.doing}{_memory([rank.state])}"
 
 
-def rank_lines(states: list[RankState]) -> list[str]:
+def rank_lines(ranks: list[RankFacts]) -> list[str]:
     """One line per rank; above ``GROUP_ABOVE`` ranks, one per state shared by ranks
     (``ranks 0-62: waiting in all_reduce #12 (train.py:40), in call; peak RSS 180-190 MB``)."""
-    if len(states) <= GROUP_ABOVE:
-        return [rank_line(s) for s in states]
+    if len(ranks) <= GROUP_ABOVE:
+        return [rank_line(r) for r in ranks]
     alike: dict[str, list[RankState]] = {}
-    for state in sorted(states, key=lambda s: s.rank):
-        alike.setdefault(_rank_state(state), []).append(state)
+    for rank in sorted(ranks, key=lambda r: r.rank):
+        alike.setdefault(rank.doing, []).append(rank.state)
     return [f"{rank_list(s.rank for s in group)}: {text}{_memory(group)}" for text, group in alike.items()]
 
 
@@ -155,25 +101,6 @@ def _memory(states: list[RankState]) -> str:
     if cuda is not None:
         text += f", peak CUDA {cuda} MB"
     return text
-
-
-def _status(state: RankState) -> str:
-    """What the rank is doing, in a few words: ``finished (passed)``, ``running (call), outside any
-    collective``; "" when it waits in a call."""
-    if not state.alive:
-        return f"died ({exit_text(state.exit_code)}) during {state.phase}"
-    if state.finished:
-        return f"finished ({'failed' if state.failed else 'passed'})"
-    if state.current_call is not None:
-        return ""
-    return f"running ({state.phase}), outside any collective"
-
-
-def _rank_state(state: RankState) -> str:
-    status = _status(state)
-    last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
-    where = describe_call(last) if last is not None else "no collective yet"
-    return f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
 
 
 def format_stack(stack: str, test_file: str) -> str:
@@ -255,57 +182,55 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
     return "\n".join(_head(head)[:-1] + _grouped_failures(rank_failures))
 
 
-def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
+def render(report: Report) -> str:
     """The whole text of a failed ddp phase."""
-    lines = _headline_lines(run)
-    groups = group_sequences(run.states)
-    if len(run.states) > GROUP_ABOVE and (found := _divergence(run.states, groups)) is not None:
-        lines += [divergence_line(found), ""]
-    lines += injected_lines(run.states)
-    lines += rank_lines(run.states)
-    if groups:
-        lines += ["", *table(groups)]
-    if p2p := p2p_table(run.states):
-        lines += ["", *p2p]
-    if run.sequence_differences:
+    lines = _headline_lines(report)
+    if len(report.ranks) > GROUP_ABOVE and report.divergence is not None:
+        lines += [divergence_line(report.divergence), ""]
+    lines += injected_lines(report.states)
+    lines += rank_lines(report.ranks)
+    if report.sequences:
+        lines += ["", *table(report.sequences)]
+    if report.p2p:
+        lines += ["", *report.p2p]
+    if report.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
-        lines += ["  " + difference_line(d) for d in run.sequence_differences]
-    if run.unfinished_work:
+        lines += ["  " + difference_line(d) for d in report.sequence_differences]
+    if report.unfinished_work:
         lines += ["", "asynchronous work still in flight after the test:"]
-        lines += ["  " + unfinished_line(w) for w in run.unfinished_work]
-    if run.unreceived_messages:
+        lines += ["  " + unfinished_line(w) for w in report.unfinished_work]
+    if report.unreceived_messages:
         lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
-        lines += ["  " + unreceived_line(m) for m in run.unreceived_messages]
-    lines += _grouped_failures(rank_failures)
-    lines += _merged_stacks(run)
-    stacks = {rank: format_stack(stack, test_file) for rank, stack in run.stacks.items()}
-    for ranks, text in _alike(stacks):
-        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), text]
+        lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
+    lines += _grouped_failures({r.rank: r.failure for r in report.ranks if r.failure is not None})
+    lines += _merged_stacks(report)
+    stacks = {r.rank: format_stack(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
+    for ranks, stack in _alike(stacks):
+        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), stack]
     tails = {}
-    for state in run.states:
-        output = run.outputs.get(state.rank, {}).get("stderr", "").rstrip()
-        if not state.alive and output:
-            tails[state.rank] = f"{exit_text(state.exit_code)}\n{stderr_tail(output, test_file)}"
-    for ranks, text in _alike(tails):
-        how, tail = text.split("\n", 1)
-        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), tail]
+    for rank in report.ranks:
+        if not rank.state.alive and rank.stderr:
+            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{stderr_tail(rank.stderr, report.test_file)}"
+    for ranks, tail in _alike(tails):
+        how, shown = tail.split("\n", 1)
+        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), shown]
     return "\n".join(lines)
 
 
-def _merged_stacks(run: TestRun) -> list[str]:
+def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
+    """The text of ``run``'s report (:func:`pytest_ddp.report.model.build`), its stacks marking
+    ``test_file``'s lines."""
+    return render(build(run, rank_failures, test_file))
+
+
+def _merged_stacks(report: Report) -> list[str]:
     """The ranks' main threads as one tree, where they are not all the same stack: when they are,
     the one section of the ranks' stacks below says it, and the tree would repeat it."""
-    tree = stack_tree.merged(run.stacks)
+    tree = report.tree
     if not tree.differs():
         return []
     title = _section(f"{rank_list(tree.ranks)}: Python stacks merged (main thread, outermost frame first)")
-    return ["", title, *stack_tree.render(tree, run.test_id.split("::")[0])]
-
-
-def _divergence(states: list[RankState], groups: list[GroupSequences]) -> Divergence | None:
-    """Where the ranks part ways; a rank that did not get there is said to be where it is."""
-    where = {s.rank: _status(s) or f"waiting in {describe_call(s.current_call or s.calls[-1])}" for s in states}
-    return divergence(groups, {r: f"did not enter it, {text}" for r, text in where.items()})
+    return ["", title, *stack_tree.render(tree, report.test_id.split("::")[0])]
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # faulthandler's thread ids differ from rank to rank
@@ -329,100 +254,3 @@ def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
     for text, ranks in by_text.items():
         lines += ["", _section(f"{rank_list(ranks)}: failed"), text.rstrip()]
     return lines
-
-
-def run_to_json(run: TestRun | StartFailure, rank_failures: dict[int, str]) -> dict[str, Any]:
-    if isinstance(run, StartFailure):
-        return {
-            "test": run.test_id,
-            "world_size": run.spec.world_size,
-            "backend": run.spec.backend,
-            "timeout": run.spec.timeout,
-            "status": "not_started",
-            "start_error": run.error,
-            "elapsed": round(run.elapsed, 3),
-            "ranks": [],
-        }
-    verdict = run.verdict
-    return {
-        "test": run.test_id,
-        "world_size": run.spec.world_size,
-        "backend": run.spec.backend,
-        "timeout": run.spec.timeout,
-        "status": verdict.status,
-        "kind": verdict.kind,
-        "culprits": verdict.culprits,
-        "waiting": verdict.waiting,
-        "collective": verdict.collective,
-        "call": verdict.call,
-        "summary": verdict.summary,
-        "headline": headline(run),
-        "elapsed": round(run.elapsed, 3),
-        "started": run.ended - run.elapsed,  # time.time() of the hand-over, the timeline's origin
-        "ended": run.ended,
-        "injected": [
-            {"rank": s.rank, "text": e.text, "action": e.action, "op": e.op, "call": e.call, "site": e.site}
-            for s in run.states
-            for e in s.injected
-        ],
-        "faults_not_fired": run.faults_not_fired,
-        "sequence_differences": [
-            {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
-        ],
-        "unfinished_work": [{**dataclasses.asdict(w), "text": unfinished_line(w)} for w in run.unfinished_work],
-        "unreceived_messages": [
-            {"rank": m.rank, "dest": m.dest, "call": m.call.index, "text": unreceived_line(m)}
-            for m in run.unreceived_messages
-        ],
-        "divergence": _divergence_json(run.states),
-        "stack_tree": stack_tree.to_json(tree) if (tree := stack_tree.merged(run.stacks)).ranks else None,
-        "ranks": [
-            {
-                "rank": s.rank,
-                "line": rank_line(s),
-                "alive": s.alive,
-                "exit_code": s.exit_code,
-                "phase": s.phase,
-                "failed": s.failed,
-                "calls": [{**c.to_dict(), "label": c.label} for c in s.calls],
-                "finished_at": s.finished_at,
-                "died_at": s.died_at,
-                "failure": rank_failures.get(s.rank),
-                "stack": run.stacks.get(s.rank),
-                "output": run.outputs.get(s.rank),
-            }
-            for s in run.states
-        ],
-    }
-
-
-def _divergence_json(states: list[RankState]) -> dict[str, Any] | None:
-    """Where the ranks part ways (see :func:`pytest_ddp.report.sequences.divergence`), at any world size."""
-    found = _divergence(states, group_sequences(states))
-    if found is None:
-        return None
-    return {
-        "group": found.group,
-        "seq": found.seq,
-        "call": found.call,
-        "minority": found.minority,
-        "sides": [{"ranks": ranks, "did": did} for did, ranks in found.sides],
-        "text": divergence_line(found),
-    }
-
-
-def write_json(directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str]) -> Path:
-    """``<test>.json``, and beside it the same as a Chrome trace (``<test>.trace.json``) and as a
-    page with its timeline (``<test>.html``); the JSON's path."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    name = file_name(run.test_id)
-    # As a reader gets it, every string in it one that UTF-8 can encode.
-    report = printable_data(json.loads(json.dumps(run_to_json(run, rank_failures), default=str)))
-    target = path / f"{name}.json"
-    target.write_text(json.dumps(report, indent=2))
-    (path / f"{name}.trace.json").write_text(timeline.trace_json(report))
-    test_file = report["test"].split("::")[0]
-    page = picture.page(report, lambda text: format_stack(text, test_file))
-    (path / f"{name}.html").write_text(page, encoding="utf-8")
-    return target

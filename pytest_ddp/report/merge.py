@@ -18,17 +18,12 @@ import pytest
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.groups.group import StopTeardown, UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.report import flight_recorder
-from pytest_ddp.report.failure import (
-    PHASES,
-    failure_text,
-    start_failure_text,
-    stopped_group_text,
-    unfinished_teardown_text,
-    write_json,
-)
+from pytest_ddp.report import files
+from pytest_ddp.report.failure import failure_text, start_failure_text, stopped_group_text, unfinished_teardown_text
+from pytest_ddp.report.model import build
 from pytest_ddp.report.writable import printable, printable_data
 
+PHASES = ("setup", "call", "teardown")
 RERUN = "rerun"  # pytest-rerunfailures' outcome of a failed attempt that it runs again
 
 
@@ -169,14 +164,11 @@ def merged_reports(
 def write_files(
     directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str], reports: list[pytest.TestReport]
 ) -> None:
-    """A failed test's report files (:func:`pytest_ddp.report.failure.write_json`) and its
-    Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`).  Where they
-    cannot be written (a full disk, a folder removed or made read-only), its failure says why
-    and the session goes on: a side job must not end it."""
+    """A failed test's report files (:mod:`pytest_ddp.report.files`).  Where they cannot be
+    written (a full disk, a folder removed or made read-only), its failure says why and the
+    session goes on: a side job must not end it."""
     try:
-        write_json(directory, run, rank_failures)
-        if isinstance(run, TestRun):
-            flight_recorder.write(directory, run.test_id, run.states, run.spec.backend, run.spec.timeout)
+        files.write(directory, run if isinstance(run, StartFailure) else build(run, rank_failures, ""))
     except Exception as exc:
         failed = next(report for report in reports if report.failed)
         why = f"ddp: this test's report files were not written to {directory}: {type(exc).__name__}: {exc}"

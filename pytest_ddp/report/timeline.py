@@ -1,4 +1,4 @@
-"""A failing test's JSON report (:func:`pytest_ddp.report.failure.run_to_json`) as a timeline: each rank's
+"""A failing test's JSON report (:func:`pytest_ddp.report.json_report.to_json`) as a timeline: each rank's
 calls as slices in time, the calls still running when the report was made marked as stuck, and
 that timeline as a Chrome trace (the Trace Event Format, which Perfetto and chrome://tracing open).
 The HTML page drawn from the same slices is :mod:`pytest_ddp.report.picture`.
