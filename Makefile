@@ -1,23 +1,33 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two installs in one venv, each with its stamp: everything (make venv, for the suite), or only
+# what the demo needs (make demo). The first holds the second: it stamps both.
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo lint test bench torture clean matrix matrix-venvs clean-matrix chromium slurm
+.PHONY: venv demo lint check test bench torture clean matrix matrix-venvs clean-matrix chromium slurm
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,mpi]'
+
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,mpi,demo]'
 	# pytest-randomly for tests/test_hostile_reports.py, in a folder of its own: installed in the
 	# venv, it would shuffle every pytest session of the suite.
 	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/randomly pytest-randomly
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo extra (pyproject.toml): numpy and MPI, none of the training libraries.
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install -q -c constraints.txt -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 # The example suite: passing distributed tests and diagnosed failures.
-demo: venv
+demo: $(DEMO_STAMP)
 	$(PY) examples/run_demo.py
 
 # Headless Chromium for the test of the HTML report (tests/test_picture.py skips without it).
@@ -32,6 +42,11 @@ slurm:
 # ruff and mypy, configured in pyproject.toml; both must be clean.
 lint: venv
 	$(PY) -m ruff check . && $(PY) -m mypy
+
+# A contributor's quick loop: the lint, then the tests that start no process (tests/conftest.py's
+# CHECK_FILES: verdicts, wording, protocol, report text, layers), in seconds. make test runs all.
+check: lint
+	$(PY) -m pytest -q --check
 
 # The plugin's own tests, after the lint, in 2 pytest-xdist workers (3 were no faster on 2
 # cores: docs/benchmarks.md, "The project's own suite"), each test file in one worker (--dist

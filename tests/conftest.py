@@ -61,18 +61,43 @@ T = TypeVar("T")
 # for 20 to 30 s while the other had nothing left.
 LONGEST_FILES = (
     "launchers/test_launched.py", "launchers/test_two_nodes.py", "test_compiled_code.py",
-    "launchers/test_slurm_launched.py", "test_adopt.py", "matrix/test_matrix_fast.py", "test_hostile_reports.py",
-    "test_processes.py", "test_hostile_mpi.py", "launchers/test_hostile_launched.py", "test_controller_edges.py",
-    "test_mpi_group.py", "test_wheel.py",
+    "launchers/test_slurm_launched.py", "test_adopt.py", "matrix/test_matrix_fast.py",
+    "test_hostile_reports.py", "test_processes.py", "test_hostile_mpi.py",
+    "launchers/test_hostile_launched.py", "test_controller_edges.py", "test_mpi_group.py", "test_wheel.py",
 )  # fmt: skip
 
 
+# The files whose tests start no process (no rank, no inner pytest session, no subprocess): pure
+# logic, the verdicts and their words, the protocol, the report's text, the layers. `make check` runs
+# them alone after the lint (pytest --check), in seconds. A test that starts a process goes elsewhere.
+CHECK_FILES = (
+    "test_watchdog.py", "test_majority.py", "test_protocol.py", "test_mpi_watchdog.py", "test_timeline.py",
+    "test_report_scale.py", "test_layers.py", "matrix/test_matrix_verdicts.py", "test_code_paths.py",
+    "test_ops.py",
+)  # fmt: skip
+
+TESTS = Path(__file__).parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--check", action="store_true", help="only conftest.CHECK_FILES' tests (make check)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under --check, every test file but CHECK_FILES' is left uncollected (not imported)."""
+    if not config.getoption("check"):
+        return None
+    a_test_file = collection_path.name.startswith("test_") and collection_path.suffix == ".py"
+    return True if a_test_file and collection_path not in {TESTS / name for name in CHECK_FILES} else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LONGEST_FILES' tests first, in that order; the others after them, as collected."""
-    tests = Path(__file__).parent
-    missing = [name for name in LONGEST_FILES if not (tests / name).is_file()]
-    assert not missing, f"conftest.LONGEST_FILES names files that are not there: {missing}"
-    rank = {str(tests / name): position for position, name in enumerate(LONGEST_FILES)}
+    """LONGEST_FILES' tests first, in that order; the others after them, as collected. A file named in
+    LONGEST_FILES or CHECK_FILES that is not there (renamed, deleted) fails the collection."""
+    for listed, names in (("LONGEST_FILES", LONGEST_FILES), ("CHECK_FILES", CHECK_FILES)):
+        missing = [name for name in names if not (TESTS / name).is_file()]
+        assert not missing, f"conftest.{listed} names files that are not there: {missing}"
+    rank = {str(TESTS / name): position for position, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(str(item.path), len(LONGEST_FILES)))
 
 
