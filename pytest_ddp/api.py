@@ -48,7 +48,8 @@ OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 class Diagnosis:
     """Why a run did not pass."""
 
-    kind: str  # "rank_exited", "partial", "mismatch", "p2p_cycle", "p2p_unmatched", "init", "timeout", "failed"
+    # "rank_exited", "partial", "mismatch", "p2p_cycle", "p2p_unmatched", "init", "timeout", "failed"
+    kind: str
     culprits: list[int]  # ranks at fault
     waiting: list[int]  # ranks left waiting for them
     collective: str | None  # op name of the call at fault, e.g. "all_reduce"
@@ -70,7 +71,8 @@ class RankResult:
     collectives: list[Call] = field(default_factory=list)  # .op .seq .group .shapes .site .state ...
     stdout: str = ""
     stderr: str = ""
-    exit_code: int | None = None  # 0 after a clean stop; negative: killed by that signal (-9: stopped while hung)
+    # 0 after a clean stop; negative: killed by that signal (-9: stopped while hung).
+    exit_code: int | None = None
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None  # bytes; None without CUDA
 
@@ -168,9 +170,8 @@ def run(
     )
     pool = GroupPool(max_groups=1)
     try:
-        test_run = pool.run(
-            spec, command, make_config=lambda: admission.group_config(spec, spec.timeout, mode="function"), keep=False
-        )
+        make_config = lambda: admission.group_config(spec, spec.timeout, mode="function")
+        test_run = pool.run(spec, command, make_config=make_config, keep=False)
     finally:
         pool.close()
     return _result(test_run)
@@ -179,7 +180,8 @@ def run(
 def _result(test_run: TestRun | StartFailure) -> Result:
     if isinstance(test_run, StartFailure):  # no rank ran fn
         text = start_failure_text(test_run)
-        return Result("failed", Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=text), [], 0.0)
+        nothing_ran = Diagnosis(kind="failed", culprits=[], waiting=[], collective=None, text=text)
+        return Result("failed", nothing_ran, [], 0.0)
     verdict = test_run.verdict
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
     if verdict.status == "done":

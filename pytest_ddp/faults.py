@@ -107,7 +107,9 @@ def exit(rank: int, at: str, call: int = 1, code: int = 1) -> Fault:
     return Fault("exit", rank, at, call, code=code)
 
 
-def raise_(rank: int, at: str, call: int = 1, exc: BaseException | type[BaseException] | None = None) -> Fault:
+def raise_(
+    rank: int, at: str, call: int = 1, exc: BaseException | type[BaseException] | None = None
+) -> Fault:
     """Raise ``exc`` (default a RuntimeError naming the fault) from the call, before it communicates."""
     if exc is None:
         exc = RuntimeError
@@ -176,14 +178,18 @@ def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault
     """``fault``, checked; :class:`FaultError` saying what is wrong.  ``world_size`` None: the
     rank is checked only for being an int >= 0 (the world size is not known yet)."""
     if not isinstance(fault, Fault):
-        raise FaultError(f"{fault!r} is not a fault: make one with pytest_ddp.faults, e.g. faults.kill(rank=1, at=...)")
+        raise FaultError(
+            f"{fault!r} is not a fault: make one with pytest_ddp.faults, e.g. faults.kill(rank=1, at=...)"
+        )
     name = f"{fault.action}(rank={fault.rank!r}, at={fault.at!r}, call={fault.call!r})"
     if not _is_int(fault.rank) or fault.rank < 0:
         raise FaultError(f"{name}: rank must be an int >= 0")
     if world_size is not None and fault.rank >= world_size:
         raise FaultError(f"{name}: there is no rank {fault.rank} in world_size {world_size}")
     if fault.at not in OPS:
-        raise FaultError(f"{name}: {fault.at!r} is not an operation pytest-ddp records; one of {', '.join(OPS)}")
+        raise FaultError(
+            f"{name}: {fault.at!r} is not an operation pytest-ddp records; one of {', '.join(OPS)}"
+        )
     if fault.at == INIT and init:
         raise FaultError(
             f"{name}: with init=True the plugin calls init_process_group before the test; "
@@ -191,9 +197,7 @@ def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault
         )
     if not _is_int(fault.call) or fault.call < 1:
         raise FaultError(f"{name}: call must be an int >= 1 (the first call is 1)")
-    if fault.action == "delay" and (
-        isinstance(fault.seconds, bool) or not isinstance(fault.seconds, (int, float)) or not fault.seconds >= 0
-    ):
+    if fault.action == "delay" and not _is_seconds(fault.seconds):
         raise FaultError(f"{name}: seconds={fault.seconds!r} must be a number >= 0")
     if fault.action == "exit" and not (_is_int(fault.code) and 0 <= fault.code <= 255):
         # The exit status is the code's low byte: os._exit(256) exits 0.
@@ -207,6 +211,18 @@ def check(fault: Any, world_size: int | None = None, init: bool = True) -> Fault
     return fault
 
 
+def _is_seconds(value: Any) -> bool:
+    """A number >= 0 (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return value >= 0
+
+
+def _is_shape(value: Any) -> bool:
+    """A tuple of ints >= 0."""
+    return isinstance(value, tuple) and all(_is_int(n) and n >= 0 for n in value)
+
+
 def _check_replacing(fault: Fault, name: str) -> None:
     spec = OPS[fault.at]
     if not spec.python or spec.api != "torch" or spec.kind == "group":
@@ -218,23 +234,26 @@ def _check_replacing(fault: Fault, name: str) -> None:
         return
     if (fault.shape, fault.dtype, fault.op, fault.reduce_op) == (None, None, None, None):
         raise FaultError(f"{name}: change needs what to change: shape=, dtype=, op= or reduce_op=")
-    if fault.shape is not None and not (
-        isinstance(fault.shape, tuple) and all(_is_int(n) and n >= 0 for n in fault.shape)
-    ):
+    if fault.shape is not None and not _is_shape(fault.shape):
         raise FaultError(f"{name}: shape={fault.shape!r} must be a tuple of ints >= 0")
     if fault.dtype is not None and fault.dtype not in DTYPES:
         raise FaultError(f"{name}: dtype={fault.dtype!r} is not a torch dtype; one of {', '.join(DTYPES)}")
-    if (fault.shape is not None or fault.dtype is not None) and (spec.tensors is None or spec.kind == "batch"):
+    changes_tensor = fault.shape is not None or fault.dtype is not None
+    if changes_tensor and (spec.tensors is None or spec.kind == "batch"):
         raise FaultError(f"{name}: shape= and dtype= change the call's tensor, and {fault.at} takes none")
     if fault.op is not None and (fault.op not in INTERCHANGEABLE or fault.op == fault.at):
         others = ", ".join(o for o in INTERCHANGEABLE if o != fault.at)
         raise FaultError(f"{name}: op={fault.op!r} must be another collective: one of {others}")
     if fault.op is not None and fault.at not in INTERCHANGEABLE:
-        raise FaultError(f"{name}: op= changes one of {', '.join(INTERCHANGEABLE)} into another; not {fault.at}")
+        raise FaultError(
+            f"{name}: op= changes one of {', '.join(INTERCHANGEABLE)} into another; not {fault.at}"
+        )
     if fault.reduce_op is not None and fault.reduce_op not in REDUCE_OPS:
         raise FaultError(f"{name}: reduce_op={fault.reduce_op!r} must be one of {', '.join(REDUCE_OPS)}")
     if fault.reduce_op is not None and fault.at not in REDUCING:
-        raise FaultError(f"{name}: reduce_op= changes the reduce op of {', '.join(REDUCING)}; {fault.at} has none")
+        raise FaultError(
+            f"{name}: reduce_op= changes the reduce op of {', '.join(REDUCING)}; {fault.at} has none"
+        )
 
 
 def check_all(value: Any, world_size: int | None = None, init: bool = True) -> tuple[Fault, ...]:
@@ -250,6 +269,7 @@ def check_all(value: Any, world_size: int | None = None, init: bool = True) -> t
             raise FaultError(f"two faults on rank {place[0]} at {place[1]} call {place[2]}")
     for fault in checked:
         for deadly in checked:
-            if deadly.deadly and (deadly.rank, deadly.at) == (fault.rank, fault.at) and deadly.call < fault.call:
+            same_place = (deadly.rank, deadly.at) == (fault.rank, fault.at)
+            if deadly.deadly and same_place and deadly.call < fault.call:
                 raise FaultError(f"{fault} can never fire: {deadly} ends the rank's process before it")
     return checked

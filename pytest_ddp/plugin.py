@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_ddp.config import settings as settings_module
-from pytest_ddp.config.settings import DEFAULT_BACKEND, DEFAULT_GRACE, DEFAULT_MAX_GROUPS, DEFAULT_TIMEOUT, Settings
+from pytest_ddp.config.settings import (
+    DEFAULT_BACKEND,
+    DEFAULT_GRACE,
+    DEFAULT_MAX_GROUPS,
+    DEFAULT_TIMEOUT,
+    Settings,
+)
 from pytest_ddp.config.spec import LAUNCHER_CHOICES, WORLD_SIZE_PARAM, SpecError, parse_mark
 from pytest_ddp.rank import context as rank_module
 
@@ -73,15 +79,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("ddp_backend", f"default backend of ddp tests (default {DEFAULT_BACKEND})")
     parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
-    parser.addini("ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
+    parser.addini(
+        "ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})"
+    )
     parser.addini("ddp_max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
     parser.addini("ddp_mpi_launcher", "the MPI launcher of backend='mpi' tests (see --ddp-mpi-launcher)")
     group.addoption(
         "--ddp-launcher",
         default=None,
         choices=LAUNCHER_CHOICES,
-        help="how this pytest was started: auto (default: torchrun, srun or mpiexec, from their environment), "
-        "local (fork every test's ranks here, even under a launcher), or torchrun, slurm, mpi",
+        help="how this pytest was started: auto (default: torchrun, srun or mpiexec, from their "
+        "environment), local (fork every test's ranks here, even under a launcher), or torchrun, slurm, mpi",
     )
     parser.addini("ddp_launcher", "how this pytest was started (see --ddp-launcher)")
     group.addoption(
@@ -147,7 +155,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _launch(config: pytest.Config, launcher: str) -> Launch | None:
-    """The launch this pytest is part of (:mod:`pytest_ddp.launched.launch`), or None for an ordinary session."""
+    """The launch this pytest is part of (:mod:`pytest_ddp.launched.launch`), or None for an
+    ordinary session."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller's launch, not its own
         return None
     from pytest_ddp.launched.launch import LaunchError, detect
@@ -157,7 +166,9 @@ def _launch(config: pytest.Config, launcher: str) -> Launch | None:
     except LaunchError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
     if launch is not None and config.getoption("numprocesses", None):
-        raise pytest.UsageError(f"pytest-ddp: {launch.describe()}: pytest-xdist's -n does not combine with it")
+        raise pytest.UsageError(
+            f"pytest-ddp: {launch.describe()}: pytest-xdist's -n does not combine with it"
+        )
     return launch
 
 
@@ -250,7 +261,9 @@ def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
 
     root = os.environ.get(SHARED_ROOT_ENV)
     if root is None:
-        raise pytest.UsageError("ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)")
+        raise pytest.UsageError(
+            "ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)"
+        )
     # Every rank derives the same name.  A plugin that runs the test again in the ranks
     # (pytest-rerunfailures) sets this fixture up again on each: each attempt gets a directory
     # of its own, as tmp_path does, so that none sees the files of the one before.
