@@ -80,7 +80,9 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
     kind = "rank_exited" if any(not ranks[g].alive or ranks[g].failed for g in culprits) else "partial"
     center = majority.broken_center(ranks)
     if center is not None and ranks[center].finished:  # the others were woken by its broken connections
-        kind, culprits, victims = "rank_exited", [center], set(gone) - {center}
+        kind = "rank_exited"
+        culprits = [center]
+        victims = set(gone) - {center}
         for r in doomed:  # ... and leave behind those waiting for them
             if set(left[r]) & victims and center not in left[r]:
                 left[r].append(center)
