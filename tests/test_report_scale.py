@@ -8,7 +8,7 @@ from __future__ import annotations
 from test_watchdog import NOW, R3, call, ok, rank, snap
 
 from pytest_ddp.config.spec import RankSpec
-from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose import mismatches, watchdog
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
@@ -206,7 +206,8 @@ def plain_finished_mismatch(ranks: list[RankState]) -> Verdict | None:
                 by_position.setdefault((c.group, c.seq), {})[state.rank] = c
     for entered in by_position.values():
         if len({c.signature() for c in entered.values()}) > 1:
-            return watchdog._mismatch_verdict("done", {s.rank: s for s in ranks}, entered[min(entered)], Call.signature)
+            by_rank = {s.rank: s for s in ranks}
+            return mismatches.mismatch_verdict("done", by_rank, entered[min(entered)], Call.signature)
     return None
 
 
