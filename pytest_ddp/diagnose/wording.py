@@ -219,7 +219,9 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
     def reason(g: int, plural: bool = False) -> str:
         return _left_reason(ranks, g, *waited_by(g), plural)
 
-    causes = [f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)]
+    causes = [
+        f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)
+    ]
     causes += [f"rank {v} {reason(v)}" for v in f.victims]
     text = "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
     if f.broken:
@@ -228,7 +230,8 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
                  " either may have lost it.")
     if f.alike:
         waiting, returned = rank_list(f.alike), rank_list(f.culprits)
-        text += (f" {waiting} went on as {'they' if len(f.alike) > 1 else 'it'} had (the call came after the one"
+        they = "they" if len(f.alike) > 1 else "it"
+        text += (f" {waiting} went on as {they} had (the call came after the one"
                  f" before it in an order of lines taken before): a step more on {waiting} or a step less on"
                  f" {returned}, nothing tells which.")
     return text
@@ -251,7 +254,9 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
     if f.unmatched:
         text = "; ".join(_unmatched(r, f) for r in f.unmatched)
-        others = [r for r in f.culprits if r not in f.unmatched and all(r not in f.needs[u] for u in f.unmatched)]
+        others = [
+            r for r in f.culprits if r not in f.unmatched and all(r not in f.needs[u] for u in f.unmatched)
+        ]
         if others:
             text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
         if f.waiting:
@@ -278,9 +283,9 @@ def _skipped(skipped: dict[int, tuple[Call, Call, list[str]]]) -> str:
     """`` Likely rank 0: its broadcast #3 (t.py:9) came right after its call from t.py:9, and its
     code makes the call of t.py:8 on every way between the two; the others' code has a way.``"""
     return "".join(
-        f" Likely rank {rank}: its {describe_call(call)} came right after its call from {before.site}, and its"
-        f" code makes the call{'s' if len(sites) > 1 else ''} of {', '.join(sites)} on every way between the two;"
-        " the others' code has a way."
+        f" Likely rank {rank}: its {describe_call(call)} came right after its call from {before.site},"
+        f" and its code makes the call{'s' if len(sites) > 1 else ''} of {', '.join(sites)}"
+        " on every way between the two; the others' code has a way."
         for rank, (before, call, sites) in sorted(skipped.items())
     )
 
@@ -290,16 +295,22 @@ def _unmatched(rank: int, f: Cycle) -> str:
     for rank 0 instead``."""
     call = f.waits[rank].call
     peers = [p for p in f.needs[rank] if not f.waits[p].call.is_p2p]
-    instead = "; ".join(f"rank {p} waits in {describe_call(f.waits[p].call)} for rank {rank} instead" for p in peers)
+    instead = "; ".join(
+        f"rank {p} waits in {describe_call(f.waits[p].call)} for rank {rank} instead" for p in peers
+    )
     return f"no {'send' if call.is_recv else 'recv'} matches rank {rank}'s {describe_call(call)}: {instead}"
 
 
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     call, entered = f.call, f.entered
     same_op = len({c.op for c in entered.values()}) == 1
-    what = f"the message of {call.label}" if call.is_p2p else call.label if same_op else f"collective #{call.seq}" + (
-        "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
-    )
+    if call.is_p2p:
+        what = f"the message of {call.label}"
+    elif same_op:
+        what = call.label
+    else:
+        on_group = "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
+        what = f"collective #{call.seq}{on_group}"
     reductions = len({c.reduction for c in entered.values()}) > 1
     details = ", ".join(
         f"{rank_list(group)} {text}"
@@ -324,15 +335,19 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
         )
     elif f.check == "duplicate":
         reason = (
-            f"{rank_list(f.culprits, 'process')} passed rank {f.rank}, as {rank_list(f.others, 'process')} did, "
-            "to init_process_group"
+            f"{rank_list(f.culprits, 'process')} passed rank {f.rank}, "
+            f"as {rank_list(f.others, 'process')} did, to init_process_group"
         )
     elif f.check == "world_sizes":
         sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
-        said = ", ".join(f"{rank_list(group, 'process')} passed {size}" for size, group in _grouped(sizes, sizes.get))
+        said = ", ".join(
+            f"{rank_list(group, 'process')} passed {size}" for size, group in _grouped(sizes, sizes.get)
+        )
         reason = f"init_process_group world sizes differ: {said}"
     elif f.check == "raised":
-        reason = "; ".join(f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits)
+        reason = "; ".join(
+            f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits
+        )
     else:
         reason = "; ".join(
             f"process {r} {_how_it_failed(ranks[r])} without calling init_process_group" for r in f.culprits
@@ -358,7 +373,8 @@ def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
 
 def _grace_over(f: GraceOver, ranks: dict[int, RankState]) -> str:
     woken = f"; then {_failures(f.woken, ranks)}" if f.woken else ""
-    return f"{_failures(f.failed, ranks)}{woken}; {f.grace:g} s later {_activity(f.unfinished, ranks, f.waits)}."
+    later = _activity(f.unfinished, ranks, f.waits)
+    return f"{_failures(f.failed, ranks)}{woken}; {f.grace:g} s later {later}."
 
 
 def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:
@@ -371,7 +387,9 @@ def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:
 def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
     injected = [r for r in f.ranks if ranks[r].died_as_injected]
     if injected == f.ranks:
-        return f"no rank ran the test to its end: injected faults ended every rank: {_failures(f.ranks, ranks)}."
+        return (
+            f"no rank ran the test to its end: injected faults ended every rank: {_failures(f.ranks, ranks)}."
+        )
     ended = f"; {rank_list(injected)} by injected faults" if injected else ""
     return f"no rank ran the test to its end: {_failures(f.ranks, ranks)}{ended}."
 
@@ -381,11 +399,14 @@ def _setting_differs(f: SettingDiffers, ranks: dict[int, RankState]) -> str:
         f"{rank_list(group)} gave {value} ({f.values[group[0]].site})"
         for value, group in _grouped(f.values, lambda r: f.values[r].value)
     )
-    return f"{rank_list(f.values)} disagree on {f.values[min(f.values)].name}: {gave}.{_came_of_it(f.then, ranks)}"
+    name = f.values[min(f.values)].name
+    return f"{rank_list(f.values)} disagree on {name}: {gave}.{_came_of_it(f.then, ranks)}"
 
 
 def _cut_on_purpose(f: CutOnPurpose, ranks: dict[int, RankState]) -> str:
-    injected = "; ".join(fault.text for r in f.cut for fault in ranks[r].injected if fault.action == "disconnect")
+    injected = "; ".join(
+        fault.text for r in f.cut for fault in ranks[r].injected if fault.action == "disconnect"
+    )
     return f"{injected} (faults.disconnect).{_came_of_it(f.then, ranks)}"
 
 

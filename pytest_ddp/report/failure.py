@@ -59,7 +59,8 @@ def _headline_lines(report: Report) -> list[str]:
     """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
     if not _cut(report.headline):
         return [capped(report.headline), ""]
-    return [f"{capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)} {report.tag}", "", report.headline, ""]
+    lead = capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)
+    return [f"{lead} {report.tag}", "", report.headline, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -210,7 +211,8 @@ def render(report: Report) -> str:
     tails = {}
     for rank in report.ranks:
         if not rank.state.alive and rank.stderr:
-            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{stderr_tail(rank.stderr, report.test_file)}"
+            tail = stderr_tail(rank.stderr, report.test_file)
+            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{tail}"
     for ranks, tail in _alike(tails):
         how, shown = tail.split("\n", 1)
         lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), shown]

@@ -170,7 +170,8 @@ def dump(
     return {
         "version": VERSION,
         "pg_config": {
-            name: {"name": name, "desc": _group_desc(name), "ranks": str(list(ranks))} for name, ranks in groups.items()
+            name: {"name": name, "desc": _group_desc(name), "ranks": str(list(ranks))}
+            for name, ranks in groups.items()
         },
         "pg_status": {
             str(pg_ids[name]): {

@@ -19,7 +19,12 @@ from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.groups.group import StopTeardown, UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
 from pytest_ddp.report import files
-from pytest_ddp.report.failure import failure_text, start_failure_text, stopped_group_text, unfinished_teardown_text
+from pytest_ddp.report.failure import (
+    failure_text,
+    start_failure_text,
+    stopped_group_text,
+    unfinished_teardown_text,
+)
 from pytest_ddp.report.model import build
 from pytest_ddp.report.writable import printable, printable_data
 
@@ -70,7 +75,8 @@ def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
     """Seconds a rank spent in the phase it was stopped or died in: from the end of
     its previous phase (or the hand-over) to its death or the verdict."""
     earlier = PHASES[: PHASES.index(when)]
-    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=run.ended - run.elapsed)
+    handed_over = run.ended - run.elapsed
+    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=handed_over)
     return max(0.0, (state.died_at or run.ended) - began)
 
 
@@ -81,9 +87,8 @@ def merged_reports(
     keywords = {name: 1 for name in item.keywords}
     if isinstance(run, StartFailure):  # no rank ran it: its setup failed
         text = start_failure_text(run)
-        return [
-            _report(item, keywords, "setup", "failed", text), _report(item, keywords, "teardown", "passed", None)
-        ], {}
+        setup = _report(item, keywords, "setup", "failed", text)
+        return [setup, _report(item, keywords, "teardown", "passed", None)], {}
 
     rank_reports: dict[str, dict[int, RankReport]] = {when: {} for when in PHASES}
     rank_failures: dict[int, str] = {}
@@ -98,7 +103,9 @@ def merged_reports(
             if rep.failed or rep.outcome == RERUN:
                 label = "" if when == "call" else f" (in {when})"
                 if rep.outcome == RERUN:
-                    label += " (then the rank ran the test again, alone: a plugin's rerun, e.g. the flaky mark's)"
+                    label += (
+                        " (then the rank ran the test again, alone: a plugin's rerun, e.g. the flaky mark's)"
+                    )
                 rank_failures.setdefault(state.rank, rep.longreprtext + label)
     for state in run.states:  # a line of its event log was lost: what it did cannot be known
         if state.fatal is not None and state.alive:
@@ -162,7 +169,10 @@ def merged_reports(
 
 
 def write_files(
-    directory: str, run: TestRun | StartFailure, rank_failures: dict[int, str], reports: list[pytest.TestReport]
+    directory: str,
+    run: TestRun | StartFailure,
+    rank_failures: dict[int, str],
+    reports: list[pytest.TestReport],
 ) -> None:
     """A failed test's report files (:mod:`pytest_ddp.report.files`).  Where they cannot be
     written (a full disk, a folder removed or made read-only), its failure says why and the
@@ -200,7 +210,9 @@ def stopped_group_report(
     return _printable(report)
 
 
-def _stop_teardown_report(end: StopTeardown, test_file: str, config: pytest.Config) -> pytest.TestReport | None:
+def _stop_teardown_report(
+    end: StopTeardown, test_file: str, config: pytest.Config
+) -> pytest.TestReport | None:
     """A rank's failed teardown at its group's stop as a teardown report: its own, or the
     controller's of a rank that sent none (it died in that teardown, or was killed in it)."""
     if isinstance(end, UnfinishedTeardown):
@@ -235,7 +247,9 @@ def _printable(report: pytest.TestReport) -> pytest.TestReport:
     report.sections = [(printable(name), printable(content)) for name, content in report.sections]
     if hasattr(report, "wasxfail"):
         report.wasxfail = printable(str(report.wasxfail))
-    report.user_properties = [(printable_data(name), printable_data(value)) for name, value in report.user_properties]
+    report.user_properties = [
+        (printable_data(name), printable_data(value)) for name, value in report.user_properties
+    ]
     return report
 
 

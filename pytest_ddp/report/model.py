@@ -28,7 +28,7 @@ class RankFacts:
     """One rank: its state, what it is doing in words, and what it left (failure, stack, output)."""
 
     state: RankState
-    doing: str  # "waiting in barrier #2 (test_x.py:20), in call" (:func:`~pytest_ddp.diagnose.wording.rank_doing`)
+    doing: str  # "waiting in barrier #2 (test_x.py:20), in call" (wording.rank_doing)
     failure: str | None  # its failure's text (a traceback), if it failed
     stack: str | None  # its faulthandler dump, if it was stopped
     output: dict[str, str] | None  # its stdout and stderr
@@ -100,7 +100,9 @@ def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report
         stop_teardown=bool(run.stop_teardown),
     )
     ranks = [
-        RankFacts(s, rank_doing(s), rank_failures.get(s.rank), run.stacks.get(s.rank), run.outputs.get(s.rank))
+        RankFacts(
+            s, rank_doing(s), rank_failures.get(s.rank), run.stacks.get(s.rank), run.outputs.get(s.rank)
+        )
         for s in states
     ]
     sequences = group_sequences(states)

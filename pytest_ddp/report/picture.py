@@ -33,7 +33,13 @@ MAX_LANES = 3  # drawn per rank; calls overlapping further share the last
 MAX_RECTS = 20000  # about the most bars drawn; tiny calls are merged to stay below it
 MAX_TEXT = 20000  # characters of one failure, stack or output shown (its end)
 
-KIND_COLOURS = {"collective": "#4c78a8", "p2p": "#54a24b", "batch": "#72b7b2", "group": "#a0a0a0", "other": "#a0a0a0"}
+KIND_COLOURS = {
+    "collective": "#4c78a8",
+    "p2p": "#54a24b",
+    "batch": "#72b7b2",
+    "group": "#a0a0a0",
+    "other": "#a0a0a0",
+}
 RAISED = "#f58518"
 STUCK = "#d7191c"
 STUCK_EDGE = "#67000d"
@@ -132,8 +138,14 @@ def bars(pieces: list[Slice], x_of: Callable[[float], float], min_px: float) -> 
             out.append(Bar(x_of(one.start), x_of(one.end), _colour(one), one.label, _describe(one)))
         else:
             colours = {_colour(p) for p in run}
-            colour = RAISED if RAISED in colours else colours.pop() if len(colours) == 1 else KIND_COLOURS["other"]
-            title = f"rank {run[0].rank}: {len(run)} calls, {run[0].label} to {run[-1].label}, merged: each too short"
+            if RAISED in colours:
+                colour = RAISED
+            elif len(colours) == 1:
+                colour = colours.pop()
+            else:
+                colour = KIND_COLOURS["other"]
+            calls = f"{len(run)} calls, {run[0].label} to {run[-1].label}"
+            title = f"rank {run[0].rank}: {calls}, merged: each too short"
             end = max(p.end for p in run)  # the last lane holds overlapping calls too (MAX_LANES)
             out.append(Bar(x_of(run[0].start), x_of(end), colour, f"{len(run)} calls", title))
         run.clear()
@@ -229,7 +241,8 @@ def svg(report: dict[str, Any], line: Timeline) -> str:
     x_end = x_of(line.verdict)  # over every row
     dashes = 'stroke="#222" stroke-dasharray="4 3"'
     out.append(f'<line x1="{x_end:.1f}" y1="{AXIS_H - 4}" x2="{x_end:.1f}" y2="{height - 8}" {dashes}/>')
-    out.append(f'<text x="{x_end + 4:.1f}" y="12" font-size="11" font-weight="700">verdict, {_ms(line.verdict)}</text>')
+    label = f"verdict, {_ms(line.verdict)}"
+    out.append(f'<text x="{x_end + 4:.1f}" y="12" font-size="11" font-weight="700">{label}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -258,17 +271,21 @@ def _end_marker(rank: int, how: str, when: float, x: float, y: float, row_h: flo
     r = max(3.0, min(5.0, row_h / 5))
     title = f"<title>rank {rank} {how} at {_ms(when)}</title>"
     if how == "died":
-        path = f"M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}M{x - r:.1f},{y + r:.1f}L{x + r:.1f},{y - r:.1f}"
+        down = f"M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}"
+        up = f"M{x - r:.1f},{y + r:.1f}L{x + r:.1f},{y - r:.1f}"
+        path = down + up
         return f'<path d="{path}" stroke="{STUCK_EDGE}" stroke-width="2.5">{title}</path>'
     return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="#111">{title}</circle>'
 
 
 def _swatch(colour: str, edge: str = "") -> str:
     stroke = f' stroke="{edge}" stroke-width="1.5"' if edge else ""
-    return f'<svg width="14" height="11"><rect x="0.5" y="0.5" width="13" height="10" fill="{colour}"{stroke}/></svg>'
+    rect = f'<rect x="0.5" y="0.5" width="13" height="10" fill="{colour}"{stroke}/>'
+    return f'<svg width="14" height="11">{rect}</svg>'
 
 
 def legend() -> str:
+    cross = f'<path d="M1,1L9,9M1,9L9,1" stroke="{STUCK_EDGE}" stroke-width="2.5"/>'
     items = [
         (_swatch(KIND_COLOURS["collective"]), "collective"),
         (_swatch(KIND_COLOURS["p2p"]), "send / recv"),
@@ -277,13 +294,11 @@ def legend() -> str:
         (_swatch(RAISED), "raised, or the rank died in it"),
         (_swatch(STUCK, STUCK_EDGE), "stuck: still running at the verdict"),
         ('<svg width="10" height="10"><circle cx="5" cy="5" r="4" fill="#111"/></svg>', "rank's test ended"),
-        (
-            f'<svg width="10" height="10"><path d="M1,1L9,9M1,9L9,1" stroke="{STUCK_EDGE}" stroke-width="2.5"/></svg>',
-            "rank died",
-        ),
+        (f'<svg width="10" height="10">{cross}</svg>', "rank died"),
     ]
     spans = "".join(f"<span>{mark}{_esc(text)}</span>" for mark, text in items)
-    return f'<div class="legend">{spans} <span>hover a bar for its call; the dashed line is the verdict</span></div>'
+    hint = "<span>hover a bar for its call; the dashed line is the verdict</span>"
+    return f'<div class="legend">{spans} {hint}</div>'
 
 
 def _pre(text: str) -> str:
@@ -353,7 +368,8 @@ def page(report: dict[str, Any], readable: Callable[[str], str] = str) -> str:
     waiting = rank_list(report.get("waiting") or []) if report.get("waiting") else "none"
     facts = (
         f"verdict: {_esc(verdict_name(report))} &#183; at fault: {_esc(culprits)} &#183; "
-        f"waiting: {_esc(waiting)} &#183; {_esc(report.get('world_size'))} ranks, {_esc(report.get('backend'))}"
+        f"waiting: {_esc(waiting)} &#183; "
+        f"{_esc(report.get('world_size'))} ranks, {_esc(report.get('backend'))}"
     )
     body = [
         f"<h1>{_esc(report['test'])}</h1>",

@@ -49,8 +49,7 @@ def merged(states: list[RankState]) -> list[tuple[warnings.WarningMessage, str]]
         except Exception:  # a category that does not take one message argument
             message = UserWarning(labelled)
         line = lines[key]
-        warning = warnings.WarningMessage(
-            message, type(message), printable(filename), lineno, line=None if line is None else printable(line)
-        )
+        shown = None if line is None else printable(line)
+        warning = warnings.WarningMessage(message, type(message), printable(filename), lineno, line=shown)
         found.append((warning, printable(nodeid)))
     return found

@@ -82,13 +82,14 @@ def group_sequences(states: list[RankState]) -> list[GroupSequences]:
                 members[name] = next(c.group_ranks for c in calls if c.group == name)
     groups = []
     for name, listed in members.items():
-        by_rank = {
-            s.rank: RankSequence.of(
-                [c for c in collectives[s.rank] if c.group == name] if len(members) > 1 else collectives[s.rank]
-            )
-            for s in states
-            if s.rank in listed or not listed
-        }
+        by_rank = {}
+        for s in states:
+            if listed and s.rank not in listed:
+                continue
+            calls = collectives[s.rank]
+            if len(members) > 1:
+                calls = [c for c in calls if c.group == name]
+            by_rank[s.rank] = RankSequence.of(calls)
         last = max((max(seq.seqs, default=0) for seq in by_rank.values()), default=0)
         if last:
             groups.append(GroupSequences(name, listed, by_rank, last, _first_divergence(by_rank, last)))
@@ -175,7 +176,8 @@ def p2p_table(states: list[RankState]) -> list[str]:
     waits in send #2 to 1 (t.py:8)``.  Pairs that match are left out."""
     made: dict[tuple[str, int, int], list[int]] = {}  # (group, from, to) -> [sends, recvs]
     waiting: dict[tuple[str, int, int], list[tuple[int, int, Call]]] = {}  # -> (recv?, rank, call)
-    waited = {(s.rank, s.waiting_on) for s in states}  # an isend or irecv a rank waits for, not one just issued
+    # An isend or irecv a rank waits for, not one just issued.
+    waited = {(s.rank, s.waiting_on) for s in states}
     for state in states:  # one pass over every call, in plain attribute reads (millions at scale)
         for call in state.calls:
             if (recv := TORCH_P2P.get(call.op)) is None or call.peer is None:
@@ -189,8 +191,8 @@ def p2p_table(states: list[RankState]) -> list[str]:
         if sends == recvs and (group, sender, receiver) not in waiting:
             continue
         counts = f"{sends} send{'s' * (sends != 1)}, {recvs} recv{'s' * (recvs != 1)}"
-        where = "".join(f"; rank {rank} waits in {c.label} ({c.site})"
-                        for _, rank, c in sorted(waiting.get((group, sender, receiver), []), key=lambda w: w[0]))
+        waits = sorted(waiting.get((group, sender, receiver), []), key=lambda w: w[0])
+        where = "".join(f"; rank {rank} waits in {c.label} ({c.site})" for _, rank, c in waits)
         lines.append(f"  rank {sender} -> rank {receiver} on {group}: {counts}{where}")
     if len(lines) > MAX_PAIRS:  # 511 ranks waiting for one: the rank lines above say who waits
         lines[MAX_PAIRS:] = [f"  ... and {len(lines) - MAX_PAIRS} more pairs"]

@@ -108,7 +108,8 @@ def _frames(lines: list[str]) -> list[Frame]:
         found = _FRAME.match(line)
         if found:
             number = found["line"]
-            inner_first.append(Frame(found["file"], int(number) if number.isdigit() else None, found["function"]))
+            line_number = int(number) if number.isdigit() else None
+            inner_first.append(Frame(found["file"], line_number, found["function"]))
         elif line.strip() == _CUT:
             cut = True
     if len(inner_first) > MAX_FRAMES:
@@ -172,7 +173,9 @@ class Paths:
                 break
 
     def is_test(self, frame: Frame) -> bool:
-        return bool(self.test_path) and (frame.file == self.test_path or frame.file.endswith("/" + self.test_path))
+        if not self.test_path:
+            return False
+        return frame.file == self.test_path or frame.file.endswith("/" + self.test_path)
 
     def label(self, frame: Frame) -> str:
         if frame.kind == "harness":
@@ -250,4 +253,5 @@ def to_json(tree: Tree) -> dict[str, Any]:
         return {"file": frame.file or None, "line": frame.line, "function": frame.function or None,
                 "kind": frame.kind, "ranks": n.ranks, "children": [node(c) for c in n.children]}
 
-    return {"thread": "main", "ranks": tree.ranks, "unfound": tree.unfound, "roots": [node(r) for r in tree.roots]}
+    roots = [node(r) for r in tree.roots]
+    return {"thread": "main", "ranks": tree.ranks, "unfound": tree.unfound, "roots": roots}

@@ -67,8 +67,9 @@ def timeline(report: dict[str, Any]) -> Timeline:
     """Place every call of every rank of ``report`` in time."""
     origin = _origin(report)
     ended = report.get("ended")
-    times = [t - origin for r in report["ranks"] for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
-    times += [r[key] - origin for r in report["ranks"] for key in ("finished_at", "died_at") if r.get(key) is not None]
+    ranks = report["ranks"]
+    times = [t - origin for r in ranks for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
+    times += [r[key] - origin for r in ranks for key in ("finished_at", "died_at") if r.get(key) is not None]
     verdict = float(ended) - origin if ended is not None else max(times, default=0.0)
     end = max([verdict, *times])
     slices: list[Slice] = []
@@ -91,7 +92,8 @@ def timeline(report: dict[str, Any]) -> Timeline:
             if lane == len(lane_ends):
                 lane_ends.append(finish)
             lane_ends[lane] = finish
-            slices.append(Slice(rank["rank"], lane, start, finish, call, running and alive, running and not alive))
+            stuck, died_in = running and alive, running and not alive
+            slices.append(Slice(rank["rank"], lane, start, finish, call, stuck, died_in))
         lanes[rank["rank"]] = max(1, len(lane_ends))
     return Timeline(verdict, end, slices, lanes, rank_ends)
 
@@ -126,9 +128,16 @@ def _us(seconds: float) -> float:
 
 def _args(piece: Slice) -> dict[str, Any]:
     call = piece.call
-    keys = ("op", "seq", "group", "group_ranks", "shapes", "dtypes", "site", "caller", "peer", "root", "error")
+    keys = (
+        "op", "seq", "group", "group_ranks", "shapes", "dtypes", "site", "caller", "peer", "root", "error"
+    )
     args = {key: call[key] for key in keys if call.get(key) not in (None, [], "")}
-    args["state"] = "stuck" if piece.stuck else "running when the rank died" if piece.died_in else call.get("state")
+    if piece.stuck:
+        args["state"] = "stuck"
+    elif piece.died_in:
+        args["state"] = "running when the rank died"
+    else:
+        args["state"] = call.get("state")
     if call.get("async"):
         args["async"] = True
     return args
@@ -141,7 +150,12 @@ def trace(report: dict[str, Any]) -> dict[str, Any]:
     rank's end as an instant, and the verdict as a global instant at the end."""
     line = timeline(report)
     events: list[dict[str, Any]] = [
-        {"ph": "M", "pid": PID, "name": "process_name", "args": {"name": f"{report['test']}: {verdict_name(report)}"}}
+        {
+            "ph": "M",
+            "pid": PID,
+            "name": "process_name",
+            "args": {"name": f"{report['test']}: {verdict_name(report)}"},
+        }
     ]
     tids: dict[tuple[int, int], int] = {}
     for rank in sorted(line.lanes):
@@ -149,7 +163,8 @@ def trace(report: dict[str, Any]) -> dict[str, Any]:
             tid = tids[rank, lane] = len(tids) + 1
             name = f"rank {rank}" + (f" (overlapping calls {lane})" if lane else "")
             events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": name}})
-            events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+            sort = {"sort_index": tid}
+            events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index", "args": sort})
     for piece in line.slices:
         tid = tids[piece.rank, piece.lane]
         event = {

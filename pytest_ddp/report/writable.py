@@ -23,7 +23,8 @@ def printable(text: str) -> str:
 
 
 def printable_data(value: Any) -> Any:
-    """A JSON value (dicts, lists, strings, numbers) with every string in it, keys included, :func:`printable`."""
+    """A JSON value (dicts, lists, strings, numbers) with every string in it, keys included,
+    :func:`printable`."""
     if isinstance(value, str):
         return printable(value)
     if isinstance(value, dict):
