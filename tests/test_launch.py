@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ddp.common.protocol import RankRole
 from pytest_ddp.groups.spawn import rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
@@ -160,7 +161,7 @@ def test_collection_differences_are_cut_after_five() -> None:
         hp.Hello(1, 1, 0, "node", ["a::b"], ["err"], "/tmp/log"),
         hp.Data(3, "events", b'{"e": "call"}\n\x00\xff'),
         hp.Command(3, b'{"cmd": "stop"}\n'),
-        hp.Start(2, {"rank": 1}, {"RANK": "1"}, ["a::b"]),
+        hp.Start(2, RankRole(1, 2, "gloo", True, "pytest", 60.0, "10.0.0.1", 29500, 0), {"RANK": "1"}, ["a::b"]),
         hp.Exited(2, -9, 12.5),
         hp.Dumped(1),
         hp.Dump(1),

@@ -3,6 +3,7 @@ recorder's hand-built lines decode into the calls it meant."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from pytest_ddp.common.protocol import (
     TestStart,
 )
 from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.launched import protocol as hp
 from pytest_ddp.rank.channel import Channel
 from pytest_ddp.record import numbering
 
@@ -104,6 +106,60 @@ def test_an_event_log_reads_back_what_was_written(tmp_path: Path) -> None:
     assert reader.read_new() == []
     log.close()
     reader.close()
+
+
+# -- a rank's start -----------------------------------------------------------------------
+
+ROLE = protocol.RankRole(
+    rank=1, world_size=2, backend="gloo", init=True, mode="pytest", pg_timeout=60.0, store_host="127.0.0.1",
+    store_port=29500, local_rank=1,
+)
+START = protocol.RankStart(
+    role=ROLE, events="/g/rank1.events", stdout="/g/rank1.stdout", stderr="/g/rank1.stderr", dump="/g/rank1.dump",
+    env={"PATH": "/bin"}, cwd="/w", pytest_args=["t.py::test_a", "-p", "x"], sys_path=[], basetemp="/g/rank1.tmp",
+)
+
+
+@pytest.mark.parametrize("start", [START, dataclasses.replace(START, role=dataclasses.replace(ROLE, store_port=None))])
+def test_a_ranks_start_survives_its_file(start: protocol.RankStart) -> None:
+    assert protocol.RankStart.from_json(start.to_json()) == start
+    assert protocol.RankRole.from_dict(json.loads(json.dumps(start.role.to_dict()))) == start.role
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_without(START.to_dict(), "cwd"), "a rank's start without ['cwd']"),
+        ({**START.to_dict(), "log_capture": True}, "a rank's start with unknown keys ['log_capture']"),
+        ({**START.to_dict(), "role": _without(ROLE.to_dict(), "rank")}, "a rank's role without ['rank']"),
+        ({**START.to_dict(), "role": {**ROLE.to_dict(), "rank": "1"}}, "a rank's role whose 'rank' is not int"),
+        ({**START.to_dict(), "role": {**ROLE.to_dict(), "init": 1}}, "a rank's role whose 'init' is not bool"),
+        ({**START.to_dict(), "env": {"PATH": 1}}, "a rank's start whose 'env' is not dict[str, str]"),
+        ({**START.to_dict(), "role": None}, "a rank's role: not a JSON object"),
+        ([START.to_dict()], "a rank's start: not a JSON object"),
+    ],
+    ids=["missing", "unknown", "role missing", "role's type", "a number for a bool", "env", "no role", "a list"],
+)
+def test_a_ranks_start_that_is_not_one_field_for_field_is_refused(data: Any, message: str) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        protocol.RankStart.from_json(json.dumps(data))
+    assert str(refused.value).startswith(message)
+
+
+def test_a_start_file_that_is_not_json_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="a rank's start: not JSON"):
+        protocol.RankStart.from_json(START.to_json()[:-1])
+
+
+def test_a_host_is_started_with_a_ranks_role_or_refuses_the_message() -> None:
+    frame = hp.encode(hp.Start(2, ROLE, {"RANK": "1"}, ["t.py::test_a"]))
+    assert hp.decode(frame) == hp.Start(2, ROLE, {"RANK": "1"}, ["t.py::test_a"])
+    with pytest.raises(ProtocolError, match=r"a malformed start message: .* \(a rank's role whose 'rank' is not int"):
+        hp.decode(frame.replace(b'"rank": 1', b'"rank": "1"'))
 
 
 # -- the recorder's hand-built lines ---------------------------------------------------

@@ -3,6 +3,7 @@ processes, environment variables, warnings), and how it stops a session."""
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 import subprocess
 import sys
@@ -341,14 +342,16 @@ def test_it():
     result.assert_outcomes(passed=1)
 
 
-def test_a_ranks_spec_file_is_readable_by_its_user_alone(tmp_path):
+def test_a_ranks_start_file_is_readable_by_its_user_alone(tmp_path):
     """It holds the rank's environment: 0600, whatever the umask, and a planted link is refused."""
-    from pytest_ddp.groups.spawn import write_spec_file
+    from pytest_ddp.common.protocol import RankRole
+    from pytest_ddp.groups.spawn import rank_start, write_start_file
 
-    path = write_spec_file(tmp_path, {"rank": 0, "env": {"TOKEN": "x"}})
+    role = RankRole(0, 2, "gloo", True, "pytest", 60.0, "127.0.0.1", 29500, 0)
+    path = write_start_file(tmp_path, rank_start(role, {"TOKEN": "x"}, tmp_path, [], []))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (tmp_path / "elsewhere").write_text("")
     (tmp_path / "rank1.json").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
-        write_spec_file(tmp_path, {"rank": 1})
+        write_start_file(tmp_path, rank_start(dataclasses.replace(role, rank=1), {}, tmp_path, [], []))
     assert (tmp_path / "elsewhere").read_text() == ""

@@ -38,6 +38,9 @@ JSON strings on its hot path; their keys are defined here, by
 :class:`CallWire` and :class:`RetWire`, and must not change without it.
 
 A rank's event log (:mod:`pytest_ddp.common.event_log`) carries its events.
+
+What a rank is started with travels once, before any command, as one JSON object: a
+:class:`RankStart` (its :class:`RankRole` in the group, and where it lives on its machine).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import json
 import pickle
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
@@ -432,3 +436,110 @@ def decode_command(line: bytes | str) -> Command:
     if not isinstance(record, COMMAND_TYPES):
         raise ProtocolError(f"not a command: {record.KIND}")
     return record
+
+
+# -- a rank's start (controller -> rank, once, in its spec file) ---------------------
+
+
+# Whether a decoded JSON value is one of a field's type, by the field's annotation (a string here).
+_JSON_IS: dict[str, Callable[[Any], bool]] = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "int | None": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "bytes": lambda v: isinstance(v, bytes),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "dict[str, str]": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+}
+
+
+def fields_from_json(cls: type[Any], data: Any, what: str) -> dict[str, Any]:
+    """``data``, a decoded JSON object, as the keyword arguments of dataclass ``cls``, field for
+    field: a field of a dataclass type with a ``from_dict`` is decoded by it.  A ProtocolError
+    names ``what`` and the key that is missing, unknown or of another type."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{what}: not a JSON object: {data!r:.80}")
+    declared = {f.name: f for f in dataclasses.fields(cls)}
+    required = {
+        name for name, f in declared.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    if missing := sorted(required - data.keys()):
+        raise ProtocolError(f"{what} without {missing}")
+    if unknown := sorted(data.keys() - declared.keys()):
+        raise ProtocolError(f"{what} with unknown keys {unknown}")
+    kwargs = {}
+    for name, value in data.items():
+        annotation = str(declared[name].type)
+        if annotation in _NESTED:
+            kwargs[name] = _NESTED[annotation](value)
+        elif annotation in _JSON_IS and _JSON_IS[annotation](value):
+            kwargs[name] = value
+        else:
+            raise ProtocolError(f"{what} whose {name!r} is not {annotation}: {value!r:.80}")
+    return kwargs
+
+
+@dataclass(frozen=True)
+class RankRole:
+    """A rank's place in its group, which holds on any machine (a launched host forks the rank)."""
+
+    rank: int  # its rank in the group's world
+    world_size: int  # the group's
+    backend: str  # gloo, nccl or mpi
+    init: bool  # it joins the default process group before any test (init=True)
+    mode: str  # "pytest": it runs test items; "function": run()'s functions
+    pg_timeout: float  # seconds: the default process group's own timeout
+    store_host: str  # where the group's TCPStore listens
+    store_port: int | None  # the store's port; None: no store (an MPI world)
+    local_rank: int  # its rank on its node (LOCAL_RANK, an NCCL rank's GPU)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RankRole:
+        """The role :meth:`to_dict` wrote; ProtocolError for a key missing, unknown or of another type."""
+        return cls(**fields_from_json(cls, data, "a rank's role"))
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """What a rank process is started with: its role, and where it lives on its machine.  Written to
+    a file only its user can read (:func:`pytest_ddp.groups.spawn.write_start_file`), read once by the
+    rank (:func:`pytest_ddp.rank.entry.forked_main`)."""
+
+    role: RankRole
+    events: str  # path of its event log
+    stdout: str  # path of the file its fd 1 writes to
+    stderr: str  # path of the file its fd 2 writes to
+    dump: str  # path of the file its stacks are dumped to (SIGUSR1)
+    env: dict[str, str]  # its whole environment
+    cwd: str  # its working directory
+    pytest_args: list[str]  # its pytest session's command line (pytest mode)
+    sys_path: list[str]  # its import path; empty: the forkserver's
+    basetemp: str  # its pytest session's --basetemp
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RankStart:
+        """The start :meth:`to_dict` wrote; ProtocolError for a key missing, unknown or of another type."""
+        return cls(**fields_from_json(cls, data, "a rank's start"))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> RankStart:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ProtocolError(f"a rank's start: not JSON: {text!r:.80}") from exc
+        return cls.from_dict(data)
+
+
+# Fields whose JSON value is a dataclass's dict, by their annotation: how each is decoded.
+_NESTED: dict[str, Callable[[Any], Any]] = {"RankRole": RankRole.from_dict}

@@ -1,6 +1,6 @@
 """A rank group: N rank processes of one world size and backend, and what they share.
 
-The controller owns, per group: a private temporary folder (rank specs, event
+The controller owns, per group: a private temporary folder (rank starts, event
 logs, output files, stack dumps), a TCPStore that listens on 127.0.0.1 only,
 and for each rank a command pipe (controller -> rank) and a notify pipe
 (rank -> controller: one message after each event worth waking up for; end of
@@ -34,18 +34,28 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_ddp.common.event_log import EventReader
-from pytest_ddp.common.protocol import CallFunction, Command, Fatal, Ready, RunItem, SessionEnd, Stop, encode
+from pytest_ddp.common.protocol import (
+    CallFunction,
+    Command,
+    Fatal,
+    RankRole,
+    Ready,
+    RunItem,
+    SessionEnd,
+    Stop,
+    encode,
+)
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
     GroupStore,
     OutputFile,
     RankProcess,
-    complete_spec,
     dump_complete,
     fork_rank,
     rank_files,
-    write_spec_file,
+    rank_start,
+    write_start_file,
 )
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
@@ -154,7 +164,7 @@ class RankGroup:
             env.pop(name, None)
         if cfg.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
-        proc, commands, notify = fork_rank(self.write_spec(rank, env, store_port=port), rank)
+        proc, commands, notify = fork_rank(self.write_start(rank, env, store_port=port), rank)
         rp = self.rank_process(rank, proc, commands, notify)
         self.watch(rp)
         return rp
@@ -205,26 +215,27 @@ class RankGroup:
     def _paths(self, rank: int) -> dict[str, Path]:
         return rank_files(self.workdir, rank)
 
-    def portable_spec(self, rank: int, store_port: int | None) -> dict[str, Any]:
-        """The part of a rank's spec that holds on any machine (see :func:`complete_spec`)."""
+    def role(self, rank: int, store_port: int | None) -> RankRole:
+        """What rank ``rank`` is in this group, which holds on any machine (the rest of its start does not)."""
         cfg = self.config
-        return {
-            "rank": rank,
-            "world_size": cfg.world_size,
-            "backend": cfg.backend,
-            "init": cfg.init,
-            "mode": cfg.mode,
-            "pg_timeout": cfg.pg_timeout,
-            "store_host": self.store_host,
-            "store_port": store_port,
-            "local_rank": rank,
-        }
+        return RankRole(
+            rank=rank,
+            world_size=cfg.world_size,
+            backend=cfg.backend,
+            init=cfg.init,
+            mode=cfg.mode,
+            pg_timeout=cfg.pg_timeout,
+            store_host=self.store_host,
+            store_port=store_port,
+            local_rank=rank,
+        )
 
-    def write_spec(self, rank: int, env: dict[str, str], store_port: int | None = None) -> Path:
-        """The rank's spec file (see :func:`pytest_ddp.rank.entry.serve`), ``env`` its whole environment."""
-        portable = self.portable_spec(rank, store_port)
-        spec = complete_spec(portable, env, self.workdir, self.config.pytest_args, self.config.sys_path)
-        return write_spec_file(self.workdir, spec)
+    def write_start(self, rank: int, env: dict[str, str], store_port: int | None = None) -> Path:
+        """The rank's start file (read by :func:`pytest_ddp.rank.entry.forked_main`), ``env`` its whole
+        environment."""
+        cfg = self.config
+        start = rank_start(self.role(rank, store_port), env, self.workdir, cfg.pytest_args, cfg.sys_path)
+        return write_start_file(self.workdir, start)
 
     def rank_process(self, rank: int, proc: Any, commands: Connection | None, notify: Connection | None) -> RankProcess:
         paths = self._paths(rank)

@@ -408,7 +408,7 @@ class MpiGroup(RankGroup):
         except ValueError as exc:
             return self._refuse(greeting, f"process {greeting.peer}: {exc}")
         self._news.unregister(greeting.sock)
-        rp.proc, rp.commands, rp.notify = fork_rank(self.write_spec(rp.rank, env), rp.rank, descriptors)
+        rp.proc, rp.commands, rp.notify = fork_rank(self.write_start(rp.rank, env), rp.rank, descriptors)
         greeting.sock.setblocking(True)
         link = Connection(greeting.sock.detach())
         greeting.close()  # the rank's now, not ours

@@ -1,5 +1,5 @@
 """How a rank process comes to be, and how its files are read: the forkserver ranks are forked
-from, a rank's spec and files, the fork itself, and the TCPStore the ranks of a group meet at.
+from, a rank's start and files, the fork itself, and the TCPStore the ranks of a group meet at.
 
 Used by :mod:`pytest_ddp.groups.group` on one machine, and by a launched host
 (:mod:`pytest_ddp.launched.host`) for the ranks it holds.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 import multiprocessing
 import multiprocessing.util
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common.event_log import EventReader
+from pytest_ddp.common.protocol import RankRole, RankStart
 from pytest_ddp.diagnose.state import RankState
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
@@ -85,30 +85,32 @@ def rank_files(folder: Path, rank: int) -> dict[str, Path]:
     return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
 
 
-def complete_spec(
-    portable: dict[str, Any], env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
-) -> dict[str, Any]:
-    """A rank's whole spec: the portable part and what only the machine it runs on knows
-    (its files in ``folder``, its working directory and import path)."""
-    rank = portable["rank"]
-    files = {name: str(path) for name, path in rank_files(folder, rank).items()}
-    return {
-        **portable,
-        **files,
-        "env": env,
-        "cwd": os.getcwd(),
-        "pytest_args": pytest_args,
-        "sys_path": sys_path,
-        "basetemp": str(folder / f"rank{rank}.tmp"),
-    }
+def rank_start(
+    role: RankRole, env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
+) -> RankStart:
+    """A rank's whole start: its role, which holds on any machine, and what only the machine it runs on
+    knows (its files in ``folder``, its working directory and import path)."""
+    files = rank_files(folder, role.rank)
+    return RankStart(
+        role=role,
+        events=str(files["events"]),
+        stdout=str(files["stdout"]),
+        stderr=str(files["stderr"]),
+        dump=str(files["dump"]),
+        env=env,
+        cwd=os.getcwd(),
+        pytest_args=pytest_args,
+        sys_path=sys_path,
+        basetemp=str(folder / f"rank{role.rank}.tmp"),
+    )
 
 
-def write_spec_file(folder: Path, spec: dict[str, Any]) -> Path:
-    """The spec as a file only this user can read (it holds the rank's environment), in the group's
-    0700 folder."""
-    path = folder / f"rank{spec['rank']}.json"
+def write_start_file(folder: Path, start: RankStart) -> Path:
+    """The rank's start as a file only this user can read (it holds the rank's environment), in the
+    group's 0700 folder."""
+    path = folder / f"rank{start.role.rank}.json"
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as out:
-        out.write(json.dumps(spec))
+        out.write(start.to_json())
     return path
 
 
@@ -141,7 +143,7 @@ def _received(duplicate: Any) -> int:
 
 
 def fork_rank(
-    spec_path: Path, rank: int, descriptors: dict[str, Descriptor] | None = None
+    start_path: Path, rank: int, descriptors: dict[str, Descriptor] | None = None
 ) -> tuple[Any, Connection, Connection]:
     """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read
     end.  ``descriptors``: copies the rank gets, each named by the environment variable that says its
@@ -153,7 +155,7 @@ def fork_rank(
 
     proc = context.Process(
         target=forked_main,
-        args=(str(spec_path), command_read, notify_write, descriptors or {}),
+        args=(str(start_path), command_read, notify_write, descriptors or {}),
         name=f"ddp-rank{rank}",
     )
     proc.start()

@@ -40,15 +40,15 @@ from pytest_ddp.config.settings import rank_pytest_args
 from pytest_ddp.groups.group import STACK_DUMP_WAIT
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
-    complete_spec,
     dump_complete,
     file_size,
     fork_context,
     fork_rank,
     rank_files,
+    rank_start,
     read_bytes_from,
     read_from,
-    write_spec_file,
+    write_start_file,
 )
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
@@ -155,14 +155,14 @@ class Host:
             slot.proc.kill()
 
     def _start(self, message: hp.Start) -> None:
-        rank = message.spec["rank"]
+        rank = message.role.rank
         folder = self.folder / f"slot{message.slot}"
         folder.mkdir(parents=True)
         env = {**os.environ, **message.env}
         for name in NOT_FOR_RANKS:
             env.pop(name, None)
-        spec = complete_spec(message.spec, env, folder, self.pytest_args(message.items), list(sys.path))
-        proc, commands, notify = fork_rank(write_spec_file(folder, spec), rank)
+        start = rank_start(message.role, env, folder, self.pytest_args(message.items), list(sys.path))
+        proc, commands, notify = fork_rank(write_start_file(folder, start), rank)
         slot = Slot(message.slot, proc, commands, notify, rank_files(folder, rank))
         self.slots[slot.number] = slot
         self.selector.register(notify, selectors.EVENT_READ, slot)

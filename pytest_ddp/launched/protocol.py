@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pytest_ddp.common.protocol import ProtocolError
+from pytest_ddp.common.protocol import ProtocolError, RankRole, fields_from_json
 
 
 @dataclass
@@ -69,7 +68,7 @@ class Exited:
 class Start:
     KIND: ClassVar[str] = "start"
     slot: int
-    spec: dict[str, Any]  # the rank's spec less what only the host knows (files, cwd, sys.path)
+    role: RankRole  # the rank's start less what only the host knows (its files, cwd, environment, sys.path)
     env: dict[str, str] = field(default_factory=dict)  # on top of the host's environment
     items: list[str] = field(default_factory=list)  # the group's node ids
 
@@ -113,18 +112,6 @@ def encode(message: Message) -> bytes:
     return json.dumps({"k": message.KIND, **fields}).encode() + b"\n" + payload
 
 
-# Each field's annotation -> whether a decoded JSON value is one.
-_IS: dict[str, Callable[[Any], bool]] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "bytes": lambda v: isinstance(v, bytes),
-    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "dict[str, str]": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
-    "dict[str, Any]": lambda v: isinstance(v, dict),
-}
-
-
 def decode(frame: bytes) -> Message:
     header, _, payload = frame.partition(b"\n")
     try:
@@ -134,11 +121,7 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(f"not a host message: {frame[:80]!r}") from exc
     if kind in _RAW:
         fields["payload"] = payload
-    declared = {f.name: f for f in dataclasses.fields(kind)}
-    required = {name for name, f in declared.items() if f.default is f.default_factory is dataclasses.MISSING}
-    if (
-        not required <= fields.keys() <= declared.keys()
-        or not all(_IS[str(declared[name].type)](value) for name, value in fields.items())
-    ):
-        raise ProtocolError(f"a malformed {kind.KIND} message: {frame[:80]!r}")
-    return kind(**fields)
+    try:
+        return kind(**fields_from_json(kind, fields, f"a {kind.KIND} message"))
+    except ProtocolError as exc:
+        raise ProtocolError(f"a malformed {kind.KIND} message: {frame[:80]!r} ({exc})") from None

@@ -12,6 +12,7 @@ At the end every host is told the session's exit status, to exit with.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
 import signal
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_ddp.common.protocol import Command, ProtocolError, encode
+from pytest_ddp.common.protocol import Command, ProtocolError, RankRole, encode
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import RankProcess, rank_files
 from pytest_ddp.launched import protocol as hp
@@ -298,7 +299,7 @@ class LaunchedGroup(RankGroup):
         self.slots = self.world.attach(self, range(1, cfg.world_size))
         for rank, slot in self.slots.items():
             env = {**self.torchrun_environment(rank, store_port), **self.rank_environment()}
-            self.world.send(rank, hp.Start(slot, self.portable_spec(rank, store_port), env, cfg.items))
+            self.world.send(rank, hp.Start(slot, self.role(rank, store_port), env, cfg.items))
             self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot), None, None))
 
     # -- what each rank is told -----------------------------------------------------
@@ -306,8 +307,8 @@ class LaunchedGroup(RankGroup):
     def _local_rank(self, rank: int) -> int:
         return self.world.launch.local_rank if rank == 0 else self.world.hosts[rank].hello.local_rank
 
-    def portable_spec(self, rank: int, store_port: int | None) -> dict[str, Any]:
-        return {**super().portable_spec(rank, store_port), "local_rank": self._local_rank(rank)}
+    def role(self, rank: int, store_port: int | None) -> RankRole:
+        return dataclasses.replace(super().role(rank, store_port), local_rank=self._local_rank(rank))
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
         """torchrun's environment for this group's ranks: the launch's nodes and local ranks,

@@ -20,9 +20,9 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-# What joining needs, kept from the rank's spec.
-_JOIN_FIELDS = ("backend", "rank", "world_size", "init", "local_rank", "pg_timeout", "store_host")
-_spec: dict[str, Any] = {}
+from pytest_ddp.common.protocol import RankRole
+
+_role: RankRole | None = None  # this rank's, which says how to join: kept from its start
 _joined: weakref.ref[Any] | None = None  # the default group this rank joined last (init=True)
 # init=False: the default groups that are not the current test's own: there when it started, or
 # made while it set up a fixture of a wider scope.
@@ -32,28 +32,33 @@ _store_port = 0  # of the rank group's store now: the first, or the one handed o
 _client: tuple[int, Any] | None = None  # (port, client) of store()
 
 
-def start(spec: dict[str, Any]) -> None:
+def start(role: RankRole) -> None:
     """At the rank's start: keep what joining again needs, and join (``init=True`` groups)."""
-    global _store_port
-    _spec.clear()
-    _spec.update({name: spec[name] for name in _JOIN_FIELDS})
-    _store_port = spec["store_port"]
-    if spec["init"]:
-        _join(spec["store_port"])
+    global _role, _store_port
+    assert role.store_port is not None  # a group of torch.distributed ranks has a store
+    _role, _store_port = role, role.store_port
+    if role.init:
+        _join(role.store_port)
+
+
+def _kept() -> RankRole:
+    assert _role is not None, "the rank has not started"
+    return _role
 
 
 def _join(store_port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=_spec["pg_timeout"])
-    store = dist.TCPStore(_spec["store_host"], store_port, _spec["world_size"], is_master=False, timeout=timeout)
+    role = _kept()
+    timeout = timedelta(seconds=role.pg_timeout)
+    store = dist.TCPStore(role.store_host, store_port, role.world_size, is_master=False, timeout=timeout)
     kwargs: dict[str, Any] = {}
-    if _spec["backend"] == "nccl":
-        torch.cuda.set_device(_spec["local_rank"])
-        kwargs["device_id"] = torch.device("cuda", _spec["local_rank"])
+    if role.backend == "nccl":
+        torch.cuda.set_device(role.local_rank)
+        kwargs["device_id"] = torch.device("cuda", role.local_rank)
     dist.init_process_group(
-        _spec["backend"], store=store, rank=_spec["rank"], world_size=_spec["world_size"], timeout=timeout, **kwargs
+        role.backend, store=store, rank=role.rank, world_size=role.world_size, timeout=timeout, **kwargs
     )
     global _joined
     _joined = weakref.ref(dist.distributed_c10d._get_default_group())
@@ -92,7 +97,7 @@ def test_ended() -> tuple[bool, bool]:
     """(intact, alive) as :class:`~pytest_ddp.common.protocol.Done` reports them."""
     global _left_own
     current = _current()
-    if _spec.get("init"):
+    if _role is not None and _role.init:
         joined = None if _joined is None else _joined()
         return joined is not None and joined is current, current is not None
     _left_own = current is not None and all(ref() is not current for ref in _not_the_tests)
@@ -106,8 +111,9 @@ def store() -> Any:
     if _client is None or _client[0] != _store_port:
         import torch.distributed as dist
 
-        timeout = timedelta(seconds=_spec["pg_timeout"])
-        client = dist.TCPStore(_spec["store_host"], _store_port, _spec["world_size"], is_master=False, timeout=timeout)
+        role = _kept()
+        timeout = timedelta(seconds=role.pg_timeout)
+        client = dist.TCPStore(role.store_host, _store_port, role.world_size, is_master=False, timeout=timeout)
         _client = (_store_port, client)
     return _client[1]
 
@@ -125,7 +131,8 @@ def renew(store_port: int) -> None:
     from pytest_ddp.record.recorder import unrecorded
 
     with unrecorded():
-        if dist.is_initialized() and (_spec.get("init") or _left_own):
+        init = _role is not None and _role.init
+        if dist.is_initialized() and (init or _left_own):
             dist.destroy_process_group()
-        if _spec.get("init"):
+        if init:
             _join(store_port)

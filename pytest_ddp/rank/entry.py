@@ -16,9 +16,9 @@ rather than fails, and the controller's watchdog says why.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import io
-import json
 import os
 import signal
 import sys
@@ -26,9 +26,10 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pytest_ddp.common import prctl
+from pytest_ddp.common.protocol import RankRole, RankStart
 from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import Channel, enter, fatal
 from pytest_ddp.rank.context import RankContext
@@ -61,9 +62,9 @@ def _release_forkserver() -> None:
         server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
-def _redirect_output(spec: dict[str, Any]) -> None:
+def _redirect_output(start: RankStart) -> None:
     """fds 1 and 2 to the files the controller reads; unbuffered, so nothing is lost on a kill."""
-    for fd, path in ((1, spec["stdout"]), (2, spec["stderr"])):
+    for fd, path in ((1, start.stdout), (2, start.stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
@@ -73,22 +74,22 @@ def _redirect_output(spec: dict[str, Any]) -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True)
 
 
-def _join_mpi_world(spec: dict[str, Any]) -> ModuleType:
+def _join_mpi_world(role: RankRole) -> ModuleType:
     """An MPI rank: MPI_Init (importing mpi4py's MPI does it), in the world the launcher made."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    if (world.Get_rank(), world.Get_size()) != (spec["rank"], spec["world_size"]):
+    if (world.Get_rank(), world.Get_size()) != (role.rank, role.world_size):
         raise RuntimeError(
             f"the MPI launcher made this process rank {world.Get_rank()} of {world.Get_size()}, "
-            f"not rank {spec['rank']} of {spec['world_size']}"
+            f"not rank {role.rank} of {role.world_size}"
         )
     from pytest_ddp.record import mpi_recorder  # imports mpi4py: only in an MPI rank
 
     return mpi_recorder
 
 
-def forked_main(spec_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]) -> None:
+def forked_main(start_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]) -> None:
     """A rank's life, from the forkserver's fork to its exit.  ``descriptors``: those an MPI launcher
     gave the rank's stand-in, by the variable that names each (``PMI_FD``), at their numbers here."""
     parent = os.getppid()
@@ -96,34 +97,35 @@ def forked_main(spec_path: str, commands: Connection, notify: Connection, descri
     os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver's SIG_IGN is not the test's
     try:
-        spec = json.loads(Path(spec_path).read_text())
-        for name, fd in descriptors.items():
+        start = RankStart.from_json(Path(start_path).read_text())
+        for fd in descriptors.values():
             os.set_inheritable(fd, True)  # as the launcher gave it
-            spec["env"][name] = str(fd)
-        _redirect_output(spec)
+        start = dataclasses.replace(start, env={**start.env, **{name: str(fd) for name, fd in descriptors.items()}})
+        _redirect_output(start)
     except FileNotFoundError:
         # The controller gave the group up (Ctrl-C while it started) and removed its folder
         # while this rank was being forked; stderr is still the user's terminal here.
         os._exit(1)
-    serve(spec, Channel(spec["events"], commands, notify), parent)
+    serve(start, Channel(start.events, commands, notify), parent)
 
 
-def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
+def serve(start: RankStart, channel: Channel, parent: int) -> NoReturn:
     """The rest of a rank's life: join the group, run what the controller hands over, exit."""
-    _become_rank(spec["rank"], parent)
+    role = start.role
+    _become_rank(role.rank, parent)
     prctl.become_subreaper()
-    keeper = leftovers.start_keeper(spec["rank"])
+    keeper = leftovers.start_keeper(role.rank)
     os.environ.clear()
-    os.environ.update(spec["env"])
-    os.chdir(spec["cwd"])
-    dump = open(spec["dump"], "w")  # noqa: SIM115 - must stay open for the signal handler
+    os.environ.update(start.env)
+    os.chdir(start.cwd)
+    dump = open(start.dump, "w")  # noqa: SIM115 - must stay open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
-    if spec["sys_path"]:
-        sys.path[:] = spec["sys_path"]
+    if start.sys_path:
+        sys.path[:] = start.sys_path
     try:
-        mpi = _join_mpi_world(spec) if spec["backend"] == "mpi" else None
+        mpi = _join_mpi_world(role) if role.backend == "mpi" else None
         if mpi is None:
-            default_group.start(spec)
+            default_group.start(role)
         from pytest_ddp.record import recorder, schedules  # imports torch: only in a rank
 
         recorders = [recorder] if mpi is None else [recorder, mpi]
@@ -131,12 +133,12 @@ def serve(spec: dict[str, Any], channel: Channel, parent: int) -> NoReturn:
             each.install(channel.log)
         schedules.install(channel.log)
         context = RankContext(
-            spec["rank"], spec["world_size"], spec["backend"], spec["init"], spec["local_rank"],
-            group_dir=os.path.dirname(spec["events"]),
+            role.rank, role.world_size, role.backend, role.init, role.local_rank,
+            group_dir=os.path.dirname(start.events),
         )
         enter(context, recorders)
-        run = run_pytest if spec["mode"] == "pytest" else serve_functions
-        code = run(spec, channel)
+        run = run_pytest if role.mode == "pytest" else serve_functions
+        code = run(start, channel)
     except BaseException:
         fatal(channel, traceback.format_exc())
         code = 3

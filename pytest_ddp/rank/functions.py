@@ -7,19 +7,28 @@ import threading
 import traceback
 from typing import Any
 
-from pytest_ddp.common.protocol import CallFunction, PhaseStart, Ready, Report, TestStart, decode_value, encode_value
+from pytest_ddp.common.protocol import (
+    CallFunction,
+    PhaseStart,
+    RankStart,
+    Ready,
+    Report,
+    TestStart,
+    decode_value,
+    encode_value,
+)
 from pytest_ddp.rank import leftovers
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, start_test
 from pytest_ddp.record import injector
 
 
-def serve_functions(spec: dict[str, Any], channel: Channel) -> int:
+def serve_functions(start: RankStart, channel: Channel) -> int:
     """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
     channel.event(Ready(), wake=True)
     for command in channel.commands(CallFunction):
         start_test()
         armed = decode_value(command.faults) if command.faults else ()
-        injector.arm(armed, spec["rank"], channel.log)
+        injector.arm(armed, start.role.rank, channel.log)
         threads_before = set(threading.enumerate())
         channel.event(TestStart(command.id))
         channel.event(PhaseStart("call"))
@@ -29,7 +38,7 @@ def serve_functions(spec: dict[str, Any], channel: Channel) -> int:
             for part in command.qualname.split("."):
                 fn = getattr(fn, part)
             args, kwargs = decode_value(command.args)
-            value = fn(spec["rank"], *args, **kwargs)
+            value = fn(start.role.rank, *args, **kwargs)
             try:
                 encoded: str | None = encode_value(value)
             except Exception:

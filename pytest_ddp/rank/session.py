@@ -29,6 +29,8 @@ from pytest_ddp.record import injector
 if TYPE_CHECKING:
     from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
 
+    from pytest_ddp.common.protocol import RankStart
+
 class LeftoverProcessWarning(pytest.PytestWarning):
     """A test left processes running in its rank; the rank ended them."""
 
@@ -238,9 +240,9 @@ class RankSession:
         return True
 
 
-def run_pytest(spec: dict[str, Any], channel: Channel) -> int:
+def run_pytest(start: RankStart, channel: Channel) -> int:
     session = RankSession(channel)
-    args = [*spec["pytest_args"], "--basetemp", spec["basetemp"]]
+    args = [*start.pytest_args, "--basetemp", start.basetemp]
     code = int(pytest.main(args, plugins=[session]))
     if not session.ready:
         # Ended before running anything: a named test's module failed to import
