@@ -9,7 +9,6 @@ configure), as pytest-xdist's ``DSession`` is by its plugin.
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
 
@@ -25,7 +24,6 @@ from pytest_ddp.groups.spawn import fork_context
 from pytest_ddp.launched.host import GATHER_WAIT
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld
-from pytest_ddp.record import compiled
 from pytest_ddp.report import rank_warnings
 from pytest_ddp.report.merge import merged_reports, stopped_group_report, write_files
 
@@ -64,7 +62,7 @@ class Controller:
     def collected(self, session: pytest.Session) -> None:
         """The session's items are known (called by the plugin at the end of collection, once
         a ddp item is among them, or always under a launcher): plan the warm groups, get the
-        kernels and the forkserver ready, and under a launcher compare the collections."""
+        forkserver ready, and under a launcher compare the collections."""
         self.session = session
         # The ddp items each warm group may serve, in session order, and where each stands.
         self.shared = {}
@@ -77,24 +75,11 @@ class Controller:
                 queue.append(item)
         runs = not session.config.option.collectonly
         if specs and runs:
-            self._build_kernels()
             fork_context()  # the forkserver imports torch while pytest gets going
         if self.world is not None:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
             if difference is not None:
                 pytest.exit(f"pytest-ddp: {difference}", returncode=pytest.ExitCode.USAGE_ERROR)
-
-    def _build_kernels(self) -> None:
-        """Build the recorder's compiled kernels before any rank starts, where they are not cached
-        (seconds, once per torch), or fail verification; say in one line why they were rebuilt, or
-        why they cannot be had, and then spare the ranks from trying again: they record in Python."""
-        built = compiled.build()
-        line = built.line() if compiled.wanted() else None
-        if built.why_not is not None:
-            os.environ[compiled.ENV] = "0"
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and line is not None:
-            reporter.write_line(f"pytest-ddp: {line}")
 
     def spec(self, item: pytest.Item) -> RankSpec | None:
         """The spec of a ddp item that can run; None for an ordinary item or a bad one."""

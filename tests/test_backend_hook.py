@@ -120,6 +120,49 @@ def test_a_functional_collective_runs_until_its_first_wait_or_the_tests_end() ->
         assert calls == [("all_reduce", "ok"), ("all_gather_into_tensor_coalesced", "ok")]
 
 
+def functional_collectives_of_every_kind(rank: int) -> None:
+    """Each functional collective in the table but batch_p2p_ops (broadcast names a root), one
+    on a subgroup, mixed with a torch.distributed function, and one never waited for."""
+    tensor = torch.arange(4.0) + rank
+    funcol.all_reduce(tensor, "sum", dist.group.WORLD).wait()
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(tensor, 2, dist.group.WORLD.group_name)
+    torch.ops._c10d_functional.wait_tensor(gathered)
+    funcol.reduce_scatter_tensor(tensor, "sum", 0, dist.group.WORLD).wait()
+    for output in funcol.all_reduce_coalesced([tensor, tensor[:2]], "sum", dist.group.WORLD):
+        output.wait()
+    funcol.all_to_all_single(tensor, None, None, dist.group.WORLD).wait()
+    funcol.broadcast(tensor, 0, dist.group.WORLD).wait()
+    pair = dist.new_group([0, 1])
+    funcol.all_reduce(tensor, "max", pair).wait()
+    dist.all_reduce(tensor)
+    funcol.all_reduce(tensor, "sum", dist.group.WORLD)  # never waited for
+
+
+def test_functional_collectives_of_every_kind_are_recorded_in_one_sequence() -> None:
+    """Each in order among the function's calls, on its group, and returned (the last at the
+    test's end)."""
+    result = pytest_ddp.run(functional_collectives_of_every_kind, world_size=2, timeout=60)
+    assert (result.outcome, result.unfinished_work) == ("passed", []), result.report
+    calls = [(c.op, c.group, c.seq, c.state) for c in result.ranks[0].collectives]
+    pair = calls[7][1]
+    assert pair not in ("WORLD", "?")
+    assert calls == [
+        ("all_reduce", "WORLD", 1, "ok"),
+        ("all_gather_into_tensor", "WORLD", 2, "ok"),
+        ("reduce_scatter_tensor", "WORLD", 3, "ok"),
+        ("all_reduce_coalesced", "WORLD", 4, "ok"),
+        ("all_to_all_single", "WORLD", 5, "ok"),
+        ("broadcast", "WORLD", 6, "ok"),
+        ("new_group", "WORLD", 0, "ok"),  # no collective: no number in the group's sequence
+        ("all_reduce", pair, 1, "ok"),
+        ("all_reduce", "WORLD", 7, "ok"),
+        ("all_reduce", "WORLD", 8, "ok"),
+    ]
+    functional = [call for call in result.ranks[0].collectives if call.op != "new_group"]
+    assert [c.is_async for c in functional] == [True] * 7 + [False, True]
+    assert [c.extra.get("via") for c in functional] == ["backend"] * 7 + [None, "backend"]
+
+
 def armed_by_a_functional_collective_not_in_the_table(rank: int) -> list[bool]:
     """``batch_p2p_ops`` issues several c10d operations: it is recorded at those."""
     armed = [backend_hook.armed()]

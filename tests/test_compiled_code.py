@@ -3,9 +3,8 @@ recorder stays out of tracing (fake and meta tensors) and records the calls the 
 when it runs, and the thread check lets a library's idle threads be (inductor's pool, tqdm's
 monitor) while it still fails a test for a thread that can take part in a later test's collectives.
 
-One inner session (its tests run on the same warm ranks), with the recorder's compiled kernels and
-with Python's (PYTEST_DDP_COMPILED=0), the two run in this process; models are tiny, and inductor's
-compiled code is cached by torch across runs."""
+One inner session (its tests run on the same warm ranks), run in this process; models are tiny, and
+inductor's compiled code is cached by torch across runs."""
 
 from __future__ import annotations
 
@@ -127,49 +126,38 @@ COMPILED_FUNCTION = line_of("def doubled_then_summed(x):")
 
 
 @pytest.fixture
-def sessions(module_shared: ModuleShared, pytester: pytest.Pytester) -> dict[str, tuple[pytest.RunResult, Path]]:
-    """The session of COMPILED_CODE with the compiled kernels and with Python's, run in this
-    process by the first test that needs them, by name: its result and its folder (what
-    test_what_is_recorded recorded is in its recorded.json)."""
+def session(module_shared: ModuleShared, pytester: pytest.Pytester) -> tuple[pytest.RunResult, Path]:
+    """The session of COMPILED_CODE, run in this process by the first test that needs it: its
+    result and its folder (what test_what_is_recorded recorded is in its recorded.json)."""
 
-    def run() -> dict[str, tuple[pytest.RunResult, Path]]:
-        results = {}
-        for name, env in {"compiled": {}, "python": {"PYTEST_DDP_COMPILED": "0"}}.items():
-            recorded_to = str(pytester.path / name / "recorded.json")
-            session = Session({f"{MODULE}.py": COMPILED_CODE}, env={"RECORDED_TO": recorded_to, **env})
-            results[name] = session_in_process(pytester, name, session), pytester.path / name
-        return results
+    def run() -> tuple[pytest.RunResult, Path]:
+        recorded_to = str(pytester.path / "compiled" / "recorded.json")
+        session = Session({f"{MODULE}.py": COMPILED_CODE}, env={"RECORDED_TO": recorded_to})
+        return session_in_process(pytester, "compiled", session), pytester.path / "compiled"
 
-    return module_shared.once("sessions", run)
+    return module_shared.once("session", run)
 
 
-@pytest.mark.parametrize("kernels", ["compiled", "python"])
-def test_correct_compiled_code_passes(sessions: dict[str, tuple[pytest.RunResult, Path]], kernels: str) -> None:
+def test_correct_compiled_code_passes(session: tuple[pytest.RunResult, Path]) -> None:
     """Each test passes as it does bare (torch.multiprocessing.spawn): no error from tracing the
     recorder's kernels, no error at teardown for inductor's pool or tqdm's monitor thread."""
-    result, _ = sessions[kernels]
+    result, _ = session
     result.assert_outcomes(passed=5, failed=1)  # the one that fails: see the test below
 
 
-@pytest.mark.parametrize("kernels", ["compiled", "python"])
-def test_only_the_calls_the_compiled_code_runs_are_recorded(
-    sessions: dict[str, tuple[pytest.RunResult, Path]], kernels: str
-) -> None:
+def test_only_the_calls_the_compiled_code_runs_are_recorded(session: tuple[pytest.RunResult, Path]) -> None:
     """Tracing (fake tensors: torch.compile's, torch.export's, make_fx's) records nothing; the two
     runs of each compiled function (aot_eager's, inductor's) record two all_reduces, on real
     tensors, at the user's code (not at the code torch generated: FX's, inductor's)."""
-    _, folder = sessions[kernels]
+    _, folder = session
     calls: list[Any] = json.loads((folder / "recorded.json").read_text())
     by_aot_eager = ["all_reduce", COLLECTIVE_LINE, ["cpu"], "ok"]
     by_inductor = ["all_reduce", COMPILED_FUNCTION, ["cpu"], "ok"]
     assert calls == [by_aot_eager] * 2 + [by_inductor] * 2
 
 
-@pytest.mark.parametrize("kernels", ["compiled", "python"])
-def test_a_hang_in_compiled_code_is_diagnosed_at_the_users_line(
-    sessions: dict[str, tuple[pytest.RunResult, Path]], kernels: str
-) -> None:
-    result, _ = sessions[kernels]
+def test_a_hang_in_compiled_code_is_diagnosed_at_the_users_line(session: tuple[pytest.RunResult, Path]) -> None:
+    result, _ = session
     result.stdout.fnmatch_lines(
         [
             "*rank 1 never called all_reduce #1 (returned from its test);"

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import pytest_ddp
 from conftest import line_of
-from pytest_ddp.record import numbering, recorder
+from pytest_ddp.record import numbering, recorder, state
 
 
 def many_calls(rank: int) -> None:
@@ -119,8 +119,8 @@ class Lines:
 @pytest.fixture
 def lines(monkeypatch: pytest.MonkeyPatch) -> Lines:
     log = Lines()
-    monkeypatch.setattr(recorder, "_log", log)
-    monkeypatch.setattr(recorder._pending, "log", log)
+    monkeypatch.setattr(state, "log", log)
+    monkeypatch.setattr(state.pending, "log", log)
     return log
 
 
@@ -172,10 +172,10 @@ def test_pending_work_at_the_end_of_the_test_is_waited_for_then_listed(
             raise RuntimeError("Timed out waiting 1000ms for the work")
         work.completed = True
 
-    monkeypatch.setitem(recorder._originals, (dist.Work, "wait"), wait)
+    monkeypatch.setitem(state.originals, (dist.Work, "wait"), wait)
     recorder.start_test()
-    recorder._pending.add(3, done_by_its_wait)
-    recorder._pending.add(4, never_done)
+    state.pending.add(3, done_by_its_wait)
+    state.pending.add(4, never_done)
     assert recorder.unfinished_work(60) == [{"i": 4, "err": "Timed out waiting 1000ms for the work"}]
     assert rets(lines) == [(3, True)]
-    assert recorder._pending.works == {}
+    assert state.pending.works == {}

@@ -1,6 +1,6 @@
 """The package as installed from its wheel, not as this editable checkout: the wheel carries every
-subpackage, the compiled kernels' source, py.typed and the licence, and a venv that has only the
-wheel (torch and pytest seen from this environment) runs a ddp test with the compiled kernels."""
+subpackage, py.typed and the licence, and a venv that has only the wheel (torch and pytest seen
+from this environment) runs a ddp test."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ NOT_SOURCE = shutil.ignore_patterns(
 )
 
 INSTALLED_TEST = """
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,6 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pytest_ddp
-from pytest_ddp.record import backend_hook, compiled
 
 
 @pytest.mark.ddp(world_size=2)
@@ -43,8 +41,6 @@ def test_collectives_on_the_installed_package():
     if isinstance(reduced, funcol.AsyncCollectiveTensor):
         reduced = reduced.wait()
     assert reduced.tolist() == [6.0, 6.0]
-    assert backend_hook.compiled_kernels(), compiled.why_not()
-    assert compiled.kernels().__file__.startswith(os.environ["XDG_CACHE_HOME"])
 """
 
 
@@ -69,13 +65,13 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_a_ddp_test(tmp_path: Path) -> 
         metadata = archive.read(f"{dist_info}/METADATA").decode()
     shipped = {
         path.relative_to(REPO).as_posix()
-        for pattern in ("*.py", "*.cpp", "py.typed")
+        for pattern in ("*.py", "py.typed")
         for path in PACKAGE.rglob(pattern)
         if "__pycache__" not in path.parts
     }
     subpackages = {path.parent for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
     assert {(path / "__init__.py").relative_to(REPO).as_posix() for path in subpackages} <= names
-    assert {"pytest_ddp/record/recorder_kernels.cpp", "pytest_ddp/py.typed"} <= shipped
+    assert "pytest_ddp/py.typed" in shipped
     assert shipped <= names, sorted(shipped - names)
     assert f"{dist_info}/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
@@ -92,17 +88,12 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_a_ddp_test(tmp_path: Path) -> 
     (site / "outer-environment.pth").write_text("".join(f"{folder}\n" for folder in seen))
     run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)], tmp_path)
 
-    # Run from outside the checkout, with a cache of its own: the kernels are built afresh, from
-    # the installed recorder_kernels.cpp.
+    # Run from outside the checkout.
     work = tmp_path / "work"
     work.mkdir()
     (work / "test_installed.py").write_text(INSTALLED_TEST)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" and not key.startswith("PYTEST_")}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     located = run([python, "-c", "import pytest_ddp; print(pytest_ddp.__file__)"], work, env).strip()
     assert Path(located).is_relative_to(site), located
     output = run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_installed.py"], work, env)
     assert "1 passed" in output, output
-    assert "recorded in Python" not in output, output
-    built = [path.name for path in (tmp_path / "cache" / "pytest-ddp").iterdir() if path.suffix == ".so"]
-    assert len(built) == 1 and built[0].startswith("recorder_kernels-"), built

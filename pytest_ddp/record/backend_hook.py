@@ -21,9 +21,6 @@ for the collectives a recorded torch.distributed function issued.  So:
   in :data:`pytest_ddp.common.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
   is recorded there; so does every one in a torch whose wait_tensor does not
   find work registered by another thread (:func:`_waits_across_threads`).
-- Where the recorder's compiled kernels load (:mod:`pytest_ddp.record.compiled`), the functional
-  collectives that name no root or peer, and wait_tensor, get those instead of Python kernels:
-  the same events, at a few microseconds of CPU (:func:`_install_compiled`).
 - The c10d kernels are registered only once a test may issue collectives
   outside those functions and the functional ones (:func:`arm`): what the
   recorder arms it for (DDP's constructor and forward, ...), until the test
@@ -46,7 +43,6 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as _functional_collectives
 
 from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
-from pytest_ddp.record import compiled
 
 # record(operation, its arguments by schema name, submit) -> what submit() returns
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
@@ -62,7 +58,6 @@ Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 _functional_library: Any = None
 _collectives_library: Any = None
 _arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
-_compiled_kernels: Any = None  # the compiled kernels' module, while they are registered
 _arming = threading.Lock()
 _traced_as: list[Callable[..., Any]] = []  # what traced_as added to torch.compile's table
 # Functional collectives (``_c10d_functional::``) return before their work is done: the
@@ -79,71 +74,21 @@ class _Functional(threading.local):
 _functional = _Functional()
 
 
-def install(
-    record: Record, record_functional: Record, wait: Wait, recording: Recording, compiled_hooks: Any = None
-) -> bool:
+def install(record: Record, record_functional: Record, wait: Wait, recording: Recording) -> bool:
     """Hook the functional collectives (recorded by ``record_functional``), and be ready to hook
     every c10d operation (:func:`arm`, recorded by ``record``); False (and nothing hooked) where
-    this torch cannot.  Where ``compiled_hooks`` are given and the compiled kernels load
-    (:mod:`pytest_ddp.record.compiled`), those of the functional collectives that name no rank, and
-    wait_tensor, are recorded by them instead, with the recorder's state those hooks hold."""
-    global _functional_library, _arm_with, _compiled_kernels
+    this torch cannot."""
+    global _functional_library, _arm_with
     if _functional_library is not None:
         return True
     try:
         at_own_operations = _waits_across_threads()
-        if at_own_operations and compiled_hooks is not None:
-            _compiled_kernels = _install_compiled(compiled_hooks)
-        compiled = _COMPILED_OPS if _compiled_kernels is not None else ()
-        _functional_library = _functional_kernels(
-            record_functional if at_own_operations else None, wait, recording, compiled
-        )
+        functional_record = record_functional if at_own_operations else None
+        _functional_library = _functional_kernels(functional_record, wait, recording)
     except Exception:  # a torch without these operations, keys or registration API
-        if _compiled_kernels is not None:
-            _compiled_kernels.uninstall()
-            _compiled_kernels = None
         return False
     _arm_with = (record, recording)
     return True
-
-
-# The functional collectives the compiled kernels record: those whose event names no root or peer.
-_COMPILED_OPS = tuple(name for name, spec in FUNCTIONAL_OPS.items() if spec.rank is None)
-
-
-def _install_compiled(hooks: Any) -> Any:
-    """The compiled kernels, registered (None where there are none, or they did not register)."""
-    kernels = compiled.kernels()
-    if kernels is None:
-        return None
-    hooks.functional = _functional
-    hooks.arm = arm
-    operations = []
-    for name in _COMPILED_OPS:
-        packet = getattr(torch.ops._c10d_functional, name, None)
-        if packet is None:  # not in this torch
-            continue
-        for overload in packet.overloads():
-            registered = name if overload == "default" else f"{name}.{overload}"
-            own = "" if overload == "default" else overload
-            spec = FUNCTIONAL_OPS[name]
-            operations.append((registered, f"_c10d_functional::{name}", own, spec.op, spec.tensors))
-    try:
-        kernels.install(hooks, operations)
-    except Exception:  # an operation whose schema differs from the table's
-        return None
-    return kernels
-
-
-def compiled_kernels() -> bool:
-    """Whether the compiled kernels record the functional collectives in this process."""
-    return _compiled_kernels is not None
-
-
-def start_test() -> None:
-    """A new test: groups are named anew, so the compiled kernels forget how they described calls."""
-    if _compiled_kernels is not None:
-        _compiled_kernels.forget()
 
 
 def arm() -> None:
@@ -184,15 +129,13 @@ def issued_by_functional() -> str | None:
 
 def uninstall() -> None:
     """Remove the kernels (dropping the libraries deregisters them), and what traced_as added."""
-    global _functional_library, _collectives_library, _arm_with, _compiled_kernels
+    global _functional_library, _collectives_library, _arm_with
     while _traced_as:
         _functional_collectives.traceable_collective_remaps.pop(_traced_as.pop(), None)
     for library in (_functional_library, _collectives_library):
         if library is not None:
             library._destroy()
-    if _compiled_kernels is not None:
-        _compiled_kernels.uninstall()
-    _functional_library = _collectives_library = _arm_with = _compiled_kernels = None
+    _functional_library = _collectives_library = _arm_with = None
 
 
 def _collective_kernels(record: Record, recording: Recording) -> Any:
@@ -225,16 +168,15 @@ def _waits_across_threads() -> bool:
     return found
 
 
-def _functional_kernels(record: Record | None, wait: Wait, recording: Recording, compiled: tuple[str, ...]) -> Any:
-    """Their kernels: each records the call (None: arms the c10d kernels, which record it); none
-    for the ``compiled`` ones, and then none for wait_tensor either (the compiled kernels have them)."""
+def _functional_kernels(record: Record | None, wait: Wait, recording: Recording) -> Any:
+    """Their kernels, and wait_tensor's: each records the call (``record`` None: arms the c10d
+    kernels, which record it)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
-    if not compiled:
-        wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-        functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect", with_keyset=True)
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+    functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect", with_keyset=True)
     for qualified in torch._C._dispatch_get_all_op_names():
         namespace, _, name = qualified.partition("::")
-        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES or name in compiled:
+        if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
             continue
         packet = getattr(torch.ops._c10d_functional, name)
         spec = FUNCTIONAL_OPS.get(name)
@@ -266,7 +208,7 @@ def out_of_compile(function: F, recursive: bool = True) -> F:
     return function
 
 
-out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code call (recorder._arming)
+out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code call (backend_recorder._arming)
 
 
 def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> None:
@@ -312,8 +254,7 @@ _PAST_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey
 # A call whose keys hold Meta runs on fake or meta tensors: it is traced (torch.compile,
 # torch.export, make_fx, a FakeTensorMode), not run, and no collective takes place.  Fake mode
 # runs an operation's kernels with Meta among the included keys, as a meta tensor's call has it;
-# a real call's keys never hold it.  Such a call is handed on unrecorded (so is it by the compiled
-# kernels, recorder_kernels.cpp).
+# a real call's keys never hold it.  Such a call is handed on unrecorded.
 _META = torch._C.DispatchKey.Meta
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _dispatch_mode = torch._C._get_dispatch_mode

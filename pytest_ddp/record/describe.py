@@ -130,8 +130,7 @@ def site(frame: FrameType | None) -> str:
 def frame_site(frame: FrameType) -> tuple[str, bool] | None:
     """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site
     (a library's frame is one where no user frame led to it: see :func:`site`);
-    None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction, and
-    so do the compiled kernels (:mod:`pytest_ddp.record.compiled`)."""
+    None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction."""
     code = frame.f_code
     shown = _shown(code.co_filename)
     if shown is None:

@@ -152,19 +152,15 @@ def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
 # -- rets and waits --------------------------------------------------------------------
 
 
-def _ret_line(index: int, status: MPI.Status | None, ranks: list[int] | None) -> str:
+def _write_ret(log: EventLog, index: int, status: MPI.Status | None, ranks: list[int] | None) -> None:
+    """Call ``index`` returned; a receive that left its source or tag open (``ranks``: its
+    communicator's world ranks) says from its ``status`` which message it got."""
     if status is None or ranks is None:
-        return f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}'
+        numbering.write_ret(log, index)
+        return
     source = status.Get_source()
-    got = f',"src":{ranks[source]}' if 0 <= source < len(ranks) else ""
-    return f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true{got},"tag":{status.Get_tag()}}}'
-
-
-def _write_ret(log: EventLog, index: int, error: BaseException | None, line: str = "") -> None:
-    if error is None:
-        log.write_line(line)
-    else:
-        log.write({"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"})
+    world_source = ranks[source] if 0 <= source < len(ranks) else None
+    numbering.write_ret(log, index, source=world_source, tag=status.Get_tag())
 
 
 def _finish(request: Any, pending: _Pending, error: BaseException | None, status: MPI.Status | None = None) -> None:
@@ -173,8 +169,12 @@ def _finish(request: Any, pending: _Pending, error: BaseException | None, status
     _pending.pop(pending.call, None)
     log = _log
     with _numbers.lock:
-        if log is not None and pending.generation == _numbers.generation:
-            _write_ret(log, pending.call, error, _ret_line(pending.call, status, pending.ranks))
+        if log is None or pending.generation != _numbers.generation:
+            return
+        if error is None:
+            _write_ret(log, pending.call, status, pending.ranks)
+        else:
+            numbering.write_ret(log, pending.call, error)
 
 
 def _recorded(request: Any) -> _Pending | None:
@@ -205,7 +205,7 @@ class RecordingRequest(MPI.Request):
             return method(self, status)
         log = _log
         if blocks and log is not None:
-            log.write_line(f'{{"e":"wait","i":{pending.call},"t":{time.time()!r}}}')
+            numbering.write_wait(log, pending.call)
         if status is None and pending.ranks is not None:  # to learn which message a receive got
             status = MPI.Status()
         try:
@@ -324,7 +324,7 @@ def _wrap(spec: Op) -> Callable[..., Any]:
         try:
             result = original(self, *args, **kwargs)
         except BaseException as exc:
-            _write_ret(log, index, exc)
+            numbering.write_ret(log, index, exc)
             raise
         if returns_request:
             request = RecordingRequest(result)
@@ -333,7 +333,7 @@ def _wrap(spec: Op) -> Callable[..., Any]:
             return request
         if spec.makes_comm:
             result = _made(result, comm)
-        log.write_line(_ret_line(index, status, comm.ranks))
+        _write_ret(log, index, status, comm.ranks)
         return result
 
     return recorded
@@ -352,7 +352,7 @@ def _abort(self: Any, errorcode: int = 0) -> NoReturn:
         MPI.Intracomm.Abort(self, errorcode)
     except BaseException as exc:  # it did not abort (an errorcode that is no C int): the rank goes on
         if log is not None and index is not None:
-            _write_ret(log, index, exc)
+            numbering.write_ret(log, index, exc)
         raise
     os._exit(errorcode & 0xFF)  # what MPI hands the environment; the event log says the rest
 

@@ -1,8 +1,10 @@
-"""A rank's one sequence of call numbers, shared by its recorders, and the rets of its
-asynchronous calls (written when their work completes or their caller's wait returns).
+"""A rank's one sequence of call numbers, shared by its recorders, the one writer of each event
+line of a call (``call``, ``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallWire`,
+:class:`~pytest_ddp.common.protocol.RetWire`), and the rets of its asynchronous calls (written
+when their work completes or their caller's wait returns).
 
-Used by :mod:`pytest_ddp.record.recorder` and :mod:`pytest_ddp.record.mpi_recorder`, and through
-the recorder by the compiled kernels, which take the numbering's lock and the pending calls.
+Used by :mod:`pytest_ddp.record.recorder`, :mod:`pytest_ddp.record.backend_recorder` and
+:mod:`pytest_ddp.record.mpi_recorder`.
 """
 
 from __future__ import annotations
@@ -58,16 +60,36 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or ["?"])[0][:200]
 
 
-def write_ret(log: EventLog, index: int, error: BaseException | None, before_backend: bool = False) -> None:
+def write_ret(
+    log: EventLog,
+    index: int,
+    error: BaseException | None = None,
+    before_backend: bool = False,
+    source: int | None = None,
+    tag: int | None = None,
+) -> None:
     """Call ``index`` returned, or raised ``error`` (``before_backend``: before its group's backend
-    was handed it, see :func:`pytest_ddp.record.backend_hook.raised_before_backend`)."""
-    if error is None:
-        log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true}}')
+    was handed it, see :func:`pytest_ddp.record.backend_hook.raised_before_backend`).  An MPI
+    receive that left its source or tag open says which message it got: ``source`` (where known)
+    and ``tag``."""
+    if error is not None:
+        err = f"{type(error).__name__}: {error}"
+        ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": err}
+        if before_backend:
+            ret["before_backend"] = True
+        log.write(ret)
         return
-    ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": f"{type(error).__name__}: {error}"}
-    if before_backend:
-        ret["before_backend"] = True
-    log.write(ret)
+    got = ""
+    if source is not None:
+        got += f',"src":{source}'
+    if tag is not None:
+        got += f',"tag":{tag}'
+    log.write_line(f'{{"e":"ret","i":{index},"t":{time.time()!r},"ok":true{got}}}')
+
+
+def write_wait(log: EventLog, index: int) -> None:
+    """The caller now waits for asynchronous call ``index``: it is blocked in that call until its ret."""
+    log.write_line(f'{{"e":"wait","i":{index},"t":{time.time()!r}}}')
 
 
 SWEEP_INTERVAL = 0.005  # seconds between looks at pending work that nobody waits for

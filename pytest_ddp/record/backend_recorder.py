@@ -1,0 +1,255 @@
+"""The recorder at the backend: the collectives that reach a process group's backend past
+torch.distributed's recorded functions, and the waits for them.
+
+DDP's reducer (in C++), a coalescing manager's call, the functional collectives of DTensor,
+FSDP2 and compiled code: :mod:`pytest_ddp.record.backend_hook` hands each such call here from
+its dispatcher kernel, and it is recorded in the group's own sequence, marked
+``"extra": {"via": "backend"}``.  They are asynchronous: a ``wait`` event is written when the
+caller waits for one (``work.wait()``, ``wait_tensor``), and its ``ret`` when that wait returns,
+or else when the rank next sees its work complete (:class:`~pytest_ddp.record.numbering.Pending`);
+a functional collective never waited for, at the test's end (:func:`wait_unwaited`).
+
+The c10d operations are hooked only once a test may issue collectives past the functions
+(:func:`install` wraps what does: DDP's constructor and forward, ...; ``backend_hook.arm``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+
+from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.common.ops import OPS, BackendOp
+from pytest_ddp.record import backend_hook, describe, injector, state
+from pytest_ddp.record.injector import armed as _armed
+from pytest_ddp.record.numbering import first_line, write_ret, write_wait
+
+_local = state.local
+_pending = state.pending
+# The current test's calls recorded at the backend, by the data pointer of their tensors:
+# where a functional collective's wait_tensor finds the call it waits for.
+_backend_tensors: dict[int, int] = {}
+# The current test's functional collectives not waited for yet: call index -> what the call
+# returned (its output tensors, kept to be waited for at the test's end).
+_unwaited: dict[int, Any] = {}
+
+
+def start_test() -> None:
+    """A new test begins: the last test's calls are forgotten."""
+    _backend_tensors.clear()
+    _unwaited.clear()
+
+
+def install() -> bool:
+    """Hook the functional collectives, and wrap what issues collectives to the backend itself so
+    that it hooks every c10d operation; False where this torch cannot (then only the
+    torch.distributed functions are recorded)."""
+    if not backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
+        return False
+    # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built by an
+    # earlier test, or a module fixture, arms the hook again in this one); its module compiles.
+    state.patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__), False)
+    state.patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward), False)
+    if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
+        state.patch_function("_coalescing_manager", _arming, False)
+    if hasattr(dist, "_broadcast_coalesced"):  # DDP's and FSDP's syncs of module state, in C++
+        state.patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
+    return True
+
+
+def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, which issues collectives to the backend itself, not through the
+    torch.distributed functions (DDP's reducer and constructor, a coalescing manager's coalesced
+    call, the broadcast of module state): every c10d operation is hooked from its first call on,
+    until the test ends."""
+
+    @functools.wraps(original)
+    def arming(*args: Any, **kwargs: Any) -> Any:
+        backend_hook.arm()
+        return original(*args, **kwargs)
+
+    return arming
+
+
+def _recording() -> bool:
+    return state.log is not None and not _local.depth
+
+
+def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
+    """A c10d operation that no recorded function issued: write the call, submit it, and leave
+    its ret to its wait or its work's completion."""
+    log = state.log
+    if log is None:
+        return submit()
+    functional = backend_hook.issued_by_functional()
+    issued_async = functional is not None  # its caller blocks later, in wait_tensor
+    if functional:  # named as the functional collective (all_gather_into_tensor, not its _coalesced)
+        spec = dataclasses.replace(spec, op=functional)
+    index = _write_call(log, spec, args, backend_hook.process_group, issued_async)
+    if index is None:
+        return submit()
+    try:
+        result = submit()
+    except BaseException as exc:
+        write_ret(log, index, exc)
+        raise
+    work = backend_hook.work_of(result)
+    if work is None or not _pending.add(index, work):
+        write_ret(log, index)
+    if issued_async:  # where its caller's wait_tensor finds it
+        for tensor in backend_hook.outputs(args):
+            _backend_tensors[tensor.data_ptr()] = index
+    return result
+
+
+def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
+    """A functional collective: write the call, submit it; its ret is written when its caller's
+    wait_tensor returns, or at the test's end (:func:`wait_unwaited`).  It returns output
+    tensors whose work is done later, and no Work: nothing tells when, short of waiting."""
+    log = state.log
+    if log is None:
+        return submit()
+    index = _write_call(log, spec, args, backend_hook.named_group, True)
+    if index is None:
+        return submit()
+    _local.depth = 1  # the c10d operation it issues, if hooked, is not recorded again
+    try:
+        result = submit()
+    except BaseException as exc:
+        write_ret(log, index, exc)
+        raise
+    finally:
+        _local.depth = 0
+    _unwaited[index] = result
+    if isinstance(result, torch.Tensor):
+        _backend_tensors[result.data_ptr()] = index
+    else:
+        for tensor in backend_hook.tensors_in(result):
+            _backend_tensors[tensor.data_ptr()] = index
+    return result
+
+
+def _write_call(
+    log: EventLog,
+    spec: BackendOp,
+    args: dict[str, Any],
+    group_in: Callable[[dict[str, Any]], dist.ProcessGroup],
+    issued_async: bool,
+) -> int | None:
+    """Write the call event of an operation recorded at the dispatcher, made on the group that
+    ``group_in(args)`` finds; its index, or None where describing it failed (the call then goes
+    unrecorded: describing must never break it)."""
+    if _pending.works:
+        _pending.sweep()
+    if _armed:
+        injector.on_call(spec.op, sys._getframe(2))
+    try:
+        head, tail, key = _call_parts(spec, describe.group_of(group_in(args)), args, issued_async)
+        body = f'{head}{describe.site(sys._getframe(2))},"t":{time.time()!r}{tail}'
+    except Exception:  # describing must never break the call
+        return None
+    index, _ = state.numbering.write_call(log, body, key)
+    return index
+
+
+def _call_parts(
+    spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
+) -> tuple[str, str, tuple[Any, ...]]:
+    """The call event of an operation recorded at the dispatcher, but for its site and time
+    (what goes before them, what goes after), and its key in the call numbering."""
+    op = OPS[spec.op]
+    fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
+    key: tuple[Any, ...] = (group.name,)
+    peer = None
+    if spec.rank is not None:
+        given = args[spec.rank]
+        peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
+        fields += f',"{"peer" if op.pairs else "root"}":{peer}'
+    if op.pairs:
+        key = (group.name, op.direction, peer)
+    if issued_async:
+        fields += ',"async":true'
+    return f'"op":"{spec.op}",{group.text},', f'{fields}{describe.backend_extra(op, args)}', key
+
+
+# -- waits -----------------------------------------------------------------------
+
+
+def waited(index: int | None, wait: Callable[[], Any]) -> Any:
+    """The caller waits for asynchronous call ``index`` (None: one not recorded): a wait event,
+    the wait, then the call's ret."""
+    log = state.log
+    if log is None or index is None:
+        return wait()
+    write_wait(log, index)
+    try:
+        result = wait()
+    except BaseException as exc:
+        _returned(log, index, exc)
+        raise
+    _returned(log, index, None)
+    return result
+
+
+def _returned(log: EventLog, index: int, error: BaseException | None) -> None:
+    """The caller's wait for asynchronous call ``index`` returned: its ret, if not written yet."""
+    if _unwaited.pop(index, None) is None:
+        _pending.sweep(index, error)
+    else:
+        write_ret(log, index, error)
+
+
+def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
+    """A functional collective's caller blocks on its result."""
+    index = _backend_tensors.get(tensor.data_ptr())
+    if index is not None and index not in _unwaited and index not in _pending.works:
+        index = None  # waited for already (each tensor of a coalesced call, or twice)
+    return waited(index, wait)
+
+
+def wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
+    """The test's functional collectives that it never waited for, waited for now until
+    ``deadline`` (``wait`` seconds after the test); a ret is written for each whose wait returns
+    before then.  Their wait_tensor takes no timeout, so a thread of its own waits (it releases
+    the GIL while it blocks; left blocked, it goes with the rank, which is not used again).
+    ``[{"i": call index, "err": why}]`` for each that failed or is still running."""
+    calls = sorted(_unwaited.items())
+    _unwaited.clear()
+    _backend_tensors.clear()  # so that the waits below are not recorded as the test's
+    log = state.log
+    if not calls or log is None:
+        return []
+    returned: dict[int, str | None] = {}  # call index -> why its wait failed, None if it did not
+    lock = threading.Lock()  # no ret once the deadline has passed
+
+    def wait_all() -> None:
+        for index, result in calls:
+            error = None
+            try:
+                for tensor in backend_hook.tensors_in((result,)):
+                    backend_hook.wait_tensor(tensor)
+            except Exception as exc:
+                error = exc
+            with lock:
+                if index in returned:  # the deadline passed
+                    return
+                returned[index] = None if error is None else first_line(error)
+                write_ret(log, index, error)
+
+    waiting = threading.Thread(target=wait_all, name="pytest-ddp-unwaited-work", daemon=True)
+    waiting.start()
+    waiting.join(max(deadline - time.monotonic(), 0.0))
+    with lock:
+        for index, _ in calls:
+            returned.setdefault(index, f"never waited for, and still running {wait:g} s after the test")
+    return [{"i": index, "err": why} for index, why in returned.items() if why is not None]

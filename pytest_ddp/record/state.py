@@ -1,0 +1,60 @@
+"""What the torch recorder's two halves share: :mod:`pytest_ddp.record.recorder` (torch.distributed's
+functions) and :mod:`pytest_ddp.record.backend_recorder` (what reaches a process group's backend
+past them).  The rank's event log, this thread's depth in a recorded call, the call numbering,
+the asynchronous calls whose ret is not written yet, and what the recorder replaced in torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from pytest_ddp.common.event_log import EventLog
+from pytest_ddp.record import backend_hook
+from pytest_ddp.record.numbering import Pending, numbers
+
+
+class _Depth(threading.local):
+    depth = 0  # > 0 while this thread is inside a recorded call
+
+
+log: EventLog | None = None  # where the calls are recorded; None: they are not
+local = _Depth()
+numbering = numbers()
+pending = Pending()
+originals: dict[tuple[Any, str], Any] = {}  # (owner, name) -> what the recorder replaced there
+
+
+def set_log(event_log: EventLog | None) -> None:
+    """Record into ``event_log`` from now on (None: record nothing)."""
+    global log
+    log = pending.log = event_log
+
+
+def patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> None:
+    """``owner.name = replacement``, the original kept to be put back.  Out of what torch.compile
+    compiles (its callees too where ``recursive``), and traced as what it replaces."""
+    original = originals.setdefault((owner, name), getattr(owner, name))
+    backend_hook.traced_as(original, backend_hook.out_of_compile(replacement, recursive))
+    setattr(owner, name, replacement)
+
+
+def patch_function(name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True) -> None:
+    """Replace a torch.distributed function by ``replacement(original)``, in c10d and in
+    torch.distributed where it is the same function."""
+    original = getattr(c10d, name)
+    replaced = replacement(original)
+    patch(c10d, name, replaced, recursive)
+    if getattr(dist, name, None) is original:
+        patch(dist, name, replaced, recursive)
+
+
+def unpatch() -> None:
+    """Put back everything :func:`patch` replaced."""
+    for (owner, name), original in originals.items():
+        setattr(owner, name, original)
+    originals.clear()
