@@ -355,7 +355,7 @@ def collectives_handed(group: Any) -> int | None:
     chosen: Any = group or dist.distributed_c10d.GroupMember.WORLD  # read on every collective: no checks
     try:
         return chosen._get_sequence_number_for_group()
-    except Exception:  # None before init_process_group, a group this rank is not in, a backend that keeps none
+    except Exception:  # no group (before init_process_group), not a member, a backend that keeps none
         return None
 
 

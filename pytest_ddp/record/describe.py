@@ -37,9 +37,6 @@ _INTERNAL_DIRS = tuple(
     for module in (torch, sys.modules["pytest_ddp"], __import__("pluggy"), __import__("_pytest"))
 )
 
-
-
-
 _json = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _UNSEEN = object()
 _site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal

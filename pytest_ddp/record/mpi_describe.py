@@ -15,8 +15,10 @@ encode = json.JSONEncoder(separators=(",", ":")).encode
 
 _DTYPE_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
 _dtype_names: dict[Any, str] = {}  # numpy's or torch's dtype, or an MPI datatype's handle -> "float64"
-_FORMATS = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32", "l": "int64",
-            "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64", "?": "bool"}
+_FORMATS = {
+    "b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32", "l": "int64",
+    "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64", "?": "bool",
+}  # fmt: skip
 
 
 def _datatype_name(datatype: MPI.Datatype) -> str:

@@ -36,7 +36,14 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import MPI_ABORT, MPI_OPS, Op
 from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.record import describe, numbering
-from pytest_ddp.record.mpi_describe import buffer_fields, encode, extra_text, object_fields, reduction, reductions
+from pytest_ddp.record.mpi_describe import (
+    buffer_fields,
+    encode,
+    extra_text,
+    object_fields,
+    reduction,
+    reductions,
+)
 
 WORLD = "WORLD"
 
@@ -163,7 +170,9 @@ def _write_ret(log: EventLog, index: int, status: MPI.Status | None, ranks: list
     numbering.write_ret(log, index, source=world_source, tag=status.Get_tag())
 
 
-def _finish(request: Any, pending: _Pending, error: BaseException | None, status: MPI.Status | None = None) -> None:
+def _finish(
+    request: Any, pending: _Pending, error: BaseException | None, status: MPI.Status | None = None
+) -> None:
     """A request completed (or failed): its call's ret, unless its test is over."""
     request._ddp = None
     _pending.pop(pending.call, None)
@@ -233,7 +242,9 @@ class RecordingRequest(MPI.Request):
     # the caller waits for one, so this completes exactly when Waitall would.  Each wait
     # is recorded: the log says which request the rank still waits for.
     @classmethod
-    def Waitall(cls, requests: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None) -> Literal[True]:
+    def Waitall(
+        cls, requests: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
+    ) -> Literal[True]:
         for request, status in zip(requests, _statuses(len(requests), statuses)):
             RecordingRequest.Wait(request, status)  # type: ignore[arg-type]
         return True
@@ -380,9 +391,9 @@ def install(log: EventLog) -> None:
     if _originals:
         return
     describe.add_internal(mpi4py)
-    reductions.update(
-        {op.handle: f'"{name}"' for name, op in vars(MPI).items() if isinstance(op, MPI.Op) and op != MPI.OP_NULL}
-    )
+    for name, op in vars(MPI).items():
+        if isinstance(op, MPI.Op) and op != MPI.OP_NULL:
+            reductions[op.handle] = f'"{name}"'
     world = MPI.COMM_WORLD
     _originals.update(COMM_WORLD=world, Request=MPI.Request)
     _world_group = world.Get_group()
@@ -426,7 +437,8 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         if not _pending or time.monotonic() >= deadline:
             break
         time.sleep(0.001)  # polling MPI, not waiting for another process's event
-    unfinished = [{"i": index, "err": f"request not complete {wait:g} s after the test"} for index in sorted(_pending)]
+    why = f"request not complete {wait:g} s after the test"
+    unfinished = [{"i": index, "err": why} for index in sorted(_pending)]
     for request in _pending.values():
         request._ddp = None  # forgotten: a later wait on it is not this test's
     _pending.clear()

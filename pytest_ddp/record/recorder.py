@@ -207,9 +207,12 @@ def _left_running(spec: Op, index: int, result: Any) -> bool:
     return spec.is_collective and _pending.add(index, works[0])
 
 
-def _unless_nothing_to_destroy(original: Callable[..., Any], recorded: Callable[..., Any]) -> Callable[..., Any]:
-    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a call
-    to record (torch's harness classes make it after each test that ended its group, and catch it)."""
+def _unless_nothing_to_destroy(
+    original: Callable[..., Any], recorded: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a
+    call to record (torch's harness classes make it after each test that ended its group, and
+    catch it)."""
 
     @functools.wraps(original)
     def destroy(group: Any = None) -> Any:

@@ -43,7 +43,9 @@ def patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> No
     setattr(owner, name, replacement)
 
 
-def patch_function(name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True) -> None:
+def patch_function(
+    name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True
+) -> None:
     """Replace a torch.distributed function by ``replacement(original)``, in c10d and in
     torch.distributed where it is the same function."""
     original = getattr(c10d, name)
