@@ -2,8 +2,8 @@
 world-size parametrization and the rank fixtures.
 
 Nothing until used: pytest loads this module in every session, so it imports only the settings
-and the rank's context.  The controller (:mod:`pytest_ddp.controller`), and with it torch, the
-kernels' build and the forkserver, starts once the session has collected a ddp test.  Under a
+and the rank's context.  The controller (:mod:`pytest_ddp.controller`), and with it torch and
+the forkserver, starts once the session has collected a ddp test.  Under a
 launcher the session is a ddp job from the start: the controller (rank 0) or the host
 (:mod:`pytest_ddp.launched.host`, the other ranks) is registered at configure.  Inside a rank the
 same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.

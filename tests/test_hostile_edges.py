@@ -1,6 +1,5 @@
 """Hostile edges, third round (issue 26): RLIMIT_NPROC as the kernel counts it, exit codes of
-injected faults, faults that can never fire, and a test whose every rank an injected fault ended.
-The compiled kernels' cache is test_hostile_cache.py's."""
+injected faults, faults that can never fire, and a test whose every rank an injected fault ended."""
 
 from __future__ import annotations
 

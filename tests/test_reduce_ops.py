@@ -3,7 +3,7 @@ disagree, though neither Gloo nor MPICH raises on it (measured: with one rank's 
 ranks' SUMs, Gloo's all_reduce returns 3 where the sum is 4, on every rank, with no error).
 
 Recorded by every path a reducing collective takes: torch.distributed's functions (the default
-op is SUM), the functional collectives (``"max"``, through the compiled kernels), the c10d
+op is SUM), the functional collectives (``"max"``), the c10d
 operations DDP issues (a boxed ReduceOp), mpi4py's (the MPI.Op's name)."""
 
 from __future__ import annotations
