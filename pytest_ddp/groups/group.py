@@ -23,7 +23,6 @@ import dataclasses
 import os
 import selectors
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -31,27 +30,26 @@ import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.common.protocol import (
     CallFunction,
-    Command,
     Fatal,
     RankRole,
     Ready,
     RunItem,
     SessionEnd,
     Stop,
-    encode,
 )
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
+    ForkedRank,
     GroupStore,
     OutputFile,
+    RankHandle,
     RankProcess,
-    dump_complete,
     fork_rank,
     rank_files,
     rank_start,
@@ -164,14 +162,14 @@ class RankGroup:
             env.pop(name, None)
         if cfg.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
-        proc, commands, notify = fork_rank(self.write_start(rank, env, store_port=port), rank)
-        rp = self.rank_process(rank, proc, commands, notify)
+        process, commands, notify = fork_rank(self.write_start(rank, env, store_port=port), rank)
+        rp = self.rank_process(rank, ForkedRank(process, commands), notify)
         self.watch(rp)
         return rp
 
     def watch(self, rp: RankProcess) -> None:
         """Hear of a forked rank: its notify pipe's bytes, and its end (its sentinel)."""
-        assert self._news is not None and rp.notify is not None
+        assert self._news is not None and rp.notify is not None and isinstance(rp.proc, ForkedRank)
         self._news.register(rp.notify, selectors.EVENT_READ, rp)
         self._news.register(rp.proc.sentinel, selectors.EVENT_READ, rp)
 
@@ -183,7 +181,7 @@ class RankGroup:
         return dict(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
+            LOCAL_RANK=str(self.local_rank(rank)),
             LOCAL_WORLD_SIZE=str(world_size),
             GROUP_RANK="0",
             GROUP_WORLD_SIZE="1",
@@ -215,8 +213,13 @@ class RankGroup:
     def _paths(self, rank: int) -> dict[str, Path]:
         return rank_files(self.workdir, rank)
 
+    def local_rank(self, rank: int) -> int:
+        """The rank's rank on its node: every rank is on this one."""
+        return rank
+
     def role(self, rank: int, store_port: int | None) -> RankRole:
-        """What rank ``rank`` is in this group, which holds on any machine (the rest of its start does not)."""
+        """What rank ``rank`` is in this group, which holds on any machine (the rest of its start
+        does not)."""
         cfg = self.config
         return RankRole(
             rank=rank,
@@ -227,7 +230,7 @@ class RankGroup:
             pg_timeout=cfg.pg_timeout,
             store_host=self.store_host,
             store_port=store_port,
-            local_rank=rank,
+            local_rank=self.local_rank(rank),
         )
 
     def write_start(self, rank: int, env: dict[str, str], store_port: int | None = None) -> Path:
@@ -237,7 +240,7 @@ class RankGroup:
         start = rank_start(self.role(rank, store_port), env, self.workdir, cfg.pytest_args, cfg.sys_path)
         return write_start_file(self.workdir, start)
 
-    def rank_process(self, rank: int, proc: Any, commands: Connection | None, notify: Connection | None) -> RankProcess:
+    def rank_process(self, rank: int, proc: RankHandle, notify: Connection | None = None) -> RankProcess:
         paths = self._paths(rank)
         return RankProcess(
             rank=rank,
@@ -246,7 +249,6 @@ class RankGroup:
             stdout=OutputFile(paths["stdout"]),
             stderr=OutputFile(paths["stderr"]),
             dump=OutputFile(paths["dump"]),
-            commands=commands,
             notify=notify,
         )
 
@@ -304,7 +306,7 @@ class RankGroup:
         stopping = [rp for rp in self.ranks if rp.proc.exitcode is None]
         for rp in stopping:
             self._mark_output(rp)  # what each writes from now on is its teardown's
-            self._send(rp, Stop())
+            rp.proc.send(Stop())
         waited, stopped_at = STOP_WAIT, time.time()
         end = time.monotonic() + waited
         # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
@@ -319,7 +321,8 @@ class RankGroup:
                     ends[rp.rank] = ev
         # Only a pytest session that ran a test has fixtures to tear down, and reports it.
         if self.config.mode == "pytest" and self.tests_run:
-            ends.update(self._unfinished_teardowns([rp for rp in stopping if rp.rank not in ends], waited, stopped_at))
+            silent = [rp for rp in stopping if rp.rank not in ends]
+            ends.update(self._unfinished_teardowns(silent, waited, stopped_at))
         self.kill()
         return ends
 
@@ -354,10 +357,9 @@ class RankGroup:
                 rp.proc.kill()
         for rp in self.ranks:
             rp.proc.join()
-            for connection in (rp.commands, rp.notify):
-                if connection is not None:
-                    connection.close()
-            rp.commands = rp.notify = None
+            if rp.notify is not None:
+                rp.notify.close()
+                rp.notify = None
             for each in (rp.events, rp.stdout, rp.stderr, rp.dump):
                 each.close()
         if self._store is not None:
@@ -379,12 +381,14 @@ class RankGroup:
         self.states = [RankState(rank=rp.rank) for rp in self.ranks]
         for rp in self.ranks:
             self._mark_output(rp)
-            self._send(rp, command)
+            rp.proc.send(command)
 
     def _mark_output(self, rp: RankProcess) -> None:
         """What the rank writes to its stdout, stderr and stack dump file from now on is
         what comes next (a test, or the teardown at the group's stop)."""
-        rp.stdout_offset, rp.stderr_offset, rp.dump_offset = rp.stdout.size(), rp.stderr.size(), rp.dump.size()
+        rp.stdout_offset = rp.stdout.size()
+        rp.stderr_offset = rp.stderr.size()
+        rp.dump_offset = rp.dump.size()
 
     def poll(self, wait: float) -> None:
         """Fold new events and exits into the states until the watchdog has news to judge (every rank
@@ -415,7 +419,7 @@ class RankGroup:
         """Make each live rank write every thread's Python stack; return the dumps."""
         targets = [rp for rp in self.ranks if rp.rank in ranks and rp.exit_code is None]
         for rp in targets:
-            self._request_dump(rp)
+            rp.proc.request_dump()
         dumps: dict[int, str] = {}
         end = time.monotonic() + STACK_DUMP_WAIT
         pending = list(targets)
@@ -423,22 +427,15 @@ class RankGroup:
             self._wait(0.01)
             for rp in list(pending):
                 text = rp.dump.read_from(rp.dump_offset)
-                if self._dump_complete(rp, text, dumps.get(rp.rank)):
+                if rp.proc.dump_complete(text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
         return {rank: text for rank, text in dumps.items() if text}
 
-    def _request_dump(self, rp: RankProcess) -> None:
-        try:
-            os.kill(rp.proc.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-
-    def _dump_complete(self, rp: RankProcess, text: str, before: str | None) -> bool:
-        return dump_complete(text, before)
-
     def peak_rss(self, rank: int) -> int | None:
-        """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone."""
+        """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone, or not here."""
+        if self.ranks[rank].proc.pid is None:  # another machine's rank, or not forked yet
+            return None
         try:
             with open(f"/proc/{self.ranks[rank].proc.pid}/status") as f:
                 for line in f:
@@ -465,17 +462,10 @@ class RankGroup:
         return {rp.rank: rp.proc.exitcode for rp in self.ranks}
 
     def pids(self) -> list[int]:
-        return [rp.proc.pid for rp in self.ranks]
+        """The rank processes of this machine."""
+        return [pid for rp in self.ranks if (pid := rp.proc.pid) is not None]
 
     # -- plumbing -------------------------------------------------------------
-
-    def _send(self, rp: RankProcess, command: Command) -> None:
-        if rp.commands is None:
-            return
-        try:
-            rp.commands.send_bytes(encode(command))
-        except OSError:
-            pass  # the rank is gone; its exit shows in poll()
 
     def _wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a rank's notify byte or its end;

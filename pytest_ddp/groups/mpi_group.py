@@ -66,8 +66,16 @@ from pytest_ddp.common.mpi_world import (
     write_key,
     write_shared_memory,
 )
+from pytest_ddp.common.protocol import Command
 from pytest_ddp.groups.group import GroupStartError, RankGroup
-from pytest_ddp.groups.spawn import Descriptor, RankProcess, fork_rank, forkserver_ready
+from pytest_ddp.groups.spawn import (
+    Descriptor,
+    ForkedRank,
+    RankHandle,
+    RankProcess,
+    fork_rank,
+    forkserver_ready,
+)
 
 logger = logging.getLogger(__name__)
 MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
@@ -117,7 +125,9 @@ def open_mpi_options(version: str, root: bool) -> list[str]:
 def _version(launcher: str) -> str:
     """The launcher's ``--version`` output ("mpirun (Open MPI) 4.1.4"); "" if it gives none."""
     try:
-        done = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(
+            [launcher, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout
@@ -135,16 +145,30 @@ def mpi_unavailable(command: str | None) -> str | None:
     return None
 
 
-class _Unforked:
-    """A rank whose stand-in has not said hello yet, in the shape of a forked rank's Process."""
+class Unforked(RankHandle):
+    """A rank whose stand-in has not said hello yet: nothing runs, nothing can be told to it."""
 
-    pid: int | None = None
-    exitcode: int | None = None
+    @property
+    def pid(self) -> None:
+        return None
+
+    @property
+    def exitcode(self) -> None:
+        return None
+
+    def send(self, command: Command) -> None:
+        pass
+
+    def request_dump(self) -> None:
+        pass
+
+    def dump_complete(self, text: str, before: str | None) -> bool:
+        return True  # no dump is coming
 
     def kill(self) -> None:
         pass
 
-    def join(self, timeout: float | None = None) -> None:
+    def join(self) -> None:
         pass
 
 
@@ -237,7 +261,8 @@ def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor
         raise ValueError(f"its environment cannot be read ({exc})") from None
     named = [name for name in FD_VARIABLES if name in env]
     if len(greeting.descriptors) != len(named):
-        raise ValueError(f"it handed over {len(greeting.descriptors)} descriptors, its launcher named {named}")
+        handed = len(greeting.descriptors)
+        raise ValueError(f"it handed over {handed} descriptors, its launcher named {named}")
     return env, dict(zip(named, map(Descriptor, greeting.descriptors)))
 
 
@@ -249,8 +274,9 @@ def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
         free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
         with open(stderr, "a") as out:
             out.write(
-                f"pytest-ddp: rank {rank} was killed by SIGBUS; {SHARED_MEMORY}, where MPI keeps the shared memory "
-                f"of one machine's ranks, has {free / 2**20:.1f} MiB free of {size / 2**20:.1f} MiB\n"
+                f"pytest-ddp: rank {rank} was killed by SIGBUS; {SHARED_MEMORY}, where MPI keeps the "
+                f"shared memory of one machine's ranks, has {free / 2**20:.1f} MiB free "
+                f"of {size / 2**20:.1f} MiB\n"
             )
 
 
@@ -273,13 +299,14 @@ class MpiGroup(RankGroup):
         try:
             self._secret = write_key(self.workdir)
             self._listen()
-            self.ranks = [self.rank_process(rank, _Unforked(), None, None) for rank in range(cfg.world_size)]
+            self.ranks = [self.rank_process(rank, Unforked()) for rank in range(cfg.world_size)]
             env = {**os.environ, **self.rank_environment()}
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
             env.pop("PYTEST_ADDOPTS", None)
             forkserver_ready()  # a hello is answered by a fork, and stand-ins wait HELLO_WAIT for challenges
-            command = [*launcher, "-n", str(cfg.world_size), sys.executable, "-m", "pytest_ddp.rank.mpi_standin"]
+            stand_in = [sys.executable, "-m", "pytest_ddp.rank.mpi_standin"]
+            command = [*launcher, "-n", str(cfg.world_size), *stand_in]
             there_before = _files_in(SHARED_MEMORY)
             output = os.open(self.workdir / "launcher.out", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -386,7 +413,8 @@ class MpiGroup(RankGroup):
             chunk, fds, flags = b"", [], 0
         greeting.descriptors += fds
         if flags & socket.MSG_CTRUNC:
-            return self._refuse(greeting, f"process {greeting.peer} handed over more descriptors than a launcher gives")
+            why = f"process {greeting.peer} handed over more descriptors than a launcher gives"
+            return self._refuse(greeting, why)
         if not chunk:
             return self._refuse(greeting, f"process {greeting.peer} left without a whole hello")
         greeting.received += chunk
@@ -408,7 +436,8 @@ class MpiGroup(RankGroup):
         except ValueError as exc:
             return self._refuse(greeting, f"process {greeting.peer}: {exc}")
         self._news.unregister(greeting.sock)
-        rp.proc, rp.commands, rp.notify = fork_rank(self.write_start(rp.rank, env), rp.rank, descriptors)
+        process, commands, rp.notify = fork_rank(self.write_start(rp.rank, env), rp.rank, descriptors)
+        rp.proc = ForkedRank(process, commands)
         greeting.sock.setblocking(True)
         link = Connection(greeting.sock.detach())
         greeting.close()  # the rank's now, not ours

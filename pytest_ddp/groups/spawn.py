@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import reduction
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common.event_log import EventReader
-from pytest_ddp.common.protocol import RankRole, RankStart
+from pytest_ddp.common.protocol import Command, RankRole, RankStart, encode
 from pytest_ddp.diagnose.state import RankState
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
@@ -38,7 +39,8 @@ NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 # Imported once by the forkserver, before it forks any rank (then the plugins of
 # :func:`_entry_point_plugins`, then gc.freeze(): pytest_ddp.groups.preload).
 PRELOAD = [
-    "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry", "pytest_ddp.rank.session",
+    "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry",
+    "pytest_ddp.rank.session",
 ]
 
 
@@ -66,7 +68,8 @@ def fork_context() -> Any:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _die_of_sigterm)
     return context
 
@@ -202,18 +205,103 @@ class OutputFile:
             self._fd = None
 
 
+class RankHandle(ABC):
+    """What a group does to one of its rank processes, wherever that process is: forked here
+    (:class:`ForkedRank`), forked by a launched host on another machine
+    (:class:`pytest_ddp.launched.world.RemoteRank`), or not forked yet, its MPI stand-in not heard
+    from (:class:`pytest_ddp.groups.mpi_group.Unforked`)."""
+
+    @property
+    @abstractmethod
+    def pid(self) -> int | None:
+        """Its process id on this machine; None where it has none here."""
+
+    @property
+    @abstractmethod
+    def exitcode(self) -> int | None:
+        """How it ended (negative: the signal); None while it runs, or before it started."""
+
+    @abstractmethod
+    def send(self, command: Command) -> None:
+        """Hand it a command; nothing if it is gone (its end is heard of otherwise)."""
+
+    @abstractmethod
+    def request_dump(self) -> None:
+        """Ask it to write every thread's Python stack to its dump file."""
+
+    @abstractmethod
+    def dump_complete(self, text: str, before: str | None) -> bool:
+        """Whether the dump asked for is whole: ``text`` is what its dump file holds of it now,
+        ``before`` what it held at the last look."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """SIGKILL it."""
+
+    @abstractmethod
+    def join(self) -> None:
+        """Once it ended or was killed: reap it, and close what led to it."""
+
+
+class ForkedRank(RankHandle):
+    """A rank this process forked (:func:`fork_rank`): its process, and the write end of its command pipe."""
+
+    def __init__(self, process: Any, commands: Connection) -> None:
+        self.process = process  # multiprocessing.Process from the forkserver
+        self.commands: Connection | None = commands
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        code: int | None = self.process.exitcode
+        return code
+
+    @property
+    def sentinel(self) -> int:
+        """Ready once the process has ended."""
+        return int(self.process.sentinel)
+
+    def send(self, command: Command) -> None:
+        if self.commands is None:
+            return
+        try:
+            self.commands.send_bytes(encode(command))
+        except OSError:
+            pass  # the rank is gone; its sentinel says so
+
+    def request_dump(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def dump_complete(self, text: str, before: str | None) -> bool:
+        return dump_complete(text, before)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def join(self) -> None:
+        self.process.join()
+        if self.commands is not None:
+            self.commands.close()
+            self.commands = None
+
+
 @dataclass
 class RankProcess:
-    """A started rank as its group sees it: its process, its files and pipes, how it ended."""
+    """A started rank as its group sees it: its handle, its files, how it ended."""
 
     rank: int
-    proc: Any  # multiprocessing.Process from the forkserver
+    proc: RankHandle  # what the group does to it, wherever it runs
     events: EventReader
     stdout: OutputFile
     stderr: OutputFile
     dump: OutputFile
-    commands: Connection | None
-    notify: Connection | None
+    notify: Connection | None  # a forked rank's: a byte after each event worth waking up for
     exit_code: int | None = None  # set once the process is seen to have ended
     died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
     stdout_offset: int = 0  # where the current test's output starts
@@ -263,7 +351,9 @@ class GroupStore:
         was ended or replaced (``init=True``) or the test left its own (``init=False``), or where a
         test's own rendezvous used this store and no default group that may still use it is left."""
         self.used = self.used or any(state.used_store for state in states)
-        return any(not s.group_intact for s in states) or (self.used and not any(s.group_alive for s in states))
+        if any(not s.group_intact for s in states):
+            return True
+        return self.used and not any(s.group_alive for s in states)
 
     def renew(self) -> int:
         """A fresh store in place of this one, which goes (every rank is done with it); its port."""

@@ -12,7 +12,6 @@ At the end every host is told the session's exit status, to exit with.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import selectors
 import signal
@@ -24,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_ddp.common.protocol import Command, ProtocolError, RankRole, encode
+from pytest_ddp.common.protocol import Command, ProtocolError, encode
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
-from pytest_ddp.groups.spawn import RankProcess, rank_files
+from pytest_ddp.groups.spawn import RankHandle, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, collection_differences
 from pytest_ddp.launched.link import Incoming, Link, LinkError, Listener, listen
@@ -197,7 +196,7 @@ class LaunchedWorld:
             with open(path, "ab") as f:
                 f.write(message.payload)
         elif isinstance(message, hp.Dumped):
-            group.dumped.add(rank)
+            group.remote(rank).dumped = True
         elif isinstance(message, hp.Exited):
             group.ended(rank, message.code, message.time)
             self.release(message.slot)
@@ -219,7 +218,8 @@ class LaunchedWorld:
 
     def logs(self) -> list[str]:
         """Where each other rank's pytest wrote its output."""
-        return [f"rank {rank} ({link.hello.node}): {link.hello.log}" for rank, link in sorted(self.hosts.items())]
+        hosts = sorted(self.hosts.items())
+        return [f"rank {rank} ({link.hello.node}): {link.hello.log}" for rank, link in hosts]
 
     def end(self, status: int) -> None:
         """Tell every host the session's exit status (and what gather found wrong, for its log);
@@ -254,19 +254,37 @@ class LaunchedWorld:
 HOSTS = "hosts"  # the selector's mark of a host's connection
 
 
-class RemoteRank:
-    """A rank another host forked, in the shape the group uses of a forked rank's Process."""
-
-    pid = None  # a pid on another machine means nothing here
+class RemoteRank(RankHandle):
+    """A rank another host forked, in slot ``slot`` there: what the group does to it goes to its host."""
 
     def __init__(self, world: LaunchedWorld, rank: int, slot: int) -> None:
         self.world, self.rank, self.slot = world, rank, slot
-        self.exitcode: int | None = None  # told by its host
+        self.code: int | None = None  # how it ended, told by its host
+        self.dumped = False  # its host says the stack dump asked for last is whole
+
+    @property
+    def pid(self) -> None:
+        return None  # a pid on another machine means nothing here
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.code
+
+    def send(self, command: Command) -> None:
+        if self.code is None:
+            self.world.send(self.rank, hp.Command(self.slot, encode(command)))
+
+    def request_dump(self) -> None:
+        self.dumped = False
+        self.world.send(self.rank, hp.Dump(self.slot))
+
+    def dump_complete(self, text: str, before: str | None) -> bool:
+        return self.dumped
 
     def kill(self) -> None:
         self.world.send(self.rank, hp.Kill(self.slot))
 
-    def join(self, timeout: float | None = None) -> None:
+    def join(self) -> None:
         """Nothing to wait for here: its host reaps it."""
 
 
@@ -277,11 +295,12 @@ class LaunchedGroup(RankGroup):
         super().__init__(config)
         self.world = world
         self.store_host = world.store_host
-        self.dumped: set[int] = set()  # ranks whose host says their stack dump is whole
         self.slots: dict[int, int] = {}  # rank -> slot on its host
         launch = world.launch
         nodes = {0: launch.node_rank, **{r: link.hello.node_rank for r, link in world.hosts.items()}}
+        local_ranks = {0: launch.local_rank, **{r: link.hello.local_rank for r, link in world.hosts.items()}}
         self._node_of = {rank: nodes[rank] for rank in range(config.world_size)}
+        self._local_rank_of = {rank: local_ranks[rank] for rank in range(config.world_size)}
 
     def start(self, deadline: float) -> None:
         gone = [r for r in range(1, self.config.world_size) if not self.world.hosts[r].alive]
@@ -300,15 +319,13 @@ class LaunchedGroup(RankGroup):
         for rank, slot in self.slots.items():
             env = {**self.torchrun_environment(rank, store_port), **self.rank_environment()}
             self.world.send(rank, hp.Start(slot, self.role(rank, store_port), env, cfg.items))
-            self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot), None, None))
+            self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot)))
 
     # -- what each rank is told -----------------------------------------------------
 
-    def _local_rank(self, rank: int) -> int:
-        return self.world.launch.local_rank if rank == 0 else self.world.hosts[rank].hello.local_rank
-
-    def role(self, rank: int, store_port: int | None) -> RankRole:
-        return dataclasses.replace(super().role(rank, store_port), local_rank=self._local_rank(rank))
+    def local_rank(self, rank: int) -> int:
+        """The rank's rank on its node, as its launcher gave it to the process that forks it."""
+        return self._local_rank_of[rank]
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
         """torchrun's environment for this group's ranks: the launch's nodes and local ranks,
@@ -317,7 +334,6 @@ class LaunchedGroup(RankGroup):
         nodes = list(dict.fromkeys(self._node_of.values()))
         here = self._node_of[rank]
         env.update(
-            LOCAL_RANK=str(self._local_rank(rank)),
             LOCAL_WORLD_SIZE=str(sum(1 for node in self._node_of.values() if node == here)),
             GROUP_RANK=str(nodes.index(here)),
             GROUP_WORLD_SIZE=str(len(nodes)),
@@ -332,49 +348,30 @@ class LaunchedGroup(RankGroup):
 
     # -- what the group does with them ------------------------------------------------
 
-    def _send(self, rp: RankProcess, command: Command) -> None:
-        if rp.rank == 0:
-            super()._send(rp, command)
-        elif rp.exit_code is None:
-            self.world.send(rp.rank, hp.Command(self.slots[rp.rank], encode(command)))
-
     def _news_of(self, key: selectors.SelectorKey) -> None:
         if key.data == HOSTS:
             self.world.receive(key.fileobj)  # type: ignore[arg-type]
         else:
             super()._news_of(key)
 
+    def remote(self, rank: int) -> RemoteRank:
+        """The handle of rank ``rank`` (> 0), which another host forked."""
+        handle = self.ranks[rank].proc
+        assert isinstance(handle, RemoteRank)
+        return handle
+
     def ended(self, rank: int, code: int, when: float) -> None:
         """Its host says rank ``rank`` ended (or the host itself did)."""
         rp = self.ranks[rank] if rank < len(self.ranks) else None
         if rp is None or rp.exit_code is not None:
             return
-        rp.exit_code = rp.proc.exitcode = code
+        rp.exit_code = self.remote(rank).code = code
         rp.died_at = when
 
     def forget(self, connection: Any) -> None:
         """A host's connection ended: stop waiting on it."""
         if self._news is not None and connection in self._news.get_map():
             self._news.unregister(connection)
-
-    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        self.dumped.clear()
-        return super().dump_stacks(ranks)
-
-    def _request_dump(self, rp: RankProcess) -> None:
-        if rp.rank == 0:
-            super()._request_dump(rp)
-        else:
-            self.world.send(rp.rank, hp.Dump(self.slots[rp.rank]))
-
-    def _dump_complete(self, rp: RankProcess, text: str, before: str | None) -> bool:
-        return super()._dump_complete(rp, text, before) if rp.rank == 0 else rp.rank in self.dumped
-
-    def peak_rss(self, rank: int) -> int | None:
-        return super().peak_rss(rank) if rank == 0 else None  # another machine's /proc
-
-    def pids(self) -> list[int]:
-        return [rp.proc.pid for rp in self.ranks if rp.rank == 0]
 
     def kill(self) -> None:
         super().kill()
