@@ -217,7 +217,8 @@ class CallWire(TypedDict):
     group: str  # group name, "WORLD" for the default group
     ranks: NotRequired[list[int]]  # global ranks of the group
     site: str  # "file.py:12"
-    caller: NotRequired[str]  # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
+    # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
+    caller: NotRequired[str]
     t: float
     shapes: NotRequired[list[list[int]]]
     dtypes: NotRequired[list[str]]
@@ -351,8 +352,8 @@ COMMAND_TYPES = (RunItem, CallFunction, Stop)
 _EVENTS: dict[str, type[Any]] = {
     cls.KIND: cls
     for cls in (
-        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent, WaitEvent,
-        Injected, Setting,
+        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent,
+        WaitEvent, Injected, Setting,
     )
 }
 
@@ -374,7 +375,8 @@ def _codec(cls: type[Any]) -> _Codec:
         required=frozenset(
             renames.get(f.name, f.name)
             for f in fields
-            if f.name == "time" or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            if f.name == "time"
+            or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         ),
         omitted_when_none=frozenset(f.name for f in fields if f.default is None),
     )

@@ -47,7 +47,8 @@ class Admission:
             return
         if self.settings.max_world_size is not None:
             if world_size > self.settings.max_world_size:
-                raise SpecError(f"world_size={world_size}: above --ddp-max-world-size={self.settings.max_world_size}")
+                most = self.settings.max_world_size
+                raise SpecError(f"world_size={world_size}: above --ddp-max-world-size={most}")
             return
         if self._rank_capacity is None:
             self._rank_capacity = machine_rank_capacity()

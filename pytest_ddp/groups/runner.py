@@ -91,8 +91,10 @@ class TestRun:
     stacks: dict[int, str] = field(default_factory=dict)  # ranks stopped while busy
     outputs: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> stdout, stderr
     sequence_differences: list[consistency.SequenceDifference] = field(default_factory=list)
-    unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)  # async work left in flight
-    unreceived_messages: list[consistency.UnreceivedMessage] = field(default_factory=list)  # MPI sends nobody took
+    # async work left in flight
+    unfinished_work: list[consistency.UnfinishedWork] = field(default_factory=list)
+    # MPI sends nobody took
+    unreceived_messages: list[consistency.UnreceivedMessage] = field(default_factory=list)
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
     # The group was stopped right after this test: each rank's failed teardown of
@@ -177,7 +179,9 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
         if spec.check_collectives:
             run.sequence_differences = consistency.compare_sequences(survivors)
             # Calls the ranks survived, though they differ: who departed, as the majority says.
-            found = watchdog.finished_mismatch({s.rank: s for s in survivors}) if run.sequence_differences else None
+            found = None
+            if run.sequence_differences:
+                found = watchdog.finished_mismatch({s.rank: s for s in survivors})
             if found is not None:
                 run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)
@@ -295,7 +299,8 @@ class GroupPool:
                     raise GroupStartError(_not_collected(command.id, group.collect_errors))
             except GroupStartError as exc:
                 return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
-            except OSError as exc:  # its files (a full disk), a fork, its store's socket; start() killed its ranks
+            except OSError as exc:
+                # its files (a full disk), a fork, its store's socket; start() killed its ranks
                 error = f"the rank group could not start: {exc} (its files go under {config.workdir_parent})"
                 return StartFailure(command.id, spec, error, time.monotonic() - begin, stopped)
             cold_start = time.monotonic() - begin

@@ -113,7 +113,9 @@ def store() -> Any:
 
         role = _kept()
         timeout = timedelta(seconds=role.pg_timeout)
-        client = dist.TCPStore(role.store_host, _store_port, role.world_size, is_master=False, timeout=timeout)
+        client = dist.TCPStore(
+            role.store_host, _store_port, role.world_size, is_master=False, timeout=timeout
+        )
         _client = (_store_port, client)
     return _client[1]
 

@@ -70,8 +70,13 @@ def _redirect_output(start: RankStart) -> None:
         os.close(target)
     # UTF-8, as the controller reads them; a lone surrogate (a non-UTF-8 file name) printed as
     # its escape, as Python's stderr does, not an error that fails the test.
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", write_through=True)
+    sys.stdout = _text_stream(1)
+    sys.stderr = _text_stream(2)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(raw, "utf-8", "backslashreplace", write_through=True)
 
 
 def _join_mpi_world(role: RankRole) -> ModuleType:
@@ -89,7 +94,9 @@ def _join_mpi_world(role: RankRole) -> ModuleType:
     return mpi_recorder
 
 
-def forked_main(start_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]) -> None:
+def forked_main(
+    start_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]
+) -> None:
     """A rank's life, from the forkserver's fork to its exit.  ``descriptors``: those an MPI launcher
     gave the rank's stand-in, by the variable that names each (``PMI_FD``), at their numbers here."""
     parent = os.getppid()
@@ -100,7 +107,8 @@ def forked_main(start_path: str, commands: Connection, notify: Connection, descr
         start = RankStart.from_json(Path(start_path).read_text())
         for fd in descriptors.values():
             os.set_inheritable(fd, True)  # as the launcher gave it
-        start = dataclasses.replace(start, env={**start.env, **{name: str(fd) for name, fd in descriptors.items()}})
+        numbers = {name: str(fd) for name, fd in descriptors.items()}
+        start = dataclasses.replace(start, env={**start.env, **numbers})
         _redirect_output(start)
     except FileNotFoundError:
         # The controller gave the group up (Ctrl-C while it started) and removed its folder

@@ -52,7 +52,8 @@ def serve_functions(start: RankStart, channel: Channel) -> int:
             }
         threads_left = leftovers.threads_left(threads_before, THREAD_JOIN_WAIT)
         if threads_left and outcome == "passed":
-            outcome, data = "failed", {"exception": leftovers.threads_left_text(threads_left, THREAD_JOIN_WAIT)}
+            text = leftovers.threads_left_text(threads_left, THREAD_JOIN_WAIT)
+            outcome, data = "failed", {"exception": text}
         channel.event(Report("call", outcome, data=data), wake=True)
         channel.event(done_event(threads_left), wake=True)
     return 0

@@ -12,9 +12,8 @@ import sysconfig
 from typing import Any
 
 # Where installed packages and the standard library live (the venv's and the base Python's).
-LIBRARY_ROOTS = tuple(
-    sorted({path for key in ("purelib", "platlib", "stdlib", "platstdlib") if (path := sysconfig.get_paths().get(key))})
-)
+_LIBRARY_KEYS = ("purelib", "platlib", "stdlib", "platstdlib")
+LIBRARY_ROOTS = tuple(sorted({path for key in _LIBRARY_KEYS if (path := sysconfig.get_paths().get(key))}))
 
 
 def shorten_library_frames(item: Any) -> None:
