@@ -1,12 +1,13 @@
 """A failing test's report as one self-contained HTML page: the headline and diagnosis, then the
 timeline as inline SVG (a row per rank, a bar per call, stuck calls in red running on past the
 verdict line), a legend, each rank's state, and the failures, the ranks' main threads merged into
-one collapsible tree (:mod:`pytest_ddp.report.stack_tree`), each rank's stacks and output below.
+one collapsible tree (the JSON's ``stack_tree``), each rank's stacks and output below.
 
 Nothing in the page is fetched: no script, no link, no image or font, and a Content Security
 Policy of ``default-src 'none'`` so that a browser would refuse anything that slipped in.  Every
-piece of text from the report (test ids, sites, errors) is escaped.  Pure: a report dict in,
-text out (the slices come from :mod:`pytest_ddp.report.timeline`).
+piece of text from the report (test ids, sites, errors) is escaped.  Pure: the report's JSON data
+in (:mod:`pytest_ddp.report.json_report`, as written: every string one that UTF-8 can encode, so
+the page draws what the JSON says), text out (the slices come from :mod:`pytest_ddp.report.timeline`).
 """
 
 from __future__ import annotations
@@ -335,7 +336,9 @@ def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str
 def _stack_tree(report: dict[str, Any]) -> list[str]:
     """The ranks' main threads merged into a tree of nested ``<details>``, a branch where ranks
     part ways, its ranks in red where they are not all; nothing under two ranks' stacks."""
-    tree = stack_tree.merged({r["rank"]: str(r["stack"]) for r in report["ranks"] if r.get("stack")})
+    if not report.get("stack_tree"):
+        return []
+    tree = stack_tree.from_json(report["stack_tree"])
     if len(tree.ranks) < 2:
         return []
     paths = stack_tree.Paths(str(report["test"]).split("::")[0], tree)

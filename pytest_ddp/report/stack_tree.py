@@ -255,3 +255,13 @@ def to_json(tree: Tree) -> dict[str, Any]:
 
     roots = [node(r) for r in tree.roots]
     return {"thread": "main", "ranks": tree.ranks, "unfound": tree.unfound, "roots": roots}
+
+
+def from_json(data: dict[str, Any]) -> Tree:
+    """The tree :func:`to_json` wrote."""
+
+    def node(n: dict[str, Any]) -> Node:
+        frame = Frame(n["file"] or "", n["line"], n["function"] or "", n["kind"])
+        return Node(frame, n["ranks"], [node(c) for c in n["children"]])
+
+    return Tree([node(r) for r in data["roots"]], data["ranks"], data["unfound"])
