@@ -37,6 +37,56 @@ OUTPUT_TAIL_LINES = 40
 HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
 
 
+def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
+    """The text of ``run``'s report (:func:`pytest_ddp.report.model.build`), its stacks marking
+    ``test_file``'s lines."""
+    return render(build(run, rank_failures, test_file))
+
+
+def render(report: Report) -> str:
+    """The whole text of a failed ddp phase."""
+    lines = _headline_lines(report)
+    if len(report.ranks) > GROUP_ABOVE and report.divergence is not None:
+        lines += [divergence_line(report.divergence), ""]
+    lines += injected_lines(report.states)
+    lines += rank_lines(report.ranks)
+    if report.sequences:
+        lines += ["", *table(report.sequences)]
+    if report.p2p:
+        lines += ["", *report.p2p]
+    if report.sequence_differences:
+        lines += ["", "the ranks' collective sequences differ:"]
+        lines += ["  " + difference_line(d) for d in report.sequence_differences]
+    if report.unfinished_work:
+        lines += ["", "asynchronous work still in flight after the test:"]
+        lines += ["  " + unfinished_line(w) for w in report.unfinished_work]
+    if report.unreceived_messages:
+        lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
+        lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
+    lines += _grouped_failures({r.rank: r.failure for r in report.ranks if r.failure is not None})
+    lines += _merged_stacks(report)
+    stacks = {r.rank: format_stack(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
+    for ranks, stack in _alike(stacks):
+        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), stack]
+    tails = {}
+    for rank in report.ranks:
+        if not rank.state.alive and rank.stderr:
+            tail = stderr_tail(rank.stderr, report.test_file)
+            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{tail}"
+    for ranks, tail in _alike(tails):
+        how, shown = tail.split("\n", 1)
+        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), shown]
+    return "\n".join(lines)
+
+
+def _headline_lines(report: Report) -> list[str]:
+    """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
+    if not _cut(report.headline):
+        return [capped(report.headline), ""]
+    lead = capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)
+    return [f"{lead} {report.tag}", "", report.headline, ""]
+
+
 def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
     """``text`` on one line (its whitespace runs, newlines included, as one space),
     cut at ``limit`` characters with an ellipsis."""
@@ -53,14 +103,6 @@ def _head(full: str) -> list[str]:
     """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
     line = capped(full)
     return [line, "", full, ""] if _cut(full) else [line, ""]
-
-
-def _headline_lines(report: Report) -> list[str]:
-    """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
-    if not _cut(report.headline):
-        return [capped(report.headline), ""]
-    lead = capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)
-    return [f"{lead} {report.tag}", "", report.headline, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -102,6 +144,43 @@ def _memory(states: list[RankState]) -> str:
     if cuda is not None:
         text += f", peak CUDA {cuda} MB"
     return text
+
+
+def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
+    """Each rank's traceback, ranks with the very same text shown once."""
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(rank_failures.items()):
+        by_text.setdefault(text, []).append(rank)
+    lines: list[str] = []
+    for text, ranks in by_text.items():
+        lines += ["", _section(f"{rank_list(ranks)}: failed"), text.rstrip()]
+    return lines
+
+
+def _merged_stacks(report: Report) -> list[str]:
+    """The ranks' main threads as one tree, where they are not all the same stack: when they are,
+    the one section of the ranks' stacks below says it, and the tree would repeat it."""
+    tree = report.tree
+    if not tree.differs():
+        return []
+    title = _section(f"{rank_list(tree.ranks)}: Python stacks merged (main thread, outermost frame first)")
+    return ["", title, *stack_tree.render(tree, report.test_id.split("::")[0])]
+
+
+def _section(title: str) -> str:
+    return f"{'-' * 20} {title} {'-' * 20}"
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # faulthandler's thread ids differ from rank to rank
+
+
+def _alike(texts: dict[int, str]) -> list[tuple[list[int], str]]:
+    """Ranks whose texts are the same but for addresses, each text once (the lowest rank's),
+    in the order of the lowest rank."""
+    groups: dict[str, tuple[list[int], str]] = {}
+    for rank, text in sorted(texts.items()):
+        groups.setdefault(_ADDRESS.sub("0x", text), ([], text))[0].append(rank)
+    return list(groups.values())
 
 
 def format_stack(stack: str, test_file: str) -> str:
@@ -146,10 +225,6 @@ def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> 
     return "\n".join(kept)
 
 
-def _section(title: str) -> str:
-    return f"{'-' * 20} {title} {'-' * 20}"
-
-
 def start_failure_text(failure: StartFailure) -> str:
     """The whole text of a test no rank ran: the error's first line as its headline, then the
     rest of the error, or all of it when the headline had to cut that line."""
@@ -181,78 +256,3 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
         "the teardown of the fixtures its ranks still held failed"
     )
     return "\n".join(_head(head)[:-1] + _grouped_failures(rank_failures))
-
-
-def render(report: Report) -> str:
-    """The whole text of a failed ddp phase."""
-    lines = _headline_lines(report)
-    if len(report.ranks) > GROUP_ABOVE and report.divergence is not None:
-        lines += [divergence_line(report.divergence), ""]
-    lines += injected_lines(report.states)
-    lines += rank_lines(report.ranks)
-    if report.sequences:
-        lines += ["", *table(report.sequences)]
-    if report.p2p:
-        lines += ["", *report.p2p]
-    if report.sequence_differences:
-        lines += ["", "the ranks' collective sequences differ:"]
-        lines += ["  " + difference_line(d) for d in report.sequence_differences]
-    if report.unfinished_work:
-        lines += ["", "asynchronous work still in flight after the test:"]
-        lines += ["  " + unfinished_line(w) for w in report.unfinished_work]
-    if report.unreceived_messages:
-        lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
-        lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
-    lines += _grouped_failures({r.rank: r.failure for r in report.ranks if r.failure is not None})
-    lines += _merged_stacks(report)
-    stacks = {r.rank: format_stack(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
-    for ranks, stack in _alike(stacks):
-        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), stack]
-    tails = {}
-    for rank in report.ranks:
-        if not rank.state.alive and rank.stderr:
-            tail = stderr_tail(rank.stderr, report.test_file)
-            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{tail}"
-    for ranks, tail in _alike(tails):
-        how, shown = tail.split("\n", 1)
-        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), shown]
-    return "\n".join(lines)
-
-
-def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
-    """The text of ``run``'s report (:func:`pytest_ddp.report.model.build`), its stacks marking
-    ``test_file``'s lines."""
-    return render(build(run, rank_failures, test_file))
-
-
-def _merged_stacks(report: Report) -> list[str]:
-    """The ranks' main threads as one tree, where they are not all the same stack: when they are,
-    the one section of the ranks' stacks below says it, and the tree would repeat it."""
-    tree = report.tree
-    if not tree.differs():
-        return []
-    title = _section(f"{rank_list(tree.ranks)}: Python stacks merged (main thread, outermost frame first)")
-    return ["", title, *stack_tree.render(tree, report.test_id.split("::")[0])]
-
-
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # faulthandler's thread ids differ from rank to rank
-
-
-def _alike(texts: dict[int, str]) -> list[tuple[list[int], str]]:
-    """Ranks whose texts are the same but for addresses, each text once (the lowest rank's),
-    in the order of the lowest rank."""
-    groups: dict[str, tuple[list[int], str]] = {}
-    for rank, text in sorted(texts.items()):
-        groups.setdefault(_ADDRESS.sub("0x", text), ([], text))[0].append(rank)
-    return list(groups.values())
-
-
-def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
-    """Each rank's traceback, ranks with the very same text shown once."""
-    by_text: dict[str, list[int]] = {}
-    for rank, text in sorted(rank_failures.items()):
-        by_text.setdefault(text, []).append(rank)
-    lines: list[str] = []
-    for text, ranks in by_text.items():
-        lines += ["", _section(f"{rank_list(ranks)}: failed"), text.rstrip()]
-    return lines
