@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 
 from conftest import ModuleShared, Session, line_of, session_in_process
+from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.wording import worded
+from pytest_ddp.groups.runner import TestRun
+from pytest_ddp.report.failure import render
+from pytest_ddp.report.json_report import to_json
+from pytest_ddp.report.model import build
 from pytest_ddp.report.sequences import sequence_table
 
 # -- the call named: the first where the sequences differ (hand-made states) ----------------
@@ -47,6 +52,19 @@ def test_the_headline_names_the_first_call_the_table_marks_not_the_one_waited_in
     )
     marked = [line for line in sequence_table(states) if line.endswith("<-- ranks differ")]
     assert [line.split()[0] for line in marked] == ["2"]
+
+
+def test_the_text_and_the_json_say_the_headline_and_rank_lines_of_one_build() -> None:
+    states = _two_in_flight()
+    verdict = worded(watchdog.judge(Snapshot(now=2.0, started=0.0, timeout=60, grace=2, ranks=states)), states)
+    report = build(TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), states, verdict, 0.41, 2.0), {}, "t.py")
+    assert report.headline == f"{verdict.summary} [ddp deadlock, partial, 0.41 s]"
+    text, data = render(report).splitlines(), to_json(report)
+    assert text[0] == data["headline"] == report.headline
+    assert [r["line"] for r in data["ranks"]] == text[2:4] == [
+        "rank 0: waiting in all_reduce #3 (t.py:13), in call",
+        "rank 1: finished (passed); last call all_reduce #1 (t.py:11)",
+    ]
 
 
 def test_a_rank_that_made_the_earlier_call_is_named_for_the_call_waited_in() -> None:
