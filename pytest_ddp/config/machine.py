@@ -8,6 +8,8 @@ import os
 import resource
 from collections.abc import Iterable, Iterator
 
+from pytest_ddp.common import procfs
+
 # An idle rank costs about 22 MB of its own (USS); torch's pages are shared
 # with the forkserver the ranks are forked from.
 RANK_MEMORY = 22 * 2**20
@@ -105,7 +107,7 @@ def user_tasks(statuses: Iterable[str], real_uid: int) -> int:
     /proc/PID/status texts of the processes."""
     count = 0
     for status in statuses:
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = procfs.parse_fields(status)
         if int(fields["Uid"].split()[0]) == real_uid:
             count += int(fields["Threads"])
     return count
@@ -113,12 +115,9 @@ def user_tasks(statuses: Iterable[str], real_uid: int) -> int:
 
 def machine_rank_capacity() -> tuple[int, str]:
     """:func:`rank_capacity` of this machine now (/proc/meminfo, getrlimit, /proc)."""
-    with open("/proc/meminfo") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    mem_available = int(fields["MemAvailable"].split()[0]) * 1024
+    mem_available = procfs.size(procfs.meminfo()["MemAvailable"])
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    with open("/proc/self/status") as f:
-        status = dict(line.split(":", 1) for line in f if ":" in line)
+    status = procfs.status()
     with open("/proc/self/uid_map") as f:
         uid_map = f.read()
     real_uid = os.getuid()
@@ -128,10 +127,9 @@ def machine_rank_capacity() -> tuple[int, str]:
 
 
 def _statuses() -> Iterator[str]:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    yield f.read()
-            except OSError:  # gone since listed
-                continue
+    for pid in procfs.pids():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                yield f.read()
+        except OSError:  # gone since listed
+            continue

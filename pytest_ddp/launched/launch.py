@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from pytest_ddp.common import procfs
 
 
 class LaunchError(ValueError):
@@ -74,14 +75,11 @@ def _launcher_key(env: Mapping[str, str]) -> str:
     if env.get("PMI_FD", "").isdigit():
         try:
             with socket.socket(fileno=os.dup(int(env["PMI_FD"]))) as pmi:
-                launcher = struct.unpack("3i", pmi.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                launcher, _ = procfs.peer_credentials(pmi)
         except OSError:
             pass
-    try:
-        with open(f"/proc/{launcher}/stat") as f:
-            started = f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        started = "0"
+    found = procfs.stat(launcher)
+    started = 0 if found is None else found.started
     return f"{launcher}.{started}"
 
 

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass, field
 from types import FrameType
 
-from pytest_ddp.common import prctl
+from pytest_ddp.common import prctl, procfs
 
 KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
 
@@ -278,16 +278,10 @@ def start_keeper(rank: int) -> int:
 
 def _kill_session(session: int) -> None:
     me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:
+    for pid in procfs.pids():
+        found = procfs.stat(pid) if pid != me else None
+        if found is not None and found.session == session:
             try:
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

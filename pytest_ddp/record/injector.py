@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pytest_ddp.common import procfs
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import OPS
 from pytest_ddp.common.protocol import Injected
@@ -164,11 +165,10 @@ def _exhaust_memory(fault: Fault) -> None:
 
 def _address_space() -> int:
     """This process's virtual memory size, in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmSize in /proc/self/status")
+    try:
+        return procfs.size(procfs.status()["VmSize"])
+    except (KeyError, ValueError):
+        raise OSError("no VmSize in /proc/self/status") from None
 
 
 def _established_tcp() -> dict[int, int]:
