@@ -8,9 +8,9 @@ connection:
 
 - the controller takes it only from a process of its own user that its launcher started (the
   kernel's ``SO_PEERCRED``, and ``/proc``'s parents); the stand-in only from its own ancestor;
-- the controller sends a challenge (random bytes); the stand-in answers with its hello (its rank and
-  its process), signed with an HMAC of the challenge and those fields under the secret, and hands over
-  with it the descriptors its launcher gave it for ``MPI_Init`` (:data:`FD_VARIABLES`);
+- the controller sends a challenge; the stand-in answers with its hello (its rank and its process),
+  signed by the proof of :mod:`pytest_ddp.common.handshake` for those fields, and hands over with it
+  the descriptors its launcher gave it for ``MPI_Init`` (:data:`FD_VARIABLES`);
 - every message is multiprocessing's frame (a length, then the bytes), read with a deadline and a
   bound on its length.
 
@@ -21,26 +21,28 @@ controller died without doing so, each stand-in once its launcher is gone.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
-import secrets
-import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_ddp.common import secret
+from pytest_ddp.common.handshake import CONNECTOR, MAX_UNPROVEN, NONCE, HandshakeError, check, prove
+from pytest_ddp.common.procfs import descends_from as descends_from
+from pytest_ddp.common.procfs import environment_of as environment_of
+from pytest_ddp.common.procfs import parent_of as parent_of
+from pytest_ddp.common.procfs import peer_credentials as peer_credentials
+
 KEY_FILE = "mpi.key"
 SOCKET_FILE = "mpi.sock"
 SHARED_MEMORY_FILE = "mpi.shm"
 SHARED_MEMORY = "/dev/shm"
-SECRET_BYTES = 32
+SECRET_BYTES = NONCE  # of the controller's challenge (the name its callers know)
 HELLO_WAIT = 10.0  # seconds a connection gets to send its hello, and a stand-in to get its challenge
-MAX_MESSAGE = 4096  # bytes: a challenge or a hello is far shorter, and so is what a stand-in is sent
+MAX_MESSAGE = MAX_UNPROVEN  # bytes: a hello is far shorter, and so is what a stand-in is sent
 HEADER = struct.Struct("!i")  # multiprocessing.connection's frame: the length, then the bytes
-_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 _FIELDS = ("rank", "stand_in")
 # The variables in which a launcher names a descriptor it gave each process it started, for
 # ``MPI_Init`` to talk to it through (MPICH's PMI: gforker, hydra; Slurm's PMI-2).  The stand-in hands
@@ -56,24 +58,15 @@ class Hello:
     stand_in: int  # the stand-in's process, the one that connected
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """A new file only the user can read (O_EXCL: never one that was there)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def write_key(folder: Path) -> bytes:
-    """A new secret for the world whose folder this is."""
-    secret = secrets.token_bytes(SECRET_BYTES)
-    _write_private(folder / KEY_FILE, secret)
-    return secret
+    """A new secret for the world whose folder this is (it must be private to this user)."""
+    secret.private_folder(folder)
+    return secret.write_secret(folder / KEY_FILE)
 
 
 def read_key(folder: str) -> bytes:
-    return (Path(folder) / KEY_FILE).read_bytes()
+    """The world's secret; OSError if it cannot be read, NotPrivate if its file is not private."""
+    return secret.read_secret(Path(folder) / KEY_FILE)
 
 
 def at_socket(folder: str | Path, use: Callable[[str], None]) -> None:
@@ -91,18 +84,15 @@ def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def _mac(secret: bytes, challenge: bytes, numbers: tuple[int, ...]) -> bytes:
-    return hmac.new(secret, challenge + " ".join(map(str, numbers)).encode(), hashlib.sha256).hexdigest().encode()
+def hello(key: bytes, challenge: bytes, rank: int, stand_in: int) -> bytes:
+    """The hello that answers ``challenge``, proven under the world's secret ``key``."""
+    mac = prove(key, CONNECTOR, challenge, rank, stand_in).hex()
+    return json.dumps({"rank": rank, "stand_in": stand_in, "mac": mac}).encode()
 
 
-def hello(secret: bytes, challenge: bytes, rank: int, stand_in: int) -> bytes:
-    """The hello that answers ``challenge``."""
-    fields = {"rank": rank, "stand_in": stand_in}
-    return json.dumps({**fields, "mac": _mac(secret, challenge, (rank, stand_in)).decode()}).encode()
-
-
-def parse_hello(message: bytes, secret: bytes, challenge: bytes) -> Hello:
-    """The hello in ``message`` if it answers ``challenge`` under ``secret``; ValueError saying why not."""
+def parse_hello(message: bytes, key: bytes, challenge: bytes) -> Hello:
+    """The hello in ``message`` if it answers ``challenge`` under ``key``; ValueError saying why not.
+    The controller draws a fresh challenge for each connection and reads one hello on it."""
     try:
         fields = json.loads(message)
     except ValueError as exc:  # UnicodeDecodeError too
@@ -112,41 +102,17 @@ def parse_hello(message: bytes, secret: bytes, challenge: bytes) -> Hello:
     rank, stand_in = (fields[name] for name in _FIELDS)
     if not all(type(n) is int for n in (rank, stand_in)) or not isinstance(fields["mac"], str):
         raise ValueError("its hello's fields are not of a hello's types")
-    if not hmac.compare_digest(fields["mac"].encode(errors="replace"), _mac(secret, challenge, (rank, stand_in))):
-        raise ValueError("its hello is not signed with the world's secret")
-    return Hello(rank, stand_in)
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a Unix socket, as the kernel saw it at connect
-    (for the connecting end: the process that listened)."""
-    pid, uid, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size))
-    return pid, uid
-
-
-def parent_of(pid: int) -> int | None:
-    """``pid``'s parent, from /proc; None once it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``ancestor`` is ``pid``'s parent, or its parent's, and so on."""
-    seen = 0
-    while (parent := parent_of(pid)) is not None and parent > 1 and seen < 64:
-        if parent == ancestor:
-            return True
-        pid, seen = parent, seen + 1
-    return False
+        check(bytes.fromhex(fields["mac"]), key, CONNECTOR, challenge, rank, stand_in)
+    except (ValueError, HandshakeError):  # not hex, or not the proof
+        raise ValueError("its hello is not signed with the world's secret") from None
+    return Hello(rank, stand_in)
 
 
 def write_shared_memory(folder: Path, files: dict[str, tuple[int, int]]) -> None:
     """List the world's files in /dev/shm, each with its (device, inode): a file of that name made
     since is not the world's."""
-    _write_private(folder / SHARED_MEMORY_FILE, json.dumps(files).encode())
+    secret.write_private(folder / SHARED_MEMORY_FILE, json.dumps(files).encode())
 
 
 def read_shared_memory(folder: str) -> dict[str, tuple[int, int]]:
@@ -167,11 +133,3 @@ def remove_shared_memory(files: dict[str, tuple[int, int]]) -> None:
                 os.unlink(path)
         except OSError:
             continue
-
-
-def environment_of(pid: int) -> dict[str, str]:
-    """The environment ``pid`` was started with (its launcher's), from /proc; OSError once it is gone."""
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        entries = f.read().split(b"\0")
-    pairs = (entry.decode(errors="surrogateescape").partition("=") for entry in entries if b"=" in entry)
-    return {name: value for name, _, value in pairs}

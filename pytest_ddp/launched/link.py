@@ -11,20 +11,18 @@ until the rest comes, so a peer that sends half a frame and holds it stalls no
 one; a read that must wait for a frame waits until a deadline.
 
 Before anything else each end proves to the other that it holds the session's
-secret (:class:`Incoming` on the controller's side, :func:`connect` on the
-other): the controller sends a random challenge; the peer answers with an HMAC
-of it and a challenge of its own, which the controller answers in turn.  Until
-a peer has proven itself, no frame it sends may be longer than that answer.
-A peer must prove itself too: the controller tells the others what to fork.
+secret (:mod:`pytest_ddp.common.handshake`; :class:`Incoming` on the controller's
+side, :func:`answer_challenge` on the other): the controller sends a challenge;
+the peer answers with its proof and a challenge of its own, which the controller
+answers in turn.  Until a peer has proven itself, no frame it sends may be longer
+than that answer.  The controller proves itself too: it tells the others what to
+fork.  On one node each end also refuses a peer of another user (``SO_PEERCRED``).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import os
-import secrets
 import select
 import socket
 import struct
@@ -35,6 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from pytest_ddp.common.handshake import CONNECTOR, LISTENER, NONCE, Challenge, HandshakeError, own_user, prove
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, store_key
 from pytest_ddp.launched.secret import (
     SECRET_ENV,
@@ -49,10 +48,10 @@ from pytest_ddp.launched.secret import (
 
 RETRY = 0.05  # seconds between attempts to reach a controller not listening yet
 HEADER = struct.Struct("!Q")
-NONCE = 32  # bytes of a challenge, and of an HMAC-SHA256 proof
 CHUNK = 1 << 18  # bytes asked of the socket per read
-CONTROLLER, PEER = b"pytest-ddp controller", b"pytest-ddp rank"  # whose proof: one is never the other's
-SAME_SECRET = f"every launched process must hold the same secret ({SECRET_ENV} the same on all, or unset on all)"
+SAME_SECRET = (
+    f"every launched process must hold the same secret ({SECRET_ENV} the same on all, or unset on all)"
+)
 
 
 class LinkError(Exception):
@@ -65,7 +64,7 @@ class Link:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)  # sends wait for room; reads never wait (MSG_DONTWAIT)
         self.sock = sock
-        self.limit: int | None = 2 * NONCE  # the longest frame taken: a handshake's until the peer is proven
+        self.limit: int | None = 2 * NONCE  # the longest frame taken: the handshake's, until the peer is proven
         self.closed = False  # the peer closed its end, or the connection broke
         self._buffer = bytearray()
         self._frames: deque[bytes] = deque()
@@ -127,16 +126,14 @@ class Link:
         while len(self._buffer) >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buffer)
             if self.limit is not None and size > self.limit:
-                raise LinkError(f"a frame of {size} bytes, over the {self.limit} allowed before it proved itself")
+                raise LinkError(
+                    f"a frame of {size} bytes, over the {self.limit} allowed before it proved itself"
+                )
             end = HEADER.size + size
             if len(self._buffer) < end:
                 break
             self._frames.append(bytes(self._buffer[HEADER.size : end]))
             del self._buffer[:end]
-
-
-def _proof(secret: bytes, role: bytes, challenge: bytes) -> bytes:
-    return hmac.new(secret, role + challenge, hashlib.sha256).digest()
 
 
 class Incoming:
@@ -145,25 +142,54 @@ class Incoming:
 
     def __init__(self, link: Link, secret: bytes) -> None:
         self.link, self.secret = link, secret
-        self.challenge = secrets.token_bytes(NONCE)
+        self.challenge = Challenge()
         self.proven = False
-        link.send_bytes(self.challenge)
+        self.refused: str | None = None  # why the peer may not even try
+        if link.sock.family == socket.AF_UNIX:
+            try:
+                own_user(link.sock)
+            except HandshakeError as exc:
+                self.refused = str(exc)
+                link.sock.shutdown(socket.SHUT_RDWR)  # readable at once: first_frame says why
+                return
+        link.send_bytes(self.challenge.nonce)
 
     def first_frame(self) -> bytes | None:
         """The peer's first frame after its proof, once whole; None until then (never waits).
         LinkError if the peer fails to prove itself, or goes away first."""
+        if self.refused is not None:
+            raise LinkError(self.refused)
         while (frame := self.link.next_frame()) is not None:
             if self.proven:
                 return frame
-            expected = _proof(self.secret, PEER, self.challenge)
-            if len(frame) != 2 * NONCE or not hmac.compare_digest(frame[:NONCE], expected):
-                raise LinkError(f"it did not prove that it holds the session's secret ({SAME_SECRET})")
+            try:
+                if len(frame) != 2 * NONCE:
+                    raise HandshakeError(f"an answer of {len(frame)} bytes")
+                self.challenge.check(frame[:NONCE], self.secret, CONNECTOR)
+            except HandshakeError:
+                raise LinkError(f"it did not prove that it holds the session's secret ({SAME_SECRET})") from None
             self.proven = True
             self.link.limit = None
-            self.link.send_bytes(_proof(self.secret, CONTROLLER, frame[NONCE:]))
+            self.link.send_bytes(prove(self.secret, LISTENER, frame[NONCE:]))
         if self.link.closed:
             raise LinkError("it closed the connection before " + ("its hello" if self.proven else "proving itself"))
         return None
+
+
+def answer_challenge(link: Link, secret: bytes, deadline: float) -> None:
+    """The connecting end's side of the handshake: answer the controller's challenge, and have it
+    prove itself in turn, by ``deadline``.  HandshakeError if it does not; TimeoutError, EOFError,
+    OSError or LinkError if the connection does not carry it."""
+    challenge = link.recv_frame(deadline)
+    if len(challenge) != NONCE:
+        raise HandshakeError(f"does not speak its protocol (a challenge of {len(challenge)} bytes)")
+    mine = Challenge()
+    link.send_bytes(prove(secret, CONNECTOR, challenge) + mine.nonce)
+    try:
+        mine.check(link.recv_frame(deadline), secret, LISTENER)
+    except HandshakeError:
+        raise HandshakeError(f"did not prove that it holds the session's secret; {SAME_SECRET}") from None
+    link.limit = None
 
 
 @dataclass
@@ -271,15 +297,15 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
     sock = _reach(launch, timeout, deadline, session_files(launch, env))
     link = Link(sock)
     try:
-        secret = given_secret(env) or read_secret(session_files(launch, env))
-        challenge = link.recv_frame(deadline)
-        if len(challenge) != NONCE:
-            raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest does not speak its protocol")
-        mine = secrets.token_bytes(NONCE)
-        link.send_bytes(_proof(secret, PEER, challenge) + mine)
-        if not hmac.compare_digest(link.recv_frame(deadline), _proof(secret, CONTROLLER, mine)):
-            raise LaunchError(f"rank {launch.rank}: rank 0's pytest did not prove that it holds the session's "
-                              f"secret; {SAME_SECRET}")
+        if sock.family == socket.AF_UNIX:
+            try:
+                own_user(sock)
+            except HandshakeError as exc:
+                raise HandshakeError(f"is not this user's: {exc}") from None
+        answer_challenge(link, given_secret(env) or read_secret(session_files(launch, env)), deadline)
+    except HandshakeError as exc:
+        link.close()
+        raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest {exc}") from None
     except TimeoutError:  # before OSError, its base
         link.close()
         raise LaunchError(f"rank {launch.rank}: rank 0's pytest did not take this rank within {timeout:g} s") from None
@@ -290,7 +316,6 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
     except BaseException:
         link.close()
         raise
-    link.limit = None
     return link
 
 
