@@ -52,7 +52,8 @@ def _record_or_fatal(line: bytes) -> Record:
     try:
         return decode(line)
     except ProtocolError as exc:
-        return Fatal(f"its event log holds a line that is not an event (a write cut short by a full disk?): {exc}")
+        why = "a line that is not an event (a write cut short by a full disk?)"
+        return Fatal(f"its event log holds {why}: {exc}")
 
 
 class EventLog:

@@ -87,7 +87,8 @@ def _table(*ops: Op) -> dict[str, Op]:
 OPS: dict[str, Op] = _table(
     Op("all_reduce", "collective", "tensor", reduction="op"),
     Op("all_gather", "collective", "tensor", described="part_of_output"),
-    Op("all_gather_into_tensor", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
+    Op("all_gather_into_tensor", "collective", "input_tensor", recorded_as="all_gather",
+       described="part_of_output"),
     Op("all_gather_object", "collective", obj="obj", recorded_as="all_gather"),
     Op("reduce_scatter", "collective", "output", reduction="op", described="part_of_input"),
     Op("reduce_scatter_tensor", "collective", "input", reduction="op", recorded_as="reduce_scatter",
@@ -131,13 +132,16 @@ OPS: dict[str, Op] = _table(
     Op("init_process_group", "group"),
     Op("new_group", "group"),
     Op("destroy_process_group", "group"),
-    Op("all_gather_single", "collective", "input_tensor", recorded_as="all_gather", described="part_of_output"),
+    Op("all_gather_single", "collective", "input_tensor", recorded_as="all_gather",
+       described="part_of_output"),
     Op("reduce_scatter_single", "collective", "input", recorded_as="reduce_scatter", described="whole_input"),
-    Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather", described="part_of_output"),
+    Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather",
+       described="part_of_output"),
     Op("all_reduce_coalesced", "collective", "tensors", reduction="op", recorded_as="allreduce_coalesced"),
     # Reached only through the backend (functional collectives, coalescing managers).
-    Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
-    Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),  # newer than torch 2.13
+    # These two are newer than torch 2.13.
+    Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
+    Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
     Op("all_gather_into_tensor_coalesced", "collective", python=False, recorded_as="all_gather"),
     Op("reduce_scatter_tensor_coalesced", "collective", python=False, recorded_as="reduce_scatter"),
 )
@@ -169,7 +173,8 @@ MPI_OPS: dict[str, Op] = _table(
     _mpi("issend", "p2p", None, "dest", **_SEND, **_ASYNC, obj="obj", synchronous=True),
     _mpi("recv", "p2p", None, "source", **_RECV),
     _mpi("irecv", "p2p", None, "source", **_RECV, **_ASYNC),
-    _mpi("sendrecv", "p2p", None, "dest", tag="sendtag", recv_from="source", recv_tag="recvtag", obj="sendobj"),
+    _mpi("sendrecv", "p2p", None, "dest", tag="sendtag", recv_from="source", recv_tag="recvtag",
+         obj="sendobj"),
     _mpi("probe", "p2p", None, "source", **_RECV, probe=True),
     _mpi("iprobe", "p2p", None, "source", **_RECV, **_ASYNC, probe=True),
     _mpi("Barrier", "collective", recorded_as="barrier"),

@@ -104,8 +104,8 @@ def size(value: str) -> int:
 def parse_environ(data: bytes) -> dict[str, str]:
     """/proc/PID/environ's bytes (``NAME=value`` entries, each ended by NUL): {name: value}; bytes
     that are not UTF-8 kept as surrogates, as ``os.environ`` keeps them."""
-    pairs = (entry.decode(errors="surrogateescape").partition("=") for entry in data.split(b"\0") if b"=" in entry)
-    return {name: value for name, _, value in pairs}
+    entries = (entry.decode(errors="surrogateescape") for entry in data.split(b"\0") if b"=" in entry)
+    return {name: value for name, _, value in (entry.partition("=") for entry in entries)}
 
 
 def environment_of(pid: int) -> dict[str, str]:

@@ -27,9 +27,8 @@ class NotPrivate(Exception):
 
 def _check_private(path: Path, info: os.stat_result, kind: Callable[[int], bool]) -> None:
     if not kind(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise NotPrivate(
-            f"{path} is not private to this user (uid {os.geteuid()}, mode 0700 for a folder, 0600 for a file)"
-        )
+        modes = "mode 0700 for a folder, 0600 for a file"
+        raise NotPrivate(f"{path} is not private to this user (uid {os.geteuid()}, {modes})")
 
 
 def private_folder(folder: Path) -> None:

@@ -79,7 +79,10 @@ def rank_capacity(mem_available: int, nproc_limit: int, tasks: int) -> tuple[int
     memory = f"{mem_available // 2**20} MiB available at about {RANK_MEMORY // 2**20} MiB per rank"
     limits = [(mem_available // RANK_MEMORY, memory)]
     if nproc_limit >= 0:
-        why = f"RLIMIT_NPROC {nproc_limit} with {tasks} threads of this user running, at least {RANK_TASKS} per rank"
+        why = (
+            f"RLIMIT_NPROC {nproc_limit} with {tasks} threads of this user running, "
+            f"at least {RANK_TASKS} per rank"
+        )
         limits.append(((nproc_limit - tasks - SESSION_TASKS) // RANK_TASKS, why))
     capacity, why = min(limits)
     return max(0, capacity), why

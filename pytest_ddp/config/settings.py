@@ -103,7 +103,9 @@ def from_config(config: pytest.Config) -> Settings:
             isolate_all=config.getoption("--ddp-isolate"),
             max_groups=parse_count(_value(config, "max_groups", DEFAULT_MAX_GROUPS), "--ddp-max-groups"),
             report_dir=None if report_dir is None else writable_dir(report_dir),
-            max_world_size=None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size"),
+            max_world_size=(
+                None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size")
+            ),
             mpi_launcher=_value(config, "mpi_launcher", None),
             launcher=parse_launcher(_value(config, "launcher", DEFAULT_LAUNCHER)),
         )
@@ -163,7 +165,9 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
     """The command line of a rank's pytest session: this session's set-up, these items only."""
     # No capture in the ranks: their fds 1 and 2 go to files the controller
     # reads, which keeps a rank's output even when it is killed or crashes.
-    args = ["-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath)]
+    args = [
+        "-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath),
+    ]
     if config.inipath is not None:
         args += ["-c", str(config.inipath)]
     for plugin in config.option.plugins or []:

@@ -83,7 +83,9 @@ def _launcher_key(env: Mapping[str, str]) -> str:
     return f"{launcher}.{started}"
 
 
-def _numbered(launcher: str, by: str, env: Mapping[str, str], job: str, **variables: tuple[str, ...]) -> Launch:
+def _numbered(
+    launcher: str, by: str, env: Mapping[str, str], job: str, **variables: tuple[str, ...]
+) -> Launch:
     """The launch whose numbers (Launch's fields) are read from ``variables``: for each field, the
     variables that may hold it, the first set wins; LaunchError naming those that ``by``, the
     launching command, left unset."""
@@ -114,7 +116,8 @@ def _slurm(env: Mapping[str, str]) -> Launch | None:
         return None
     return _numbered(
         "slurm", "srun", env, f"slurm.{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}",
-        rank=("SLURM_PROCID",), world_size=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), local_rank=("SLURM_LOCALID",),
+        rank=("SLURM_PROCID",), world_size=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        local_rank=("SLURM_LOCALID",),
         node_rank=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
     )
 
@@ -216,4 +219,5 @@ def collection_differences(items: dict[int, list[str]], nodes: dict[int, str]) -
                 lines.append(f"{where}: {len(ids)} {label}: {shown}")
     if not lines:
         return None
-    return "the ranks collected different tests; every rank must run the same session:\n  " + "\n  ".join(lines)
+    listed = "\n  ".join(lines)
+    return f"the ranks collected different tests; every rank must run the same session:\n  {listed}"

@@ -64,7 +64,8 @@ class Link:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)  # sends wait for room; reads never wait (MSG_DONTWAIT)
         self.sock = sock
-        self.limit: int | None = 2 * NONCE  # the longest frame taken: the handshake's, until the peer is proven
+        # The longest frame taken: the handshake's answer, until the peer has proven itself.
+        self.limit: int | None = 2 * NONCE
         self.closed = False  # the peer closed its end, or the connection broke
         self._buffer = bytearray()
         self._frames: deque[bytes] = deque()
@@ -167,12 +168,15 @@ class Incoming:
                     raise HandshakeError(f"an answer of {len(frame)} bytes")
                 self.challenge.check(frame[:NONCE], self.secret, CONNECTOR)
             except HandshakeError:
-                raise LinkError(f"it did not prove that it holds the session's secret ({SAME_SECRET})") from None
+                raise LinkError(
+                    f"it did not prove that it holds the session's secret ({SAME_SECRET})"
+                ) from None
             self.proven = True
             self.link.limit = None
             self.link.send_bytes(prove(self.secret, LISTENER, frame[NONCE:]))
         if self.link.closed:
-            raise LinkError("it closed the connection before " + ("its hello" if self.proven else "proving itself"))
+            before = "its hello" if self.proven else "proving itself"
+            raise LinkError(f"it closed the connection before {before}")
         return None
 
 
@@ -213,7 +217,8 @@ class Listener:
             return None
 
     def close(self) -> None:
-        """Stop listening; remove the socket's and the secret's files (every rank has them by now, or never will)."""
+        """Stop listening; remove the socket's and the secret's files (every rank has them by now, or
+        never will)."""
         self.sock.close()
         remove_files(self.files)
 
@@ -222,7 +227,8 @@ _T = TypeVar("_T")
 
 
 def _in_private_folder(files: SessionFiles, make: Callable[[], _T]) -> _T:
-    """``make()`` in the launch's private folder, made again if another launch, leaving it empty, removed it."""
+    """``make()`` in the launch's private folder, made again if another launch, leaving it empty,
+    removed it."""
     for _ in range(3):
         private_folder(files)
         try:
@@ -233,7 +239,8 @@ def _in_private_folder(files: SessionFiles, make: Callable[[], _T]) -> _T:
 
 
 def listen(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) -> Listener:
-    """The controller's listening socket, published where the others look, after the secret is where they read it."""
+    """The controller's listening socket, published where the others look, after the secret is where
+    they read it."""
     files = session_files(launch, env)
     address = channel_address(launch)
     if address is None:
@@ -265,7 +272,9 @@ def _bind_unix(launch: Launch, files: SessionFiles) -> socket.socket:
             if exc.errno != errno.EADDRINUSE:
                 raise
             if _answers(path):
-                raise LaunchError(f"{launch.describe()}: another pytest of this launch listens already") from None
+                raise LaunchError(
+                    f"{launch.describe()}: another pytest of this launch listens already"
+                ) from None
             os.unlink(path)
             sock.bind(path)
         os.chmod(path, 0o600)
@@ -273,7 +282,9 @@ def _bind_unix(launch: Launch, files: SessionFiles) -> socket.socket:
         sock.close()
         if isinstance(exc, FileNotFoundError):
             raise
-        raise LaunchError(f"{launch.describe()}: cannot listen at {path} ({exc}); a shorter TMPDIR may help") from None
+        raise LaunchError(
+            f"{launch.describe()}: cannot listen at {path} ({exc}); a shorter TMPDIR may help"
+        ) from None
     except BaseException:
         sock.close()
         raise
@@ -308,11 +319,15 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
         raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest {exc}") from None
     except TimeoutError:  # before OSError, its base
         link.close()
-        raise LaunchError(f"rank {launch.rank}: rank 0's pytest did not take this rank within {timeout:g} s") from None
+        raise LaunchError(
+            f"rank {launch.rank}: rank 0's pytest did not take this rank within {timeout:g} s"
+        ) from None
     except (EOFError, OSError, LinkError):
         link.close()
-        raise LaunchError(f"rank {launch.rank}: rank 0's pytest refused this rank's proof of the session's secret "
-                          f"(or went away); {SAME_SECRET}") from None
+        raise LaunchError(
+            f"rank {launch.rank}: rank 0's pytest refused this rank's proof of the session's secret "
+            f"(or went away); {SAME_SECRET}"
+        ) from None
     except BaseException:
         link.close()
         raise
@@ -328,7 +343,8 @@ def _reach(launch: Launch, timeout: float, deadline: float, files: SessionFiles)
         host, _, port = _torchrun_store(launch, timeout).get(store_key(launch)).decode().rpartition(":")
         address = (host, int(port))
     while True:
-        sock = socket.socket(socket.AF_UNIX if isinstance(address, str) else socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.connect(address)
             return sock
@@ -343,7 +359,8 @@ def _reach(launch: Launch, timeout: float, deadline: float, files: SessionFiles)
 
 
 def _torchrun_store(launch: Launch, timeout: float) -> Any:
-    """torchrun's own store (its agent's), as a client, as TORCHELASTIC_USE_AGENT_STORE says every worker is."""
+    """torchrun's own store (its agent's), as a client, as TORCHELASTIC_USE_AGENT_STORE says every
+    worker is."""
     import torch.distributed as dist
 
     assert launch.master_addr is not None and launch.master_port is not None

@@ -84,7 +84,8 @@ def private_folder(files: SessionFiles) -> None:
 
 
 def create_secret(files: SessionFiles) -> bytes:
-    """A new random secret, written to ``files.key`` (mode 0600) whole: a reader never sees it half written."""
+    """A new random secret, written to ``files.key`` (mode 0600) whole: a reader never sees it half
+    written."""
     return secret.write_secret(files.key)
 
 
