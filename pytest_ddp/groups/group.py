@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import ClassVar
 
+from pytest_ddp.common import procfs
 from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.common.protocol import (
     CallFunction,
@@ -434,16 +435,13 @@ class RankGroup:
 
     def peak_rss(self, rank: int) -> int | None:
         """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone, or not here."""
-        if self.ranks[rank].proc.pid is None:  # another machine's rank, or not forked yet
+        pid = self.ranks[rank].proc.pid
+        if pid is None:  # another machine's rank, or not forked yet
             return None
         try:
-            with open(f"/proc/{self.ranks[rank].proc.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError):
-            pass
-        return None
+            return procfs.size(procfs.status(pid)["VmHWM"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def test_output(self, rank: int) -> dict[str, str]:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
