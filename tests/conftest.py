@@ -48,10 +48,6 @@ import pytest_ddp.api
 import pytest_ddp.controller
 import pytest_ddp.faults  # noqa: F401
 
-# pytester gives each inner session a HOME of its own: pin the cache of the recorder's compiled
-# kernels to this session's, or every inner session would build them again (5 to 10 s each).
-os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-
 T = TypeVar("T")
 
 # The files that cost most, most first (CPU-s in one run of the suite, docs/benchmarks.md): they run
