@@ -56,18 +56,23 @@ class Ending:
     exit_code: int | None = None  # the rank dies after writing its events
 
 
-def collective(index: int, op: str = "all_reduce", outcome: str = "ok", seq: int | None = None) -> list[Event]:
+def collective(
+    index: int, op: str = "all_reduce", outcome: str = "ok", seq: int | None = None
+) -> list[Event]:
     """A call on the default group of two ranks: ``outcome`` ok, raised or running."""
     seq = index + 1 if seq is None else seq
-    events: list[Event] = [CallEvent(index, op, group_ranks=[0, 1], seq=seq, shapes=[[4]], dtypes=["float32"])]
+    call = CallEvent(index, op, group_ranks=[0, 1], seq=seq, shapes=[[4]], dtypes=["float32"])
+    events: list[Event] = [call]
     if outcome != "running":
-        events.append(RetEvent(index, ok=outcome == "ok", error=None if outcome == "ok" else "RuntimeError: x"))
+        error = None if outcome == "ok" else "RuntimeError: x"
+        events.append(RetEvent(index, ok=outcome == "ok", error=error))
     return events
 
 
 def in_call(calls: list[Event] | None = None) -> list[Event]:
     """A test on one rank that passed its setup and is in its call, after these calls."""
-    return [TestStart("t"), PhaseStart("setup"), Report("setup", "passed"), PhaseStart("call"), *(calls or [])]
+    setup: list[Event] = [TestStart("t"), PhaseStart("setup"), Report("setup", "passed"), PhaseStart("call")]
+    return [*setup, *(calls or [])]
 
 
 def ended(outcome: str = "passed", calls: list[Event] | None = None, done: Done | None = None) -> list[Event]:
@@ -213,9 +218,8 @@ def run(
     pool: GroupPool, test_id: str, spec: RankSpec = SPEC, keep: bool = True, follow: str | None = None
 ) -> TestRun | StartFailure:
     config = GroupConfig(world_size=spec.world_size, backend=spec.backend, init=spec.init, pg_timeout=600)
-    return pool.run(
-        spec, RunItem(test_id), lambda: config, keep=keep, follow=RunItem(follow) if follow is not None else None
-    )
+    following = RunItem(follow) if follow is not None else None
+    return pool.run(spec, RunItem(test_id), lambda: config, keep=keep, follow=following)
 
 
 def passed(result: TestRun | StartFailure) -> TestRun:
@@ -318,7 +322,8 @@ def test_a_stopped_test_dumps_the_busy_ranks_stacks_and_kills_the_group() -> Non
     pool = fleet.pool()
     result = run(pool, "hangs")
     assert isinstance(result, TestRun)
-    assert (result.verdict.status, result.verdict.kind, result.verdict.culprits) == ("deadlock", "partial", [0])
+    verdict = result.verdict
+    assert (verdict.status, verdict.kind, verdict.culprits) == ("deadlock", "partial", [0])
     assert result.stacks == {1: "stack of rank 1\n"}
     assert result.states[1].peak_rss == 1 << 20
     assert fleet.groups[0].log == ["start", "begin hangs", "kill", "stop"]
@@ -357,7 +362,9 @@ def test_the_next_test_is_handed_over_after_a_clean_pass() -> None:
     [(fails, True), (rank1_dies, False), (rank1_blocks_alone, False)],
     ids=["ordinary failure", "a rank died", "deadlock"],
 )
-def test_the_next_test_is_not_handed_over_after_a_failure(script: Callable[[int], Ending], kept: bool) -> None:
+def test_the_next_test_is_not_handed_over_after_a_failure(
+    script: Callable[[int], Ending], kept: bool
+) -> None:
     fleet = Fleet(endings={"t1": script})
     pool = fleet.pool()
     result = run(pool, "t1", follow="t2")
@@ -391,12 +398,16 @@ def standing(alive: bool = True) -> FakeGroup:
     return group
 
 
-def made_run(states: list[RankState], verdict: Verdict | None = None, spec: RankSpec = SPEC, **fields: Any) -> TestRun:
+def made_run(
+    states: list[RankState], verdict: Verdict | None = None, spec: RankSpec = SPEC, **fields: Any
+) -> TestRun:
     """A TestRun of these states, judged by the watchdog unless a verdict is given."""
     if verdict is None:
         snapshot = Snapshot(now=time.time(), started=time.time(), timeout=60, grace=2, ranks=states)
         verdict = watchdog.judge(snapshot)
-    return TestRun(test_id="t", spec=spec, states=states, verdict=verdict, elapsed=0.1, ended=time.time(), **fields)
+    return TestRun(
+        test_id="t", spec=spec, states=states, verdict=verdict, elapsed=0.1, ended=time.time(), **fields
+    )
 
 
 
@@ -431,18 +442,24 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
         (lambda: made_run(states_of(passes)), standing(alive=False)),
         (lambda: made_run(states_of(passes), spec=dataclasses.replace(SPEC, isolated=True)), standing()),
         (
-            lambda: made_run(states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]),
+            lambda: made_run(
+                states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]
+            ),
             standing(),
         ),
         (
-            lambda: made_run(states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]),
+            lambda: made_run(
+                states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]
+            ),
             standing(),
         ),
         (lambda: made_run(states_of(with_done(group_intact=False)), spec=MPI_SPEC), standing()),
         (lambda: made_run(states_of(with_done(in_flight=[{"i": 0, "err": "Timed out"}]))), standing()),
         (lambda: made_run(states_of(with_calls(collective(0, outcome="raised")))), standing()),
         (
-            lambda: made_run(states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")),
+            lambda: made_run(
+                states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")
+            ),
             standing(),
         ),
         (lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0))), spec=MPI_SPEC), standing()),
@@ -483,9 +500,13 @@ class Merge:
         self.item = request.node
         self.config = request.config
 
-    def report(self, when: str, outcome: str, longrepr: Any = None, wasxfail: str | None = None) -> list[Event]:
+    def report(
+        self, when: str, outcome: str, longrepr: Any = None, wasxfail: str | None = None
+    ) -> list[Event]:
         """A phase on one rank, as the rank writes it: the serialized pytest report."""
-        rep = pytest.TestReport(self.item.nodeid, self.item.location, {}, outcome, longrepr, when)  # type: ignore[arg-type]
+        item = self.item
+        location = item.location
+        rep = pytest.TestReport(item.nodeid, location, {}, outcome, longrepr, when)  # type: ignore[arg-type]
         if wasxfail is not None:
             rep.wasxfail = wasxfail  # type: ignore[attr-defined]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=rep)

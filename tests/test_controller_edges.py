@@ -86,7 +86,9 @@ def test_ddp_shared_path_outside_a_ddp_test_says_so(ddp_pytester) -> None:
         """
     )
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*"])
+    result.stdout.fnmatch_lines(
+        ["*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*"]
+    )
 
 
 BROKEN_MODULE_FIXTURE = """
@@ -159,7 +161,8 @@ def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pyteste
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_a*",
-        "the ranks failed in the teardown of the fixtures they still held when their group was stopped [[]ddp failed*]",
+        "the ranks failed in the teardown of the fixtures they still held when their group was stopped "
+        "[[]ddp failed*]",
         "*ranks 0, 1: failed*",
         "E       RuntimeError: module teardown broke",
         "*RuntimeError (in teardown)",
@@ -229,10 +232,15 @@ def resource(rank):
 # that say so (fnmatch patterns, in order) under "rank 1: failed".
 HELD = "the teardown of the fixtures it still held when its group was stopped"
 ENDINGS = [
-    pytest.param("os._exit(3)", [f"died (exit code 3) during {HELD}", "its stderr:", "rank 1 tears*"], id="exit"),
+    pytest.param(
+        "os._exit(3)", [f"died (exit code 3) during {HELD}", "its stderr:", "rank 1 tears*"], id="exit"
+    ),
     pytest.param(
         "os.kill(os.getpid(), signal.SIGSEGV)",
-        [f"died (killed by SIGSEGV) during {HELD}", "its stderr:", "rank 1 tears*", "Fatal Python error: Segm*"],
+        [
+            f"died (killed by SIGSEGV) during {HELD}", "its stderr:", "rank 1 tears*",
+            "Fatal Python error: Segm*",
+        ],
         id="sigsegv",
     ),
     pytest.param(
@@ -264,7 +272,9 @@ def pytest_unconfigure(config):
 
 
 @pytest.mark.parametrize("ending, said", ENDINGS)
-def test_a_rank_that_ends_in_a_stopped_groups_teardown_is_an_error_naming_it(ddp_pytester, ending, said) -> None:
+def test_a_rank_that_ends_in_a_stopped_groups_teardown_is_an_error_naming_it(
+    ddp_pytester, ending, said
+) -> None:
     ddp_pytester.pytester.makeconftest(SHORT_STOP_WAIT)
     result = ddp_pytester.run(ending_module_fixture(ending) + EVICTING_TEST_A, "--ddp-max-groups=1")
     result.assert_outcomes(passed=3, errors=1)
@@ -293,7 +303,8 @@ def test_a_rank_that_ends_in_the_teardown_at_the_stop_right_after_a_test_is_that
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_a*",
-            "the ranks failed in the teardown of the fixtures they still held when their group was stopped [[]ddp*]",
+            "the ranks failed in the teardown of the fixtures they still held when their group was stopped "
+            "[[]ddp*]",
             "*rank 1: failed*",
             *said,
         ]
@@ -320,11 +331,14 @@ def test_a(rank, resource):
 def test_session_end_survives_the_wire() -> None:
     from pytest_ddp.common.protocol import SessionEnd, decode, encode
 
-    for event in (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5)):
+    ends = (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5))
+    for event in ends:
         assert decode(encode(event)) == event
 
 
-def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(ddp_pytester, tmp_path) -> None:
+def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(
+    ddp_pytester, tmp_path
+) -> None:
     ddp_pytester.pytester.makeconftest(
         """
         import json
@@ -366,13 +380,17 @@ def _failed_run(summary: str):
     from pytest_ddp.groups.runner import TestRun
 
     verdict = Verdict("done", "failed", culprits=[0, 1], summary=summary)
-    return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), [RankState(0), RankState(1)], verdict, 1.0, 1.0)
+    states = [RankState(0), RankState(1)]
+    return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), states, verdict, 1.0, 1.0)
 
 
 def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
     from pytest_ddp.report.failure import HEADLINE_LIMIT, failure_text
 
-    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:29500"
+    gloo = (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [::1]:29500"
+    )
     summary = "ranks 0, 1 raised:\n" + "\n".join(f"rank {r}: {gloo}" for r in range(8))
     text = failure_text(_failed_run(summary), {}, "t.py")
     first, blank, *rest = text.splitlines()
@@ -398,7 +416,8 @@ def test_a_dead_ranks_stderr_keeps_the_fatal_error_and_the_tests_frames() -> Non
 
     stderr = "\n".join(
         [f"warning {i}" for i in range(50)]
-        + ["terminate called after throwing an instance of 'gloo::IoException'", "Fatal Python error: Aborted", "",
+        + ["terminate called after throwing an instance of 'gloo::IoException'",
+           "Fatal Python error: Aborted", "",
            "Current thread 0x00007f53ff842b80 (most recent call first):",
            '  File "/src/test_ab.py", line 3 in helper', '  File "/src/test_ab.py", line 7 in test_abort']
         + [HARNESS.format(name) for name in ["_pytest/python", "pluggy/_execution"] * 30]
@@ -462,7 +481,9 @@ def _start_failure(error: str):
 def test_a_start_failures_first_line_is_its_headline_once() -> None:
     from pytest_ddp.report.failure import start_failure_text
 
-    failure = _start_failure("rank 1 could not start:\nTraceback (most recent call last):\nImportError: no torch\n")
+    failure = _start_failure(
+        "rank 1 could not start:\nTraceback (most recent call last):\nImportError: no torch\n"
+    )
     assert start_failure_text(failure).splitlines() == [
         "ddp: rank 1 could not start",
         "",

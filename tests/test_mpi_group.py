@@ -204,7 +204,10 @@ def test_comm_fixture_outside_mpi_tests_says_why(together: Together) -> None:
 @pytest.mark.parametrize(
     "launcher, outcome, message",
     [
-        ("/nowhere/mpiexec -v", {"skipped": 1}, "*launcher '/nowhere/mpiexec' (--ddp-mpi-launcher) is not found*"),
+        (
+            "/nowhere/mpiexec -v", {"skipped": 1},
+            "*launcher '/nowhere/mpiexec' (--ddp-mpi-launcher) is not found*",
+        ),
         ("false", {"errors": 1}, "*the MPI launcher exited (1) before every rank started*"),
     ],
     ids=["missing: skipped", "fails: an error"],
@@ -276,7 +279,9 @@ def mpi_controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
 
 
 @pytest.mark.parametrize("how", MPI_SIGNALS, ids=lambda s: s.name)
-def test_no_mpi_process_outlives_its_controller(mpi_controllers: dict[str, Controller], how: signal.Signals) -> None:
+def test_no_mpi_process_outlives_its_controller(
+    mpi_controllers: dict[str, Controller], how: signal.Signals
+) -> None:
     """Ranks, their stand-ins and the launcher all go with the controller, however it ends;
     after Ctrl-C the world's shared memory goes too."""
     controller = mpi_controllers[how.name]
@@ -345,10 +350,13 @@ OVERLAY_TMP = (
 def _can_overlay_tmp() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare") or not Path("/mnt").is_dir():
         return False
-    return subprocess.run(["unshare", "--mount", "sh", "-c", OVERLAY_TMP], capture_output=True).returncode == 0
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", OVERLAY_TMP], capture_output=True)
+    return done.returncode == 0
 
 
-@pytest.mark.skipif(not _can_make_network_namespaces(), reason="needs root, unshare and ip for a network namespace")
+@pytest.mark.skipif(
+    not _can_make_network_namespaces(), reason="needs root, unshare and ip for a network namespace"
+)
 @pytest.mark.skipif(not _can_overlay_tmp(), reason="cannot mount an overlay of /tmp on layers in /mnt")
 @pytest.mark.skipif(not HYDRA.exists(), reason="no MPICH mpiexec (hydra) beside this Python")
 def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytester) -> None:
@@ -380,7 +388,8 @@ def test_hydra_launcher_in_a_network_namespace_of_its_own(pytester: pytest.Pytes
     )
     result = pytester.run("unshare", "--net", "--mount", "sh", "-c", script, timeout=120)
     result.stdout.fnmatch_lines(["*rank 1 died (killed by SIGKILL)*", "*1 failed, 1 passed*"])
-    assert [line for line in result.outlines if line.startswith("new in /tmp:")] == ["new in /tmp:"], result.outlines
+    new = [line for line in result.outlines if line.startswith("new in /tmp:")]
+    assert new == ["new in /tmp:"], result.outlines
     namespace = next(line.split()[1] for line in result.outlines if line.startswith("namespace "))
     wait_for(lambda: not _processes_in(namespace), "every process of the namespace to end", limit=10)
 
@@ -411,7 +420,9 @@ def _processes_in(namespace: str) -> list[int]:
         ("", True, []),
     ],
 )
-def test_open_mpis_launcher_gets_the_options_a_tests_world_needs(version: str, root: bool, options: list[str]) -> None:
+def test_open_mpis_launcher_gets_the_options_a_tests_world_needs(
+    version: str, root: bool, options: list[str]
+) -> None:
     from pytest_ddp.groups.mpi_group import open_mpi_options
 
     assert open_mpi_options(version, root) == options

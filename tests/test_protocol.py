@@ -45,7 +45,10 @@ RECORDS: list[protocol.Record] = [
     PhaseStart("setup", time=1.5),
     Report("call", "failed", 0.25, {"longrepr": "boom"}, time=1.5),
     Report("call", "passed", 0.25, time=1.5),
-    Done(group_intact=False, in_flight=[{"i": 0, "err": "not complete"}], peak_rss=1 << 20, peak_cuda=None, time=1.5),
+    Done(
+        group_intact=False, in_flight=[{"i": 0, "err": "not complete"}], peak_rss=1 << 20, peak_cuda=None,
+        time=1.5,
+    ),
     CallEvent(
         index=3, op="broadcast", group="g1", group_ranks=[0, 2], seq=2, site="t.py:9", shapes=[[2, 3]],
         dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True, extra={"via": "ddp"}, time=1.5,
@@ -85,7 +88,10 @@ def test_a_line_cut_short_is_a_fatal_event_and_the_lines_around_it_are_read() ->
 
 @pytest.mark.parametrize(
     "line",
-    [b'{"e":"gossip","t":1.0}', b'{"cmd":"reboot"}', b'{"id":"t.py::test_a"}', b'{"e":"test","t":1.0}', b"[1]"],
+    [
+        b'{"e":"gossip","t":1.0}', b'{"cmd":"reboot"}', b'{"id":"t.py::test_a"}', b'{"e":"test","t":1.0}',
+        b"[1]",
+    ],
     ids=["unknown event", "unknown command", "no kind", "missing key", "not an object"],
 )
 def test_what_is_not_a_known_record_is_refused(line: bytes) -> None:
@@ -115,12 +121,16 @@ ROLE = protocol.RankRole(
     store_port=29500, local_rank=1,
 )
 START = protocol.RankStart(
-    role=ROLE, events="/g/rank1.events", stdout="/g/rank1.stdout", stderr="/g/rank1.stderr", dump="/g/rank1.dump",
-    env={"PATH": "/bin"}, cwd="/w", pytest_args=["t.py::test_a", "-p", "x"], sys_path=[], basetemp="/g/rank1.tmp",
+    role=ROLE, events="/g/rank1.events", stdout="/g/rank1.stdout", stderr="/g/rank1.stderr",
+    dump="/g/rank1.dump", env={"PATH": "/bin"}, cwd="/w", pytest_args=["t.py::test_a", "-p", "x"],
+    sys_path=[], basetemp="/g/rank1.tmp",
 )
 
 
-@pytest.mark.parametrize("start", [START, dataclasses.replace(START, role=dataclasses.replace(ROLE, store_port=None))])
+NO_STORE = dataclasses.replace(START, role=dataclasses.replace(ROLE, store_port=None))  # an MPI rank's
+
+
+@pytest.mark.parametrize("start", [START, NO_STORE])
 def test_a_ranks_start_survives_its_file(start: protocol.RankStart) -> None:
     assert protocol.RankStart.from_json(start.to_json()) == start
     assert protocol.RankRole.from_dict(json.loads(json.dumps(start.role.to_dict()))) == start.role
@@ -130,19 +140,27 @@ def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != key}
 
 
+def _role_with(**fields: Any) -> dict[str, Any]:
+    """START's dict, its role's ``fields`` replaced."""
+    return {**START.to_dict(), "role": {**ROLE.to_dict(), **fields}}
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         (_without(START.to_dict(), "cwd"), "a rank's start without ['cwd']"),
         ({**START.to_dict(), "log_capture": True}, "a rank's start with unknown keys ['log_capture']"),
         ({**START.to_dict(), "role": _without(ROLE.to_dict(), "rank")}, "a rank's role without ['rank']"),
-        ({**START.to_dict(), "role": {**ROLE.to_dict(), "rank": "1"}}, "a rank's role whose 'rank' is not int"),
-        ({**START.to_dict(), "role": {**ROLE.to_dict(), "init": 1}}, "a rank's role whose 'init' is not bool"),
+        (_role_with(rank="1"), "a rank's role whose 'rank' is not int"),
+        (_role_with(init=1), "a rank's role whose 'init' is not bool"),
         ({**START.to_dict(), "env": {"PATH": 1}}, "a rank's start whose 'env' is not dict[str, str]"),
         ({**START.to_dict(), "role": None}, "a rank's role: not a JSON object"),
         ([START.to_dict()], "a rank's start: not a JSON object"),
     ],
-    ids=["missing", "unknown", "role missing", "role's type", "a number for a bool", "env", "no role", "a list"],
+    ids=[
+        "missing", "unknown", "role missing", "role's type", "a number for a bool", "env", "no role",
+        "a list",
+    ],
 )
 def test_a_ranks_start_that_is_not_one_field_for_field_is_refused(data: Any, message: str) -> None:
     with pytest.raises(ProtocolError) as refused:
@@ -158,7 +176,8 @@ def test_a_start_file_that_is_not_json_is_refused() -> None:
 def test_a_host_is_started_with_a_ranks_role_or_refuses_the_message() -> None:
     frame = hp.encode(hp.Start(2, ROLE, {"RANK": "1"}, ["t.py::test_a"]))
     assert hp.decode(frame) == hp.Start(2, ROLE, {"RANK": "1"}, ["t.py::test_a"])
-    with pytest.raises(ProtocolError, match=r"a malformed start message: .* \(a rank's role whose 'rank' is not int"):
+    refusal = r"a malformed start message: .* \(a rank's role whose 'rank' is not int"
+    with pytest.raises(ProtocolError, match=refusal):
         hp.decode(frame.replace(b'"rank": 1', b'"rank": "1"'))
 
 
@@ -171,12 +190,14 @@ def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -
     # The body as the recorder builds it for an async broadcast on a subgroup.
     body = (
         '"op":"broadcast","group":"g1","ranks":[0,2],"site":"t.py:9","t":1.5,'
-        '"shapes":[[2,3]],"dtypes":["torch.float32"],"devices":["cpu"],"root":2,"async":true,"extra":{"via":"ddp"}'
+        '"shapes":[[2,3]],"dtypes":["torch.float32"],"devices":["cpu"],"root":2,"async":true,'
+        '"extra":{"via":"ddp"}'
     )
     numbers.write_call(log, body, ("g1",))
     numbers.write_call(log, '"op":"send_object_list","group":"WORLD","ranks":[0,1],"site":"t.py:12","t":1.75,'
                        '"peer":1,"obj_type":"dict","obj_size":120', ("WORLD", "send", 1))
-    numbers.write_call(log, '"op":"all_reduce","group":"WORLD","ranks":[0,1],"site":"t.py:14","t":2.0', ("WORLD",))
+    all_reduce = '"op":"all_reduce","group":"WORLD","ranks":[0,1],"site":"t.py:14","t":2.0'
+    numbers.write_call(log, all_reduce, ("WORLD",))
     numbering.write_ret(log, 0, None)
     numbering.write_ret(log, 1, TypeError("cannot pickle"))
     numbering.write_ret(log, 2, ValueError("complex"), before_backend=True)
@@ -190,8 +211,9 @@ def test_the_recorders_lines_decode_into_the_calls_it_recorded(tmp_path: Path) -
     for event in EventReader(str(tmp_path / "events")).read_new():
         state.apply(event)
     broadcast = Call(
-        index=0, op="broadcast", group="g1", group_ranks=(0, 2), seq=1, site="t.py:9", enter=1.5, shapes=[[2, 3]],
-        dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True, extra={"via": "ddp"},
+        index=0, op="broadcast", group="g1", group_ranks=(0, 2), seq=1, site="t.py:9", enter=1.5,
+        shapes=[[2, 3]], dtypes=["torch.float32"], devices=["cpu"], root=2, is_async=True,
+        extra={"via": "ddp"},
     )
     send = Call(
         index=1, op="send_object_list", group="WORLD", group_ranks=(0, 1), seq=1, site="t.py:12", enter=1.75,
@@ -231,7 +253,8 @@ def test_a_rank_runs_the_commands_of_its_mode_until_stop(rank_channel: tuple[Cha
     channel, controller = rank_channel
     for command in (RunItem("t.py::test_a", "t.py::test_b"), RunItem("t.py::test_b"), Stop()):
         controller.send_bytes(protocol.encode(command))
-    assert list(channel.commands(RunItem)) == [RunItem("t.py::test_a", "t.py::test_b"), RunItem("t.py::test_b")]
+    expected = [RunItem("t.py::test_a", "t.py::test_b"), RunItem("t.py::test_b")]
+    assert list(channel.commands(RunItem)) == expected
 
 
 def test_a_rank_ends_when_the_controller_closes_the_pipe(rank_channel: tuple[Channel, Any]) -> None:

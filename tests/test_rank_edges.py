@@ -249,7 +249,10 @@ def test_merged_warnings_group_by_text_place_and_test():
         s = RankState(rank)
         s.warnings = [
             WarningRecorded(
-                {"message": m, "category": "builtins:UserWarning", "filename": "t.py", "lineno": 3, "line": None},
+                {
+                    "message": m, "category": "builtins:UserWarning", "filename": "t.py", "lineno": 3,
+                    "line": None,
+                },
                 "t.py::a",
             )
             for m in messages
@@ -319,11 +322,13 @@ for step in (["torch.distributed._functional_collectives"], PRELOAD, ["torch.dis
 
 
 def test_the_forkserver_preloads_no_module_that_holds_what_the_recorder_wraps():
-    done = subprocess.run([sys.executable, "-c", BOUND_ORIGINALS], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-c", BOUND_ORIGINALS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     torchs_own, preloaded, with_dtensor = (set(line.split()) for line in done.stdout.splitlines())
     assert preloaded - torchs_own == set()  # the steps add up: only what the preload adds
-    assert "torch.distributed.tensor._collective_utils.scatter" in with_dtensor - preloaded  # the scan sees it
+    # the scan sees it
+    assert "torch.distributed.tensor._collective_utils.scatter" in with_dtensor - preloaded
 
 
 def test_ranks_find_the_entry_point_plugins_the_forkserver_imported(ddp_pytester):

@@ -61,7 +61,10 @@ def test_hang_costs_one_test_and_the_next_gets_fresh_ranks(ddp_pytester) -> None
     )
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
-        ["*test_before PASSED*", "*test_hangs FAILED*", "*test_after PASSED*", "*3 tests on 2 rank groups started*"]
+        [
+            "*test_before PASSED*", "*test_hangs FAILED*", "*test_after PASSED*",
+            "*3 tests on 2 rank groups started*",
+        ]
     )
 
 
@@ -337,7 +340,8 @@ def test_a_tests_subgroups_are_named_the_same_whatever_ran_before(ddp_pytester, 
     result.assert_outcomes(passed=1, failed=1)
     import json
 
-    [report] = [json.loads(p.read_text()) for p in report_dir.glob("*.json") if not p.name.endswith(".trace.json")]
+    reports = [p for p in report_dir.glob("*.json") if not p.name.endswith(".trace.json")]
+    [report] = [json.loads(p.read_text()) for p in reports]
     waiting = report["ranks"][0]["calls"][-1]
     assert (waiting["op"], waiting["group"], waiting["seq"]) == ("all_reduce", "1", 1)
     assert "all_reduce #1 on group 1 [0, 1]" in report["summary"]
