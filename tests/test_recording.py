@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 import pytest_ddp
 from conftest import line_of
+from pytest_ddp.common.event_log import EventLog, EventReader
+from pytest_ddp.common.protocol import RetEvent, WaitEvent
 from pytest_ddp.record import numbering, recorder, state
 
 
@@ -141,6 +143,28 @@ def test_an_asynchronous_calls_ret_is_written_when_its_wait_returns_or_its_work_
     assert "peer gone" in lines.events[-1]["err"]
     assert not pending.sweep(waited=0)  # its wait returned: done, whatever the work says
     assert rets(lines)[-1] == (0, True)
+
+
+def test_the_wait_and_ret_lines_read_back_as_the_events_written(tmp_path: Path) -> None:
+    """numbering's writers, the only ones of these lines: a wait, a ret, a failed one, and an MPI
+    receive's that says which message it got (its source where known, and its tag)."""
+    log = EventLog(str(tmp_path / "events"))
+    numbering.write_wait(log, 0)
+    numbering.write_ret(log, 0)
+    numbering.write_ret(log, 1, RuntimeError("peer gone"), before_backend=True)
+    numbering.write_ret(log, 2, source=3, tag=7)
+    numbering.write_ret(log, 3, tag=5)
+    log.close()
+    events = EventReader(str(tmp_path / "events")).read_new()
+    assert [type(event) for event in events] == [WaitEvent] + [RetEvent] * 4
+    assert all(event.time > 0 for event in events)
+    rets = [event for event in events if isinstance(event, RetEvent)]
+    assert [(e.index, e.ok, e.error, e.before_backend, e.source, e.tag) for e in rets] == [
+        (0, True, None, False, None, None),
+        (1, False, "RuntimeError: peer gone", True, None, None),
+        (2, True, None, False, 3, 7),
+        (3, True, None, False, None, 5),
+    ]
 
 
 def test_work_without_a_future_is_not_left_pending(lines: Lines) -> None:
