@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import stat
 import threading
@@ -25,7 +26,9 @@ from pytest_ddp.common.handshake import (
     own_user,
     prove,
 )
-from pytest_ddp.launched.link import HEADER, Incoming, Link, LinkError, answer_challenge
+from pytest_ddp.launched.launch import Launch, LaunchError
+from pytest_ddp.launched.link import HEADER, Incoming, Link, LinkError, answer_challenge, connect
+from pytest_ddp.launched.secret import SECRET_ENV, remove_files, session_files
 
 KEY = b"k" * 64
 NOBODY = 65534
@@ -249,6 +252,36 @@ def test_a_peer_of_another_user_is_refused() -> None:
             sock.close()
         finally:
             os.waitpid(child, 0)
+
+
+@as_root
+def test_a_host_refuses_a_listener_of_another_user() -> None:
+    """What listens where rank 0's pytest should, on one node, runs as another user: the host says so
+    before it reads or sends anything of the secret."""
+    launch = Launch("torchrun", 1, 2, 1, 0, 1, f"test-handshake-{os.getpid()}", None, None)
+    env = {SECRET_ENV: "the session's"}
+    files = session_files(launch, env)
+    secret.private_folder(files.folder)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(files.socket))  # bound by this user; the kernel's credentials are listen()'s
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            listener.listen(1)
+            signal.pause()  # until killed
+        finally:
+            os._exit(0)
+    listener.close()
+    try:
+        with pytest.raises(LaunchError, match=f"is not this user's: process {child} runs as user {NOBODY}"):
+            connect(launch, 30, env)  # tried until the child listens
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        remove_files(files)
 
 
 def test_a_peer_of_this_user_is_its_process() -> None:
