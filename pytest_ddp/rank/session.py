@@ -19,8 +19,16 @@ import _pytest.config
 import pytest
 
 from pytest_ddp import faults
-from pytest_ddp.common.protocol import PhaseStart, Ready, Report, RunItem, SessionEnd, TestStart, WarningRecorded
-from pytest_ddp.rank import default_group, leftovers, log_capture
+from pytest_ddp.common.protocol import (
+    PhaseStart,
+    Ready,
+    Report,
+    RunItem,
+    SessionEnd,
+    TestStart,
+    WarningRecorded,
+)
+from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
 from pytest_ddp.rank.context import rank_context
 from pytest_ddp.rank.tracebacks import shorten_library_frames
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
     from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
 
     from pytest_ddp.common.protocol import RankStart
+
 
 class LeftoverProcessWarning(pytest.PytestWarning):
     """A test left processes running in its rank; the rank ended them."""
@@ -93,7 +102,6 @@ class RankSession:
         if reporter is not None:
             devnull = open(os.devnull, "w")  # noqa: SIM115 - the writer keeps it for the rank's life
             reporter._tw = _pytest.config.create_terminal_writer(config, devnull)
-        log_capture.install(config)
 
     def pytest_collection_modifyitems(self, items: list[Any]) -> None:
         for item in items:
@@ -127,11 +135,19 @@ class RankSession:
             # torn down, and some (pytest-benchmark) read its funcargs, None by now, and raise.
             report = pytest.TestReport.from_item_and_call(last, call)
             hook = self.config.hook
-            data = None if report.passed else hook.pytest_report_to_serializable(config=self.config, report=report)
+            data = None
+            if not report.passed:
+                data = hook.pytest_report_to_serializable(config=self.config, report=report)
             self.channel.event(SessionEnd(report.outcome, report.duration, data), wake=True)
         return True
 
-    def _run(self, items: dict[str, Any], environment: SavedEnvironment, nodeid: str, next_nodeid: str | None) -> None:
+    def _run(
+        self,
+        items: dict[str, Any],
+        environment: SavedEnvironment,
+        nodeid: str,
+        next_nodeid: str | None,
+    ) -> None:
         start_test()
         environment.restore()
         self.channel.event(TestStart(nodeid))
@@ -200,7 +216,8 @@ class RankSession:
         """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
         controller, told in the done event, ends the session as plain pytest would."""
         if isinstance(exc, KeyboardInterrupt):
-            self.interrupted = {"kind": "KeyboardInterrupt", "reason": "KeyboardInterrupt", "returncode": None}
+            reason = "KeyboardInterrupt"
+            self.interrupted = {"kind": reason, "reason": reason, "returncode": None}
             pytest.fail("KeyboardInterrupt", pytrace=False)
         self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
         pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)
@@ -223,9 +240,8 @@ class RankSession:
         data = None
         # A plain pass carries nothing beyond outcome and duration: skip serializing
         # it (a large share of a warm test's cost in the rank).
-        plain_pass = (
-            report.passed and not report.sections and not report.user_properties and not hasattr(report, "wasxfail")
-        )
+        plain_pass = report.passed and not report.sections and not report.user_properties
+        plain_pass = plain_pass and not hasattr(report, "wasxfail")
         if not plain_pass:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.channel.event(Report(report.when, report.outcome, report.duration, data), wake=report.failed)
