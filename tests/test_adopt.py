@@ -10,6 +10,7 @@ reading its file's part: a session each would import torch and start a forkserve
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +18,17 @@ from pathlib import Path
 import pytest
 
 from conftest import Session, failure_section, line_of, sessions_together
+from pytest_ddp.adopt.spawned_logging import as_in_a_spawned_process
 from pytest_ddp.adopt.verdict import Verdict, continuous_test, process_test
 
 PROCESS_CLASSES = """
+import logging
 import sys
 import unittest
 
 import torch
 import torch.distributed as dist
+from torch.distributed.c10d_logger import _c10d_logger
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.testing._internal.common_device_type import instantiate_device_type_tests
 from torch.testing._internal.common_distributed import (
@@ -35,6 +39,10 @@ from torch.testing._internal.common_distributed import (
 )
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
+
+OWN = logging.getLogger("own")  # a logger of the test's own that does not propagate
+OWN.propagate = False
+OWN.addHandler(logging.NullHandler())
 
 
 class Collectives(MultiProcessTestCase):
@@ -110,6 +118,11 @@ class Collectives(MultiProcessTestCase):
         self.assertEqual(t.item(), 2.0)
         dist.destroy_process_group()
 
+    def test_non_propagating_loggers_hold_their_own_handlers(self):
+        # as torch's test_c10d_logger.py's test_get_or_create_logger asserts of c10d's
+        self.assertEqual([type(handler) for handler in _c10d_logger.handlers], [logging.NullHandler])
+        self.assertEqual([type(handler) for handler in OWN.handlers], [logging.NullHandler])
+
 
 instantiate_parametrized_tests(Collectives)
 
@@ -153,10 +166,12 @@ instantiate_device_type_tests(Objects, globals(), only_for="cpu")
 """
 
 CONTINUOUS_CLASS = """
+import logging
 import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.c10d_logger import _c10d_logger
 from torch.testing._internal.common_distributed import MultiProcContinuousTest
 
 
@@ -193,6 +208,9 @@ class Continuous(MultiProcContinuousTest):
     def test_d_skip_test_in_a_worker(self):  # torch's worker loop sends a SkipTest as an error
         self.skipTest("not here")
 
+    def test_e_loggers_as_in_a_worker(self):  # a spawned worker: c10d's logger holds its own handler alone
+        self.assertEqual([type(handler) for handler in _c10d_logger.handlers], [logging.NullHandler])
+
 
 def test_after_the_class():  # its group was ended with the class
     assert not dist.is_initialized()
@@ -215,6 +233,7 @@ TORCH_OUTCOMES = {
     "test_process_classes.py::Collectives::test_rank0_exits_3": "FAILED",
     "test_process_classes.py::Collectives::test_rank1_exits_3": "PASSED",
     "test_process_classes.py::Collectives::test_subgroup_and_destroy": "PASSED",
+    "test_process_classes.py::Collectives::test_non_propagating_loggers_hold_their_own_handlers": "PASSED",
     "test_process_classes.py::Tensors::test_shard_and_gather": "PASSED",
     "test_process_classes.py::Tensors::test_replicate": "PASSED",
     "test_process_classes.py::Tensors::test_wrong_shape": "FAILED",
@@ -330,11 +349,12 @@ def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(ado
         "test_continuous.py::Continuous::test_b_fails": "FAILED",
         "test_continuous.py::Continuous::test_c_after_a_failure": "PASSED",
         "test_continuous.py::Continuous::test_d_skip_test_in_a_worker": "FAILED",
+        "test_continuous.py::Continuous::test_e_loggers_as_in_a_worker": "PASSED",
         "test_continuous.py::test_after_the_class": "PASSED",
     }
     assert (adopted.log_dir / "opts0").read_text() == (adopted.log_dir / "opts1").read_text() == "x"
     failure_section(adopted.result, "Continuous.test_b_fails").fnmatch_lines(["*rank 1 failed*"])
-    adopted.ran_on_one_group("test_continuous.py")  # its 4 tests; not test_after_the_class
+    adopted.ran_on_one_group("test_continuous.py")  # its 5 tests; not test_after_the_class
 
 
 def test_one_line_in_the_ini_file_adopts(pytester) -> None:
@@ -427,6 +447,29 @@ def test_torchs_own_distributed_mixin_runs_on_warm_ranks_with_torchs_outcomes(ad
 def test_the_mixins_outcomes_are_torch_harness_own(pytester, dist_backend_env) -> None:
     pytester.makepyfile(test_distributed_spawn=DIST_BACKEND_SPAWN)
     assert outcomes(run(pytester, "-p", "no:ddp", "-k", DIST_BACKEND_SELECTION, timeout=1800)) == DIST_BACKEND_OUTCOMES
+
+
+# -- the loggers as torch's spawned process has them, on hand-made loggers ------------------
+
+
+def test_the_root_loggers_handlers_are_off_the_non_propagating_loggers_for_the_block_and_back_after() -> None:
+    root, quiet, loud = logging.getLogger(), logging.getLogger("adopt.quiet"), logging.getLogger("adopt.loud")
+    pytests, own = logging.NullHandler(), logging.NullHandler()  # as pytest's on root, and the logger's own
+    quiet.propagate = False
+    root.addHandler(pytests)
+    quiet.addHandler(own)
+    quiet.addHandler(pytests)
+    loud.addHandler(pytests)  # it propagates: what it holds is its own business
+    try:
+        with as_in_a_spawned_process():
+            assert quiet.handlers == [own]
+            assert pytests in root.handlers and loud.handlers == [pytests]
+        assert quiet.handlers == [own, pytests]
+    finally:
+        root.removeHandler(pytests)
+        quiet.handlers.clear()
+        loud.handlers.clear()
+        quiet.propagate = True
 
 
 # -- torch's main-process verdicts, on hand-made ends ---------------------------------
@@ -655,7 +698,13 @@ ADOPTED_RANK_TESTS = {
     "test_process_classes.py": list(TORCH_OUTCOMES),
     "test_continuous.py": [
         f"test_continuous.py::Continuous::{name}"
-        for name in ("test_a", "test_b_fails", "test_c_after_a_failure", "test_d_skip_test_in_a_worker")
+        for name in (
+            "test_a",
+            "test_b_fails",
+            "test_c_after_a_failure",
+            "test_d_skip_test_in_a_worker",
+            "test_e_loggers_as_in_a_worker",
+        )
     ],
     "test_distributed_spawn.py": list(DIST_BACKEND_OUTCOMES),
     "test_ds.py": list(DEEPSPEED_OUTCOMES),

@@ -33,7 +33,8 @@ def adopt(items: list[pytest.Item], in_rank: bool) -> None:
         kind = None if cls is None else _kind(cls, harness)
         if kind is None or item.get_closest_marker("ddp") is not None:
             continue
-        # Their harnesses do not compare the ranks' collectives (a test may make a rank's time out on purpose).
+        # Their harnesses do not compare the ranks' collectives (a test may make a rank's time out on
+        # purpose).
         world_size = _world_size(item, cls, kind)
         item.add_marker(pytest.mark.ddp(world_size=world_size, init=False, check_collectives=False))
         item.stash[adopted_key] = kind
@@ -56,7 +57,8 @@ def _kind(cls: type, harness: Any) -> str | None:
     if harness is None:
         return None
     process, continuous = harness.MultiProcessTestCase, harness.MultiProcContinuousTest
-    if issubclass(cls, process) and inspect.getattr_static(cls, "join_or_run") is process.__dict__["join_or_run"]:
+    joins = process.__dict__["join_or_run"]
+    if issubclass(cls, process) and inspect.getattr_static(cls, "join_or_run") is joins:
         return "process"
     spawned = continuous.__dict__["_ensure_processes_spawned"]
     if issubclass(cls, continuous) and inspect.getattr_static(cls, "_ensure_processes_spawned") is spawned:

@@ -35,6 +35,7 @@ from typing import Any
 
 from pytest_ddp.adopt import verdict
 from pytest_ddp.adopt.exchange import exchange
+from pytest_ddp.adopt.spawned_logging import as_in_a_spawned_process
 from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
 from pytest_ddp.rank import default_group
 from pytest_ddp.rank.context import rank_context
@@ -129,12 +130,14 @@ def _spawn(self: Any) -> None:
     """Instead of spawning the test's processes: this process is one of them, with the environment
     and the rendezvous file of rank 0's main process."""
     _check_world_size(type(self), int(self.world_size))
-    made = getattr(self, "file_name", None)  # setUp's temporary file, made on every rank here
-    if made and os.path.dirname(made) == tempfile.gettempdir() and os.path.isfile(made) and not os.path.getsize(made):
+    made = getattr(self, "file_name", None) or ""  # setUp's temporary file, made on every rank here
+    in_tmp = os.path.dirname(made) == tempfile.gettempdir() and os.path.isfile(made)
+    if in_tmp and not os.path.getsize(made):
         os.remove(made)
     mine = None
     if rank_context().rank == 0:
-        mine = {"env": {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}, "file": _rendezvous_file()}
+        env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+        mine = {"env": env, "file": _rendezvous_file()}
     [main] = exchange(BROADCAST_OBJECTS, mine, root=0)
     for name in [name for name in os.environ if name not in main["env"] and name not in RANK_VARIABLES]:
         del os.environ[name]
@@ -160,7 +163,9 @@ def _join(self: Any, fn: Any) -> None:
     error: BaseException | None = None
     end: dict[str, Any] = {"end": "ok", "code": 0, "reason": ""}
     try:
-        cls._run(rank, self._current_test_name(), self.file_name, theirs, fake_pg=getattr(self, "fake_pg", False))
+        with as_in_a_spawned_process():
+            fake_pg = getattr(self, "fake_pg", False)
+            cls._run(rank, self._current_test_name(), self.file_name, theirs, fake_pg=fake_pg)
     except SystemExit as exc:
         end, error = _child_end(exc, cls.TEST_ERROR_EXIT_CODE)
     except Exception as exc:  # out of the class's _run, before or after run_test: torch's child dies of it
@@ -220,7 +225,8 @@ class _Worker:
 
         cls = self.cls
         group = getattr(cls, "pg", None)
-        if group is not None and dist.is_initialized() and dist.distributed_c10d._get_default_group() is group:
+        ours = group is not None and dist.is_initialized()
+        if ours and dist.distributed_c10d._get_default_group() is group:
             dist.destroy_process_group()
         cls.pg = None
         cls._processes_spawned = False  # set up again (a rerun), the class joins a group again
@@ -235,7 +241,8 @@ def _join_class_group(cls: Any, world_size: int) -> None:
     [cls.rdvz_file] = exchange(BROADCAST_OBJECTS, _rendezvous_file() if rank == 0 else None, root=0)
     init_skip = None
     try:
-        cls._init_pg(rank, world_size, cls.rdvz_file)
+        with as_in_a_spawned_process():
+            cls._init_pg(rank, world_size, cls.rdvz_file)
     except SystemExit as exc:  # the class's _init_pg found the machine short
         init_skip = _skip_message(exc.code)
         if init_skip is None:
@@ -255,15 +262,18 @@ def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
         if init_skip is not None:
             end = {"end": "skip", "code": 0, "reason": init_skip}
         else:
-            cls._run_test_given_id(test_id)
+            with as_in_a_spawned_process():
+                cls._run_test_given_id(test_id)
     except SystemExit as exc:
         message = _skip_message(exc.code)
-        end = {"end": "skip" if message else "error", "code": exc.code, "reason": message or f"exit code {exc.code}"}
+        reason = message or f"exit code {exc.code}"
+        end = {"end": "skip" if message else "error", "code": exc.code, "reason": reason}
         error = None if message else AdoptedFailure(f"the test exited with code {exc.code}")
     except Exception as exc:
         end, error = {"end": "error", "code": 1, "reason": _first_line(exc)}, exc
         if isinstance(exc, unittest.SkipTest):  # torch's worker loop sends it as an error: the test fails
-            error = AdoptedFailure(f"the test raised SkipTest({exc}), which torch's worker loop sends as an error")
+            text = f"the test raised SkipTest({exc}), which torch's worker loop sends as an error"
+            error = AdoptedFailure(text)
             error.__cause__ = exc
     found = verdict.continuous_test(exchange(GATHER_OBJECTS, end))
     test = getattr(cls, test_id.rsplit(".", 1)[-1], None)

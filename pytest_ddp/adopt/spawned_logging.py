@@ -1,0 +1,38 @@
+"""The loggers as a process torch's harness spawns has them, while a rank runs what that process runs.
+
+pytest's logging plugin (pytest 9.1 on) attaches its handlers (live logging's, the log file's,
+caplog's, the report's) to the root logger and to every logger that does not propagate, whose
+records never reach the root: torch's ``c10d`` logger holds five handlers in a rank, where the
+process torch spawns holds its own NullHandler alone (test_c10d_logger.py's
+``test_get_or_create_logger`` asserts it).  So while a rank runs an adopted test's part of that
+process, the handlers on the root logger are taken off the loggers that do not propagate, and put
+back after.  The root logger keeps them: what reaches it is the test's log in the rank's report,
+as for any ddp test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def as_in_a_spawned_process() -> Iterator[None]:
+    """Each non-propagating logger without the root logger's handlers, until the block ends."""
+    root = logging.getLogger()
+    shared = list(root.handlers)
+    taken: list[tuple[logging.Logger, list[logging.Handler]]] = []
+    for logger in list(root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and not logger.propagate:
+            handlers = [handler for handler in logger.handlers if handler in shared]
+            for handler in handlers:
+                logger.removeHandler(handler)
+            if handlers:
+                taken.append((logger, handlers))
+    try:
+        yield
+    finally:
+        for logger, handlers in taken:
+            for handler in handlers:
+                logger.addHandler(handler)
