@@ -40,7 +40,8 @@ class Controller:
         self.launch = launch
         self.world: LaunchedWorld | None = None
         self.session: pytest.Session | None = None
-        self.admission = Admission(settings, None if launch is None else Launched(launch.world_size, launch.describe()))
+        launched = None if launch is None else Launched(launch.world_size, launch.describe())
+        self.admission = Admission(settings, launched)
         if launch is None:
             self.pool = GroupPool(settings.max_groups)
         else:
@@ -48,7 +49,7 @@ class Controller:
                 world = self.world = LaunchedWorld(launch, GATHER_WAIT)
             except LaunchError as exc:
                 raise pytest.UsageError(f"pytest-ddp: {exc}") from None
-            self.pool = GroupPool(settings.max_groups, lambda group_config: LaunchedGroup(group_config, world))
+            self.pool = GroupPool(settings.max_groups, lambda config: LaunchedGroup(config, world))
         self.runs: list[TestRun | StartFailure] = []
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
@@ -107,9 +108,9 @@ class Controller:
             raise SpecError(f"@pytest.mark.ddp: {exc}") from None
         timeout_marker = item.get_closest_marker("timeout")
         try:
-            timeout_mark = (
-                None if timeout_marker is None else parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
-            )
+            timeout_mark = None
+            if timeout_marker is not None:
+                timeout_mark = parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
         except SpecError as exc:
             # pytest-timeout reads the mark again around the test, and a value it
             # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
@@ -238,16 +239,17 @@ class Controller:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.world is not None:
-            terminalreporter.write_line("ddp: the other ranks' pytest output: " + "; ".join(self.world.logs()))
+            logs = "; ".join(self.world.logs())
+            terminalreporter.write_line(f"ddp: the other ranks' pytest output: {logs}")
         if not self.runs:
             return
-        costs = [
-            run.elapsed + (run.cold_start or 0.0) if isinstance(run, TestRun) else run.elapsed for run in self.runs
-        ]
-        terminalreporter.write_line(
-            f"ddp: {_count(len(self.runs), 'test')} on {_count(self.pool.groups_started, 'rank group')} started; "
-            f"median {statistics.median(costs) * 1000:.0f} ms per test"
-        )
+        costs = []
+        for run in self.runs:
+            cold_start = run.cold_start if isinstance(run, TestRun) else None
+            costs.append(run.elapsed + (cold_start or 0.0))
+        tests, groups = _count(len(self.runs), "test"), _count(self.pool.groups_started, "rank group")
+        median = statistics.median(costs) * 1000
+        terminalreporter.write_line(f"ddp: {tests} on {groups} started; median {median:.0f} ms per test")
 
 
 def _end_session_if_interrupted(run: TestRun) -> None:

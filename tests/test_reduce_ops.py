@@ -12,7 +12,7 @@ import torch.distributed as dist
 from test_mpi_watchdog import done as mpi_done
 from test_watchdog import R4, judge, ok, outline, rank, snap
 
-from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose import mismatches
 from pytest_ddp.diagnose.consistency import compare_sequences
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.verdicts import Verdict
@@ -24,7 +24,7 @@ from pytest_ddp.record.describe import reduction
 
 def after_the_test(states: list[RankState]) -> Verdict | None:
     """What the runner asks once every rank passed but their sequences differ."""
-    return watchdog.finished_mismatch({s.rank: s for s in states})
+    return mismatches.finished_mismatch({s.rank: s for s in states})
 
 
 def test_every_form_of_a_reduce_op_gets_torchs_name() -> None:

@@ -29,17 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_ddp.common import secret
-from pytest_ddp.common.handshake import CONNECTOR, MAX_UNPROVEN, NONCE, HandshakeError, check, prove
-from pytest_ddp.common.procfs import descends_from as descends_from
-from pytest_ddp.common.procfs import environment_of as environment_of
-from pytest_ddp.common.procfs import parent_of as parent_of
-from pytest_ddp.common.procfs import peer_credentials as peer_credentials
+from pytest_ddp.common.handshake import CONNECTOR, MAX_UNPROVEN, HandshakeError, check, prove
 
 KEY_FILE = "mpi.key"
 SOCKET_FILE = "mpi.sock"
 SHARED_MEMORY_FILE = "mpi.shm"
 SHARED_MEMORY = "/dev/shm"
-SECRET_BYTES = NONCE  # of the controller's challenge (the name its callers know)
 HELLO_WAIT = 10.0  # seconds a connection gets to send its hello, and a stand-in to get its challenge
 MAX_MESSAGE = MAX_UNPROVEN  # bytes: a hello is far shorter, and so is what a stand-in is sent
 HEADER = struct.Struct("!i")  # multiprocessing.connection's frame: the length, then the bytes

@@ -45,27 +45,24 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pytest_ddp.common import prctl
+from pytest_ddp.common import prctl, procfs
+from pytest_ddp.common.handshake import NONCE
 from pytest_ddp.common.mpi_world import (
     FD_VARIABLES,
     HEADER,
     HELLO_WAIT,
     MAX_MESSAGE,
-    SECRET_BYTES,
     SHARED_MEMORY,
     SOCKET_FILE,
     Hello,
     at_socket,
-    descends_from,
-    environment_of,
     frame,
-    parent_of,
     parse_hello,
-    peer_credentials,
     remove_shared_memory,
     write_key,
     write_shared_memory,
 )
+from pytest_ddp.common.procfs import descends_from, environment_of, parent_of, peer_credentials
 from pytest_ddp.common.protocol import Command
 from pytest_ddp.groups.group import GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import (
@@ -227,7 +224,7 @@ def _files_in(folder: str) -> set[str]:
 
 def _children(parent: int) -> list[int]:
     """The processes whose parent is ``parent`` (from /proc: they are not ours to wait for)."""
-    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and parent_of(int(e.name)) == parent]
+    return [pid for pid in procfs.pids() if parent_of(pid) == parent]
 
 
 def _wait_gone(pids: list[int], timeout: float | None = None) -> None:
@@ -390,7 +387,7 @@ class MpiGroup(RankGroup):
         except OSError:  # another look took it, or no descriptor is left for it
             return
         pid, uid = peer_credentials(sock)
-        greeting = _Greeting(sock, pid, secrets.token_bytes(SECRET_BYTES), time.monotonic() + HELLO_WAIT)
+        greeting = _Greeting(sock, pid, secrets.token_bytes(NONCE), time.monotonic() + HELLO_WAIT)
         if uid != os.geteuid():
             return self._refuse(greeting, f"process {pid} runs as user {uid}")
         if self._launcher is None or not descends_from(pid, self._launcher.pid):

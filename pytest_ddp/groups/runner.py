@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.common.protocol import CallFunction, RunItem
 from pytest_ddp.config.spec import RankSpec
-from pytest_ddp.diagnose import consistency, watchdog, wording
+from pytest_ddp.diagnose import consistency, mismatches, watchdog, wording
 from pytest_ddp.diagnose.state import RankState, Snapshot
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
 
@@ -181,7 +181,7 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
             # Calls the ranks survived, though they differ: who departed, as the majority says.
             found = None
             if run.sequence_differences:
-                found = watchdog.finished_mismatch({s.rank: s for s in survivors})
+                found = mismatches.finished_mismatch({s.rank: s for s in survivors})
             if found is not None:
                 run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)

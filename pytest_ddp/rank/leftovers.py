@@ -38,10 +38,11 @@ def threads_started_since(before: set[threading.Thread]) -> list[threading.Threa
     """The Python threads alive now that were not alive at ``before``.  Threads started
     outside Python (Gloo's, a backend's callback) are not listed: their dummy entries are
     not the test's."""
+    current = threading.current_thread()
     return [
         t
         for t in threading.enumerate()
-        if t not in before and t is not threading.current_thread() and not isinstance(t, threading._DummyThread)
+        if t not in before and t is not current and not isinstance(t, threading._DummyThread)
     ]
 
 
@@ -207,7 +208,12 @@ class ProcessLedger:
         return ending
 
     def _ending(self, alive: list[int], set_up: set[object]) -> list[int]:
-        return [pid for pid in alive if pid not in self.kept and not (set_up & self.from_setup.get(pid, frozenset()))]
+        ending = []
+        for pid in alive:
+            started_by_live_setup = set_up & self.from_setup.get(pid, frozenset())
+            if pid not in self.kept and not started_by_live_setup:
+                ending.append(pid)
+        return ending
 
 
 @functools.cache

@@ -10,7 +10,8 @@ launcher's descriptors that ``MPI_Init`` talks through.  The controller then for
 its forkserver, where torch and pytest are imported already, as it forks any rank, with the
 stand-in's environment and those descriptors: ``MPI_Init`` in the rank works as if the launcher had
 started it.  A rank the launcher's own Python started would import torch and load pytest's plugins
-itself: about 2.4 s of CPU a rank more, where the forkserver's are paid once a session.  Then the stand-in waits:
+itself: about 2.4 s of CPU a rank more, where the forkserver's are paid once a session.  Then the
+stand-in waits:
 
 - it is told the rank's process, and lingers until the controller says it ends the world.
   Lingering keeps the launcher from killing the other ranks when one dies, as MPICH's launchers do:
@@ -43,13 +44,12 @@ from pytest_ddp.common.mpi_world import (
     HELLO_WAIT,
     MAX_MESSAGE,
     at_socket,
-    descends_from,
     frame,
-    peer_credentials,
     read_key,
     read_shared_memory,
     remove_shared_memory,
 )
+from pytest_ddp.common.procfs import descends_from, peer_credentials
 
 # Where launchers put a process's rank in the world they start (MPICH's PMI, Open MPI, PMIx).
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -88,7 +88,11 @@ class _Unattended:
                     signal.pidfd_send_signal(self.rank, signal.SIGKILL)
                 select.select([self.rank], [], [])
             remove_shared_memory(read_shared_memory(self.folder))
-            if self.link is not None and self.controller is not None and not _ended_by(self.link, self.controller):
+            if (
+                self.link is not None
+                and self.controller is not None
+                and not _ended_by(self.link, self.controller)
+            ):
                 shutil.rmtree(self.folder, ignore_errors=True)
         finally:
             os._exit(1)
@@ -122,7 +126,9 @@ def _connect(folder: str) -> tuple[socket.socket, int]:
     pid, uid = peer_credentials(sock)
     controller = os.pidfd_open(pid)
     if uid != os.geteuid() or not descends_from(os.getpid(), pid):
-        raise RuntimeError(f"the process listening in {folder} ({pid}, user {uid}) is not this world's controller")
+        raise RuntimeError(
+            f"the process listening in {folder} ({pid}, user {uid}) is not this world's controller"
+        )
     return sock, controller
 
 

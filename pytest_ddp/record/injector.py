@@ -93,7 +93,9 @@ def replaced(fault: Fault, recorded: Callable[..., Any], local: Any, args: tuple
         _replacing.active = False
 
 
-def _changed(fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _changed(
+    fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     bound = inspect.signature(recorded).bind(*args, **kwargs)
     name = OPS[fault.at].tensors
     tensor = bound.arguments.get(name) if name else None
@@ -101,7 +103,8 @@ def _changed(fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], 
         if not isinstance(tensor, torch.Tensor):
             raise FaultError(f"{fault}: its {name} is not one tensor ({type(tensor).__name__})")
         dtype = tensor.dtype if fault.dtype is None else getattr(torch, fault.dtype)
-        tensor = torch.zeros(tensor.shape if fault.shape is None else fault.shape, dtype=dtype, device=tensor.device)
+        shape = tensor.shape if fault.shape is None else fault.shape
+        tensor = torch.zeros(shape, dtype=dtype, device=tensor.device)
         bound.arguments[name] = tensor  # type: ignore[index]
     reduction = OPS[fault.at].reduction  # set wherever reduce_op= is accepted (ops.REDUCING)
     if fault.reduce_op is not None and reduction is not None:
