@@ -55,6 +55,8 @@ def test_a_session_that_calls_run_from_a_plain_test_gets_the_sessions_settings(
 
 
 def test_collect_only_of_ddp_tests_starts_nothing(pytester: pytest.Pytester) -> None:
+    """--collect-only lists a ddp test, and the session ends having imported neither torch nor
+    mpi4py, with no child process (no forkserver, no rank)."""
     pytester.makepyfile(
         test_marked="""
         import pytest
@@ -64,5 +66,18 @@ def test_collect_only_of_ddp_tests_starts_nothing(pytester: pytest.Pytester) -> 
             pass
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    pytester.makeconftest(
+        """
+        import os, sys
+        from pytest_ddp.common import procfs
+
+        def pytest_sessionfinish(session):
+            heavy = ("torch", "mpi4py")
+            children = [pid for pid in procfs.pids() if procfs.parent_of(pid) == os.getpid()]
+            imported = [name for name in heavy if name in sys.modules]
+            print(f"at the end: imported {imported}, children {children}")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "-s")
     assert "test_marked.py::test_marked" in result.stdout.str()
+    result.stdout.fnmatch_lines(["at the end: imported [[][]], children [[][]]"])
