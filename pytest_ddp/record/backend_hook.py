@@ -9,22 +9,15 @@ through, also under inference mode and from inside other operations' kernels,
 where the autograd keys are excluded.  The kernel hands the call to the
 recorder, which runs it by redispatching to the tensors' backend kernel.
 
-A Python kernel on a c10d operation is dear: about 8 us of CPU per call in a
-group of one, and 15-20 us on two ranks (the call arrives from C++, its process
-group and options are boxed), even where it only hands the call on, as it does
-for the collectives a recorded torch.distributed function issued.  So:
+A Python kernel on a c10d operation is dear (its process group and options are
+boxed), so:
 
-- The functional collectives (``_c10d_functional::all_reduce``, ...) are
-  recorded at their own operations, which take a tensor and a group's name, a
-  few microseconds each; ``_c10d_functional::wait_tensor``, where their caller
-  blocks, is hooked too.  A functional collective torch added after the table
-  in :data:`pytest_ddp.common.ops.FUNCTIONAL_OPS` arms the c10d kernels instead, and
-  is recorded there; so does every one in a torch whose wait_tensor does not
-  find work registered by another thread (:func:`_waits_across_threads`).
-- The c10d kernels are registered only once a test may issue collectives
-  outside those functions and the functional ones (:func:`arm`): what the
-  recorder arms it for (DDP's constructor and forward, ...), until the test
-  ends (:func:`disarm`).
+- The functional collectives are recorded at their own, cheaper operations,
+  and ``_c10d_functional::wait_tensor``, where their caller blocks, is hooked.
+  One missing from :data:`pytest_ddp.common.ops.FUNCTIONAL_OPS`, or any in a
+  torch whose waits do not cross threads, arms the c10d kernels instead.
+- The c10d kernels are registered only while a test may issue collectives
+  outside those (:func:`arm` to :func:`disarm`).
 
 Every private torch name the plugin relies on is used here and nowhere else.
 Where this torch lacks one, :func:`install` returns False and only the
@@ -44,30 +37,24 @@ import torch.distributed._functional_collectives as _functional_collectives
 
 from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 
-# record(operation, its arguments by schema name, submit) -> what submit() returns
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
-# wait(tensor, run) -> what run() returns: the caller blocks in run() until the collective that
-# produces ``tensor`` is done
+# wait(tensor, run): the caller blocks in run() until the collective producing ``tensor`` is done
 Wait = Callable[[torch.Tensor, Callable[[], Any]], Any]
 
-# The registrations, which live as long as these library objects: the functional collectives'
-# from install on, the c10d operations' from arm() to disarm().
+# The registrations live as long as these library objects.
 _functional_library: Any = None
 _collectives_library: Any = None
 _arm_with: tuple[Record, Recording] | None = None  # what arm() registers the c10d kernels with
 _arming = threading.Lock()
 _traced_as: list[Callable[..., Any]] = []  # what traced_as added to torch.compile's table
-# Functional collectives (``_c10d_functional::``) return before their work is done: the
-# caller blocks later, in wait_tensor.  Not hooked: wait_tensor itself, and a wrapper.
 _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
 class _Functional(threading.local):
-    # The functional collective this thread runs, where it is recorded at the c10d operation it
-    # issues: its name in FUNCTIONAL_OPS, "" where it has none; None while it runs none.
+    # See issued_by_functional().
     running: str | None = None
 
 
@@ -75,9 +62,7 @@ _functional = _Functional()
 
 
 def install(record: Record, record_functional: Record, wait: Wait, recording: Recording) -> bool:
-    """Hook the functional collectives (recorded by ``record_functional``), and be ready to hook
-    every c10d operation (:func:`arm`, recorded by ``record``); False (and nothing hooked) where
-    this torch cannot."""
+    """Hook the functional collectives and be ready to :func:`arm`; False where this torch cannot."""
     global _functional_library, _arm_with
     if _functional_library is not None:
         return True
@@ -92,8 +77,8 @@ def install(record: Record, record_functional: Record, wait: Wait, recording: Re
 
 
 def arm() -> None:
-    """Hook every c10d operation from now on, until :func:`disarm`: collectives may now reach
-    the backend without a recorded function (2-4 ms; nothing once done)."""
+    """Hook every c10d operation until :func:`disarm`: collectives may now reach the backend
+    without a recorded function."""
     global _collectives_library, _arm_with
     if _collectives_library is not None or _arm_with is None:
         return
@@ -106,8 +91,8 @@ def arm() -> None:
 
 
 def disarm() -> None:
-    """Unhook the c10d operations: a new test begins, and arms them again if it needs them (a
-    test after one that built a DDP model would otherwise pay for the hook on every call)."""
+    """Unhook the c10d operations, so that a test after one that armed them pays for the hook only
+    if it needs it."""
     global _collectives_library
     with _arming:
         if _collectives_library is not None:
@@ -121,9 +106,8 @@ def armed() -> bool:
 
 
 def issued_by_functional() -> str | None:
-    """The functional collective that issued the c10d operation being recorded (it returns before
-    its work is done), where the c10d operation records it (:func:`_arming_kernel`): its name in
-    FUNCTIONAL_OPS, "" where it has none; None if no functional collective issued it."""
+    """The functional collective that issued the c10d operation being recorded
+    (:func:`_arming_kernel`): its name in FUNCTIONAL_OPS, "" where it has none; None if none."""
     return _functional.running
 
 
@@ -150,9 +134,8 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
 
 def _waits_across_threads() -> bool:
     """Whether a wait_tensor in one thread finds the work that a functional collective of another
-    thread registered.  Not in torch before pytorch#171614 (2026; 2.8 does not): there a thread
-    cannot wait for a functional collective the test never waited for, and the recorder needs each
-    one's Work, which only the c10d operation it issues has (see :func:`_arming_kernel`)."""
+    thread registered (not in torch 2.8).  Where not, the recorder needs each one's Work, which
+    only the c10d operation it issues has (see :func:`_arming_kernel`)."""
     c10d_c: Any = torch._C._distributed_c10d
     tensor = torch.empty(1)
     done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
@@ -192,12 +175,10 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
 
 
 def out_of_compile(function: F, recursive: bool = True) -> F:
-    """``function``, which torch patches in, as torch.compile sees it: Dynamo neither traces it
-    into a graph (a call to it from compiled code is a graph break, and it runs as written) nor
-    compiles its frame, nor, where ``recursive``, any frame it runs.  What ``torch._dynamo.skip``
-    does, without importing Dynamo (a second).  The recorder's code is not to be compiled: it
-    writes to the event log, and Dynamo would trace it (and its dispatcher kernels, when they run
-    under compiled code) with fake tensors, or compile it again on every call."""
+    """``function``, kept out of torch.compile: Dynamo neither traces it into a graph (a call from
+    compiled code is a graph break) nor compiles its frame, nor, where ``recursive``, any frame it
+    runs.  What ``torch._dynamo.skip`` does, without importing Dynamo (a second).  The recorder
+    writes to the event log; Dynamo would trace it with fake tensors, or recompile it each call."""
     function._torchdynamo_disable = True  # type: ignore[attr-defined]
     frames: Any = getattr(torch._C, "_dynamo", None)
     frames = getattr(frames, "eval_frame", None)
@@ -212,10 +193,8 @@ out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code c
 
 
 def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> None:
-    """Where torch.compile traces a call to torch.distributed's ``original`` as a functional
-    collective, in the graph (``dist.all_reduce`` in a compiled function, ``fullgraph=True``
-    included), it traces ``replacement``, which stands for it, the same way: the recorder then
-    records the functional collective when the compiled code runs it."""
+    """Have torch.compile trace ``replacement`` as it traces torch.distributed's ``original``: as a
+    functional collective in the graph, which the recorder records when the compiled code runs."""
     remaps = getattr(_functional_collectives, "traceable_collective_remaps", None)
     if isinstance(remaps, dict) and isinstance(original, FunctionType) and original in remaps:
         remaps[replacement] = remaps[original]
@@ -223,9 +202,8 @@ def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> 
 
 
 def graph_node_trace(frame: FrameType) -> str | None:
-    """The stack trace (``File "t.py", line 5, in f`` lines) recorded for the node that the frame of
-    an FX graph module's generated code (torch.compile's aot_eager, make_fx's) is running: where the
-    user's code made it, as Dynamo traced it; None where the frame does not tell."""
+    """The stack trace Dynamo recorded for the node an FX graph module's frame is running (where the
+    user's code made it); None where the frame does not tell."""
     try:
         module: Any = frame.f_locals.get("self")
         index = module._lineno_map.get(frame.f_lineno - module._prologue_start)
@@ -251,19 +229,16 @@ def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
 
 # The keys a kernel at BackendSelect hands its call on with: those of the call, past this hook.
 _PAST_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
-# A call whose keys hold Meta runs on fake or meta tensors: it is traced (torch.compile,
-# torch.export, make_fx, a FakeTensorMode), not run, and no collective takes place.  Fake mode
-# runs an operation's kernels with Meta among the included keys, as a meta tensor's call has it;
-# a real call's keys never hold it.  Such a call is handed on unrecorded.
+# A call whose keys hold Meta runs on fake or meta tensors (fake mode includes Meta too): it is
+# traced, not run, and no collective takes place.  It is handed on unrecorded.
 _META = torch._C.DispatchKey.Meta
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _dispatch_mode = torch._C._get_dispatch_mode
 
 
 def tracing() -> bool:
-    """Whether a fake tensor mode is on (torch.export's non-strict tracing, make_fx): a
-    torch.distributed function called now runs on fake tensors and sends nothing, as its c10d
-    operation's Meta keys say further down.  Not a call to record."""
+    """Whether a fake tensor mode is on (torch.export, make_fx): a collective called now sends
+    nothing and is not recorded."""
     return _dispatch_mode(_FAKE_MODE) is not None
 
 
@@ -360,10 +335,9 @@ def collectives_handed(group: Any) -> int | None:
 
 
 def raised_before_backend(group: Any, handed_before: int | None) -> bool:
-    """A collective on a Gloo group raised before its backend was handed it (an argument check):
-    the group's count did not move, and the group is as good as before.  Measured on Gloo: the
-    count moves for every collective the backend takes, one that then times out or fails
-    included; not for a send or a receive, which are no collectives."""
+    """A collective on a Gloo group raised before its backend was handed it (an argument check),
+    so the group is as good as before.  On Gloo the count moves for every collective the backend
+    takes, failed or timed out included (not for send or receive)."""
     if handed_before is None:
         return False
     try:

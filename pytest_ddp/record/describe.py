@@ -1,9 +1,7 @@
 """What one torch.distributed call looks like in the event log: its call site, its
 group, its tensors, objects, root or peer, as fragments of the ``call`` event's
-JSON (see :mod:`pytest_ddp.common.protocol`).
-
-Built on the recorder's hot path, so the usual cases are cached: a frame's site
-per instruction, a group's name and ranks, a tensor's shape, dtype and device.
+JSON (see :mod:`pytest_ddp.common.protocol`).  On the recorder's hot path, so the usual
+cases are cached.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ def add_internal(module: ModuleType) -> None:
     _sites.clear()
 
 
-# Not call sites either: Python's frozen modules, and the code torch.compile generated and runs
-# (inductor's modules in its cache folder), whose caller is the compiled function.  An FX graph
-# module's code (aot_eager's, make_fx's) is shown as the user's line its node came from, if known.
+# Not call sites either: frozen modules, and inductor's generated code (its caller is the compiled
+# function).  An FX graph module's code is shown as the user's line its node came from, if known.
 _GENERATED = ("<frozen ", *filter(None, [os.environ.get("TORCHINDUCTOR_CACHE_DIR")]))
 _INDUCTOR_CACHE = os.sep + "torchinductor_"  # in the default one's name
 _FX_GRAPH = "<eval_with_key>"  # how an FX graph module's code file is named; shown as ""
@@ -102,9 +99,8 @@ def site(frame: FrameType | None) -> str:
     the library's frame that made it; where no user frame led there (a library's own thread),
     the library's frame is the site.
 
-    Cached per instruction: ``f_lineno`` scans the code's line table, which costs
-    microseconds in a long function.  The cache holds the code object, so its id
-    cannot be reused by another while cached."""
+    Cached per instruction, as ``f_lineno`` scans the line table.  The cache holds the code
+    object, so its id cannot be reused while cached."""
     while frame is not None:
         code = frame.f_code
         if _site_files.get(code.co_filename, _UNSEEN) is None:  # internal, seen before: the usual case
@@ -125,9 +121,8 @@ def site(frame: FrameType | None) -> str:
 
 
 def frame_site(frame: FrameType) -> tuple[str, bool] | None:
-    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site
-    (a library's frame is one where no user frame led to it: see :func:`site`);
-    None for a frame of torch, pytest or this plugin.  :func:`site` caches it per instruction."""
+    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
+    None for a frame of torch, pytest or this plugin."""
     code = frame.f_code
     shown = _shown(code.co_filename)
     if shown is None:
@@ -308,8 +303,8 @@ def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
     return _objects(obj, spec.obj.endswith("_list"))  # type: ignore[union-attr]
 
 
-# What a describer returns: the group, the event's fields after "t", the key of the
-# sequence counter the call advances (None: it advances none).
+# A describer's result: the group, the event's fields after "t", the key of the sequence counter
+# the call advances (None: none).
 Described = tuple[Group, str, "tuple[Any, ...] | None"]
 
 
@@ -331,8 +326,8 @@ def reduction(value: Any) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _extra_field(via_backend: bool, reduce_op: str | None) -> str:
-    """``,"extra":{...}`` of a collective's reduce op (SUM, MAX: a handful of values), marked as
-    recorded at the dispatcher or not: built once each (2.7 -> 0.45 µs a call, on the hot path)."""
+    """``,"extra":{...}`` of a collective's reduce op, marked as recorded at the dispatcher or not:
+    a handful of values, each built once."""
     extra = {"via": "backend", "op": reduce_op} if via_backend else {"op": reduce_op}
     return optional_fields({"extra": {k: v for k, v in extra.items() if v is not None}})
 
@@ -397,9 +392,8 @@ _groups_before_test: int | None = None  # torch's count of groups made when the 
 
 
 def _name_in_test(torch_name: str) -> str:
-    """A group's name in reports: torch numbers groups for the life of the process, so on warm
-    ranks a test's first subgroup could be group 7 after one test and group 9 after another.
-    Groups made during the test are numbered from 1 in the order made (the same on every member:
+    """A group's name in reports.  torch numbers groups for the life of the (warm) process, so
+    groups made during the test are numbered from 1 in the order made (the same on every member:
     making a group is collective); groups made before it are ``before-<torch's name>``."""
     if not torch_name.isdigit() or _groups_before_test is None:  # named by the user, or hashed
         return torch_name

@@ -1,11 +1,7 @@
 """The rank side of fault injection: arms the current test's faults and fires them.
 
-The recorder calls :func:`on_call` on entry of every recorded call while a
-fault is armed (``armed`` is not empty), before the call is written to the
-log: the fault's own ``fault`` event is written first, so the controller
-knows what was injected even when the rank is killed a moment later.  A fault
-that replaces the call (skip, extra, change) is returned to the recorder's
-wrapper, which makes the calls :func:`replaced` says instead of the caller's.
+A fault's ``fault`` event is written before the call it fires at, so the controller
+knows what was injected even when the rank is killed a moment later.
 """
 
 from __future__ import annotations
@@ -55,9 +51,8 @@ def arm(faults: tuple[Fault, ...] | list[Fault], rank: int, log: EventLog) -> No
 
 def on_call(op: str, frame: FrameType | None, replaceable: bool = False) -> Fault | None:
     """The rank enters a call of ``op``: fire the fault armed at this count, if any.  A fault
-    that replaces the call is returned (``replaceable``: the caller is the wrapper of a
-    torch.distributed function, which then returns :func:`replaced`); the calls made in its
-    place are not counted."""
+    that replaces the call is returned, where ``replaceable`` (the caller then returns
+    :func:`replaced`); the calls made in its place are not counted."""
     faults = armed.get(op)
     if not faults or getattr(_replacing, "active", False):
         return None
@@ -191,10 +186,9 @@ def _established_tcp() -> dict[int, int]:
 
 
 def disconnect_peers() -> list[int]:
-    """Shut down (both ways) every established TCP connection of this process but those to the
-    rendezvous store (``MASTER_PORT``): the process group's connections to its peers.  The
-    descriptors stay open, so the backend meets the broken connection on its next use.
-    Returns the file descriptors shut down."""
+    """Shut down (both ways) this process's TCP connections to its peers, not those to the
+    rendezvous store (``MASTER_PORT``); returns their descriptors, which stay open, so the backend
+    meets the broken connection on its next use."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     connections = _established_tcp()
     shut = []

@@ -94,5 +94,5 @@ def reduction(op: Any) -> str:
 
 
 def extra_text(extra: list[str]) -> str:
-    """``,"extra":{...}`` of its members, written as JSON (cheaper than encoding a dict per call)."""
+    """``,"extra":{...}`` of its members, written as JSON."""
     return f',"extra":{{{",".join(extra)}}}' if extra else ""

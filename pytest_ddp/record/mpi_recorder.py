@@ -1,21 +1,17 @@
 """The MPI recorder: every call a rank makes on an mpi4py communicator, written before and after it runs.
 
-mpi4py's types cannot be patched (``MPI.Comm.Send = ...`` raises), but they can be
-subclassed, and a subclass instance made from a communicator refers to the same
-communicator.  So :func:`install` replaces ``MPI.COMM_WORLD`` with a
-:class:`RecordingComm`, whose methods named in :data:`pytest_ddp.common.ops.MPI_OPS` write a
-``call`` event, run mpi4py's method and write a ``ret`` event, like the torch
-recorder (:mod:`pytest_ddp.record.recorder`); the communicators it makes (``Dup``,
-``Split``, ...) record too.  The requests of ``Isend``, ``irecv``, ... are
-:class:`RecordingRequest`: such a call stays running until its request completes,
-and a rank blocked in ``request.Wait()`` has a ``wait`` event saying in which call.
-``MPI.Request`` itself becomes a subclass of it that every request is still an
-instance of, so that ``MPI.Request.Waitall(requests)`` is recorded too.
+mpi4py's types cannot be patched (``MPI.Comm.Send = ...`` raises), but a subclass
+instance made from a communicator refers to the same communicator.  So :func:`install`
+replaces ``MPI.COMM_WORLD`` with a :class:`RecordingComm`, whose methods named in
+:data:`pytest_ddp.common.ops.MPI_OPS` are recorded like the torch recorder's
+(:mod:`pytest_ddp.record.recorder`), as are the communicators it makes.  A nonblocking
+call stays running until its :class:`RecordingRequest` completes; ``MPI.Request`` becomes
+a subclass that every request is still an instance of, so ``MPI.Request.Waitall`` is
+recorded too.
 
-Calls share the torch recorder's numbering, so a test that makes both kinds of
-calls has one sequence of call indexes.  A receive that left its source or tag
-open (``ANY_SOURCE``, ``ANY_TAG``) says in its ``ret`` which message it got: the
-watchdog's matching (:mod:`pytest_ddp.diagnose.mpi_matching`) needs it.
+Calls share the torch recorder's numbering.  A receive that left its source or tag
+open says in its ``ret`` which message it got, for the watchdog's matching
+(:mod:`pytest_ddp.diagnose.mpi_matching`).
 """
 
 from __future__ import annotations
@@ -111,8 +107,8 @@ def _comm(comm: Any) -> _Comm:
     return described
 
 
-# A describer returns the call event's fields after "t", the key of the sequence counter
-# the call advances, and whether it is a receive that left its source or tag open.
+# The call event's fields after "t", the key of the sequence counter the call advances, and
+# whether it is a receive that left its source or tag open.
 Described = tuple[str, tuple[Any, ...], bool]
 
 
@@ -207,8 +203,8 @@ class RecordingRequest(MPI.Request):
     _ddp: _Pending | None
 
     def _complete(self, method: Callable[..., Any], status: MPI.Status | None, blocks: bool) -> Any:
-        """mpi4py's ``method``; the call's ret once it completed the request, and before a
-        blocking one a wait event: the rank is now blocked in that call."""
+        """mpi4py's ``method``, with a wait event before a blocking one and the call's ret once
+        the request completed."""
         pending = _recorded(self)
         if pending is None:
             return method(self, status)
@@ -238,9 +234,8 @@ class RecordingRequest(MPI.Request):
     def test(self, status: MPI.Status | None = None) -> tuple[bool, Any]:
         return self._complete(_Request.test, status, blocks=False)
 
-    # Waiting for all is waiting for each in turn: MPI progresses every request while
-    # the caller waits for one, so this completes exactly when Waitall would.  Each wait
-    # is recorded: the log says which request the rank still waits for.
+    # Waiting for each in turn completes when Waitall would (MPI progresses every request while
+    # the caller waits for one), and the log says which request the rank still waits for.
     @classmethod
     def Waitall(
         cls, requests: Sequence[MPI.Request], statuses: list[MPI.Status] | None = None
@@ -310,7 +305,6 @@ def _wrap(spec: Op) -> Callable[..., Any]:
     takes_status = "status" in names
     returns_request = not spec.blocks and not spec.probe
 
-    # The hot path: write the call, run it, write how it ended.
     @functools.wraps(original)
     def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
         log = _log
@@ -351,8 +345,8 @@ def _wrap(spec: Op) -> Callable[..., Any]:
 
 
 def _abort(self: Any, errorcode: int = 0) -> NoReturn:
-    """Written as the rank's last call, with its errorcode; then the rank ends, as MPI says: MPICH's
-    Abort returns once it has asked its launcher to end the world (measured, 5.0.2), and the test went on."""
+    """Written as the rank's last call, with its errorcode; then the rank ends, as MPI says:
+    MPICH's Abort returns once it has asked its launcher to end the world, and the test went on."""
     log, index = _log, None
     if log is not None:
         with contextlib.suppress(Exception):  # describing must never break the user's call
@@ -427,9 +421,7 @@ def start_test() -> None:
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
     """The current test's requests (``Isend``, ``irecv``, ...) not complete ``wait`` seconds
     after it: ``[{"i": call index, "err": why}]``, as :func:`pytest_ddp.record.recorder.unfinished_work`.
-
-    A request completes only when tested or waited for; MPI has no wait with a timeout, so the
-    requests are tested until they are all complete or the time is up."""
+    MPI has no wait with a timeout, so they are tested until all complete or the time is up."""
     deadline = time.monotonic() + wait
     while _pending:
         for request in list(_pending.values()):

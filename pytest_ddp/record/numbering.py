@@ -2,9 +2,6 @@
 line of a call (``call``, ``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallWire`,
 :class:`~pytest_ddp.common.protocol.RetWire`), and the rets of its asynchronous calls (written
 when their work completes or their caller's wait returns).
-
-Used by :mod:`pytest_ddp.record.recorder`, :mod:`pytest_ddp.record.backend_recorder` and
-:mod:`pytest_ddp.record.mpi_recorder`.
 """
 
 from __future__ import annotations
@@ -19,9 +16,8 @@ from pytest_ddp.common.protocol import RetWire
 
 
 class Numbers:
-    """Call index and sequence numbers of the current test.  The call event is written
-    under the same lock that numbers it, so indices reach the log in order, as
-    ``RankState.apply`` expects (``ret`` events find their call by index)."""
+    """Call index and sequence numbers of the current test.  The call event is written under the
+    lock that numbers it, so indices reach the log in order (``ret`` events find their call by index)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -51,8 +47,7 @@ _numbers = Numbers()
 
 
 def numbers() -> Numbers:
-    """This rank's call numbering, shared by every recorder (:mod:`pytest_ddp.record.mpi_recorder` too),
-    so that a test that makes torch and MPI calls has one sequence of call indexes."""
+    """This rank's call numbering: one sequence of call indexes for torch's and MPI's calls."""
     return _numbers
 
 
@@ -68,10 +63,9 @@ def write_ret(
     source: int | None = None,
     tag: int | None = None,
 ) -> None:
-    """Call ``index`` returned, or raised ``error`` (``before_backend``: before its group's backend
-    was handed it, see :func:`pytest_ddp.record.backend_hook.raised_before_backend`).  An MPI
-    receive that left its source or tag open says which message it got: ``source`` (where known)
-    and ``tag``."""
+    """Call ``index`` returned, or raised ``error`` (``before_backend``: see
+    :func:`pytest_ddp.record.backend_hook.raised_before_backend`).  ``source`` and ``tag``: the
+    message an MPI receive that left them open got."""
     if error is not None:
         err = f"{type(error).__name__}: {error}"
         ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": err}
@@ -88,7 +82,7 @@ def write_ret(
 
 
 def write_wait(log: EventLog, index: int) -> None:
-    """The caller now waits for asynchronous call ``index``: it is blocked in that call until its ret."""
+    """The caller is now blocked in asynchronous call ``index`` until its ret."""
     log.write_line(f'{{"e":"wait","i":{index},"t":{time.time()!r}}}')
 
 
@@ -102,22 +96,20 @@ class Pending:
     its work complete: at the rank's next recorded call, or from a thread that looks every
     SWEEP_INTERVAL while any call is pending (DDP waits for its buckets in C++, out of sight).
     Not from a done callback on the work's future: that runs in the backend's thread and takes
-    the GIL from the caller once per collective (measured: +50 us of CPU and +75 us of wall
-    time per functional all_reduce in a group of one)."""
+    the GIL from the caller once per collective."""
 
     def __init__(self) -> None:
         self.log: EventLog | None = None  # where the rets go: the recorder's log, once installed
         self.works: dict[int, tuple[Any, Any]] = {}  # call index -> (work, its future)
         # isend and irecv calls whose ret waits for their wait() (or the test's end): Gloo's send and
-        # receive work has no future and completes only inside wait(), and a send's wait returns
-        # only once its receiver has posted the receive (measured), so a rank in it waits for its peer.
+        # receive work has no future and completes only inside wait(), a send's once its peer receives.
         self.owed: set[int] = set()
         self._wake = threading.Event()  # set while works are pending
         self._looker_pid: int | None = None  # the process whose thread looks (threads do not survive fork)
 
     def add(self, index: int, work: Any) -> bool:
         """Leave the call's ret to its wait or its work's completion; False where the work has no
-        future (Gloo's send and receive work, complete only inside ``wait()``)."""
+        future."""
         try:
             future = work.get_future()
         except Exception:

@@ -1,12 +1,10 @@
 """The values a pipeline's stages must give alike, recorded where torch.distributed.pipelining
-takes them: each schedule's microbatch count.  Stages that cut their batch in different numbers
-of microbatches hang in a send the other never receives, or raise in their own code (the last
-stage's loss on a target cut otherwise); the count they disagree on is what went wrong
+takes them: each schedule's microbatch count.  Stages that disagree on it hang in a send the
+other never receives, or raise in their own code; the count is what went wrong
 (:func:`pytest_ddp.diagnose.majority.settings_differ`).
 
-Importing torch.distributed.pipelining takes over a second, so nothing here imports it: the
-schedules are patched when the test's code imports them (an import hook), or at once where it
-already has."""
+Importing torch.distributed.pipelining takes over a second, so the schedules are patched when the
+test's code imports them (an import hook), or at once where it already has."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What the torch recorder's two halves share: :mod:`pytest_ddp.record.recorder` (torch.distributed's
 functions) and :mod:`pytest_ddp.record.backend_recorder` (what reaches a process group's backend
-past them).  The rank's event log, this thread's depth in a recorded call, the call numbering,
-the asynchronous calls whose ret is not written yet, and what the recorder replaced in torch.
+past them).
 """
 
 from __future__ import annotations
