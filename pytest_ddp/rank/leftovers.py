@@ -16,7 +16,7 @@ session.  What neither catches: a process that left the rank's session
 from __future__ import annotations
 
 import concurrent.futures.thread
-import functools
+import contextlib
 import os
 import signal
 import sys
@@ -111,18 +111,11 @@ def descendants() -> list[int]:
         except OSError:
             continue  # it exited meanwhile
         for task in tasks:
-            # Raw reads, not open(): this runs three times a test, and a text file per thread
-            # made it a tenth of a warm rank's time per test (measured: 112 us against 36 us).
             try:
-                fd = os.open(f"/proc/{parent}/task/{task}/children", os.O_RDONLY)
+                with open(f"/proc/{parent}/task/{task}/children", "rb") as f:
+                    children = [int(pid) for pid in f.read().split()]
             except OSError:
                 continue
-            try:
-                children = [int(pid) for pid in _read_whole(fd).split()]
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
             found += children
             parents += children
     return found
@@ -149,10 +142,8 @@ def end_processes(pids: list[int]) -> None:
     """SIGKILL these descendants and reap them.  ``pids`` lists parents before children:
     once a parent is reaped, its children are this subreaper's and can be reaped too."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for pid in pids:
         try:
             os.waitpid(pid, 0)
@@ -172,90 +163,25 @@ class ProcessLedger:
     kept: set[int] = field(default_factory=set)  # alive before any test: not a test's
     # pid -> the pytest nodes set up in the setup that saw it born
     from_setup: dict[int, frozenset[object]] = field(default_factory=dict)
-    # The last scan, and the kernel's count of tasks made (forks_made) just before it; None: the
-    # count cannot be trusted here, every look scans.
-    _scanned: list[int] = field(default_factory=list)
-    _scanned_at: int | None = None
-    _counting: bool = False
 
     def start(self) -> None:
-        self._counting = _forks_are_counted()
-        self.kept = set(self.alive())
-
-    def alive(self) -> list[int]:
-        """This process's descendants, as :func:`descendants` finds them, but the last scan again
-        while the kernel has made no task since (three scans a test were a tenth of a warm rank's
-        time): then no process was born, and the list misses none, though it may hold one that
-        ended since."""
-        made = forks_made() if self._counting else None
-        if made is None or made != self._scanned_at:
-            self._scanned, self._scanned_at = descendants(), made
-        return self._scanned
+        self.kept = set(descendants())
 
     def after_setup(self, known_before: set[int], new_nodes: frozenset[object]) -> None:
-        for pid in self.alive():
+        for pid in descendants():
             if pid not in known_before and pid not in self.kept:
                 self.from_setup.setdefault(pid, new_nodes)
 
     def to_end(self, set_up: set[object]) -> list[int]:
         """The processes to end now that a test is over and ``set_up`` nodes are still set up."""
-        ending = self._ending(self.alive(), set_up)
-        if ending and self._scanned_at is not None:  # the last scan may list one that ended since
-            self._scanned_at = None
-            ending = self._ending(self.alive(), set_up)
-        for pid in ending:
-            self.from_setup.pop(pid, None)
-        return ending
-
-    def _ending(self, alive: list[int], set_up: set[object]) -> list[int]:
         ending = []
-        for pid in alive:
+        for pid in descendants():
             started_by_live_setup = set_up & self.from_setup.get(pid, frozenset())
             if pid not in self.kept and not started_by_live_setup:
                 ending.append(pid)
+        for pid in ending:
+            self.from_setup.pop(pid, None)
         return ending
-
-
-@functools.cache
-def _proc_stat() -> int:
-    """/proc/stat, opened once and kept for the process's life (an OSError is not kept)."""
-    return os.open("/proc/stat", os.O_RDONLY)
-
-
-def forks_made() -> int | None:
-    """How many tasks (processes and threads) the kernel has made since it booted: the
-    ``processes`` line of /proc/stat, which never goes back.  None where it cannot be read."""
-    try:
-        data = _read_whole(_proc_stat())
-    except OSError:
-        return None
-    start = data.find(b"\nprocesses ")
-    if start < 0:
-        return None
-    line = data[start + 1 : data.find(b"\n", start + 1)]
-    value = line.split()[1] if len(line.split()) == 2 else b""
-    return int(value) if value.isdigit() else None
-
-
-def _read_whole(fd: int) -> bytes:
-    """The whole of a /proc file from one read at its start: the kernel makes it afresh for each such
-    read (a descriptor kept open saves an open and a close a look, a third of its cost), all of it
-    at once, so a read that fills the buffer is made again with a larger one."""
-    size = 1 << 14
-    while len(data := os.pread(fd, size, 0)) == size:
-        size *= 4
-    return data
-
-
-def _forks_are_counted() -> bool:
-    """Whether :func:`forks_made` counts this process's tasks here (a kernel that fakes /proc may
-    not): it must grow when a thread is made."""
-    before = forks_made()
-    thread = threading.Thread(target=lambda: None, name="ddp-count-check")
-    thread.start()
-    thread.join()
-    after = forks_made()
-    return before is not None and after is not None and after > before
 
 
 # -- the keeper -----------------------------------------------------------------------
@@ -287,7 +213,5 @@ def _kill_session(session: int) -> None:
     for pid in procfs.pids():
         found = procfs.stat(pid) if pid != me else None
         if found is not None and found.session == session:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -35,7 +35,7 @@ from pytest_ddp.rank.tracebacks import shorten_library_frames
 from pytest_ddp.record import injector
 
 if TYPE_CHECKING:
-    from _pytest.outcomes import Exit  # what pytest.exit() raises (pytest.exit.Exception)
+    from collections.abc import Generator
 
     from pytest_ddp.common.protocol import RankStart
 
@@ -50,33 +50,17 @@ class SavedEnvironment:
 
     def __init__(self) -> None:
         self.values = dict(os.environ)
-        self._raw = _copy(_raw_environ())
 
     def set(self, key: str, value: str) -> None:
         """From now on ``key`` is ``value`` in the environment put back."""
         self.values[key] = value
-        self._raw = None
 
     def restore(self) -> None:
-        raw = _raw_environ()
-        if raw is not None and raw == self._raw:
-            return  # nothing changed: one comparison in C, not a decoded walk of every variable
         for key in [key for key in os.environ if key not in self.values]:
             del os.environ[key]
         for key, value in self.values.items():
             if os.environ.get(key) != value:
                 os.environ[key] = value
-        self._raw = _copy(_raw_environ())
-
-
-def _raw_environ() -> dict[Any, Any] | None:
-    """os.environ's encoded mapping (CPython's ``os.environ._data``); None where there is none."""
-    data = getattr(os.environ, "_data", None)
-    return data if isinstance(data, dict) else None
-
-
-def _copy(raw: dict[Any, Any] | None) -> dict[Any, Any] | None:
-    return None if raw is None else dict(raw)
 
 
 class RankSession:
@@ -159,7 +143,7 @@ class RankSession:
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
-        self.processes_before = set(self.processes.alive())
+        self.processes_before = set(leftovers.descendants())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
@@ -178,9 +162,7 @@ class RankSession:
         self._phase("setup")
         self.finalizers_before = self._finalizers(item)
         try:
-            return (yield)
-        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
-            self._interrupt(exc)
+            return (yield from self._interruptible())
         finally:
             grown = frozenset(
                 node for node, n in self._finalizers(item).items() if n > self.finalizers_before.get(node, -1)
@@ -191,36 +173,31 @@ class RankSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: Any) -> Any:
         self._phase("call")
-        try:
-            return (yield)
-        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
-            self._interrupt(exc)
+        return (yield from self._interruptible())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: Any) -> Any:
         self._phase("teardown")
         try:
-            result = yield
-        except (pytest.exit.Exception, KeyboardInterrupt) as exc:
+            result = yield from self._interruptible()
+        finally:
             self._end_leftovers(item)
-            self._interrupt(exc)
-        except BaseException:
-            self._end_leftovers(item)
-            raise
-        self._end_leftovers(item)
         if self.threads_left:
             pytest.fail(leftovers.threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
         return result
 
-    def _interrupt(self, exc: Exit | KeyboardInterrupt) -> None:
-        """``pytest.exit()`` or KeyboardInterrupt in this rank: the test fails here, and the
-        controller, told in the done event, ends the session as plain pytest would."""
-        if isinstance(exc, KeyboardInterrupt):
+    def _interruptible(self) -> Generator[None, Any, Any]:
+        """A phase hook's yield, where ``pytest.exit()`` or KeyboardInterrupt in this rank fails the
+        test, and the controller, told in the done event, ends the session as plain pytest would."""
+        try:
+            return (yield)
+        except pytest.exit.Exception as exc:
+            self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
+            pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)
+        except KeyboardInterrupt:
             reason = "KeyboardInterrupt"
             self.interrupted = {"kind": reason, "reason": reason, "returncode": None}
-            pytest.fail("KeyboardInterrupt", pytrace=False)
-        self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
-        pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)
+            pytest.fail(reason, pytrace=False)
 
     def _end_leftovers(self, item: Any) -> None:
         """After the test's teardown: wait for its threads a little, and end the processes it left."""
