@@ -1,8 +1,5 @@
 """A rank's link to its controller: its command pipe and event log, and the state it reports
 when a test is over.
-
-The rank's other modules (:mod:`pytest_ddp.rank.session`, :mod:`pytest_ddp.rank.functions`)
-talk to the controller through this module; :mod:`pytest_ddp.rank.entry` starts them.
 """
 
 from __future__ import annotations
@@ -56,11 +53,8 @@ class Channel:
                 pass  # the controller is gone; the next command read ends this rank
 
     def commands(self, accepted: type[WorkCommand]) -> Iterator[WorkCommand]:
-        """The controller's commands for this rank's mode (``RunItem`` in a pytest session,
-        ``CallFunction`` in function mode), until "stop" or until it closes the pipe (it is gone).
-
-        Any other command is the controller's bug: :class:`ProtocolError`.
-        """
+        """The controller's commands for this rank's mode, until "stop" or the pipe closes; any
+        other command is the controller's bug (:class:`ProtocolError`)."""
         while True:
             try:
                 message = self._commands.recv_bytes()
@@ -106,8 +100,7 @@ def _group_state() -> tuple[bool, bool]:
 
 
 def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
-    """The test is over on this rank: the state it leaves the rank in.  With the
-    other ranks' events, this is the after-test check of the group."""
+    """The test is over on this rank: the state it leaves the rank in."""
     in_flight = _unfinished_work()
     peak_cuda = None
     torch = sys.modules.get("torch")
@@ -128,7 +121,6 @@ def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] |
 
 
 def fatal(channel: Channel, error: str) -> None:
-    """The rank cannot go on: tell the controller, and say why on stderr, which the
-    controller shows for a rank that died."""
+    """The rank cannot go on: tell the controller, and say why on stderr (shown for a dead rank)."""
     channel.event(Fatal(error), wake=True)
     sys.stderr.write(error)

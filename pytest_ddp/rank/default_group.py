@@ -1,16 +1,12 @@
 """A rank's default process group: joined when the rank starts (``init=True`` groups), whose it is at
 a test's end, and joined afresh, on a fresh store, for a test that follows one which ended it.
 
-A test may end the default group (``destroy_process_group()``, as each of torch's ``with_comms``
-tests does) or make one of its own (``init=False``).  Warm ranks cannot meet again at the store the
-last rendezvous used: its keys are still there, and Gloo connects to the old group's addresses
-(measured: "Gloo connectFullMesh failed ... Connect timeout").  So the controller hands the next test
-a fresh store (``RunItem.store_port``, :class:`pytest_ddp.groups.spawn.GroupStore`), and before that
-test every rank points ``MASTER_PORT`` there (a test's own ``env://`` rendezvous) and, in an
-``init=True`` group, drops what is left of its default group and its subgroups and joins a fresh
-one: names, keys and sequence numbers start afresh, as on fresh ranks.  In an ``init=False`` group
-it ends a default group the test made and left, as the test's own process would have at its exit;
-one a fixture of a wider scope made (a class's, a module's) stays for the tests that share it.
+Warm ranks cannot meet again at the store the last rendezvous used: its keys are still there,
+and Gloo connects to the old group's addresses ("Gloo connectFullMesh failed ... Connect
+timeout").  So after a test that ended the default group or made one, the controller hands the
+next test a fresh store (:class:`pytest_ddp.groups.spawn.GroupStore`) and every rank
+:func:`renew`s there.  A default group a fixture of a wider scope made stays for the tests that
+share it.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from pytest_ddp.common.protocol import RankRole
 
 _role: RankRole | None = None  # this rank's, which says how to join: kept from its start
 _joined: weakref.ref[Any] | None = None  # the default group this rank joined last (init=True)
-# init=False: the default groups that are not the current test's own: there when it started, or
-# made while it set up a fixture of a wider scope.
+# init=False: the default groups that are not the current test's own.
 _not_the_tests: list[weakref.ref[Any]] = []
 _left_own = False  # the last test left a default group of its own
 _store_port = 0  # of the rank group's store now: the first, or the one handed over last
@@ -121,10 +116,10 @@ def store() -> Any:
 
 
 def renew(store_port: int) -> None:
-    """Before a test whose predecessor on these ranks ended a default group or made one: a test's
-    own ``env://`` rendezvous goes to the fresh store at ``store_port``; an ``init=True`` rank drops
-    what is left of its default group and joins a fresh one there, an ``init=False`` rank ends the
-    last test's own (unrecorded: no test's calls)."""
+    """Point ``MASTER_PORT`` (a test's own ``env://`` rendezvous) at the fresh store; an
+    ``init=True`` rank drops what is left of its default group and joins a fresh one there (names,
+    keys and sequence numbers start afresh), an ``init=False`` rank ends the last test's own, as
+    its process would have at exit.  Unrecorded: no test's calls."""
     global _store_port
     _store_port = store_port
     os.environ["MASTER_PORT"] = str(store_port)

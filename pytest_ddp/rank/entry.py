@@ -1,17 +1,13 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
 Forked by :class:`pytest_ddp.groups.group.RankGroup` from a forkserver that already
-imported torch and pytest (:func:`forked_main`); an MPI group's ranks too, each with what
-the MPI launcher gave its stand-in (:mod:`pytest_ddp.rank.mpi_standin`).  Its life goes on in
-:func:`serve`.  In "pytest" mode the rank is a pytest session of its own that
-collected the group's tests (like an xdist worker) and runs each one, with its
-own fixtures, when the controller says so (:mod:`pytest_ddp.rank.session`).  In
-"function" mode it calls module-level functions for :func:`pytest_ddp.run`.
+imported torch and pytest; an MPI rank with what the launcher gave its stand-in
+(:mod:`pytest_ddp.rank.mpi_standin`).  In "pytest" mode the rank is a pytest session of its
+own, like an xdist worker (:mod:`pytest_ddp.rank.session`); in "function" mode it calls
+functions for :func:`pytest_ddp.run`.
 
-Everything the rank has to say goes into its event log; a byte on the notify
-pipe wakes the controller.  Between tests a rank lingers, its process group
-intact, as a pytest session does: a peer still waiting for it therefore hangs
-rather than fails, and the controller's watchdog says why.
+Between tests a rank lingers, its process group intact: a peer still waiting for it
+hangs rather than fails, and the controller's watchdog says why.
 """
 
 from __future__ import annotations
@@ -46,12 +42,9 @@ def _become_rank(rank: int, parent_pid: int) -> None:
 
 
 def _release_forkserver() -> None:
-    """Close the forkserver's liveness pipe that multiprocessing hands every child.
-
-    The forkserver exits when every copy of that pipe is closed; a rank holding
-    one would keep it alive after the controller died, and the forkserver's
-    exit is what kills the ranks (PR_SET_PDEATHSIG).
-    """
+    """Close the forkserver's liveness pipe that multiprocessing hands every child: a rank
+    holding it would keep the forkserver alive after the controller died, and the forkserver's
+    exit is what kills the ranks (PR_SET_PDEATHSIG)."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
@@ -68,8 +61,8 @@ def _redirect_output(start: RankStart) -> None:
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
-    # UTF-8, as the controller reads them; a lone surrogate (a non-UTF-8 file name) printed as
-    # its escape, as Python's stderr does, not an error that fails the test.
+    # UTF-8, as the controller reads them; a lone surrogate (a non-UTF-8 file name) is escaped,
+    # as Python's stderr does, not an error that fails the test.
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
 

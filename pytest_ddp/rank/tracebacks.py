@@ -1,9 +1,7 @@
 """A rank's failure shows library frames in one line each, as ``--tb=short`` does.
 
-pytest's default ``--tb=auto`` shows the first and the last frame of a failure in full: when the
-last one is inside torch, that is a whole torch function, docstring and all (60 lines of
-``broadcast_tensors``), between the test's line and the error.  In a rank, frames of installed
-packages and of the standard library are shown short; the test's own frames stay as they were.
+pytest's default ``--tb=auto`` shows the last frame of a failure in full: when it is inside torch,
+a whole torch function, docstring and all, stands between the test's line and the error.
 """
 
 from __future__ import annotations
