@@ -1,19 +1,15 @@
 """Could a rank's code have gone from one of its calls to the next without making a call it did
 not make?  Pure: the source text in, an answer out.
 
-Two ranks that disagree have no majority; their history often cannot tell them apart either (a
-call skipped in a loop's first round: each rank's order of lines is new).  Their code can: in
-``for ...: dist.all_reduce(g); dist.broadcast(g, 0)`` no path goes from the broadcast back to it
-without the all_reduce, so a rank whose broadcast came right after its broadcast departed from
-its code, while one whose all_reduce came after it did not.
+Breaks a two-rank tie history cannot: in ``for ...: dist.all_reduce(g); dist.broadcast(g, 0)`` no
+path goes from the broadcast back to it without the all_reduce, so a rank whose broadcast came
+right after its broadcast departed from its code.
 
-Sound, or silent: a statement counts as making a call only where it calls the recorded op by
-name itself, not under a condition (``x if c else dist.send(...)``, ``and``/``or``, a lambda, a
-comprehension), and the flow of statements is over-approximated (any statement may raise and
-leave the function, which may be called again from its start, a statement that makes a call
-before its call too; a ``try`` handler may follow any statement of its body).  Code the walk
-does not know (generators, ``match``, ``except*``, async code, a line outside any function)
-answers None."""
+Sound, or silent: a statement makes a call only where it calls the recorded op by name, not under
+a condition (``if``-expression, ``and``/``or``, lambda, comprehension), and the flow is
+over-approximated (any statement may raise and leave the function, which may be called again; a
+``try`` handler may follow any statement of its body).  Code the walk does not know (generators,
+``match``, ``except*``, async code, a line outside any function) answers None."""
 
 from __future__ import annotations
 
@@ -31,11 +27,10 @@ class _Unknown(Exception):
 
 
 def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> list[int] | None:
-    """Where every way of the code from the statement at line ``start`` (left) to the one at
-    ``end`` (reached) passes a statement that calls by name the op recorded at its line (``made``:
-    line -> the op every call from there was), the lines of those calls met that alone would have
-    led there (else all met); ``[]`` where a way passes none; None where the code cannot tell
-    (not one function, flow this module does not follow, no way at all)."""
+    """Where every way from the statement at line ``start`` to the one at ``end`` passes a
+    statement calling by name the op recorded at its line (``made``: line -> op), the lines of
+    those calls met (those that alone would have led there, else all); ``[]`` where a way passes
+    none; None where the code cannot tell."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):

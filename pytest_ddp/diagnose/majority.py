@@ -1,11 +1,9 @@
 """Who departed, where the ranks disagree: the majority decides.  Pure.
 
 Ranks that run the same code make the same calls; where some differ, the many are taken for
-the program and the few for the ranks that departed from it: the minority of a mismatch, the
-few waiting in a collective the rest returned without (a call more), the one rank that made a
-send or receive more than the others, the ranks that took collectives in another order.  With
-as many on each side (2 ranks) there is no majority: every side is named, and where its history
-tells, one as likely (:func:`departures`)."""
+the program and the few for the ranks that departed from it.  With as many on each side
+(2 ranks) there is no majority: every side is named, and where its history tells, one as
+likely (:func:`departures`)."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ T = TypeVar("T")
 
 
 def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
-    """Every doomed rank waits in one collective that more of its members returned from the test
-    without: as the majority decides a mismatch, the few made a call the rest never made (one
-    step more: DDP's, FSDP2's, a loop's), rather than the many each a call less.  Not where the
-    two sides are as many (2 ranks): a step less on one is a step more on the other."""
+    """Every doomed rank waits in one collective that more of its members returned without: the
+    few made a call more (a step more), rather than the many a call less.  Not with 2 ranks."""
     call = waits[min(doomed)].call
     if len(returned) <= len(doomed) or not call.is_collective:
         return None
@@ -50,16 +46,13 @@ def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) ->
 
 def extra_message(returned: list[int], doomed: set[int], ranks: dict[int, RankState],
                   waits: dict[int, Wait]) -> Verdict | None:
-    """The few doomed ranks that wait for a rank that returned each wait in a send or receive
-    numbered one more than most ranks' latest of that direction (who made some), while the
-    ranks they wait for made as many of the other direction as most ranks did: they made a
-    message more (an extra send, a loop's step more), rather than their peers a receive less.
-    The other doomed ranks wait behind them.  Not without a majority (2 ranks)."""
+    """The few doomed ranks waiting for a returned rank each wait in a send or receive numbered one
+    more than most ranks' latest of that direction, while their peers made the usual count of the
+    other: they made a message more.  The other doomed ranks wait behind them.  Not with 2 ranks."""
     callers = sorted(r for r in doomed if any(p in returned for p in waits[r].peers))
     if not callers or 2 * len(callers) >= len(ranks) or not all(waits[r].call.is_p2p for r in callers):
         return None
-    # A p2p call's number counts the calls of its direction to its peer: a rank's latest says how
-    # many it made (found from the end of its calls: no pass over long runs).
+    # A p2p call's number counts its direction's calls to its peer; read from the end (long runs).
     latest = {recv: {r: _latest(state, recv) for r, state in ranks.items()} for recv in (False, True)}
     usual = {recv: _most(latest[recv][r] for r in ranks if r not in callers) for recv in (False, True)}
     for r in callers:
@@ -88,10 +81,9 @@ def _most(counts: Iterable[int]) -> int | None:
 
 
 def broken_center(ranks: dict[int, RankState]) -> int | None:
-    """The one rank at an end of every send or receive that raised on a rank that failed or died,
-    where two or more did: its connections broke (it died, or lost its network), and the raising
-    peers were woken by it ("Connection closed by peer"); None where no one rank is (a pair:
-    each end blames the other)."""
+    """The one rank at an end of every raised send or receive of the failed or dead ranks, where
+    two or more raised: its connections broke and it woke its peers ("Connection closed by peer");
+    None where no one rank is (a pair: each end blames the other)."""
     ends = []
     for r, state in ranks.items():
         if state.alive and not state.failed:
@@ -107,11 +99,8 @@ def broken_center(ranks: dict[int, RankState]) -> int | None:
 
 def broken_pair(ranks: dict[int, RankState], gone: int) -> list[int]:
     """The two ends of the one connection the gone rank's sends or receives raised on, where both
-    are alive and the other end raised on it too, or on none yet and is still in a send or receive
-    to it (Gloo says "Connection closed by peer" on both ends of a connection that broke): either
-    may have lost it (a pipeline's first or last stage, a world of 2); [] otherwise.  Where an end
-    died, the other was woken by the death; where one is at an end of several broken connections,
-    it lost them (:func:`broken_center`)."""
+    are alive and the other end raised on it too, or is still in a send or receive to it (Gloo
+    raises "Connection closed by peer" on both ends): either may have lost it; [] otherwise."""
     peers = {c.peer for c in ranks[gone].calls if c.is_p2p and c.state == "raised"}
     if not ranks[gone].alive or len(peers) != 1:
         return []
@@ -129,9 +118,8 @@ def broken_pair(ranks: dict[int, RankState], gone: int) -> list[int]:
 def out_of_order(
     culprits: list[int], waiting: list[int], waits: dict[int, Wait]
 ) -> tuple[list[int], list[int]]:
-    """Collectives waiting for each other in a cycle where most of its ranks wait in one call:
-    the fewer, each in another call, took the collectives in another order (culprits); the
-    rest wait for them.  With no such majority (2 ranks, say) every rank on the cycle stays."""
+    """A cycle where most ranks wait in one call: the fewer, each in another call, took the
+    collectives in another order (culprits).  Without such a majority every rank stays."""
     by_call: dict[tuple[str, int], list[int]] = {}
     for r in culprits:
         by_call.setdefault((waits[r].call.group, waits[r].call.seq), []).append(r)
@@ -142,13 +130,10 @@ def out_of_order(
 
 
 def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
-    """A test that failed or hung where its ranks gave a value they must give alike (a pipeline's
-    stages, each its schedule's microbatch count) differently, the first where they part: what
-    hung or raised came of it (a stage waits for a microbatch its peer never sends; the last
-    stage's loss meets a target cut otherwise), and the ranks that gave the rarer value departed
-    (every rank, where as many gave each: 2 ranks).  None where they agree, or nothing failed;
-    where the ranks' values are of different things or groups (pipelines of their own), none is
-    compared from there on."""
+    """Where a failed or hung test's ranks gave differently a value they must give alike (a
+    pipeline schedule's microbatch count), the first where they part: the ranks of the rarer value
+    departed (every rank at a tie).  None where they agree or nothing failed; values of different
+    things or groups stop the comparison there."""
     given = [s.settings for s in ranks.values() if s.settings]
     if verdict.kind is None or len(given) < 2:
         return None
@@ -166,11 +151,9 @@ def settings_differ(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | 
 
 
 def cut_on_purpose(verdict: Verdict, ranks: dict[int, RankState]) -> Verdict | None:
-    """Of the failed ranks a verdict names, those whose connections the test broke on purpose
+    """Of the failed ranks a verdict names, those whose connections the test cut on purpose
     (:func:`pytest_ddp.faults.disconnect`) alone, where the others raised or died in a call with
-    one of them (a send or receive to it, a collective of a group it is in): Gloo says
-    "Connection closed by peer" on every end, and a peer often raises (or aborts) first, the cut
-    rank then counted as woken.  None where nothing is to change."""
+    one of them: Gloo raises on every end, and a peer often first.  None where nothing changes."""
     cut = {r for r, s in ranks.items() if any(fault.action == "disconnect" for fault in s.injected)}
     finding = verdict.finding
     if not cut:
@@ -216,10 +199,8 @@ def _woke_failed(
 
 
 def _woken_by_cut(verdict: Verdict, ranks: dict[int, RankState], cut: set[int]) -> Verdict | None:
-    """A deadlock whose ranks that left the test each raised (or died) in a call with a rank the
-    test cut, which had not left the test when the verdict came (it raises last on a loaded
-    machine; or no rank waits for it): the cut ranks are named, the ranks they woke wait behind
-    them."""
+    """A deadlock whose departed ranks each raised or died in a call with a cut rank still in the
+    test (it raises last on a loaded machine): the cut ranks are named, those they woke wait."""
     gone = [r for r in verdict.culprits if r not in cut]  # a cut end of a broken pair may be named too
     if not gone or not all(_woken(ranks[r], cut) for r in gone):
         return None
@@ -234,8 +215,7 @@ def _woken_by_cut(verdict: Verdict, ranks: dict[int, RankState], cut: set[int]) 
 
 def _woken(state: RankState, cut: set[int]) -> bool:
     """The rank's last call raised, or it died (Gloo aborts a process whose asynchronous send or
-    receive failed, even between calls), in a call with a cut rank: a send or receive to it, a
-    collective of a group it is in."""
+    receive failed, even between calls), in a call with a cut rank."""
     last = state.last_raised
     if not state.alive:  # its last call, or the call it died inside
         last = state.died_in or (state.calls[-1] if state.calls else None)
@@ -247,9 +227,8 @@ def _woken(state: RankState, cut: set[int]) -> bool:
 
 
 def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> tuple[list[int], list[int]]:
-    """(culprits, the rest): the ranks whose call differs from the most common one.  When no call
-    is more common than every other (two ranks that disagree, say), that is a tie: every rank is
-    named, none is taken for the norm."""
+    """(culprits, the rest): the ranks whose call differs from the most common one; at a tie
+    every rank is named."""
     counts = Counter(key(c) for c in entered.values())
     best = max(counts.values())
     common = [k for k, n in counts.items() if n == best]
@@ -262,11 +241,9 @@ def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> t
 def departures(
     ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
 ) -> dict[int, Call]:
-    """In a tie, what else tells the ranks apart: a rank whose call differs from every earlier call
-    any rank made from the same line (a smaller last batch, another dtype), while each other rank's
-    call is what its line always made -> that earlier call.  Empty when nothing tells them apart
-    (a rank whose call comes from a line that made none before may have taken another path, or
-    gone on to the next line of correct code while its peer makes a step more)."""
+    """In a tie: a rank whose call differs from every earlier call from its line (a smaller last
+    batch, another dtype), while each other rank's is what its line always made -> that earlier
+    call.  Empty when nothing tells (a line with no history may be a step more on the peer)."""
     before: dict[str, set[tuple[object, ...]]] = {}
     earlier: dict[str, Call] = {}
     for _, made in _made_before(ranks, entered):
@@ -289,12 +266,10 @@ def likely(
 
 
 def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int, tuple[Call, Call]]:
-    """In a tie that :func:`departures` cannot break, the path each rank took tells: a rank whose
-    call came after its previous one by a path no rank took before (from that call's line to this
-    one's: a call skipped, or one made more, in code the ranks went round before), while each
-    other rank's came by a path taken before -> the call before it.  A call from a line that made
-    none before tells nothing (a loop's first way out looks the same: a step less on one rank is a
-    step more on the other), and neither does a first call.  Empty when nothing tells."""
+    """In a tie :func:`departures` cannot break: a rank whose call came after its previous one by
+    a path no rank took before (a call skipped or made more), while each other's came by a known
+    path -> the call before it.  A first call, or one from a line with no history, tells nothing
+    (a step less on one rank is a step more on the other).  Empty when nothing tells."""
     before, new = _paths(ranks, entered)
     if len(before) < len(entered) or new is None:
         return {}
@@ -303,12 +278,9 @@ def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int
 
 
 def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[Call, Call]]:
-    """On a point-to-point cycle of more than 2 ranks (where :func:`new_paths`, reading only the
-    calls they wait in, finds the skipped send a call too late): the one rank on it that once left
-    a line by another path than it had left it by before, a path no rank's calls took at any other
-    time (a send or receive skipped, or made more, in code it went round before) -> that path's
-    two calls.  Empty unless exactly one rank on the cycle did: a rank's own ways out of a line
-    (a loop's end) are taken by its likes too."""
+    """On a p2p cycle of more than 2 ranks (where :func:`new_paths` finds the skipped send a call
+    too late): the one rank that once left a line by a new path no rank took at any other time ->
+    that path's two calls.  Empty unless exactly one rank did (a loop's end is taken by all)."""
     made = {r: [c for c in s.calls if (c.is_collective or c.is_p2p) and c.site] for r, s in ranks.items()}
     taken = Counter((a.site, b.site) for calls in made.values() for a, b in pairwise(calls))
     found: dict[int, tuple[Call, Call]] = {}
@@ -323,11 +295,10 @@ def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[C
 
 def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
                     ) -> Verdict | None:
-    """A tie of two ranks (a mismatch, a point-to-point cycle) that their history cannot break
-    (:func:`likely`, :func:`new_paths`): where one rank's code has no way from its call before to
-    the one it is in that makes no call between (:mod:`pytest_ddp.diagnose.code_paths`: it skipped
-    a call its code makes), while the other's has, that rank is the likely culprit.  ``source``:
-    a file's text by the name its sites give it, or None."""
+    """A two-rank tie its history cannot break (:func:`likely`): where one rank's code has no
+    call-free way from its previous call to its current one (:mod:`pytest_ddp.diagnose.code_paths`:
+    it skipped a call) while the other's has, that rank is the likely culprit.  ``source``: a
+    file's text by the name its sites give it, or None."""
     finding = verdict.finding
     if isinstance(finding, Disagreement) and not finding.likely and not finding.after:
         entered = finding.entered
@@ -347,9 +318,8 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Calla
 
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]
                    ) -> list[str] | None:
-    """The sites of the calls the code makes on every way from ``before`` to ``call`` (both of one
-    file), by the ops the ranks' calls from each line of it were, made there and not inside a
-    library (a wrapper of the op's name may skip it); None where the code cannot tell."""
+    """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),
+    by the op each line's calls were, made there and not inside a library; None if it cannot tell."""
     (file, start), (other, end) = site_parts(before.site), site_parts(call.site)
     text = source(file) if file == other else None
     if text is None or start is None or end is None:

@@ -1,13 +1,10 @@
 """Mismatches: ranks whose calls at one place of their sequences disagree.  Pure: no processes, no I/O.
 
-Ranks that enter the same collective (same group, same sequence number) must agree on it, and so
-must a send and the receive it pairs with.  Some disagreements can never complete (another op
-or root, another number of bytes on the wire): the ranks in them are a certain mismatch while
-they still wait (:func:`inflight_mismatch`, :func:`p2p_mismatch`).  Others complete without an
-error on Gloo and MPICH (a [2, 5] tensor against a [10] one, another reduce op) and are found
-in the calls the ranks recorded, once they are out of the test or a rank failed
-(:func:`finished_mismatch`).  Which ranks departed is the majority's word
-(:mod:`pytest_ddp.diagnose.majority`).
+Some disagreements can never complete (another op, root or byte count): a certain mismatch while
+the ranks wait (:func:`inflight_mismatch`, :func:`p2p_mismatch`).  Others complete without an
+error on Gloo and MPICH (a [2, 5] tensor against a [10] one, another reduce op) and are found in
+the recorded calls afterwards (:func:`finished_mismatch`).  Which ranks departed is
+:mod:`pytest_ddp.diagnose.majority`'s word.
 """
 
 from __future__ import annotations
@@ -82,10 +79,9 @@ def _completion_keys(call: Call, ranks: dict[int, RankState]) -> dict[int, tuple
 
 
 def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
-    """A send and the receive it pairs with (the same group and number, each the other's peer)
-    whose messages differ in size: Gloo's receive raises on it, or takes part of it and a later
-    call raises.  The two calls disagree, whichever rank raised: that rank is not the culprit for
-    it.  Looked for in the call a rank is blocked in, and over every call of a rank that raised."""
+    """A send and the receive it pairs with whose messages differ in size: Gloo's receive raises,
+    or takes part and a later call raises; the rank that raised is not therefore the culprit.
+    Looked for in the call a rank is blocked in, and over every call of a rank that raised."""
     # Each peer's sends and receives, indexed once however many ranks wait for that peer.
     indexes: dict[int, dict[tuple[str, bool, int | None, int], Call]] = {}
     for rank in sorted(ranks):
@@ -111,11 +107,9 @@ def _p2p_index(state: RankState) -> dict[tuple[str, bool, int | None, int], Call
 
 
 def _compared_p2p(rank: int, ranks: dict[int, RankState]) -> list[Call]:
-    """The rank's sends and receives to compare with their peers': every one where its last call
-    raised; else the one it is blocked in or died inside (Gloo aborts a rank whose receive meets a
-    message of another size, and its peer may not have raised yet).  torch's only, with shapes
-    and another rank at the other end: MPI pairs a send with a receive by tag
-    (:mod:`pytest_ddp.diagnose.mpi_matching`)."""
+    """The rank's sends and receives to compare with their peers': all where its last call raised;
+    else the one it is blocked in or died inside (Gloo aborts a rank whose receive meets a message
+    of another size).  torch's only: MPI pairs by tag (:mod:`pytest_ddp.diagnose.mpi_matching`)."""
     state = ranks[rank]
     if state.last_raised is not None:
         mine = [c for c in state.calls if c.is_p2p]

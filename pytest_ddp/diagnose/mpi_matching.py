@@ -1,22 +1,11 @@
 """MPI's point-to-point rules, for the watchdog and the after-test check.  Pure: no processes, no I/O.
 
-MPI pairs a receive with a message by (communicator, source, tag), where a
-receive's ``ANY_SOURCE`` and ``ANY_TAG`` match any; messages from one sender to
-one receiver on one communicator are received in the order sent (they do not
-overtake each other), and receives take messages in the order they were posted.
-A standard send may return before any receive is posted (MPICH's eager protocol
-buffers small messages): such a message waits, in no rank, until a receive
-takes it, or is silently lost when the program ends.  So:
-
-- a receive (``Recv``, a waited-for ``Irecv``, ``Probe``, ``Sendrecv``'s receiving
-  end) that no message sent so far matches waits for its sender, or for any
-  member of the communicator when it receives from any source;
-- a send still inside its call (a large message, a synchronous ``Ssend``, a
-  waited-for ``Isend``) whose message no posted receive took waits for its receiver;
-- a message whose send returned and that no receive took is no hang while the
-  test runs, but is one sent and never received once it is over.
-
-Collectives need nothing here: the watchdog's per-communicator sequence rules hold.
+MPI pairs a receive with a message by (communicator, source, tag), ``ANY_SOURCE``/``ANY_TAG``
+matching any; messages from one sender to one receiver do not overtake each other, and receives
+take messages in the order posted.  A standard send may return before any receive is posted
+(MPICH's eager protocol buffers small messages), so a receive no message matches waits for its
+sender (any member, for any source); a send still inside its call waits for its receiver; and a
+returned send that no receive took is no hang, but a message never received once the test is over.
 """
 
 from __future__ import annotations
@@ -95,10 +84,8 @@ def _matches(message: Message, group: str, source: int | None, tag: int | None) 
 def match(ranks: dict[int, RankState]) -> Matching:
     """Pair each rank's posted receives with the messages sent to it, as MPI would have.
 
-    A receive that returned took the first matching message from the rank it got it from
-    (its ``ret`` names that rank when it received from any source); one still waiting takes
-    the first matching message of any sender it accepts, the earliest sent first.  Receives
-    that returned are paired first: what they got is known, what a waiting one will get is not."""
+    Receives that returned are paired first (their ``ret`` names the sender): what they got is
+    known, what a waiting one will get is not; a waiting one takes the earliest sent it accepts."""
     inbox: dict[int, list[Message]] = {r: [] for r in ranks}  # receiver -> messages, in send order per sender
     receives: dict[int, list[Call]] = {r: [] for r in ranks}
     for rank, state in sorted(ranks.items()):

@@ -1,9 +1,5 @@
-"""What the controller knows about each rank: the states built from its events.
-
-A rank tells its controller everything through its event log (the format and
-the log itself are in :mod:`pytest_ddp.common.protocol`).  The controller folds the
-events of the current test into a :class:`RankState`; the watchdog judges a
-:class:`Snapshot` of all of them.
+"""What the controller knows about each rank: a :class:`RankState` folded from the events of the
+current test (:mod:`pytest_ddp.common.protocol`); the watchdog judges a :class:`Snapshot` of all.
 """
 
 from __future__ import annotations
@@ -219,8 +215,7 @@ class RankState:
     peak_cuda: int | None = None
     group_intact: bool = True  # see protocol.Done
     group_alive: bool = False  # see protocol.Done
-    # Asynchronous calls whose work had not completed shortly after the test
-    # ended: [{"i": call index, "err": why}].
+    # Asynchronous calls whose work had not completed after the test: [{"i": index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
     waiting_on: int | None = None  # index of the asynchronous call whose work the rank waits for
     threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
@@ -243,8 +238,7 @@ class RankState:
 
     @property
     def died_as_injected(self) -> bool:
-        """The process is gone because a fault the test declared ended it (kill, exit): a
-        death the test asked for, which alone fails nothing."""
+        """An injected fault (kill, exit) ended the process: a death that alone fails nothing."""
         return self.ended_by is not None
 
     @property
@@ -260,8 +254,7 @@ class RankState:
     @property
     def current_call(self) -> Call | None:
         """The call this rank is blocked in, if any: the asynchronous call whose work it waits
-        for, else its last call if that is still running and blocks (issuing asynchronous work
-        takes a moment, but waits for nobody)."""
+        for, else its last call if that is still running and blocks."""
         return self._call_inside() if self.alive else None
 
     @property

@@ -50,16 +50,15 @@ class Departed:
     waits: dict[int, Wait]
     # The two ends of the one connection that broke (majority.broken_pair): both named.
     broken: list[int] = field(default_factory=list)
-    # As many wait as returned, each waiting call come in an order of lines taken before: a step
-    # more on these, or a step less on the culprits; nothing tells which, so these are named too.
+    # A tie (as many wait as returned, each by known paths): a step more here or a step less on
+    # the culprits; nothing tells which, so these are named too.
     alike: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ExtraCall:
-    """Most members of a collective's group returned from the test without it: the few waiting
-    in it made a call the rest never made; or a rank waits in a send or receive one more than
-    most ranks made, its peer gone (partial; at fault are the callers)."""
+    """The few waiting ranks made a collective, or a send or receive, more than the rest, who
+    returned (partial; the callers are at fault)."""
 
     callers: list[int]  # in the call, at fault
     returned: list[int]
@@ -77,12 +76,11 @@ class Cycle:
     p2p: bool
     # Ranks blocked in a send or recv whose peer waits in a collective instead: no matching call.
     unmatched: list[int] = field(default_factory=list)
-    # The one rank on a p2p cycle whose calls went by a path no rank took before -> that path's
-    # two calls: of 2 ranks, to the call it waits in (majority.new_paths); of more, anywhere since
-    # it went round the same code (majority.branched).  The likely culprit, said as likely.
+    # The likely culprit: the rank whose calls went by a path no rank took before -> that path's
+    # two calls (majority.new_paths for 2 ranks, majority.branched for more).
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
-    # Else the one rank whose code makes a call between its call before and the one it waits in
-    # (majority.skipped_in_code) -> those two calls and the sites of the calls it skipped.
+    # Else the rank whose code skipped a call (majority.skipped_in_code) -> its two calls and the
+    # sites of the calls skipped.
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
 
 
@@ -92,8 +90,7 @@ class Disagreement:
 
     call: Call  # the call the disagreement was found at
     entered: dict[int, Call]  # each member that entered it -> its call there
-    # In a tie, the ranks whose call departs from every earlier call made from the same line
-    # while the others' calls do not -> that earlier call (the likely culprits, said as likely).
+    # In a tie, the likely culprits (majority.departures) -> the earlier call theirs departs from.
     likely: dict[int, Call] = field(default_factory=dict)
     # Else the ranks whose call came by a path no rank took before -> their call before it, and it.
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
@@ -151,8 +148,7 @@ class Failures:
 
 @dataclass(frozen=True)
 class NoneFinished:
-    """Every rank's process ended before its test did (injected faults ended them, or they
-    exited): no rank ran the test to its end, so the test did not pass."""
+    """Every rank's process ended before its test did: the test did not pass."""
 
     ranks: list[int]
 
@@ -172,9 +168,8 @@ class SettingDiffers:
 
 @dataclass(frozen=True)
 class CutOnPurpose:
-    """The ranks a verdict named left the test woken by the connections the test broke on purpose
-    (:func:`pytest_ddp.faults.disconnect`) of ranks that had not left it; what came of it
-    (``then``)."""
+    """The ranks a verdict named were woken by connections the test cut on purpose
+    (:func:`pytest_ddp.faults.disconnect`); ``then``: what came of it."""
 
     cut: list[int]
     then: Verdict
@@ -204,9 +199,8 @@ class Verdict:
     summary: str = ""  # one or two sentences a human can act on: wording.worded() fills it in
 
     def call_at_fault(self, states: list[RankState]) -> Call | None:
-        """The call it names (``call``, "all_reduce #3"): the call where the
-        ranks disagree, else the lowest waiting rank's call of that label, else its call; where
-        no rank waits, the first call that raised on a rank not at fault (woken by the culprit)."""
+        """The call it names (``call``): where the ranks disagree, else the lowest waiting rank's
+        call of that label, else its call; where none waits, the first raised on a rank not at fault."""
         finding = self.finding
         if isinstance(finding, (SettingDiffers, CutOnPurpose)):
             return finding.then.call_at_fault(states)

@@ -27,10 +27,8 @@ def _took_part(state: RankState, call: Call) -> bool:
 
 
 def collective_at(state: RankState, group: str, seq: int) -> Call | None:
-    """The collective number ``seq`` on ``group`` of this rank, if it has entered it.
-
-    Scans back from the latest call: ranks are usually close together, and sequence
-    numbers only grow along a rank's calls, so an older number ends the search."""
+    """The collective number ``seq`` on ``group`` of this rank, if it has entered it (scanned back
+    from the latest call: numbers only grow, so an older one ends the search)."""
     for call in reversed(state.calls):
         if call.is_collective and call.group == group:
             if call.seq == seq:
@@ -41,10 +39,8 @@ def collective_at(state: RankState, group: str, seq: int) -> Call | None:
 
 
 def first_missed(waiter: RankState, absent: RankState, call: Call) -> Call:
-    """The first collective of ``call``'s group that ``waiter`` made, up to ``call`` (the one it
-    waits in), and ``absent`` never entered: with earlier asynchronous work still in flight, an
-    earlier number than ``call``'s, where the ranks' sequences first differ.  ``call`` itself
-    when it is no collective."""
+    """The first collective of ``call``'s group, up to ``call``, that ``waiter`` made and
+    ``absent`` never entered (earlier than ``call`` with async work in flight); else ``call``."""
     first = call
     if not call.is_collective:
         return first
@@ -76,10 +72,8 @@ def _members(rank: int, call: Call, ranks: dict[int, RankState]) -> list[int] | 
 
 
 class _Seen:
-    """What one judgement asks again and again, each worked out once: which members have not taken
-    part in a collective (every rank blocked in it asks), and how many sends or receives a rank
-    has entered (read from its latest call back, only as far as asked).  So a look at 512 ranks
-    blocked in one collective costs O(ranks), not O(ranks^2) (see docs/design.md)."""
+    """What one judgement asks again and again, worked out once (a collective's absent members, a
+    rank's count of sends or receives): a look at many ranks blocked in one collective is O(ranks)."""
 
     def __init__(self, ranks: dict[int, RankState]) -> None:
         self._ranks = ranks

@@ -1,22 +1,10 @@
 """The watchdog: from a snapshot of every rank to a verdict.  Pure: no processes, no I/O.
 
-The question it answers, many times a second while a test runs: can any rank
-still make progress?  A rank blocked in a collective needs the members of its
-group that have not entered the same collective (same group, same sequence
-number); a rank blocked in ``recv`` needs its sender, and a blocked ``send``
-its receiver.  A needed rank that has left the test (finished it, or died)
-will never come; a needed rank that is itself blocked comes only if *it* can
-progress.  The blocked ranks that cannot progress whatever the running ranks
-do form the *doomed* set, found as a greatest fixpoint; if it is not empty,
-the deadlock is certain and the verdict says who is at fault.  Ranks that
-entered the same collective in ways that can never complete together (another
-op or root, another number of bytes) are a certain mismatch at once; calls
-that complete though they differ are found in the calls recorded, after the
-test or once a rank failed (both in :mod:`pytest_ddp.diagnose.mismatches`).
-
-Who waits for whom, and the doomed set, are worked out in :mod:`pytest_ddp.diagnose.waits`.
-The verdict and its findings are data (:mod:`pytest_ddp.diagnose.verdicts`);
-:mod:`pytest_ddp.diagnose.wording` puts them in words.
+The question, many times a second: can any rank still make progress?  The blocked ranks that
+cannot, whatever the running ranks do, are the *doomed* set (:mod:`pytest_ddp.diagnose.waits`);
+if it is not empty the deadlock is certain.  Calls that can never complete together, or that
+completed though they differ, are mismatches (:mod:`pytest_ddp.diagnose.mismatches`).  The
+verdict is data (:mod:`pytest_ddp.diagnose.verdicts`); :mod:`pytest_ddp.diagnose.wording` words it.
 """
 
 from __future__ import annotations
@@ -96,8 +84,7 @@ def _gone_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: s
             extra = majority.extra_message(culprits, doomed, ranks, waits)
         if extra is not None:
             return extra
-        # No majority (as many wait as returned, the whole world: 2 ranks): where the waiting went
-        # on as they had, it is a tie.
+        # No majority (2 ranks): where the waiting went on as they had, it is a tie.
         no_majority = len(ranks) == 2 * len(doomed) == 2 * len(culprits)
         if no_majority and majority.as_before(ranks, {r: waits[r].call for r in doomed}):
             alike = sorted(doomed)
@@ -178,9 +165,8 @@ SETTLE = 0.5
 
 
 class Watch:
-    """The verdict policy over one test's life, in one place: the timeout and the grace after a
-    failure (the snapshot carries both; :func:`judge` applies them) and the settle time of a
-    certain deadlock."""
+    """The verdict policy over one test's life: timeout and grace (applied by :func:`judge`) and
+    the settle time of a certain deadlock."""
 
     def __init__(self, source: Callable[[str], str | None] = lambda file: None) -> None:
         self._certain_since: float | None = None
@@ -211,18 +197,16 @@ def _disconnected(snap: Snapshot) -> bool:
 
 
 def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
-    """How long ranks still moving get: the settle time; the grace where connections were broken on
-    purpose (the broken rank may raise after its woken peers, later than the settle time), as a
-    rank killed on purpose gets, and where members still on their way would break a tie."""
+    """How long ranks still moving get: the settle time, or the grace where connections were cut on
+    purpose (the cut rank may raise after its woken peers) or members on their way may break a tie."""
     if _disconnected(snap) or _tie_others_may_break(snap, verdict):
         return max(SETTLE, snap.grace)
     return SETTLE
 
 
 def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
-    """A mismatch of ranks as many on each side (in a collective, or groups taken in another order)
-    while members of its groups not named run outside any call or in an earlier collective there:
-    their calls, once they come, make a majority."""
+    """A tied mismatch while unnamed members of its groups run outside any call or in an earlier
+    collective there: their calls, once they come, make a majority."""
     if verdict.kind != "mismatch" or verdict.waiting:
         return False
     finding = verdict.finding
@@ -247,12 +231,10 @@ def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
 
 def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     """Some unfinished rank may still finish or block elsewhere, so the verdict would name more
-    ranks: it runs outside any call; it is in a collective every member entered, finishing it
-    (ranks still leave one collective while others block in the next); a rank's connections
-    were broken on purpose, so every rank still in a call is about to raise out of it, the broken
-    rank's peers too; it is the one rank at an end of every send or receive that raised (its
-    connections broke: it raises next); or it is in an MPI send, which may return with its
-    message buffered."""
+    ranks: it runs outside any call; it is finishing a collective every member entered; a rank was
+    cut on purpose (every rank in a call is about to raise); it is the center of the broken
+    connections (it raises next); or it is in an MPI send, which may return with its message
+    buffered."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
     disconnected = _disconnected(snap)
     center = majority.broken_center({s.rank: s for s in snap.ranks})
@@ -299,7 +281,7 @@ def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> b
 
 def mpi_abort(state: RankState) -> Call | None:
     """The MPI_Abort this rank's process ended in, if it did: the rank failed, whatever its exit
-    status, and the ranks its launcher then killed died of it."""
+    status."""
     if state.alive or not state.calls:
         return None
     last = state.calls[-1]
@@ -339,8 +321,7 @@ _SLOW_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 
 def _monitored_barrier_timeout(status: str, ranks: dict[int, RankState]) -> Verdict | None:
-    """Ranks whose monitored_barrier raised, naming the ranks that did not arrive in time: those
-    are the culprits (they are slow, or elsewhere), the ranks that waited for them are not."""
+    """The ranks a raised monitored_barrier names as late are the culprits, not those that waited."""
     reporters: dict[int, Call] = {}
     slow: set[int] = set()
     for rank, state in sorted(ranks.items()):
@@ -386,10 +367,9 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
 
 
 def _woken(failed: list[int], ranks: dict[int, RankState]) -> list[int]:
-    """The failed ranks whose last call raised while a rank had died, or a send or receive with
-    the dead rank that every raising send or receive was with: woken by the death ("Connection
-    closed by peer"; a pipeline stage's isend raises, and its next isend is still in flight), not
-    at fault."""
+    """The failed ranks whose last call raised while a rank had died, or that raised in a send or
+    receive with the dead :func:`~pytest_ddp.diagnose.majority.broken_center`: woken by the death
+    ("Connection closed by peer"), not at fault."""
     if all(ranks[r].alive for r in failed):
         return []
     center = majority.broken_center(ranks)  # a dead rank every send or receive that raised was with

@@ -1,9 +1,7 @@
 """The words of a failed test's report: the watchdog's findings, the headline, each rank's state.
 
-The watchdog (:mod:`pytest_ddp.diagnose.watchdog`) decides and returns data; this module
-words it, once per failing test, for the report, the JSON and ``run()``: the verdict's summary
-(:func:`worded`), the headline around it (:func:`lead`, :func:`tag`), and what each rank is doing
-(:func:`rank_doing`).
+The watchdog (:mod:`pytest_ddp.diagnose.watchdog`) returns data; this module words it once per
+failing test, for the report, the JSON and ``run()``.
 """
 
 from __future__ import annotations
@@ -70,8 +68,8 @@ def _verb(ranks: Iterable[int], one: str, many: str) -> str:
 
 
 def _short_error(state: RankState) -> str:
-    """A failed rank's error in one line: from its last call if that raised, else from its
-    failed report, else ``failed``.  (A call that raised and was followed by others was handled.)"""
+    """A failed rank's error in one line: its last call's if that raised (an earlier one was
+    handled), else its failed report's, else ``failed``."""
     if state.calls and state.calls[-1].state == "raised":
         error = state.calls[-1].error or "error"
         return error.strip().splitlines()[0]  # C++ messages run over many lines
