@@ -1,13 +1,11 @@
 """Which collected items are adopted (``--ddp-adopt``), and on how many ranks they run.
 
-The items of torch's harness classes (``MultiProcessTestCase`` and its children, which spawn a process
-per rank and join them; ``MultiProcContinuousTest``) and of DeepSpeed's (``DistributedTest``) are
-marked ``ddp(world_size=<the class's>, init=False, check_collectives=False)``: the test makes its own
-process group, and nothing compares the ranks' collectives, as under its own harness.  A class that
-runs its tests in one process (``join_or_run`` or ``_ensure_processes_spawned`` of its own, as the
-local-tensor classes have) is left to pytest, and so is an item that has a ``ddp`` mark already.  The
-controller and every rank collect alike, so each marks the same items; a rank also makes the classes
-run there (:mod:`pytest_ddp.adopt.torch_classes`, :mod:`pytest_ddp.adopt.deepspeed`).
+The items of torch's harness classes (``MultiProcessTestCase``, ``MultiProcContinuousTest``) and
+of DeepSpeed's (``DistributedTest``) are marked ``ddp(world_size=<the class's>, init=False,
+check_collectives=False)``: the test makes its own process group, and nothing compares the ranks'
+collectives, as under its own harness.  A class that runs its tests in one process (its own
+``join_or_run`` or ``_ensure_processes_spawned``) is left to pytest, as is an item with a ``ddp``
+mark.  The controller and every rank collect alike, so each marks the same items.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ def adopt(items: list[pytest.Item], in_rank: bool) -> None:
         kind = None if cls is None else _kind(cls, harness)
         if kind is None or item.get_closest_marker("ddp") is not None:
             continue
-        # Their harnesses do not compare the ranks' collectives (a test may make a rank's time out on
-        # purpose).
+        # Not compared: a test may make a rank's collective time out on purpose.
         world_size = _world_size(item, cls, kind)
         item.add_marker(pytest.mark.ddp(world_size=world_size, init=False, check_collectives=False))
         item.stash[adopted_key] = kind

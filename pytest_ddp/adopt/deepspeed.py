@@ -1,13 +1,10 @@
 """DeepSpeed's ``DistributedTest`` classes in a rank (``is_dist_test``; DeepSpeed's tests/unit/common.py,
 which each project that follows it keeps a copy of).
 
-DeepSpeed's conftest runs such a test in its ``pytest_runtest_call``: ``item.cls()(item._request)``
-starts ``world_size`` processes, each of which runs the class's ``_dist_run`` (its environment,
-``init_distributed``, a barrier, the test method with its fixtures), then ``_dist_destroy`` in each
-unless ``reuse_dist_env``, whatever the test did.  In a rank the same conftest runs the same
-``__call__``; only the two launchers (``_launch_daemonic_procs``, ``_launch_non_daemonic_procs``)
-run ``_dist_run`` here, on rank 0's rendezvous file, instead of starting processes, and gather
-every rank's skip message, as DeepSpeed's main process does.  A rank whose test raised fails with its error.
+DeepSpeed's conftest calls ``item.cls()(item._request)``, which starts ``world_size`` processes
+that each run the class's ``_dist_run``.  In a rank the same conftest runs the same ``__call__``;
+only its two launchers run ``_dist_run`` here, on rank 0's rendezvous file, and gather every
+rank's skip message, as DeepSpeed's main process does.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The loggers as a process torch's harness spawns has them, while a rank runs what that process runs.
 
-pytest's logging plugin (pytest 9.1 on) attaches its handlers (live logging's, the log file's,
-caplog's, the report's) to the root logger and to every logger that does not propagate, whose
-records never reach the root: torch's ``c10d`` logger holds five handlers in a rank, where the
-process torch spawns holds its own NullHandler alone (test_c10d_logger.py's
-``test_get_or_create_logger`` asserts it).  So while a rank runs an adopted test's part of that
-process, the handlers on the root logger are taken off the loggers that do not propagate, and put
-back after.  The root logger keeps them: what reaches it is the test's log in the rank's report,
-as for any ddp test.
+pytest's logging plugin (pytest 9.1 on) attaches its handlers to the root logger and to every
+logger that does not propagate, so torch's ``c10d`` logger holds five handlers in a rank where the
+process torch spawns holds its own NullHandler alone (torch's ``test_get_or_create_logger``
+asserts it).  The root logger keeps them: what reaches it is the test's log in the rank's report.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """torch's distributed test classes in a rank: what torch's harness does in the processes it spawns
 happens in the ranks instead, and what its main process does, in each rank together.
 
-``MultiProcessTestCase`` (``DistributedTestBase``, ``DTensorTestBase``, ``FSDPTest``, torch's own
-``TestDistBackend``): the test instance pytest made in the rank runs ``setUp`` and ``tearDown`` as
-torch's main process does.  Its ``_spawn_processes`` makes this process the one the main process
-would spawn for its rank: every rank takes rank 0's environment (a spawned process inherits the main
-one's, and ``setUp`` may have put a temporary folder there) and rank 0's rendezvous file
-(``file_name``).  Its ``_join_processes`` runs what torch's child runs, ``cls._run(rank, test_name,
-file_name, pipe)``, so that a class's own ``_run`` and ``run_test`` hold (``destroy_pg_upon_exit``,
-the seed, FSDPTest's own init); then the ranks gather how each ended and each draws torch's main
-process's verdict from all of them (:mod:`pytest_ddp.adopt.verdict`): exit codes (``TEST_SKIPS``),
-expected failures, skips decided by rank 0.
+``MultiProcessTestCase``: the test instance pytest made in the rank runs ``setUp`` and ``tearDown``
+as torch's main process does; ``_spawn_processes`` makes this process the one it would spawn for its
+rank (rank 0's environment, where ``setUp`` may have put a temporary folder, and rendezvous file),
+and ``_join_processes`` runs what torch's child runs, ``cls._run``, so that a class's own ``_run``
+and ``run_test`` hold.  Then every rank draws torch's main process's verdict from how each ended
+(:mod:`pytest_ddp.adopt.verdict`).
 
-``MultiProcContinuousTest``: the class's process group is made once, as its first test sets up, by
-the class's own ``_init_pg`` (``backend_str()``, ``opts()``), and outlives each test until the class
-is torn down.  The class's task and completion queues are the rank's own worker (:class:`_Worker`),
-which runs each test as torch's worker loop runs it (``_run_test_given_id``), so torch's own main
-process code puts the test and reads its end.  No poison pill: a failed test does not skip the rest
-of its class.
-
-The ranks' exchanges: :mod:`pytest_ddp.adopt.exchange`.
+``MultiProcContinuousTest``: the class's own ``_init_pg`` makes its process group as its first test
+sets up, and it outlives each test until the class is torn down.  The class's queues are the rank's
+own worker (:class:`_Worker`), so torch's main process code puts the test and reads its end.  No
+poison pill: a failed test does not skip the rest of its class.
 """
 
 from __future__ import annotations
@@ -203,9 +195,8 @@ def _first_line(error: BaseException) -> str:
 
 
 class _Worker:
-    """The class's worker for this rank, here in the rank: torch's main process puts each test's id
-    in its task queue and gets how it ended from its completion queue, and at the class's end puts
-    None and joins it, and so does the class here (pytest holds the tearDownClass it collected)."""
+    """The class's worker for this rank, in the rank: its task and completion queue, and the
+    process joined at the class's end."""
 
     def __init__(self, cls: Any, init_skip: str | None) -> None:
         self.cls = cls
