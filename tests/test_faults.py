@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from snapshots import NOW, R3, R4, call, killed, ok, rank, snap
 
 import pytest_ddp
 from pytest_ddp import faults
@@ -16,7 +17,6 @@ from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.groups.runner import not_fired
 from pytest_ddp.report.failure import injected_lines
 from pytest_ddp.report.writable import file_name
-from tests.test_watchdog import NOW, R3, R4, call, ok, rank, snap
 
 # -- declared and checked -------------------------------------------------------------
 
@@ -83,12 +83,6 @@ def test_run_refuses_a_fault_on_a_rank_that_does_not_exist():
 
 
 # -- the watchdog and the after-test check, on hand-made states --------------------------
-
-
-def killed(r: int, *calls, at: str = "all_reduce", call_number: int = 3) -> RankState:
-    state = rank(r, *calls, exit_code=-9)
-    state.injected.append(Injected(str(faults.kill(r, at, call_number)), "kill", at, call_number, "t.py:5"))
-    return state
 
 
 def test_peers_of_a_rank_killed_on_purpose_are_not_stopped_before_the_timeout():

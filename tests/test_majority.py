@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from test_watchdog import NOW, R4, call, judge, ok, outline, rank, snap
+from snapshots import NOW, R4, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.common.protocol import Injected, Setting
 from pytest_ddp.diagnose import majority, watchdog

@@ -1,40 +1,16 @@
 """MPI's rules in the watchdog and the after-test check, on hand-made rank states: no processes.
 
-The scenarios are those of the MPI seed article, as measured with MPICH (shared/MEASURED.md):
-a small standard send returns before its receive is posted, a large one blocks until then."""
+The scenarios are those of the MPI seed article, as measured with MPICH (docs/scenarios.md, "MPI through
+mpi4py"): a small standard send returns before its receive is posted, a large one blocks until then."""
 
 from __future__ import annotations
 
-from typing import Any
+from snapshots import NOW, R2, R4, done, judge, mpi, outline, rank, snap
 
-from test_watchdog import NOW, R2, R4, judge, outline, rank, snap
-
-from pytest_ddp.common import ops
 from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.consistency import unreceived_messages
-from pytest_ddp.diagnose.state import Call
 from pytest_ddp.diagnose.wording import unreceived_line
-
-
-def mpi(method: str, seq: int, *, state: str = "running", peer: int | None = None, tag: int | None = None,
-        got: int | None = None, group: str = "WORLD", ranks: tuple[int, ...] = R4, root: int | None = None,
-        extra: dict[str, Any] | None = None, enter: float = NOW - 1, error: str | None = None,
-        site: str | None = None) -> Call:
-    """An mpi4py call as the MPI recorder describes it; ``got``: the sender a receive from any
-    source got its message from (its ret says)."""
-    call = Call(index=0, op=ops.MPI_PREFIX + method, group=group, group_ranks=ranks, seq=seq,
-                site=site or f"t.py:{10 + seq}", enter=enter, peer=peer, tag=tag, root=root, extra=extra or {})
-    if state != "running":
-        call.exit = enter + 0.1
-        call.error = (error or "Exception: error") if state == "raised" else None
-        call.got_source = got
-    return call
-
-
-def done(method: str, seq: int, **kwargs: Any) -> Call:
-    return mpi(method, seq, state="ok", **kwargs)
-
 
 # -- the seed article's scenarios -------------------------------------------------------
 

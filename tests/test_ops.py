@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import torch.distributed.distributed_c10d as c10d
-from test_watchdog import call, ok, rank
+from snapshots import call, ok, rank
 
 from pytest_ddp.common import ops
 from pytest_ddp.report.sequences import sequence_table

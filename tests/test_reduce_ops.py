@@ -9,8 +9,8 @@ operations DDP issues (a boxed ReduceOp), mpi4py's (the MPI.Op's name)."""
 from __future__ import annotations
 
 import torch.distributed as dist
-from test_mpi_watchdog import done as mpi_done
-from test_watchdog import R4, judge, ok, outline, rank, snap
+from snapshots import R4, judge, ok, outline, rank, snap
+from snapshots import done as mpi_done
 
 from pytest_ddp.diagnose import mismatches
 from pytest_ddp.diagnose.consistency import compare_sequences

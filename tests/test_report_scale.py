@@ -5,7 +5,7 @@ over long runs, checked against the plain comparison it replaces."""
 
 from __future__ import annotations
 
-from test_watchdog import NOW, R3, call, ok, rank, snap
+from snapshots import NOW, R3, call, ok, rank, snap
 
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import mismatches, watchdog

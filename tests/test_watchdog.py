@@ -4,71 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_ddp.diagnose import watchdog
+from snapshots import NOW, R3, R4, call, judge, ok, outline, rank, snap
+
 from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
-from pytest_ddp.diagnose.state import Call, RankState, Snapshot
+from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
-from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list, worded
+from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list
 from pytest_ddp.report.sequences import p2p_table
-
-
-def judge(snapshot: Snapshot) -> Verdict:
-    """The watchdog's verdict, worded as the controller words it."""
-    return worded(watchdog.judge(snapshot), snapshot.ranks)
 
 
 def compare_sequences(ranks: list[RankState]) -> list[str]:
     return [difference_line(d) for d in compare_data(ranks)]
 
-NOW = 1000.0
-R2, R3, R4 = (0, 1), (0, 1, 2), (0, 1, 2, 3)
-
-
-def call(op: str, seq: int, *, state: str = "running", group: str = "WORLD", ranks: tuple[int, ...] = R2,
-         shape: tuple[int, ...] | None = (4,), dtype: str = "float32", peer: int | None = None,
-         root: int | None = None, error: str | None = None, extra: dict[str, Any] | None = None,
-         enter: float = NOW - 1, is_async: bool = False, site: str | None = None) -> Call:
-    """A call as the recorder would describe it; ``state`` is running, ok or raised."""
-    c = Call(index=0, op=op, group=group, group_ranks=tuple(ranks), seq=seq, site=site or f"t.py:{10 + seq}",
-             enter=enter, shapes=[list(shape)] if shape else [], dtypes=[dtype] if shape else [], peer=peer,
-             root=root, is_async=is_async, extra=extra or {})
-    if state != "running":
-        c.exit = enter + 0.1
-        c.error = (error or "RuntimeError: error") if state == "raised" else None
-    return c
-
-
-def ok(op: str, seq: int, **kwargs: Any) -> Call:
-    return call(op, seq, state="ok", **kwargs)
-
-
 def barrier(seq: int = 1, **kwargs: Any) -> Call:
     return call("barrier", seq, shape=None, **kwargs)
-
-
-def rank(r: int, *calls: Call, finished: bool = False, failed: str | None = None, exit_code: int | None = None,
-         failed_at: float = NOW - 0.5) -> RankState:
-    """A rank: ``failed`` is the error of a failed call report, ``exit_code`` makes it dead."""
-    state = RankState(rank=r, phase="call")
-    for i, c in enumerate(calls):
-        c.index = i
-        state.calls.append(c)
-    if finished:
-        state.phase, state.finished_at = "finished", NOW - 0.5
-    if failed is not None:
-        state.failed_at = failed_at
-        state.reports["call"] = {"outcome": "failed", "data": {"longrepr": {"reprcrash": {"message": failed}}}}
-    if exit_code is not None:
-        state.mark_dead(exit_code, failed_at)
-    return state
-
-
-def snap(*ranks: RankState, timeout: float = 60, grace: float = 2, started: float = NOW - 1) -> Snapshot:
-    return Snapshot(now=NOW, started=started, timeout=timeout, grace=grace, ranks=list(ranks))
-
-
-def outline(verdict: Verdict) -> tuple[str, str | None, list[int], list[int]]:
-    return verdict.status, verdict.kind, verdict.culprits, verdict.waiting
 
 
 # -- waiting and passing --------------------------------------------------------

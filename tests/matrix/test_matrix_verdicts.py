@@ -4,10 +4,10 @@ rank of many, and a send whose receive takes a message of another size."""
 
 from __future__ import annotations
 
+from snapshots import NOW, R2, R4, call, judge, killed, ok, outline, rank, snap
+
 from pytest_ddp.diagnose.verdicts import Disagreement, GraceOver
 from pytest_ddp.diagnose.wording import worded
-from tests.test_faults import killed
-from tests.test_watchdog import NOW, R2, R4, call, judge, ok, outline, rank, snap
 
 
 def test_ranks_woken_by_a_death_are_not_named_with_it_once_the_grace_is_over():

@@ -1,8 +1,8 @@
 """The halts of the MPI seed article (PyTorch code talking through mpi4py), each diagnosed.
 
-What bare MPICH does in each (shared/MEASURED.md, MPI section): the small any-source case
-exits 0 while losing messages, the others hang for ever, and a killed rank makes mpiexec
-kill the rest.  Torch tensors go straight to mpi4py's buffer calls.
+What bare MPICH does in each (measured under a bare ``mpiexec -n 4``: docs/scenarios.md, "MPI through
+mpi4py"): the small any-source case exits 0 while losing messages, the others hang for ever, and a
+killed rank makes mpiexec kill the rest.  Torch tensors go straight to mpi4py's buffer calls.
 """
 
 import os
