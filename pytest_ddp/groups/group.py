@@ -1,19 +1,13 @@
 """A rank group: N rank processes of one world size and backend, and what they share.
 
-The controller owns, per group: a private temporary folder (rank starts, event
-logs, output files, stack dumps), a TCPStore that listens on 127.0.0.1 only,
-and for each rank a command pipe (controller -> rank) and a notify pipe
-(rank -> controller: one message after each event worth waking up for; end of
-file when the rank dies).  Everything else a rank says goes through its event
-log (see :mod:`pytest_ddp.common.protocol`).
+Per group: a private folder, a TCPStore on 127.0.0.1 only, and per rank a command pipe and a
+notify pipe (a wake-up byte per event worth it; end of file when the rank dies); all else goes
+through the rank's event log (:mod:`pytest_ddp.common.protocol`).  Ranks fork from a forkserver
+that imported torch once, so a fresh group costs no ``import torch``.
 
-Ranks are forked from a forkserver that imported torch and pytest once, so a
-fresh group costs no ``import torch`` and idle ranks share torch's pages.
-
-No orphans: ranks run in their own session (Ctrl-C in a terminal reaches only
-the controller, which then kills them) and ask the kernel for SIGKILL when
-their parent, the forkserver, dies (PR_SET_PDEATHSIG); the forkserver exits
-when the controller dies, however it dies.
+No orphans: ranks run in their own session (Ctrl-C reaches only the controller, which kills
+them) and get SIGKILL when the forkserver dies (PR_SET_PDEATHSIG); the forkserver exits when the
+controller dies, however it dies.
 """
 
 from __future__ import annotations
@@ -59,8 +53,7 @@ from pytest_ddp.groups.spawn import (
 
 STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
-# The environment variable that tells a rank where the directories shared by
-# all ranks of a test live (the ``ddp_shared_path`` fixture).
+# Where the folders shared by a test's ranks live (the ``ddp_shared_path`` fixture).
 SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
 
 
@@ -80,10 +73,8 @@ def _kill_live_groups() -> None:
 
 @dataclass(frozen=True)
 class UnfinishedTeardown:
-    """A rank that sent no :class:`~pytest_ddp.common.protocol.SessionEnd` after "stop", what the
-    controller knows of it: it ended during the teardown of the fixtures it still held
-    (it crashed, was killed, or called ``os._exit``), or was still in it after the wait
-    and was killed."""
+    """What is known of a rank that sent no :class:`~pytest_ddp.common.protocol.SessionEnd` after
+    "stop": it ended in its teardown, or was still in it after the wait and was killed."""
 
     exit_code: int | None  # how it ended (negative: the signal); None: still running when killed
     waited: float  # seconds it was given to finish (STOP_WAIT)
@@ -111,8 +102,7 @@ class GroupConfig:
     sys_path: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)  # NCCL: the GPU ids ranks 0..N-1 use
     mpi_launcher: str | None = None  # MPI: the launcher's command (--ddp-mpi-launcher); None: found
-    # Where the group's folder goes: pytest's basetemp, which pytest rotates, so
-    # even a controller killed with SIGKILL leaves nothing outside it.
+    # pytest's basetemp, which pytest rotates: a controller killed by SIGKILL leaves nothing outside.
     workdir_parent: str | None = None
 
 
@@ -175,9 +165,8 @@ class RankGroup:
         self._news.register(rp.proc.sentinel, selectors.EVENT_READ, rp)
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
-        """torchrun's environment for one node running every rank (torch's
-        LocalElasticAgent._start_workers), so that is_torchelastic_launched()
-        is true; the controller hosts the store."""
+        """torchrun's environment for one node running every rank (LocalElasticAgent._start_workers),
+        so that is_torchelastic_launched() is true; the controller hosts the store."""
         world_size = self.config.world_size
         return dict(
             RANK=str(rank),
@@ -194,9 +183,8 @@ class RankGroup:
             TORCHELASTIC_RUN_ID=self.run_id,
             TORCHELASTIC_RESTART_COUNT="0",
             TORCHELASTIC_MAX_RESTARTS="0",
-            # As under torchrun: every rank, rank 0 included, is a client of the
-            # store the controller hosts, so a test's own init_process_group
-            # (init=False) opens no listening socket either.
+            # As under torchrun: rank 0 too is a client of the controller's store, so a test's
+            # own init_process_group (init=False) opens no listening socket.
             TORCHELASTIC_USE_AGENT_STORE="True",
         )
 
@@ -219,8 +207,7 @@ class RankGroup:
         return rank
 
     def role(self, rank: int, store_port: int | None) -> RankRole:
-        """What rank ``rank`` is in this group, which holds on any machine (the rest of its start
-        does not)."""
+        """What rank ``rank`` is in this group, on any machine (the rest of its start is local)."""
         cfg = self.config
         return RankRole(
             rank=rank,
@@ -292,13 +279,9 @@ class RankGroup:
     def stop(self) -> dict[int, StopTeardown]:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure.
 
-        Returns each rank's report of that teardown, and for a rank that sent none
-        although it had one to send (see :class:`UnfinishedTeardown`), what is known of it
-        here.  Ranks that had ended before "stop" are left out (they died outside this
-        teardown: one that died in a test is that test's verdict's), and so are ranks that
-        exited 0 without a report: nothing says they failed.
-        Ranks busy with a test handed over ahead, which nobody will now judge, are killed
-        instead: they would read "stop" only after that test.
+        Returns each rank's teardown report, or what is known of one that owed it
+        (:class:`UnfinishedTeardown`); ranks ended before "stop" are left out.  Ranks busy with a
+        test handed over ahead are killed instead: they would read "stop" only after it.
         """
         if self.current is not None or self._news is None:  # busy with a test, or killed already
             self.kill()
@@ -330,10 +313,9 @@ class RankGroup:
     def _unfinished_teardowns(
         self, silent: list[RankProcess], waited: float, stopped_at: float
     ) -> dict[int, UnfinishedTeardown]:
-        """What is known of the ranks that sent no report of their teardown at the stop (asked at
-        ``stopped_at``): how each ended in it or, still in it after ``waited`` seconds, its stacks
-        (it is killed next).  A rank that exited 0 is left out: a pytest session reports before
-        it exits, so its own code ended it there (``os._exit(0)``), and nothing says that failed."""
+        """How each rank that sent no teardown report ended, or its stacks if still in it after
+        ``waited`` seconds (it is killed next).  One that exited 0 is left out: a session reports
+        before it exits, so its own code ended it (``os._exit(0)``), and nothing says that failed."""
         codes = {rp.rank: rp.proc.exitcode for rp in silent}
         stacks = self.dump_stacks([rank for rank, code in codes.items() if code is None])
         return {
@@ -371,9 +353,8 @@ class RankGroup:
     # -- one test -------------------------------------------------------------
 
     def begin(self, command: RunItem | CallFunction) -> None:
-        """Hand the next test to every rank; fresh states start recording it.  After a test that
-        ended, replaced or made a default group, the ranks join the next on a fresh store (a group
-        of run()'s functions serves one call)."""
+        """Hand the next test to every rank; fresh states record it.  After a test that ended,
+        replaced or made a default group, the ranks join the next on a fresh store."""
         if isinstance(command, RunItem) and self._store is not None and self._store.spent(self.states):
             command = dataclasses.replace(command, store_port=self._store.renew())
         self.tests_run += 1
@@ -385,8 +366,7 @@ class RankGroup:
             rp.proc.send(command)
 
     def _mark_output(self, rp: RankProcess) -> None:
-        """What the rank writes to its stdout, stderr and stack dump file from now on is
-        what comes next (a test, or the teardown at the group's stop)."""
+        """What the rank writes from now on belongs to what comes next (a test, or the stop)."""
         rp.stdout_offset = rp.stdout.size()
         rp.stderr_offset = rp.stderr.size()
         rp.dump_offset = rp.dump.size()
@@ -466,8 +446,7 @@ class RankGroup:
     # -- plumbing -------------------------------------------------------------
 
     def _wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a rank's notify byte or its end;
-        drain the notify pipes and note the exit codes of ended ranks."""
+        """Wait up to ``timeout`` seconds for a notify byte or a rank's end, and take them in."""
         if self._news is None:  # killed: nothing to hear of, but the caller still waits
             time.sleep(timeout)
             return

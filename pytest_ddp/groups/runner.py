@@ -1,9 +1,7 @@
 """Run one test on a rank group under the watchdog's eye; keep warm groups for the next.
 
-The loop is the controller's whole job while a test runs: wait for news from
-the ranks (a byte on a notify pipe, or a poll interval), fold it into the rank
-states, and ask the watchdog.  On any verdict but "done" the live ranks dump
-their stacks and the group is killed; a later test gets a fresh one.
+While a test runs: wait for news from the ranks (or a poll interval), fold it in, ask the
+watchdog.  On any verdict but "done" the live ranks dump their stacks and the group is killed.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's t
 
 
 class Group(Protocol):
-    """What the pool and :func:`supervise` use of a rank group: :class:`RankGroup`, or in
-    tests/test_controller.py a fake that replays scripted rank states."""
+    """What the pool and :func:`supervise` use of a rank group (a test's fake replays states)."""
 
     states: list[RankState]  # one per rank, of the test handed over last
     current: str | None  # id of the test handed over and not yet judged
@@ -55,8 +52,8 @@ class Group(Protocol):
 
 @dataclass
 class StoppedGroupFailure:
-    """A warm group stopped after its last test was reported, whose ranks failed to tear
-    down the fixtures they still held (module, session): an error of no test left to report."""
+    """A warm group stopped after its last test was reported, whose ranks failed to tear down
+    the fixtures they still held: an error of no test left to report."""
 
     group: str  # Group.name
     last_test: str  # node id of the last test the group ran
@@ -97,8 +94,7 @@ class TestRun:
     unreceived_messages: list[consistency.UnreceivedMessage] = field(default_factory=list)
     cold_start: float | None = None  # seconds spent starting a fresh group, if one was started
     exit_codes: dict[int, int | None] = field(default_factory=dict)  # once the group was stopped
-    # The group was stopped right after this test: each rank's failed teardown of
-    # the fixtures it still held, part of this test's teardown.
+    # Stopped right after this test: each rank's failed teardown, part of this test's.
     stop_teardown: dict[int, StopTeardown] = field(default_factory=dict)
     # Other groups stopped to make room for this test, whose teardown failed.
     stopped_groups: list[StoppedGroupFailure] = field(default_factory=list)
@@ -131,9 +127,8 @@ SOURCE_LIMIT = 1 << 20  # bytes: a call site's file larger than this is not read
 
 
 def _source_files() -> Callable[[str], str | None]:
-    """A file's text by the name a call site gives it (relative to the working folder, as the
-    ranks', or absolute), read once; None where it cannot be read, or is not a regular file of
-    at most SOURCE_LIMIT bytes (a name a rank gave: never a FIFO the controller would block on)."""
+    """A file's text by a call site's name for it, read once; None unless a readable regular
+    file of at most SOURCE_LIMIT bytes (a rank gave the name: never block on a FIFO)."""
     texts: dict[str, str | None] = {}
 
     def read(file: str) -> str | None:
@@ -270,11 +265,8 @@ class GroupPool:
     ) -> TestRun | StartFailure:
         """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
 
-        ``keep``: whether a later test will want this group; if not, it is
-        stopped after this test.  ``follow``: the command of the test the
-        controller runs right after this one, on this group.  It is handed over
-        as soon as this test passed, so the ranks start it while the controller
-        still reports this one.
+        ``keep``: a later test will want this group (else it is stopped after).  ``follow``: the
+        next test's command, handed over once this one passed so the ranks start it meanwhile.
         """
         key = spec.group_key
         stopped: list[StoppedGroupFailure] = []
@@ -314,14 +306,12 @@ class GroupPool:
         run.cold_start = cold_start
         run.stopped_groups = stopped
         if keep and group_is_reusable(run, group):
-            # Only after a clean pass: a failure may end the session (-x), and
-            # the ranks must not have started a test nobody will run.
+            # Only after a clean pass: a failure may end the session (-x) with a test begun.
             if follow is not None and run.verdict.kind is None:
                 group.begin(follow)
             self._groups[key] = group
         else:
-            # Returns at once for ranks already dead or killed.  This test is not
-            # reported yet: a failed teardown of what its ranks still held is its own.
+            # This test is not reported yet: a failed teardown of what its ranks held is its own.
             run.stop_teardown = _failed_teardowns(group)
             run.exit_codes = group.exit_codes()
         return run
