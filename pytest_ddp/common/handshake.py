@@ -1,22 +1,19 @@
 """The one way pytest-ddp's processes prove to each other, over a connection, that they hold a secret
-(:mod:`pytest_ddp.common.secret`): a launched session's hosts to its controller, and back
-(:mod:`pytest_ddp.launched.link`); an MPI world's stand-ins to its controller
-(:mod:`pytest_ddp.common.mpi_world`).  Each transport frames the messages; this module makes and
-checks them.  What it guarantees:
+(:mod:`pytest_ddp.common.secret`), for :mod:`pytest_ddp.launched.link` and
+:mod:`pytest_ddp.common.mpi_world`, which frame the messages.  What it guarantees:
 
 - A proof is an HMAC-SHA256, under the secret, of a fresh random challenge of :data:`NONCE` bytes
-  that the *other* end chose for this connection, of the prover's role and of the fields it states
-  (a stand-in's rank and process), compared in constant time: without the secret none can be made;
-  a proof made for another connection's challenge (replayed), for the other role (reflected back),
-  or for other fields is refused.
+  that the *other* end chose for this connection, of the prover's role and of the fields it states,
+  compared in constant time: a proof replayed from another connection, reflected back, or for other
+  fields is refused.
 - A :class:`Challenge` takes one proof: a second answer to it is refused, right or wrong.
-- :func:`own_user` refuses a Unix socket's peer that runs as another user, as the kernel says
-  (``SO_PEERCRED``): where both ends are on one machine, holding the secret is not enough.
-- What a transport reads before the proof is bounded: by :data:`MAX_UNPROVEN` bytes a message.
+- :func:`own_user` refuses a Unix socket's peer of another user (``SO_PEERCRED``): on one machine,
+  holding the secret is not enough.
+- A transport reads at most :data:`MAX_UNPROVEN` bytes a message before the proof.
 
-Who proves what: the end that connects always proves itself.  The listening end proves itself back
-where the connecting end has no other way to know it (launched, across nodes); an MPI stand-in knows
-its controller otherwise, as its own ancestor of its own user (:mod:`pytest_ddp.rank.mpi_standin`).
+The end that connects always proves itself; the listening end proves itself back where the other
+has no other way to know it (launched, across nodes).  An MPI stand-in knows its controller as its
+own ancestor of its own user (:mod:`pytest_ddp.rank.mpi_standin`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """What an MPI group's controller (:mod:`pytest_ddp.groups.mpi_group`) and the stand-ins its launcher
 starts (:mod:`pytest_ddp.rank.mpi_standin`) share, and how each knows the other is its own.
 
-The controller's Unix socket is a file in the world's folder (the folder 0700, the socket 0600):
-only the user's processes can connect.  They are not all the world's, so the controller also
-writes a random secret for each world into that folder (0600), where a stand-in reads it.  A
-connection:
-
-- the controller takes it only from a process of its own user that its launcher started (the
-  kernel's ``SO_PEERCRED``, and ``/proc``'s parents); the stand-in only from its own ancestor;
-- the controller sends a challenge; the stand-in answers with its hello (its rank and its process),
-  signed by the proof of :mod:`pytest_ddp.common.handshake` for those fields, and hands over with it
-  the descriptors its launcher gave it for ``MPI_Init`` (:data:`FD_VARIABLES`);
-- every message is multiprocessing's frame (a length, then the bytes), read with a deadline and a
-  bound on its length.
+The controller's Unix socket is in the world's private folder, so only the user's processes can
+connect; not all of them are the world's, so each world also has a secret there.  The controller
+takes a connection only from a process of its own user that its launcher started (``SO_PEERCRED``,
+``/proc``'s parents), sends a challenge, and gets the stand-in's hello, proven by
+:mod:`pytest_ddp.common.handshake`, with the descriptors its launcher gave it for ``MPI_Init``
+(:data:`FD_VARIABLES`).  Every message is multiprocessing's frame, read with a deadline and a bound.
 
 The world's files in /dev/shm (MPICH's shared memory, which only ``MPI_Finalize`` removes) are
-listed in the folder too: whoever ends the world removes them, the controller or, when the
-controller died without doing so, each stand-in once its launcher is gone.
+listed in the folder too, for whoever ends the world: the controller, or each stand-in once its
+launcher is gone.
 """
 
 from __future__ import annotations
@@ -39,9 +33,8 @@ HELLO_WAIT = 10.0  # seconds a connection gets to send its hello, and a stand-in
 MAX_MESSAGE = MAX_UNPROVEN  # bytes: a hello is far shorter, and so is what a stand-in is sent
 HEADER = struct.Struct("!i")  # multiprocessing.connection's frame: the length, then the bytes
 _FIELDS = ("rank", "stand_in")
-# The variables in which a launcher names a descriptor it gave each process it started, for
-# ``MPI_Init`` to talk to it through (MPICH's PMI: gforker, hydra; Slurm's PMI-2).  The stand-in hands
-# them over to the rank the controller forks, which finds them at other numbers.
+# The variables in which a launcher names a descriptor it gave each process for ``MPI_Init`` (MPICH's
+# PMI, Slurm's PMI-2); the forked rank finds them at other numbers.
 FD_VARIABLES = ("PMI_FD",)
 
 
@@ -86,8 +79,7 @@ def hello(key: bytes, challenge: bytes, rank: int, stand_in: int) -> bytes:
 
 
 def parse_hello(message: bytes, key: bytes, challenge: bytes) -> Hello:
-    """The hello in ``message`` if it answers ``challenge`` under ``key``; ValueError saying why not.
-    The controller draws a fresh challenge for each connection and reads one hello on it."""
+    """The hello in ``message`` if it answers ``challenge`` under ``key``; ValueError saying why not."""
     try:
         fields = json.loads(message)
     except ValueError as exc:  # UnicodeDecodeError too

@@ -1,10 +1,8 @@
 """What the kernel says of a process: its /proc files, parsed in one place, and which process is at
 the other end of a Unix socket (``SO_PEERCRED``).  Standard library only: the MPI stand-in uses it too.
 
-The parsers take the files' text, so that they are tested on hand-made text; the readers beside
-them open the file of a live process.  A process can end at any moment: a reader of one process
-says so (None, or OSError where its docstring says), and a scan of them all skips those gone since
-listed.
+The parsers take text, to be tested on hand-made text.  A process can end at any moment: a reader
+says so (None, or OSError where its docstring says).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 The wire format is newline-delimited JSON: one object per line, its kind
 under ``"cmd"`` (commands, controller -> rank) or ``"e"`` (events, rank ->
-controller).  Whole lines travel over anything that carries bytes: the
-command pipe, a rank's event log file, a socket.
+controller), over the command pipe, a rank's event log file or a socket.
 
 Commands:
 
@@ -20,27 +19,19 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``phase``   a test phase starts: ``when`` (setup/call/teardown)
 ``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
             (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
-``done``    the test is over on this rank: ``group_intact``, ``in_flight``, ``threads_left``,
-            ``interrupted``, ``peak_rss``, ``peak_cuda``
-``warning`` a warning pytest recorded during a test: ``warning`` (its fields, see
-            :meth:`WarningRecorded.of`), ``id`` (the test's node id)
-``session_end``  after "stop": the rank tore down the fixtures it still held: ``outcome``
-            (passed/failed), ``duration``, ``data`` (the serialized teardown report, absent for a pass)
-``call``    a torch.distributed call (or an MPI communicator's) was entered: see :data:`CALL_KEYS`
-``ret``     call ``i`` returned (``ok`` true) or raised (``ok`` false, ``err``, and
-            ``before_backend`` where its group's backend was not handed it); for an MPI
-            receive, the message it got (``src``, ``tag``)
-``fault``   a fault declared for the test (:mod:`pytest_ddp.faults`) fires now: ``text``, ``action``,
-            ``op``, ``call``, ``site``; written before it acts (a killed rank's log holds it)
+``done``    the test is over on this rank (:class:`Done`)
+``warning`` a warning pytest recorded during a test (:class:`WarningRecorded`)
+``session_end``  after "stop": the teardown of the fixtures the rank still held (:class:`SessionEnd`)
+``call``    a torch.distributed or MPI call was entered (:class:`CallWire`)
+``ret``     call ``i`` returned or raised (:class:`RetWire`)
+``wait``    the rank is blocked in asynchronous call ``i``
+``fault``   an injected fault fires now (:class:`Injected`), written before it acts
+``setting`` a value every rank must give alike (:class:`Setting`)
 
-``call`` and ``ret`` are written by :mod:`pytest_ddp.record.recorder` as hand-built
-JSON strings on its hot path; their keys are defined here, by
-:class:`CallWire` and :class:`RetWire`, and must not change without it.
+``call``, ``ret`` and ``wait`` are written as hand-built JSON strings on the recorder's hot path
+(:mod:`pytest_ddp.record.numbering`): their keys are defined here and must not change without it.
 
-A rank's event log (:mod:`pytest_ddp.common.event_log`) carries its events.
-
-What a rank is started with travels once, before any command, as one JSON object: a
-:class:`RankStart` (its :class:`RankRole` in the group, and where it lives on its machine).
+A rank's start travels once, before any command, as one JSON object (:class:`RankStart`).
 """
 
 from __future__ import annotations
@@ -70,8 +61,7 @@ def _now() -> float:
 @dataclass(slots=True)
 class RunItem:
     """Run the pytest item ``id``; ``next`` is the item this group runs after it (fixtures kept for it).
-    ``store_port``: the last test ended or made a default process group, so this one starts on a fresh
-    store, listening there (see :mod:`pytest_ddp.rank.default_group`)."""
+    ``store_port``: a fresh store for this test (see :mod:`pytest_ddp.rank.default_group`)."""
 
     KIND: ClassVar[Literal["run"]] = "run"
     id: str
@@ -285,9 +275,7 @@ class CallEvent:
 
 @dataclass(slots=True)
 class RetEvent:
-    """Call ``index`` returned (``ok``) or raised (``error``; ``before_backend``: before its
-    group's backend was handed it, which leaves the group as it was); an MPI receive also says
-    which message it got (``source``, ``tag``) where its call left them open."""
+    """Call ``index`` returned or raised: :class:`RetWire` with names that say what things are."""
 
     KIND: ClassVar[Literal["ret"]] = "ret"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
@@ -303,8 +291,7 @@ class RetEvent:
 @dataclass(slots=True)
 class WaitEvent:
     """The rank waits for call ``index``'s work (``work.wait()``, ``wait_tensor``): it is blocked
-    in that call until the call's ``ret``.  Written by the recorder's hot path as
-    ``{"e":"wait","i":index,"t":time}``."""
+    in that call until the call's ``ret``."""
 
     KIND: ClassVar[Literal["wait"]] = "wait"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
@@ -398,10 +385,8 @@ def to_wire(record: Record) -> dict[str, Any]:
 
 
 def from_wire(wire: dict[str, Any]) -> Record:
-    """The record for one decoded JSON object: the dispatch on its kind.
-
-    :class:`ProtocolError` for an unknown kind or a missing key; keys a record
-    does not know are ignored."""
+    """The record for one decoded JSON object; :class:`ProtocolError` for an unknown kind or a
+    missing key.  Keys a record does not know are ignored."""
     if "e" in wire:
         cls = _EVENTS.get(wire["e"])
     elif "cmd" in wire:
@@ -509,8 +494,7 @@ class RankRole:
 @dataclass(frozen=True)
 class RankStart:
     """What a rank process is started with: its role, and where it lives on its machine.  Written to
-    a file only its user can read (:func:`pytest_ddp.groups.spawn.write_start_file`), read once by the
-    rank (:func:`pytest_ddp.rank.entry.forked_main`)."""
+    a file only its user can read (:func:`pytest_ddp.groups.spawn.write_start_file`)."""
 
     role: RankRole
     events: str  # path of its event log

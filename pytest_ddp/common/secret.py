@@ -1,5 +1,4 @@
-"""A secret in a file, private to this user: made and read here alone, for both handshakes
-(:mod:`pytest_ddp.common.handshake`): a launched session's, and an MPI world's.
+"""A secret in a file, private to this user, for the handshakes of :mod:`pytest_ddp.common.handshake`.
 
 - Its folder is made mode 0700, or, when there already, must be a folder (not a link to one) of
   this user's that no other user may enter.
