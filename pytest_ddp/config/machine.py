@@ -13,11 +13,10 @@ from pytest_ddp.common import procfs
 # An idle rank costs about 22 MB of its own (USS); torch's pages are shared
 # with the forkserver the ranks are forked from.
 RANK_MEMORY = 22 * 2**20
-# RLIMIT_NPROC counts a user's threads.  A Gloo rank in its WORLD group runs 7 at its peak, 6 idle:
-# its main thread, two of the plugin's, Gloo's TCP loop and the process group's two workers (a
-# further group adds three, torch's intra-op pool a thread per core).  A session, once it runs a
-# group, has 3 more than when it admits one (the forkserver, the store's thread).  Measured: a
-# 1-, 2-, 4- and 8-rank session peaks at 13, 20, 34 and 62 threads (docs/measured/nproc.md).
+# RLIMIT_NPROC counts a user's threads.  A Gloo rank in its WORLD group runs 7 at its peak (its main
+# thread, two of the plugin's, Gloo's TCP loop, the process group's two workers); a session running
+# a group has 3 more than when it admits one (the forkserver, the store's thread).
+# docs/measured/nproc.md has the figures.
 RANK_TASKS = 7
 SESSION_TASKS = 3
 CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24  # linux/capability.h
@@ -89,10 +88,9 @@ def rank_capacity(mem_available: int, nproc_limit: int, tasks: int) -> tuple[int
 
 
 def nproc_enforced(limit: int, real_uid: int, effective_caps: int, uid_map: str) -> bool:
-    """Whether the kernel holds a process to its RLIMIT_NPROC ``limit`` (RLIM_INFINITY: none):
-    not where its real uid is root, or it has CAP_SYS_ADMIN or CAP_SYS_RESOURCE (setrlimit(2)),
-    both meaning the initial user namespace's (``uid_map``: /proc/self/uid_map; in another
-    namespace root is a user like any other, and its capabilities are that namespace's)."""
+    """Whether the kernel holds a process to its RLIMIT_NPROC ``limit``: not where its real uid is
+    root or it has CAP_SYS_ADMIN or CAP_SYS_RESOURCE (setrlimit(2)), both of the initial user
+    namespace (``uid_map``: /proc/self/uid_map)."""
     if limit == resource.RLIM_INFINITY:
         return False
     initial = uid_map.split() == ["0", "0", "4294967295"]

@@ -17,9 +17,8 @@ BACKENDS = ("gloo", "nccl", "mpi")
 # The launchers launched mode joins (pytest_ddp.launched.launch), and --ddp-launcher's choices.
 LAUNCHERS = ("torchrun", "slurm", "mpi")
 LAUNCHER_CHOICES = ("auto", "local", *LAUNCHERS)
-# The longest timeout (or grace) accepted, about 11.6 days: the process
-# group's timeout, 2 x this + 60 s, still fits the int32 milliseconds that
-# epoll/poll and some store calls take (2**31 ms is about 24.8 days).
+# The longest timeout (or grace) accepted: the process group's timeout, 2 x this + 60 s, still
+# fits the int32 milliseconds that epoll/poll and some store calls take.
 MAX_TIMEOUT = 1_000_000
 # The parameter a list of world sizes parametrizes a ddp test on (one test per size).
 WORLD_SIZE_PARAM = "_ddp_world_size"
