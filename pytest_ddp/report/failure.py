@@ -1,24 +1,15 @@
 """The failure text: a report (:mod:`pytest_ddp.report.model`) as pytest shows it, and the texts
 of a test no rank ran and of a stopped group's failed teardown.
 
-The failure text follows one order, so that people learn where to look:
+One order, so that people learn where to look: the headline (what happened and to whom, then
+the verdict's status and kind in brackets, kept by pytest's cut one-line summary); a line per
+rank; the collective sequences side by side; the failing ranks' tracebacks, the stopped ranks'
+main threads merged (:mod:`pytest_ddp.report.stack_tree`) and their stacks; the stderr of ranks
+that died.
 
-1. the headline: what happened and to whom, then the verdict's status and kind (and for a
-   deadlock, how long into the test it was diagnosed) in brackets, so that pytest's one-line
-   summary, cut at a terminal's width, keeps the cause;
-2. one line per rank: its state and its current or last collective;
-3. the collective sequences side by side per group, the first divergence marked;
-4. each failing rank's traceback; the stopped ranks' main threads merged into one tree where they
-   differ (:mod:`pytest_ddp.report.stack_tree`), then each stopped rank's Python stacks;
-5. the fd-level output (C++ stderr) of ranks that died.
-
-Above ``GROUP_ABOVE`` (8) ranks, so that a 64-rank report fits on a screen (as
-LLNL's STAT merges the stacks of ranks into classes): ranks in the same state
-share one line (``ranks 0-61, 63: waiting in ...``), ranks whose sequence
-columns are the same share a column, and a line under the headline names the
-first collective where the ranks part ways and the minority.  Identical
-tracebacks, stacks and stderr tails are shown once, with their ranks, at any
-size.  The JSON keeps every rank.
+Above ``GROUP_ABOVE`` ranks, so that a 64-rank report fits on a screen, ranks in the same state
+share a line and alike sequence columns a column; identical tracebacks, stacks and stderr tails
+are shown once with their ranks at any size.  The JSON keeps every rank.
 """
 
 from __future__ import annotations
@@ -88,8 +79,7 @@ def _headline_lines(report: Report) -> list[str]:
 
 
 def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
-    """``text`` on one line (its whitespace runs, newlines included, as one space),
-    cut at ``limit`` characters with an ellipsis."""
+    """``text`` on one line (whitespace runs as one space), cut at ``limit`` with an ellipsis."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
@@ -158,8 +148,7 @@ def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
 
 
 def _merged_stacks(report: Report) -> list[str]:
-    """The ranks' main threads as one tree, where they are not all the same stack: when they are,
-    the one section of the ranks' stacks below says it, and the tree would repeat it."""
+    """The ranks' main threads as one tree, unless all the same stack (the stacks below say it)."""
     tree = report.tree
     if not tree.differs():
         return []
@@ -205,10 +194,8 @@ FATAL_CONTEXT = 5  # lines kept before "Fatal Python error" (what C++ printed, e
 
 
 def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> str:
-    """The end of a dead rank's stderr, readable: faulthandler's harness frames collapsed
-    and the test file's lines marked (:func:`format_stack`); if still longer than ``limit``
-    lines, the last ones, or those around the last ``Fatal Python error`` if that is
-    further up (the test's frames follow it)."""
+    """The end of a dead rank's stderr made readable (:func:`format_stack`): its last ``limit``
+    lines, or from just before the last ``Fatal Python error`` (the test's frames follow it)."""
     lines = format_stack(stderr, test_file).splitlines()
     if len(lines) <= limit:
         return "\n".join(lines)
@@ -226,8 +213,8 @@ def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> 
 
 
 def start_failure_text(failure: StartFailure) -> str:
-    """The whole text of a test no rank ran: the error's first line as its headline, then the
-    rest of the error, or all of it when the headline had to cut that line."""
+    """The text of a test no rank ran: the error's first line as headline, then the rest (all of
+    it when the headline cut that line)."""
     first, _, rest = failure.error.partition("\n")
     head = f"ddp: {first.rstrip(':')}"
     body = (failure.error if _cut(head) else rest).rstrip()

@@ -1,29 +1,16 @@
 """A failed test's calls in the format of torch's Flight Recorder: one dump per rank, which
 torch's own analyser (``torchfrtrace <folder>``) reads.
 
-A dump is a pickle of a dict: ``version`` (of the format), ``pg_config`` (each group the rank
-is in: its name, description and ranks), ``pg_status`` (per group the last collective
-enqueued, started, completed) and ``entries``, one per collective in the order the rank
-called them.  The analyser matches the ranks' entries of each group by ``collective_seq_id``
-and names the ranks that never made an entry ("missing ranks") and the entries that differ
-in op, sizes, dtypes or state.  A dump's file name is the prefix and the rank.
+A dump is a pickled dict: ``version``, ``pg_config`` (each group: name, description, ranks),
+``pg_status`` and ``entries``, one per collective in call order; the analyser matches entries by
+``collective_seq_id`` and names the missing ranks and the entries that differ.
 
-What torch 2.13's own recorder writes for Gloo on CPU (``TORCH_FR_BUFFER_SIZE``, measured):
-``version`` "2.10"; ``profiling_name`` "gloo:<op>"; ``state`` always "scheduled"; no entry for a
-send or receive; and a ``pg_config`` that names no group (``{"": {"ranks": "[]"}}``), on which
-``torchfrtrace`` fails with a ``KeyError``.  These dumps name every group with its ranks, and
-otherwise follow Gloo's:
+They follow what torch 2.13's recorder writes for Gloo on CPU, but name every group with its
+ranks (torch's names none, on which ``torchfrtrace`` fails with a ``KeyError``):
 
-- the state is "scheduled", when the call was entered and left in the ``time_discovered``
-  fields: the analyser counts ranks whose states differ as at fault, and a rank may leave a
-  collective its peers are still inside (Gloo let one rank of three out of an all_reduce whose
-  sizes differ, measured), which pytest-ddp does not count;
-- sends and receives get no entry: the analyser expects every member of the group in each
-  entry, and names the third rank of three missing from a send between the other two
-  (measured).
-
-A rank's dump holds what pytest-ddp recorded in this test, so the analyser's "missing ranks"
-are those that never entered the collective in it.
+- the state is always "scheduled" (times in the ``time_discovered`` fields): the analyser blames
+  ranks whose states differ, and Gloo may let one rank out of a collective its peers are still in;
+- sends and receives get no entry: the analyser expects every member of the group in each entry.
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ from pytest_ddp.report.writable import file_name
 
 VERSION = "2.10"  # the format torch 2.13's recorder writes, which its analyser reads
 PREFIX = "rank_"  # a dump's file name: rank_0, rank_1, ...
-# The libraries the analyser accepts in a profiling name ("gloo:all_reduce"); it refuses
-# others, so an MPI world's calls are written under the name of NCCL, whose format this is.
+# The analyser refuses other libraries in a profiling name: an MPI world's calls are written as NCCL's.
 LIBRARIES = ("gloo", "nccl")
 WORLD = "WORLD"
 
@@ -66,18 +52,16 @@ def _group_desc(name: str) -> str:
 
 
 def _sizes(call: Call, size: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Input and output sizes.  Sizes pytest-ddp does not compare (uneven splits, objects,
-    sizes not recorded) are written as zero elements on every rank: the analyser then judges
-    the op alone, as pytest-ddp does."""
+    """Input and output sizes; those pytest-ddp does not compare (uneven splits, objects) as zero
+    elements on every rank, so that the analyser judges the op alone."""
     kind = call.kind
     if kind.tensors is None and kind.obj is None and not call.shapes:
         return [], []  # a barrier, a communicator made: no tensors
     if kind.uneven or not call.shapes:
         return [[0]], [[0]]
     shapes = [list(s) for s in call.shapes]
-    # The recorder describes one side of these: the analyser checks that a gather's output
-    # holds the group's inputs and a reduce-scatter's input the group's outputs, so the other
-    # side is written as the group makes it.
+    # The analyser checks a gather's output against the group's inputs (a reduce-scatter's input
+    # against its outputs): the side not recorded is written as the group makes it.
     if kind.described == "part_of_output":
         return shapes, [[size, *s] for s in shapes]
     if kind.described == "part_of_input":
@@ -109,9 +93,8 @@ def _has_entry(call: Call) -> bool:
 
 
 def groups_of(states: list[RankState]) -> dict[int, dict[str, tuple[int, ...]]]:
-    """Per rank, the groups it is in, by name: each it made an entry on, then each another rank
-    made one on that has it as a member (a rank that never reached the group's first call is
-    one of its members all the same)."""
+    """Per rank, the groups it is in, by name: those it made an entry on, then those of others'
+    entries that list it (a member that never reached the group's first call)."""
     own: dict[int, dict[str, tuple[int, ...]]] = {}
     for state in states:
         own[state.rank] = {}
@@ -186,9 +169,8 @@ def dump(
 
 
 def write(directory: str | Path, test_id: str, states: list[RankState], backend: str, timeout: float) -> Path:
-    """``<test>.fr/``, beside the test's other report files: a dump per rank, ``rank_<N>``, every
-    rank's, the ranks that died or made no call included (the analyser wants a dump of each
-    member of a group); the folder's path."""
+    """``<test>.fr/``, beside the test's other report files: a dump ``rank_<N>`` per rank, those
+    that died or made no call included (the analyser wants one of each member); its path."""
     folder = Path(directory) / f"{file_name(test_id)}.fr"
     folder.mkdir(parents=True, exist_ok=True)
     library = backend if backend in LIBRARIES else "nccl"

@@ -1,10 +1,8 @@
 """Merge the ranks' pytest reports of one test into one report per phase.
 
-Rules, per phase: it failed if any rank failed in it, or was stopped or died
-in it; it was skipped if every rank skipped (an xfail on any rank that was
-not otherwise failed makes the phase xfailed); else it passed.  The call
-phase is reported only when the merged setup passed, as pytest does.  The
-first failing phase carries the whole diagnosis (see :mod:`pytest_ddp.report.failure`).
+Per phase: failed if any rank failed, was stopped or died in it; skipped if every rank skipped
+(an xfail on a rank not otherwise failed makes it xfailed); else passed.  The call phase is
+reported only after a passed setup, as pytest does; the first failing phase carries the diagnosis.
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ RERUN = "rerun"  # pytest-rerunfailures' outcome of a failed attempt that it run
 
 @dataclass(frozen=True)
 class _PlainPass:
-    """A rank's phase that passed with nothing more to say (sent without its report): what merging
-    reads of a rank's report, without a TestReport made for each rank and phase."""
+    """A rank's phase that passed with nothing more to say, sent without its report: no
+    TestReport made for each rank and phase."""
 
     duration: float
     outcome: ClassVar[str] = "passed"
@@ -59,10 +57,9 @@ def _expected_phases(state: RankState) -> list[str]:
 
 
 def _stuck_phase(state: RankState) -> str | None:
-    """The phase this rank was stopped or died in: the first it should have reported and did
-    not; or, if it never said it was done with the test, the phase it was in.  A plugin that
-    runs a failed test again inside the rank (pytest-rerunfailures' flaky mark) has it report
-    every phase, the failure as "rerun", before the attempt it was stopped in."""
+    """The phase this rank was stopped or died in: the first it did not report, or, if it never
+    said it was done, the phase it was in (pytest-rerunfailures reports every phase of an attempt
+    as "rerun" before the one it was stopped in)."""
     for when in _expected_phases(state):
         if when not in state.reports:
             return when
@@ -72,8 +69,7 @@ def _stuck_phase(state: RankState) -> str | None:
 
 
 def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
-    """Seconds a rank spent in the phase it was stopped or died in: from the end of
-    its previous phase (or the hand-over) to its death or the verdict."""
+    """Seconds a rank spent in the phase it was stopped or died in, up to its death or the verdict."""
     earlier = PHASES[: PHASES.index(when)]
     handed_over = run.ended - run.elapsed
     began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=handed_over)
@@ -110,8 +106,7 @@ def merged_reports(
     for state in run.states:  # a line of its event log was lost: what it did cannot be known
         if state.fatal is not None and state.alive:
             rank_failures.setdefault(state.rank, f"ddp: {state.fatal}")
-    # The group was stopped right after this test: the ranks tore down the
-    # fixtures they still held then, and a failure there is this test's teardown error.
+    # The group was stopped right after this test: a failed teardown then is this test's.
     for rank, end in run.stop_teardown.items():
         teardown = rank_reports["teardown"].get(rank)
         at_stop = _stop_teardown_report(end, str(item.path), config)
@@ -122,8 +117,8 @@ def merged_reports(
         # The controller's own text of a rank that sent no report says it was in teardown.
         label = "" if isinstance(end, UnfinishedTeardown) else " (in teardown)"
         rank_failures.setdefault(rank, at_stop.longreprtext + label)
-    # A rank an injected fault ended on purpose was not stuck: the phase stands on the others (on
-    # every rank where injected faults ended them all: none ran the test to its end).
+    # A rank an injected fault ended was not stuck: the phase stands on the others' (on all, if
+    # faults ended every rank).
     survivors = [state for state in run.states if not state.died_as_injected] or run.states
     stuck = {state.rank: _stuck_phase(state) for state in survivors}
     states = {state.rank: state for state in run.states}
@@ -175,8 +170,7 @@ def write_files(
     reports: list[pytest.TestReport],
 ) -> None:
     """A failed test's report files (:mod:`pytest_ddp.report.files`).  Where they cannot be
-    written (a full disk, a folder removed or made read-only), its failure says why and the
-    session goes on: a side job must not end it."""
+    written, its failure says why and the session goes on: a side job must not end it."""
     try:
         files.write(directory, run if isinstance(run, StartFailure) else build(run, rank_failures, ""))
     except Exception as exc:
@@ -188,10 +182,9 @@ def write_files(
 def stopped_group_report(
     failure: StoppedGroupFailure, last_item: tuple[str, tuple[str, int | None, str]], config: pytest.Config
 ) -> pytest.TestReport:
-    """An error at teardown of a stopped group, reported after ``last_item`` (node id and
-    location of the item the controller reported last; xdist accepts a worker's reports
-    only under its current item's node id): the test that used the fixtures was reported
-    already.  The location's headline names the group."""
+    """An error at teardown of a stopped group, reported under ``last_item`` (node id and
+    location of the item reported last: xdist accepts a worker's reports only under its current
+    item's); the location's headline names the group."""
     test_file, _, test = failure.last_test.partition("::")
     reps = {rank: _stop_teardown_report(end, test_file, config) for rank, end in failure.failures.items()}
     texts = {rank: rep.longreprtext for rank, rep in reps.items() if rep is not None}
@@ -254,12 +247,8 @@ def _printable(report: pytest.TestReport) -> pytest.TestReport:
 
 
 def _merge_outcome(reps: list[RankReport], any_stuck: bool) -> tuple[str, str | None]:
-    """(outcome, wasxfail) of one phase over the ranks' reports.
-
-    xfail is about the test as a whole: if the expected failure happened on
-    some rank, the test xfailed, even where another rank's strict XPASS
-    would fail it on its own.
-    """
+    """(outcome, wasxfail) of one phase over the ranks' reports.  xfail is about the whole test:
+    the expected failure on some rank makes it xfailed, even beside another rank's strict XPASS."""
     strict_xpass = [rep for rep in reps if rep.failed and str(rep.longrepr).startswith("[XPASS(strict)]")]
     if any_stuck or any(rep.failed and rep not in strict_xpass for rep in reps):
         return "failed", None

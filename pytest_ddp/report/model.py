@@ -1,13 +1,9 @@
-"""A failed test's report as data, built once by :func:`build`, read top to bottom: what happened
-and to whom (the verdict, the headline's words), each rank's state, the collective sequences side
-by side and where the ranks part ways, what failed after the test, the ranks' stacks merged.
+"""A failed test's report as data, built once by :func:`build`, in the order the text reads.
 
 Each format renders this one model: the failure text (:mod:`pytest_ddp.report.failure`), the
 JSON report (:mod:`pytest_ddp.report.json_report`), whose data the Chrome trace
 (:mod:`pytest_ddp.report.timeline`) and the HTML page (:mod:`pytest_ddp.report.picture`) draw,
-and torch's Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`); the files are
-written by :mod:`pytest_ddp.report.files`.  A test no rank ran is its
-:class:`~pytest_ddp.groups.runner.StartFailure`, rendered as it is.
+and torch's Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""A failing test's report as one self-contained HTML page: the headline and diagnosis, then the
-timeline as inline SVG (a row per rank, a bar per call, stuck calls in red running on past the
-verdict line), a legend, each rank's state, and the failures, the ranks' main threads merged into
-one collapsible tree (the JSON's ``stack_tree``), each rank's stacks and output below.
+"""A failing test's report as one self-contained HTML page: the diagnosis, the timeline as inline
+SVG (a row per rank, a bar per call, stuck calls in red past the verdict line), each rank's state,
+the failures, the merged stack tree, each rank's stacks and output.
 
-Nothing in the page is fetched: no script, no link, no image or font, and a Content Security
-Policy of ``default-src 'none'`` so that a browser would refuse anything that slipped in.  Every
-piece of text from the report (test ids, sites, errors) is escaped.  Pure: the report's JSON data
-in (:mod:`pytest_ddp.report.json_report`, as written: every string one that UTF-8 can encode, so
-the page draws what the JSON says), text out (the slices come from :mod:`pytest_ddp.report.timeline`).
+Nothing is fetched (no script, link, image or font) and a Content Security Policy of
+``default-src 'none'`` makes a browser refuse anything that slipped in; every text from the report
+is escaped.  Pure: the JSON data (:mod:`pytest_ddp.report.json_report`) and the slices of
+:mod:`pytest_ddp.report.timeline` in, text out.
 """
 
 from __future__ import annotations
@@ -125,9 +123,8 @@ def _colour(piece: Slice) -> str:
 
 
 def bars(pieces: list[Slice], x_of: Callable[[float], float], min_px: float) -> list[Bar]:
-    """The bars of one lane: a call at least ``min_px`` wide (or stuck) alone; shorter calls with
-    less than ``min_px`` between them merged into one bar, so a lane holds at most about
-    ``2 * PLOT_W / min_px`` bars however many calls it made."""
+    """The bars of one lane: a call at least ``min_px`` wide (or stuck) alone, shorter calls close
+    together merged, so a lane holds at most about ``2 * PLOT_W / min_px`` bars."""
     out: list[Bar] = []
     run: list[Slice] = []  # short calls merged so far
 
@@ -334,8 +331,8 @@ def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str
 
 
 def _stack_tree(report: dict[str, Any]) -> list[str]:
-    """The ranks' main threads merged into a tree of nested ``<details>``, a branch where ranks
-    part ways, its ranks in red where they are not all; nothing under two ranks' stacks."""
+    """The merged main threads as nested ``<details>``, a branch's ranks in red where not all;
+    nothing under two ranks' stacks."""
     if not report.get("stack_tree"):
         return []
     tree = stack_tree.from_json(report["stack_tree"])

@@ -1,9 +1,6 @@
 """Warnings recorded in the ranks, carried to the controller's warnings summary.
 
-A rank sends each warning pytest records during a test
-(:meth:`pytest_ddp.common.protocol.WarningRecorded.of`);
-the controller shows a warning raised by several ranks once, labelled with
-them (:func:`merged`), as pytest-xdist does for its workers' warnings.
+A warning raised by several ranks is shown once, labelled with them, as pytest-xdist does.
 """
 
 from __future__ import annotations

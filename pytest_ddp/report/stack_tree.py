@@ -1,12 +1,8 @@
-"""The ranks' Python stacks merged into one tree, as LLNL's STAT merges an MPI job's: each rank's
-main thread parsed from its faulthandler dump into frames, outermost first, the frames the ranks
-share merged into one node labelled with its ranks, so that the rank in an odd place stands out
-among 144 (``[rank 60; not ranks 0-59, 61-143]``).
+"""The ranks' Python stacks merged into one tree, as LLNL's STAT merges an MPI job's, so that the
+rank in an odd place stands out among 144 (``[rank 60; not ranks 0-59, 61-143]``).
 
-The main thread is the one that runs the test in a rank.  Other threads (a data loader, a
-watchdog, pytest plugins' servers) are left out of the tree: each rank's stacks, every thread, stay
-in the report beside it.  Frames are merged on their file, line and function, so two ranks in
-the same function at different lines part ways there.  Pure: dump text in, tree and lines out.
+Only the main thread, which runs the test, is merged (every thread stays in the report's stacks);
+frames merge on file, line and function.  Pure: dump text in, tree and lines out.
 """
 
 from __future__ import annotations
@@ -81,10 +77,9 @@ def main_thread(dump: str) -> list[Frame]:
     """The frames of the main thread in a faulthandler dump of every thread, outermost first,
     each run of harness frames as one :data:`HARNESS`; [] when it has none.
 
-    CPython lists a process's threads newest first, so the main thread (the oldest) is the last;
-    when faulthandler stopped at its 100th thread (a line ``...``: it writes the newest 100, so the
-    main thread is not among them), the thread it was called on (``Current thread``) stands in for
-    the main thread if it was written, and there is none if not."""
+    CPython lists threads newest first, so the main thread is the last; past 100 threads
+    faulthandler writes ``...`` and the main thread is not among them: the ``Current thread``
+    stands in, if written."""
     blocks: list[tuple[bool, list[str]]] = []
     threads_cut = False
     for line in dump.splitlines():
@@ -208,10 +203,9 @@ def chain(node: Node) -> list[Node]:
 
 
 def render(tree: Tree, test_path: str, limit: int = TREE_LINES) -> list[str]:
-    """The tree as text, outermost frame first: a line per frame, the frames all of a branch's
-    ranks share under one another, a branch indented where ranks part ways and labelled with its
-    ranks and the others' (``[rank 60; not ranks 0-59, 61-143]``); the test file's lines marked
-    with ``>``.  At most ``limit`` lines, and a line saying what was left out."""
+    """The tree as text, outermost frame first, a branch indented where ranks part ways and
+    labelled (``[rank 60; not ranks 0-59, 61-143]``), the test file's lines marked with ``>``;
+    at most ``limit`` lines, and a line saying what was left out."""
     paths = Paths(test_path, tree)
     lines: list[str] = []
 
@@ -243,10 +237,9 @@ def render(tree: Tree, test_path: str, limit: int = TREE_LINES) -> list[str]:
 
 
 def to_json(tree: Tree) -> dict[str, Any]:
-    """The tree as data: ``ranks`` (those in it), ``unfound`` (those whose dump had no main thread)
-    and ``roots``, each node its ``file``, ``line``,
-    ``function``, ``kind`` (``code``, ``harness``: pytest and pytest-ddp frames collapsed, ``cut``:
-    outer frames not dumped), ``ranks`` and ``children``."""
+    """The tree as data: ``ranks``, ``unfound`` (dumps with no main thread) and ``roots``, each
+    node its ``file``, ``line``, ``function``, ``kind`` (``code``, ``harness``: harness frames
+    collapsed, ``cut``: outer frames not dumped), ``ranks`` and ``children``."""
 
     def node(n: Node) -> dict[str, Any]:
         frame = n.frame

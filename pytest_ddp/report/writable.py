@@ -1,10 +1,8 @@
 """What a report may write: text that UTF-8 can encode, and one file name per test.
 
-A rank's text (an exception's message, its output, a stack, a test id, a parameter) may hold
-lone surrogates: Python decodes a non-UTF-8 file name or byte string with ``surrogateescape``
-(``os.fsdecode(b"/tmp/\\xff.bin")`` is ``"/tmp/\\udcff.bin"``), and UTF-8 cannot encode them, so a
-file written with them, or pytest-xdist's channel sending them, raises.  :func:`printable` writes
-each as its escape, as Python's own stderr does (``/tmp/\\udcff.bin``).
+A rank's text may hold lone surrogates (Python's ``surrogateescape`` decoding of non-UTF-8 names
+and bytes), which UTF-8 cannot encode: writing them to a file or pytest-xdist's channel raises.
+:func:`printable` writes each as its escape, as Python's own stderr does.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def printable_data(value: Any) -> Any:
 
 def file_name(nodeid: str) -> str:
     """A file name for a node id: its characters outside ``[A-Za-z0-9_.-]`` as ``_``, cut at
-    ``NAME_PREFIX``, then a hash of the whole node id; the same in every process and every run,
-    and different for different node ids."""
+    ``NAME_PREFIX``, then a hash of the whole node id (stable across processes and runs)."""
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_.-")[:NAME_PREFIX].rstrip("_.-")
     digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:NAME_HASH]
     return f"{readable}-{digest}" if readable else digest
