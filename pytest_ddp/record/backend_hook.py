@@ -1,16 +1,10 @@
 """Every collective that reaches a process group's backend, whoever issued it.
 
-torch routes each collective of a ProcessGroup through a ``c10d::`` dispatcher
-operation (``c10d::allreduce_``, ``c10d::_allgather_base_``, ...): the
-torch.distributed functions, DDP's C++ reducer, the functional collectives of
-DTensor and compiled code, FSDP2.  This module can register a Python kernel for
-each of them under the dispatcher's BackendSelect key, which every call passes
-through, also under inference mode and from inside other operations' kernels,
-where the autograd keys are excluded.  The kernel hands the call to the
-recorder, which runs it by redispatching to the tensors' backend kernel.
-
-A Python kernel on a c10d operation is dear (its process group and options are
-boxed), so:
+Every issuer (torch.distributed, DDP's reducer, functional collectives, FSDP2) goes through a
+``c10d::`` dispatcher operation.  A Python kernel registered under BackendSelect sees every call,
+also under inference mode and inside other kernels, where the autograd keys are excluded; it hands
+the call to the recorder, which redispatches it.  Such a kernel is dear (the process group and
+options are boxed), so:
 
 - The functional collectives are recorded at their own, cheaper operations,
   and ``_c10d_functional::wait_tensor``, where their caller blocks, is hooked.
@@ -19,9 +13,8 @@ boxed), so:
 - The c10d kernels are registered only while a test may issue collectives
   outside those (:func:`arm` to :func:`disarm`).
 
-Every private torch name the plugin relies on is used here and nowhere else.
-Where this torch lacks one, :func:`install` returns False and only the
-torch.distributed functions are recorded.
+Every private torch name the plugin relies on is used here alone; where this torch lacks one,
+:func:`install` returns False and only the torch.distributed functions are recorded.
 """
 
 from __future__ import annotations
@@ -77,8 +70,7 @@ def install(record: Record, record_functional: Record, wait: Wait, recording: Re
 
 
 def arm() -> None:
-    """Hook every c10d operation until :func:`disarm`: collectives may now reach the backend
-    without a recorded function."""
+    """Hook every c10d operation until :func:`disarm`: collectives may now bypass the functions."""
     global _collectives_library, _arm_with
     if _collectives_library is not None or _arm_with is None:
         return
@@ -91,8 +83,7 @@ def arm() -> None:
 
 
 def disarm() -> None:
-    """Unhook the c10d operations, so that a test after one that armed them pays for the hook only
-    if it needs it."""
+    """Unhook the c10d operations: the next test pays for the hook only if it needs it."""
     global _collectives_library
     with _arming:
         if _collectives_library is not None:
@@ -106,8 +97,8 @@ def armed() -> bool:
 
 
 def issued_by_functional() -> str | None:
-    """The functional collective that issued the c10d operation being recorded
-    (:func:`_arming_kernel`): its name in FUNCTIONAL_OPS, "" where it has none; None if none."""
+    """The functional collective that issued the c10d operation being recorded (its name in
+    FUNCTIONAL_OPS, "" where it has none), or None."""
     return _functional.running
 
 
@@ -152,8 +143,7 @@ def _waits_across_threads() -> bool:
 
 
 def _functional_kernels(record: Record | None, wait: Wait, recording: Recording) -> Any:
-    """Their kernels, and wait_tensor's: each records the call (``record`` None: arms the c10d
-    kernels, which record it)."""
+    """Their kernels and wait_tensor's (``record`` None: each arms the c10d kernels instead)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
     functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect", with_keyset=True)
@@ -175,10 +165,9 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
 
 
 def out_of_compile(function: F, recursive: bool = True) -> F:
-    """``function``, kept out of torch.compile: Dynamo neither traces it into a graph (a call from
-    compiled code is a graph break) nor compiles its frame, nor, where ``recursive``, any frame it
-    runs.  What ``torch._dynamo.skip`` does, without importing Dynamo (a second).  The recorder
-    writes to the event log; Dynamo would trace it with fake tensors, or recompile it each call."""
+    """``function`` kept out of torch.compile (a graph break; its frames, and where ``recursive``
+    those it runs, not compiled), as ``torch._dynamo.skip`` does without importing Dynamo (a
+    second).  Dynamo would trace the recorder with fake tensors, or recompile it each call."""
     function._torchdynamo_disable = True  # type: ignore[attr-defined]
     frames: Any = getattr(torch._C, "_dynamo", None)
     frames = getattr(frames, "eval_frame", None)
@@ -202,8 +191,7 @@ def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> 
 
 
 def graph_node_trace(frame: FrameType) -> str | None:
-    """The stack trace Dynamo recorded for the node an FX graph module's frame is running (where the
-    user's code made it); None where the frame does not tell."""
+    """The stack trace Dynamo recorded for the node an FX graph module's frame runs, or None."""
     try:
         module: Any = frame.f_locals.get("self")
         index = module._lineno_map.get(frame.f_lineno - module._prologue_start)
@@ -237,8 +225,7 @@ _dispatch_mode = torch._C._get_dispatch_mode
 
 
 def tracing() -> bool:
-    """Whether a fake tensor mode is on (torch.export, make_fx): a collective called now sends
-    nothing and is not recorded."""
+    """Whether a fake tensor mode is on (torch.export, make_fx): a collective now sends nothing."""
     return _dispatch_mode(_FAKE_MODE) is not None
 
 
@@ -259,8 +246,8 @@ def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording
 
 
 def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
-    """A functional collective not in FUNCTIONAL_OPS (``name`` ""), or any in a torch whose waits
-    do not cross threads: recorded at the c10d operation it issues, by its ``name`` if it has one."""
+    """A functional collective recorded at the c10d operation it issues (``name`` "": not in
+    FUNCTIONAL_OPS)."""
     redispatch = overload._handle.redispatch_boxed
 
     def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
@@ -295,8 +282,7 @@ def wait_tensor(tensor: torch.Tensor) -> None:
 
 
 def groups_made() -> int | None:
-    """How many process groups torch has named in this process (its next group's number);
-    None where this torch does not say."""
+    """How many process groups torch has named in this process; None where this torch does not say."""
     count = getattr(getattr(dist.distributed_c10d, "_world", None), "group_count", None)
     return count if isinstance(count, int) else None
 
@@ -307,8 +293,7 @@ def process_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
 
 
 def named_group(arguments: dict[str, Any]) -> dist.ProcessGroup:
-    """The ProcessGroup a functional collective was called on: its ``group_name``, which the
-    schema types ``Any`` (a name; a group, boxed, where the caller passed one)."""
+    """The ProcessGroup a functional collective was called on: its ``group_name``, a name or a boxed group."""
     group = arguments["group_name"]
     if isinstance(group, str):
         resolve: Any = dist.distributed_c10d._resolve_process_group  # typed for a NewType of str
@@ -325,8 +310,7 @@ def work_of(result: Any) -> dist.Work | None:
 
 
 def collectives_handed(group: Any) -> int | None:
-    """How many collectives ``group`` (None: the default group) has handed its backend (its
-    sequence number); None where there is no group or its backend does not say."""
+    """How many collectives ``group`` (None: the default) has handed its backend, or None."""
     chosen: Any = group or dist.distributed_c10d.GroupMember.WORLD  # read on every collective: no checks
     try:
         return chosen._get_sequence_number_for_group()

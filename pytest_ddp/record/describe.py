@@ -1,7 +1,5 @@
-"""What one torch.distributed call looks like in the event log: its call site, its
-group, its tensors, objects, root or peer, as fragments of the ``call`` event's
-JSON (see :mod:`pytest_ddp.common.protocol`).  On the recorder's hot path, so the usual
-cases are cached.
+"""A torch.distributed call's site, group, tensors, objects, root or peer, as fragments of the
+``call`` event's JSON (:mod:`pytest_ddp.common.protocol`); the usual cases cached (hot path).
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ _TRACE_LINE = re.compile(r'File "(.+)", line (\d+), in ')
 
 
 def _site_file(filename: str) -> str | None:
-    """How a site shows a file (JSON-escaped): a library's from its package, the standard
-    library's from its folder, the user's relative to the working folder; None if internal."""
+    """How a site shows a file (JSON-escaped), shortest where it is known; None if internal."""
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith(_GENERATED) or _INDUCTOR_CACHE in filename:
         return None
     if filename.startswith(_FX_GRAPH):
@@ -93,14 +90,10 @@ _sites: dict[tuple[int, int], tuple[CodeType, str, bool]] = {}
 
 
 def site(frame: FrameType | None) -> str:
-    """``"site":"tests/test_x.py:12"``: the user's innermost frame, outside torch, pytest, this
-    plugin, installed libraries and the standard library.  Where the call was made inside a
-    library (accelerate, DeepSpeed, torchmetrics, ...), also ``"caller":"accelerate/accelerator.py:2861"``:
-    the library's frame that made it; where no user frame led there (a library's own thread),
-    the library's frame is the site.
-
-    Cached per instruction, as ``f_lineno`` scans the line table.  The cache holds the code
-    object, so its id cannot be reused while cached."""
+    """``"site":"tests/test_x.py:12"``: the user's innermost frame outside torch, pytest, this plugin
+    and libraries; for a call made inside a library, also ``"caller":"accelerate/accelerator.py:2861"``
+    (the library's frame is the site where no user frame led there).  Cached per instruction, as
+    ``f_lineno`` scans the line table; the cache holds the code, so its id is not reused."""
     while frame is not None:
         code = frame.f_code
         if _site_files.get(code.co_filename, _UNSEEN) is None:  # internal, seen before: the usual case
@@ -148,9 +141,8 @@ def _in_library(filename: str) -> bool:
 
 
 def _through_library(library_site: str, frame: FrameType | None) -> str:
-    """``"site":"t.py:30","caller":"accelerate/accelerator.py:2861"``: the first user frame among
-    ``frame`` and its callers as the site, the library's site as its caller; the library's site
-    alone where none is."""
+    """``"site":"t.py:30","caller":"accelerate/accelerator.py:2861"``: the first user frame from
+    ``frame`` up, with the library's site as its caller; the library's site alone where none is."""
     while frame is not None:
         filename = frame.f_code.co_filename
         shown = _shown(filename)
@@ -312,8 +304,7 @@ _RED_OP_TYPE = dist.ReduceOp.RedOpType
 
 
 def reduction(value: Any) -> str:
-    """A reduce op's name as torch spells it (``MAX``): given as ``ReduceOp.MAX``, a ``ReduceOp``
-    made of one (boxed, at the backend), or a functional collective's ``"max"``."""
+    """A reduce op's name as torch spells it (``MAX``), however it was given."""
     if type(value) is _RED_OP_TYPE:  # the usual: ReduceOp.MAX
         return str(value.name)
     if isinstance(value, str):
@@ -326,8 +317,7 @@ def reduction(value: Any) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _extra_field(via_backend: bool, reduce_op: str | None) -> str:
-    """``,"extra":{...}`` of a collective's reduce op, marked as recorded at the dispatcher or not:
-    a handful of values, each built once."""
+    """``,"extra":{...}`` of a reduce op, marked as recorded at the dispatcher or not (a few values)."""
     extra = {"via": "backend", "op": reduce_op} if via_backend else {"op": reduce_op}
     return optional_fields({"extra": {k: v for k, v in extra.items() if v is not None}})
 
@@ -392,9 +382,9 @@ _groups_before_test: int | None = None  # torch's count of groups made when the 
 
 
 def _name_in_test(torch_name: str) -> str:
-    """A group's name in reports.  torch numbers groups for the life of the (warm) process, so
-    groups made during the test are numbered from 1 in the order made (the same on every member:
-    making a group is collective); groups made before it are ``before-<torch's name>``."""
+    """A group's name in reports.  torch numbers groups for the life of the warm process, so the
+    test's are numbered from 1 (alike on every member: making a group is collective) and earlier
+    ones are ``before-<torch's name>``."""
     if not torch_name.isdigit() or _groups_before_test is None:  # named by the user, or hashed
         return torch_name
     number = int(torch_name) - _groups_before_test + 1  # torch names a group by the count before it

@@ -1,7 +1,5 @@
-"""The rank side of fault injection: arms the current test's faults and fires them.
-
-A fault's ``fault`` event is written before the call it fires at, so the controller
-knows what was injected even when the rank is killed a moment later.
+"""The rank side of fault injection: arms the current test's faults and fires them, each
+``fault`` event written first, so it survives the rank's kill.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def arm(faults: tuple[Fault, ...] | list[Fault], rank: int, log: EventLog) -> No
 
 
 def on_call(op: str, frame: FrameType | None, replaceable: bool = False) -> Fault | None:
-    """The rank enters a call of ``op``: fire the fault armed at this count, if any.  A fault
-    that replaces the call is returned, where ``replaceable`` (the caller then returns
-    :func:`replaced`); the calls made in its place are not counted."""
+    """The rank enters a call of ``op``: fire the fault armed at this count, if any; return one
+    that replaces the call (for :func:`replaced`), whose calls are not counted."""
     faults = armed.get(op)
     if not faults or getattr(_replacing, "active", False):
         return None
@@ -72,9 +69,8 @@ def on_call(op: str, frame: FrameType | None, replaceable: bool = False) -> Faul
 
 def replaced(fault: Fault, recorded: Callable[..., Any], local: Any, args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> Any:
-    """What the call replaced by ``fault`` returns: nothing (skip), the second of two calls
-    (extra), or the changed call.  ``recorded`` is the wrapper the caller called, ``local`` the
-    recorder's thread state (its depth is cleared, so that these calls are recorded)."""
+    """What the call replaced by ``fault`` returns (skip, extra or changed); ``local``'s depth is
+    cleared, so that these calls are recorded."""
     local.depth = 0
     _replacing.active = True
     try:
@@ -140,9 +136,8 @@ def _fire(fault: Fault, site: str) -> None:
 
 
 def _exhaust_memory(fault: Fault) -> None:
-    """Allocate (and touch) memory until MemoryError, or ``fault.size`` bytes; then raise
-    MemoryError.  Without a size the address-space limit is lowered first, so that the
-    MemoryError is real but the machine's memory is not used up."""
+    """Allocate memory until MemoryError, or ``fault.size`` bytes, then raise MemoryError; without a
+    size under a lowered address-space limit, so the machine's memory is not used up."""
     limits = resource.getrlimit(resource.RLIMIT_AS)
     if fault.size is None:
         resource.setrlimit(resource.RLIMIT_AS, (_address_space() + OOM_HEADROOM, limits[1]))

@@ -1,6 +1,4 @@
-"""How the MPI recorder (:mod:`pytest_ddp.record.mpi_recorder`) describes an mpi4py call's
-arguments: a buffer's count, element type and bytes, a pickled object's type and size, a
-reduction's name; written as JSON text, the event log's wire format."""
+"""An mpi4py call's arguments as :mod:`pytest_ddp.record.mpi_recorder` writes them, as JSON text."""
 
 from __future__ import annotations
 

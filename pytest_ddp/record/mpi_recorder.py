@@ -1,17 +1,11 @@
 """The MPI recorder: every call a rank makes on an mpi4py communicator, written before and after it runs.
 
-mpi4py's types cannot be patched (``MPI.Comm.Send = ...`` raises), but a subclass
-instance made from a communicator refers to the same communicator.  So :func:`install`
-replaces ``MPI.COMM_WORLD`` with a :class:`RecordingComm`, whose methods named in
-:data:`pytest_ddp.common.ops.MPI_OPS` are recorded like the torch recorder's
-(:mod:`pytest_ddp.record.recorder`), as are the communicators it makes.  A nonblocking
-call stays running until its :class:`RecordingRequest` completes; ``MPI.Request`` becomes
-a subclass that every request is still an instance of, so ``MPI.Request.Waitall`` is
-recorded too.
-
-Calls share the torch recorder's numbering.  A receive that left its source or tag
-open says in its ``ret`` which message it got, for the watchdog's matching
-(:mod:`pytest_ddp.diagnose.mpi_matching`).
+mpi4py's types cannot be patched, but a subclass instance made from a communicator is the same
+communicator: :func:`install` replaces ``MPI.COMM_WORLD`` with a :class:`RecordingComm`.  A
+nonblocking call runs until its :class:`RecordingRequest` completes; ``MPI.Request`` becomes a
+subclass every request is an instance of, so ``MPI.Request.Waitall`` is recorded too.  A receive
+that left its source or tag open says in its ``ret`` which message it got, for
+:mod:`pytest_ddp.diagnose.mpi_matching`.
 """
 
 from __future__ import annotations
@@ -156,8 +150,7 @@ def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
 
 
 def _write_ret(log: EventLog, index: int, status: MPI.Status | None, ranks: list[int] | None) -> None:
-    """Call ``index`` returned; a receive that left its source or tag open (``ranks``: its
-    communicator's world ranks) says from its ``status`` which message it got."""
+    """Call ``index`` returned; an open receive (``ranks``: its communicator's) with its message."""
     if status is None or ranks is None:
         numbering.write_ret(log, index)
         return
@@ -203,8 +196,7 @@ class RecordingRequest(MPI.Request):
     _ddp: _Pending | None
 
     def _complete(self, method: Callable[..., Any], status: MPI.Status | None, blocks: bool) -> Any:
-        """mpi4py's ``method``, with a wait event before a blocking one and the call's ret once
-        the request completed."""
+        """mpi4py's ``method``, with a wait event before a blocking one and the ret once complete."""
         pending = _recorded(self)
         if pending is None:
             return method(self, status)
@@ -280,8 +272,8 @@ class _ModuleRequest(RecordingRequest, metaclass=_AnyRequest):
 
 
 def _made(result: Any, parent: _Comm) -> Any:
-    """A communicator a recorded call made: recording too, named by creation order; a part of
-    the parent (a Split's) also by its lowest world rank, as parts made by one call differ."""
+    """A communicator a recorded call made, recording too: named by creation order, a Split's part
+    also by its lowest world rank."""
     global _comms_made
     _comms_made += 1  # on every member, also those that get COMM_NULL: names agree
     if not isinstance(result, MPI.Intracomm) or result == MPI.COMM_NULL:
@@ -378,8 +370,7 @@ for _spec in MPI_OPS.values():
 
 
 def install(log: EventLog) -> None:
-    """Record the calls made on ``MPI.COMM_WORLD``, and on what is made from it, into ``log``
-    (idempotent; a second call only switches the log)."""
+    """Record the calls on ``MPI.COMM_WORLD`` and what is made from it into ``log`` (again: switch it)."""
     global _log, _world_group
     _log = log
     if _originals:

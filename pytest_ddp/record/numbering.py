@@ -1,7 +1,5 @@
-"""A rank's one sequence of call numbers, shared by its recorders, the one writer of each event
-line of a call (``call``, ``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallWire`,
-:class:`~pytest_ddp.common.protocol.RetWire`), and the rets of its asynchronous calls (written
-when their work completes or their caller's wait returns).
+"""A rank's one sequence of call numbers, the one writer of each event line of a call (``call``,
+``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallWire`), and its asynchronous calls' rets.
 """
 
 from __future__ import annotations
@@ -63,9 +61,7 @@ def write_ret(
     source: int | None = None,
     tag: int | None = None,
 ) -> None:
-    """Call ``index`` returned, or raised ``error`` (``before_backend``: see
-    :func:`pytest_ddp.record.backend_hook.raised_before_backend`).  ``source`` and ``tag``: the
-    message an MPI receive that left them open got."""
+    """Call ``index`` returned, or raised ``error``; ``source`` and ``tag``: an MPI receive's message."""
     if error is not None:
         err = f"{type(error).__name__}: {error}"
         ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": err}
@@ -90,13 +86,10 @@ SWEEP_INTERVAL = 0.005  # seconds between looks at pending work that nobody wait
 
 
 class Pending:
-    """The current test's asynchronous calls whose ret is not written yet.
-
-    A call's ret is written when its caller's wait for it returns, or else when the rank sees
-    its work complete: at the rank's next recorded call, or from a thread that looks every
-    SWEEP_INTERVAL while any call is pending (DDP waits for its buckets in C++, out of sight).
-    Not from a done callback on the work's future: that runs in the backend's thread and takes
-    the GIL from the caller once per collective."""
+    """The current test's asynchronous calls whose ret is not written yet: written when the
+    caller's wait returns, or when the rank sees the work complete (at its next recorded call, or
+    from a thread that looks while any is pending: DDP waits in C++).  Not from a done callback: it
+    runs in the backend's thread and takes the GIL from the caller once per collective."""
 
     def __init__(self) -> None:
         self.log: EventLog | None = None  # where the rets go: the recorder's log, once installed
@@ -108,8 +101,7 @@ class Pending:
         self._looker_pid: int | None = None  # the process whose thread looks (threads do not survive fork)
 
     def add(self, index: int, work: Any) -> bool:
-        """Leave the call's ret to its wait or its work's completion; False where the work has no
-        future."""
+        """Leave the call's ret to its wait or its work's completion; False where it has no future."""
         try:
             future = work.get_future()
         except Exception:
@@ -135,8 +127,7 @@ class Pending:
                     write_ret(self.log, index, error)
 
     def sweep(self, waited: int | None = None, error: BaseException | None = None) -> bool:
-        """Write the ret of each call whose work completed, and of ``waited``, whose wait returned
-        (with ``error`` if it raised); whether any call is still pending."""
+        """Write the rets of completed work and of ``waited``; whether any call is still pending."""
         if waited is not None:
             self.settle(waited, error)
         log = self.log
@@ -154,8 +145,7 @@ class Pending:
             return bool(self.works)
 
     def start_looking(self) -> None:
-        """Have this process's thread look at pending work (started before a test, so that the
-        test's leftover threads do not include it)."""
+        """Start this process's looking thread (before a test: not one of the test's leftovers)."""
         if self._looker_pid != os.getpid():
             self._looker_pid = os.getpid()
             threading.Thread(target=self._look, name="pytest-ddp-pending-work", daemon=True).start()

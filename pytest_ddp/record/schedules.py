@@ -27,8 +27,7 @@ _log: EventLog | None = None
 
 
 def install(log: EventLog) -> None:
-    """Record the pipeline schedules this process makes into ``log`` (idempotent; a second call
-    only switches the log)."""
+    """Record the pipeline schedules this process makes into ``log`` (again: switch it)."""
     global _log
     _log = log
     if MODULE in sys.modules:

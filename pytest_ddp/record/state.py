@@ -1,7 +1,4 @@
-"""What the torch recorder's two halves share: :mod:`pytest_ddp.record.recorder` (torch.distributed's
-functions) and :mod:`pytest_ddp.record.backend_recorder` (what reaches a process group's backend
-past them).
-"""
+"""What :mod:`pytest_ddp.record.recorder` and :mod:`pytest_ddp.record.backend_recorder` share."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ def patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> No
 def patch_function(
     name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True
 ) -> None:
-    """Replace a torch.distributed function by ``replacement(original)``, in c10d and in
-    torch.distributed where it is the same function."""
+    """Replace a torch.distributed function by ``replacement(original)``, in c10d and dist alike."""
     original = getattr(c10d, name)
     replaced = replacement(original)
     patch(c10d, name, replaced, recursive)
