@@ -1,14 +1,9 @@
 """Launched mode, pure: which launcher started this pytest process, and where its ranks meet.
 
-When pytest runs under a launcher (``torchrun --nproc-per-node=4 -m pytest``,
-``srun -n 4 pytest``, ``mpiexec -n 4 pytest``) every process it starts is a
-rank of one launched world, and runs the same session.  Each launcher says so
-in its own environment variables; :func:`detect` reads them (or obeys
-``--ddp-launcher``) into a :class:`Launch`, and :func:`channel_address` says
-where global rank 0's pytest (the controller) listens for the others.
-
-Nothing here opens a connection; what it reads beyond the mapping it is given is
-which process launched this one (:func:`_launcher_key`).
+Under ``torchrun``, ``srun`` or ``mpiexec`` every pytest process is a rank of one launched world
+running the same session.  :func:`detect` reads the launcher's variables (or ``--ddp-launcher``)
+into a :class:`Launch`; :func:`channel_address` says where global rank 0's pytest listens.
+Nothing here opens a connection.
 """
 
 from __future__ import annotations
@@ -64,13 +59,9 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
 
 
 def _launcher_key(env: Mapping[str, str]) -> str:
-    """The process that launched this one on this node, with its start time: the same for
-    every rank it started here, and never reused.
-
-    MPICH's launchers (gforker, hydra's proxy) hand each rank a socket, ``PMI_FD``,
-    whose other end they hold: its peer's pid names the launcher even when a shell
-    stands between it and pytest (``mpiexec -n 4 sh -c 'pytest ...'``).  Otherwise the parent.
-    """
+    """The process that launched this one on this node, with its start time (never reused).
+    Under MPICH the peer of ``PMI_FD``, the socket its launcher holds, even with a shell between
+    (``mpiexec -n 4 sh -c 'pytest ...'``); otherwise the parent."""
     launcher = os.getppid()
     if env.get("PMI_FD", "").isdigit():
         try:
@@ -86,9 +77,8 @@ def _launcher_key(env: Mapping[str, str]) -> str:
 def _numbered(
     launcher: str, by: str, env: Mapping[str, str], job: str, **variables: tuple[str, ...]
 ) -> Launch:
-    """The launch whose numbers (Launch's fields) are read from ``variables``: for each field, the
-    variables that may hold it, the first set wins; LaunchError naming those that ``by``, the
-    launching command, left unset."""
+    """The launch whose fields are read from ``variables`` (per field, the first set wins);
+    LaunchError naming those that ``by``, the launching command, left unset."""
     numbers = {field: _int(env, *names) for field, names in variables.items()}
     missing = [names[0] for field, names in variables.items() if numbers[field] is None]
     if missing:
@@ -171,14 +161,9 @@ def detect(env: Mapping[str, str], launcher: str = "auto") -> Launch | None:
 
 
 def channel_address(launch: Launch) -> tuple[str, int] | None:
-    """Where the controller listens for the other ranks' pytest processes.
-
-    On one node: None, a Unix socket in the launch's folder private to the user
-    (:mod:`pytest_ddp.launched.secret`), no network address.  On several: a TCP
-    address, which must be one every node reaches: MASTER_ADDR (torchrun sets it;
-    for srun and mpiexec the job script sets it, as torch's ``env://`` needs), with
-    an OS-chosen port published in torchrun's store, or MASTER_PORT without torchrun.
-    """
+    """Where the controller listens for the other ranks' pytest: None on one node (a private
+    Unix socket, no network address); on several, MASTER_ADDR (which every node reaches, as
+    ``env://`` needs) with an OS-chosen port published in torchrun's store, else MASTER_PORT."""
     if launch.one_node:
         return None
     if not launch.master_addr:

@@ -1,22 +1,15 @@
 """The link between the launched pytest processes: the controller listens, every other rank's pytest connects.
 
-Where: on one node, a Unix socket (mode 0600) in the launch's private folder
-(:mod:`pytest_ddp.launched.secret`); on several, a TCP address on the first
-node (:func:`pytest_ddp.launched.launch.channel_address`), whose OS-chosen port
-torchrun's own store carries to the others.
+On one node a Unix socket (mode 0600) in the launch's private folder
+(:mod:`pytest_ddp.launched.secret`); on several a TCP address
+(:func:`pytest_ddp.launched.launch.channel_address`).  A frame is an 8-byte big-endian length and
+that many bytes; a :class:`Link` never blocks on a read, so a peer that sends half a frame and
+holds it stalls no one.
 
-A frame is an 8-byte big-endian length and that many bytes.  A :class:`Link`
-never blocks on a read: it keeps the bytes of a frame that is not whole yet
-until the rest comes, so a peer that sends half a frame and holds it stalls no
-one; a read that must wait for a frame waits until a deadline.
-
-Before anything else each end proves to the other that it holds the session's
-secret (:mod:`pytest_ddp.common.handshake`; :class:`Incoming` on the controller's
-side, :func:`answer_challenge` on the other): the controller sends a challenge;
-the peer answers with its proof and a challenge of its own, which the controller
-answers in turn.  Until a peer has proven itself, no frame it sends may be longer
-than that answer.  The controller proves itself too: it tells the others what to
-fork.  On one node each end also refuses a peer of another user (``SO_PEERCRED``).
+Before anything else each end proves it holds the session's secret
+(:mod:`pytest_ddp.common.handshake`): the controller too, since it tells the others what to fork.
+Until a peer has proven itself no frame it sends may be longer than that answer; on one node each
+end also refuses a peer of another user (``SO_PEERCRED``).
 """
 
 from __future__ import annotations
@@ -82,8 +75,8 @@ class Link:
             self.sock.sendall(frame)
 
     def receive(self) -> list[bytes]:
-        """The whole frames that have come, without waiting for more.  ``closed`` then says whether
-        the peer's end is closed; LinkError for a frame longer than ``limit``."""
+        """The whole frames that have come, without waiting (``closed`` then says if the peer's end
+        is); LinkError for a frame longer than ``limit``."""
         self._read()
         frames = list(self._frames)
         self._frames.clear()
@@ -181,9 +174,8 @@ class Incoming:
 
 
 def answer_challenge(link: Link, secret: bytes, deadline: float) -> None:
-    """The connecting end's side of the handshake: answer the controller's challenge, and have it
-    prove itself in turn, by ``deadline``.  HandshakeError if it does not; TimeoutError, EOFError,
-    OSError or LinkError if the connection does not carry it."""
+    """The connecting end's handshake by ``deadline``: answer the controller's challenge and have
+    it prove itself (HandshakeError if not; TimeoutError, EOFError, OSError or LinkError)."""
     challenge = link.recv_frame(deadline)
     if len(challenge) != NONCE:
         raise HandshakeError(f"does not speak its protocol (a challenge of {len(challenge)} bytes)")
@@ -359,8 +351,7 @@ def _reach(launch: Launch, timeout: float, deadline: float, files: SessionFiles)
 
 
 def _torchrun_store(launch: Launch, timeout: float) -> Any:
-    """torchrun's own store (its agent's), as a client, as TORCHELASTIC_USE_AGENT_STORE says every
-    worker is."""
+    """torchrun's agent store, as a client (as TORCHELASTIC_USE_AGENT_STORE says every worker is)."""
     import torch.distributed as dist
 
     assert launch.master_addr is not None and launch.master_port is not None

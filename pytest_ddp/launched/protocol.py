@@ -1,23 +1,13 @@
 """What global rank 0's pytest (the controller) and the other launched pytest processes (hosts) say.
 
-In launched mode (:mod:`pytest_ddp.launched.launch`) every pytest process of the launch
-is a *host*: it holds the rank processes of the tests it takes part in, one
-per group (a *slot*), forked from its own forkserver.  The controller's host is
-the controller itself; the others talk to it over one link each
-(:mod:`pytest_ddp.launched.link`), a message a frame: a JSON header, and for
-:class:`Data` and :class:`Command` a newline and the raw bytes after it.  A
-frame that is not such a message, field for field, is a ProtocolError.
+Every launched pytest is a *host* of rank processes, one per group (a *slot*).  A message is a
+frame on the link (:mod:`pytest_ddp.launched.link`): a JSON header, and for :class:`Data` and
+:class:`Command` a newline and raw bytes; anything else, field for field, is a ProtocolError.
 
-Host -> controller: ``hello`` (who it is, what it collected), ``data`` (what a
-rank appended to one of its files: the hosts share no file system with the
-controller, so its event log, output and stack dumps travel; it wakes the
-controller as the rank's notify byte would), ``dumped`` (its stack dump is
-complete), ``exited``.
-
-Controller -> host: ``start`` (fork a rank into a slot), ``command`` (a rank command, as
-:mod:`pytest_ddp.common.protocol` encodes it), ``dump``, ``kill``, ``end`` (the
-session's exit status, which every host exits with, and why it ended before its
-tests, if it did: the ranks collected different tests, or some never said what).
+Host -> controller: ``hello``, ``data`` (what a rank appended to one of its files: hosts share
+no file system with the controller; it wakes the controller as a notify byte would), ``dumped``,
+``exited``.  Controller -> host: ``start``, ``command``, ``dump``, ``kill``, ``end`` (the exit
+status every host exits with, and why the session ended early, if it did).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The launched session's secret: held by every launched pytest process of one job, and by no other one.
 
-Every connection between them proves, both ways, that its end holds it
-(:mod:`pytest_ddp.launched.link`).  No launcher gives its processes anything an
-outsider cannot know (docs/design.md, "Under a launcher"), so it comes from:
-
-- ``PYTEST_DDP_SECRET``, when the user sets it in the job's environment (the
-  launcher carries it to every process, as it carries the rest of it);
-- otherwise a random one that global rank 0's pytest writes, before it listens,
-  into a file (mode 0600) in a folder private to the user (0700:
-  :mod:`pytest_ddp.common.secret` makes, checks and reads them), named after
-  the job; the others read it once they have reached rank 0's pytest.  On one
-  node that folder is in the machine's temporary directory, where rank 0's
-  Unix socket is too; across nodes it is ``$XDG_CACHE_HOME/pytest-ddp/launched``
-  (``~/.cache``), which every node sees where the home directory is shared.
-
-Rank 0's pytest removes its files once every rank has joined (or its wait is over).
+No launcher gives its processes anything an outsider cannot know, so it comes from
+``PYTEST_DDP_SECRET`` in the job's environment, or else a random one that rank 0's pytest writes
+before it listens to a 0600 file in a folder private to the user (:mod:`pytest_ddp.common.secret`):
+the temporary directory on one node, ``$XDG_CACHE_HOME/pytest-ddp/launched`` across nodes (seen
+by all where the home directory is shared).  Rank 0 removes its files once every rank has joined.
 """
 
 from __future__ import annotations
@@ -84,8 +74,7 @@ def private_folder(files: SessionFiles) -> None:
 
 
 def create_secret(files: SessionFiles) -> bytes:
-    """A new random secret, written to ``files.key`` (mode 0600) whole: a reader never sees it half
-    written."""
+    """A new random secret, written whole to ``files.key`` (mode 0600): no reader sees half of it."""
     return secret.write_secret(files.key)
 
 

@@ -1,17 +1,10 @@
 """How a launched pytest process ends on a signal, leaving nothing behind.
 
-While its session runs, SIGTERM (what torchrun, srun and a batch system's cancel
-send) stops it as Ctrl-C does: pytest reports what ran, the groups' ranks are
-killed, and it exits with status 2, its files removed.  A launcher passes the
-signal it gets on to every process it started, and a terminal's Ctrl-C reaches
-them as well: the first SIGINT or SIGTERM interrupts, the ones after it are the
-same stop said again, and are ignored.
-
-Once the session has ended (:func:`exit_on_signal`), a launcher's signal ends
-the process at once with the session's status.  ``os._exit`` runs no exit
-handler, so first it removes what those would have: multiprocessing's folder
-(``$TMPDIR/pymp-*``, the forkserver's socket; torchrun SIGTERMs every worker
-still there once one exits non-zero, and each such run left one per process).
+While its session runs, SIGTERM (torchrun's, srun's, a batch cancel's) stops it as Ctrl-C does;
+only the first SIGINT or SIGTERM counts, since a launcher and a terminal may both pass one on.
+Once the session has ended, a launcher's signal ends the process at once with the session's
+status; ``os._exit`` runs no exit handler, so multiprocessing's folder (``$TMPDIR/pymp-*``) is
+removed first (torchrun SIGTERMs every worker still there once one exits non-zero).
 """
 
 from __future__ import annotations

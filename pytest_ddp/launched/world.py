@@ -1,13 +1,10 @@
 """The controller's side of a launched world: the other launched pytest processes (hosts), and their ranks.
 
-Global rank 0's pytest listens (:mod:`pytest_ddp.launched.link`) for every other
-rank's pytest, each of which proves that it holds the session's secret and says
-hello with what it collected; the collections are compared before any test runs.  From then on each host holds
-the rank processes of the groups the controller forms (:class:`LaunchedGroup`, below),
-one *slot* each, and its messages (:mod:`pytest_ddp.launched.protocol`) are routed
-here to the group that owns the slot: whatever group is waiting reads them, so
-a warm group's rank that dies while another group runs a test is still seen.
-At the end every host is told the session's exit status, to exit with.
+Every other rank's pytest proves it holds the session's secret (:mod:`pytest_ddp.launched.link`)
+and says what it collected; the collections are compared before any test runs.  Then each host
+holds one *slot* per rank of the controller's groups, and its messages
+(:mod:`pytest_ddp.launched.protocol`) are routed to the slot's group: whichever group is waiting
+reads them, so a warm group's rank that dies while another group runs a test is still seen.
 """
 
 from __future__ import annotations
@@ -66,11 +63,7 @@ class LaunchedWorld:
 
     def gather(self, items: list[str], timeout: float) -> str | None:
         """Wait for every other rank's hello; what their collections differ in, or why some never came.
-
-        A connection that does not prove it holds the session's secret, sends what is not a
-        hello, or a second hello of a rank, is dropped, and logged; one whose hello is not
-        whole by the deadline counts as a rank that did not say what it collected.
-        """
+        An unproven connection, or one that sends no hello or a second one, is dropped and logged."""
         assert self.listener is not None
         pending = selectors.DefaultSelector()
         pending.register(self.listener.sock, selectors.EVENT_READ, None)
@@ -222,13 +215,9 @@ class LaunchedWorld:
         return [f"rank {rank} ({link.hello.node}): {link.hello.log}" for rank, link in hosts]
 
     def end(self, status: int) -> None:
-        """Tell every host the session's exit status (and what gather found wrong, for its log);
-        they exit with it once this process has.
-
-        The connections stay open until this process exits: a host waits for that, so
-        that a launcher which kills every process once one fails (MPICH's gforker, torchrun)
-        does not kill this one while the output it forwards is still in its pipe.  This
-        process then exits with that status even if such a launcher sends it a signal first.
+        """Tell every host the session's exit status (and what gather found wrong); they exit with
+        it once this process has: the connections stay open until then, so that a launcher that
+        kills all once one exits (MPICH's gforker, torchrun) cannot cut this one's forwarded output.
         """
         exit_on_signal(status)
         for rank, link in self.hosts.items():
@@ -241,15 +230,9 @@ class LaunchedWorld:
 
 # -- a group of the launched world ----------------------------------------------------
 #
-# A rank group of a launched world: its rank 0 forked here, its other ranks by the other ranks' pytest.
-#
-# A test of ``world_size=k`` runs on the first k ranks of the launch.  Rank 0 is
-# forked by the controller itself, as on one machine; rank r > 0 is forked by
-# global rank r's pytest process (its *host*, :mod:`pytest_ddp.launched.host`),
-# on whatever node that is, and everything the rest of the plugin reads of it
-# (event log, output, stack dumps, its end) arrives through
-# :class:`~pytest_ddp.launched.world.LaunchedWorld` into this group's folder.
-# To the runner, watchdog and report this is a :class:`~pytest_ddp.groups.group.RankGroup`.
+# A test of ``world_size=k`` runs on the launch's first k ranks: rank 0 forked here, rank r by
+# global rank r's pytest (its *host*, :mod:`pytest_ddp.launched.host`), whose event log, output,
+# dumps and end arrive into this group's folder.  To the rest it is a RankGroup.
 
 HOSTS = "hosts"  # the selector's mark of a host's connection
 
@@ -328,8 +311,7 @@ class LaunchedGroup(RankGroup):
         return self._local_rank_of[rank]
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
-        """torchrun's environment for this group's ranks: the launch's nodes and local ranks,
-        the first ``world_size`` ranks' share of them."""
+        """torchrun's environment for this group's ranks: their share of the launch's nodes."""
         env = super().torchrun_environment(rank, port)
         nodes = list(dict.fromkeys(self._node_of.values()))
         here = self._node_of[rank]
