@@ -1,5 +1,3 @@
 """A rank process: its entry point, its link to the controller, its pytest session, what a test
-left behind, the MPI stand-in.
-
-Imports record, common and faults; never diagnose, report, groups or config.
+left behind, the MPI stand-in.  Layer rules: tests/test_layers.py.
 """

@@ -1,6 +1,4 @@
-"""A rank's link to its controller: its command pipe and event log, and the state it reports
-when a test is over.
-"""
+"""A rank's link to its controller: its command pipe, its event log, its state after a test."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ def start_test() -> None:
 
 
 def _unfinished_work() -> list[dict[str, Any]]:
-    """Asynchronous work of the test (torch's and, in an MPI group, mpi4py's) still not done
-    IN_FLIGHT_WAIT seconds after the test ended."""
+    """The test's asynchronous work still not done IN_FLIGHT_WAIT seconds after it ended."""
     return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
 
 

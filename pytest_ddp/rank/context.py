@@ -1,7 +1,5 @@
 """Who this rank process is (the ``rank``, ``world_size`` and ``device`` fixtures' answers), or
-that this process is no rank.
-
-Imports nothing: the plugin asks it in every pytest session, ddp tests or not.
+that it is no rank.  Imports nothing: every pytest session asks it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A rank's default process group: joined when the rank starts (``init=True`` groups), whose it is at
-a test's end, and joined afresh, on a fresh store, for a test that follows one which ended it.
+"""A rank's default process group: joined at the rank's start (``init=True``), whose it is at a
+test's end, and joined afresh for a test after one that ended it or made one.
 
-Warm ranks cannot meet again at the store the last rendezvous used: its keys are still there,
-and Gloo connects to the old group's addresses ("Gloo connectFullMesh failed ... Connect
-timeout").  So after a test that ended the default group or made one, the controller hands the
-next test a fresh store (:class:`pytest_ddp.groups.spawn.GroupStore`) and every rank
-:func:`renew`s there.  A default group a fixture of a wider scope made stays for the tests that
-share it.
+Warm ranks cannot meet again at the last rendezvous's store: its keys are still there, and Gloo
+connects to the old group's addresses.  So the next test gets a fresh store
+(:class:`pytest_ddp.groups.spawn.GroupStore`), where every rank :func:`renew`s.
 """
 
 from __future__ import annotations
@@ -73,16 +70,14 @@ def test_starts() -> None:
 
 
 def setup_ended(wider_scope: bool) -> None:
-    """The test's setup ended; ``wider_scope``: it set up a fixture of a wider scope than the test's,
-    which owns a default group made meanwhile."""
+    """The test's setup ended; ``wider_scope``: a wider fixture owns a default group made meanwhile."""
     current = _current()
     if wider_scope and current is not None:
         _not_the_tests.append(weakref.ref(current))
 
 
 def outlives_test() -> None:
-    """The default group just made belongs to a scope wider than the running test's (an adopted
-    torch class's, made as its first test set up): it stays for the tests that share it."""
+    """The default group just made belongs to a scope wider than the test's (an adopted class's)."""
     current = _current()
     if current is not None:
         _not_the_tests.append(weakref.ref(current))
@@ -100,8 +95,7 @@ def test_ended() -> tuple[bool, bool]:
 
 
 def store() -> Any:
-    """A client of the rank group's store as it is now (a harness's own exchanges; ``init=False``
-    groups too), kept while the store stays."""
+    """A client of the rank group's current store (for a harness's exchanges), kept while it stays."""
     global _client
     if _client is None or _client[0] != _store_port:
         import torch.distributed as dist

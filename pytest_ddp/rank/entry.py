@@ -1,13 +1,9 @@
 """A rank process: joins its group, then runs what its controller hands it.
 
-Forked by :class:`pytest_ddp.groups.group.RankGroup` from a forkserver that already
-imported torch and pytest; an MPI rank with what the launcher gave its stand-in
-(:mod:`pytest_ddp.rank.mpi_standin`).  In "pytest" mode the rank is a pytest session of its
-own, like an xdist worker (:mod:`pytest_ddp.rank.session`); in "function" mode it calls
-functions for :func:`pytest_ddp.run`.
-
-Between tests a rank lingers, its process group intact: a peer still waiting for it
-hangs rather than fails, and the controller's watchdog says why.
+Forked from a forkserver that already imported torch and pytest.  In "pytest" mode the rank is a
+pytest session of its own, like an xdist worker (:mod:`pytest_ddp.rank.session`); in "function"
+mode it calls functions for :func:`pytest_ddp.run`.  Between tests a rank lingers, its process
+group intact: a peer still waiting for it hangs rather than fails, and the watchdog says why.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ from pytest_ddp.rank.session import run_pytest
 
 
 def _become_rank(rank: int, parent_pid: int) -> None:
-    """Name this process ``ddp-rank<N>`` (ps, pgrep) and have the kernel SIGKILL it
-    when its parent dies, however it dies."""
+    """Name this process ``ddp-rank<N>`` and have the kernel SIGKILL it when its parent dies."""
     prctl.name(f"ddp-rank{rank}")
     if not prctl.die_with_parent(parent_pid):
         os._exit(1)
@@ -90,8 +85,7 @@ def _join_mpi_world(role: RankRole) -> ModuleType:
 def forked_main(
     start_path: str, commands: Connection, notify: Connection, descriptors: dict[str, int]
 ) -> None:
-    """A rank's life, from the forkserver's fork to its exit.  ``descriptors``: those an MPI launcher
-    gave the rank's stand-in, by the variable that names each (``PMI_FD``), at their numbers here."""
+    """A rank's life, from the fork to its exit; ``descriptors``: an MPI launcher's, by variable."""
     parent = os.getppid()
     _release_forkserver()
     os.setsid()  # Ctrl-C in the terminal is for the controller, which then stops us

@@ -15,8 +15,7 @@ LIBRARY_ROOTS = tuple(sorted({path for key in _LIBRARY_KEYS if (path := sysconfi
 
 
 def shorten_library_frames(item: Any) -> None:
-    """Under ``--tb=auto``, ``item``'s failures show library frames short (pytest's own traceback
-    filter first, then this)."""
+    """Under ``--tb=auto``, ``item``'s failures show library frames short, after pytest's filter."""
     original = getattr(item, "_traceback_filter", None)
     if original is None or item.config.getoption("tbstyle", "auto") != "auto":
         return
