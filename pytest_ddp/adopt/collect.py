@@ -1,11 +1,8 @@
 """Which collected items are adopted (``--ddp-adopt``), and on how many ranks they run.
 
-The items of torch's harness classes (``MultiProcessTestCase``, ``MultiProcContinuousTest``) and
-of DeepSpeed's (``DistributedTest``) are marked ``ddp(world_size=<the class's>, init=False,
-check_collectives=False)``: the test makes its own process group, and nothing compares the ranks'
-collectives, as under its own harness.  A class that runs its tests in one process (its own
-``join_or_run`` or ``_ensure_processes_spawned``) is left to pytest, as is an item with a ``ddp``
-mark.  The controller and every rank collect alike, so each marks the same items.
+The items of torch's and DeepSpeed's harness classes are marked ``ddp(world_size=<the class's>,
+init=False, check_collectives=False)``, as under their own harness.  A class that runs its tests in
+one process (its own ``join_or_run`` or ``_ensure_processes_spawned``) is left to pytest.
 """
 
 from __future__ import annotations
@@ -64,8 +61,8 @@ def _kind(cls: type, harness: Any) -> str | None:
 
 
 def _world_size(item: pytest.Item, cls: Any, kind: str) -> int:
-    """The number of processes torch's harness would start for the item.  Where that raises (a skip,
-    an error), 1: the rank asks again as the test sets up, and the test gets the same skip or error."""
+    """The number of processes the harness would start; 1 where that raises (the rank asks again as
+    the test sets up, and gets the same skip or error)."""
     try:
         if kind == "process":
             return int(cls(item.name).world_size)

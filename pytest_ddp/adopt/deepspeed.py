@@ -1,10 +1,6 @@
-"""DeepSpeed's ``DistributedTest`` classes in a rank (``is_dist_test``; DeepSpeed's tests/unit/common.py,
-which each project that follows it keeps a copy of).
-
-DeepSpeed's conftest calls ``item.cls()(item._request)``, which starts ``world_size`` processes
-that each run the class's ``_dist_run``.  In a rank the same conftest runs the same ``__call__``;
-only its two launchers run ``_dist_run`` here, on rank 0's rendezvous file, and gather every
-rank's skip message, as DeepSpeed's main process does.
+"""DeepSpeed's ``DistributedTest`` classes (tests/unit/common.py, copied by projects) in a rank: its
+conftest's ``item.cls()(item._request)`` runs as it is, but its two launchers run ``_dist_run`` here,
+on rank 0's rendezvous file, instead of starting processes.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ def install(cls: type) -> None:
 
 
 def _launch_in_rank(self: Any, num_procs: int, init_method: str) -> None:
-    """What each of DeepSpeed's processes does, in this rank; then its main process's end: any skip
-    message skips the test."""
+    """What DeepSpeed's process for this rank does, then its main process's end: any skip skips."""
     context = rank_context()
     if num_procs != context.world_size:
         raise AssertionError(

@@ -1,6 +1,6 @@
-"""What the ranks of an adopted test tell each other, as the main process of their harness gathers it:
-through the rank group's store, recorded as a collective of a group named ``harness``, so that a rank
-waiting there is seen waiting for its peers (the watchdog says so, and who never came)."""
+"""What the ranks of an adopted test tell each other in place of their harness's main process:
+through the group's store, recorded as a collective of group ``harness``, so the watchdog sees a
+rank waiting there."""
 
 from __future__ import annotations
 

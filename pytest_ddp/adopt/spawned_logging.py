@@ -1,9 +1,8 @@
 """The loggers as a process torch's harness spawns has them, while a rank runs what that process runs.
 
-pytest's logging plugin (pytest 9.1 on) attaches its handlers to the root logger and to every
-logger that does not propagate, so torch's ``c10d`` logger holds five handlers in a rank where the
-process torch spawns holds its own NullHandler alone (torch's ``test_get_or_create_logger``
-asserts it).  The root logger keeps them: what reaches it is the test's log in the rank's report.
+pytest's logging plugin (9.1 on) also puts its handlers on every logger that does not propagate:
+torch's ``test_get_or_create_logger`` asserts ``c10d``'s holds only its own.  The root logger keeps
+them, so the test's log still reaches the rank's report.
 """
 
 from __future__ import annotations

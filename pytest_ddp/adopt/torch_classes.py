@@ -1,17 +1,13 @@
 """torch's distributed test classes in a rank: what torch's harness does in the processes it spawns
 happens in the ranks instead, and what its main process does, in each rank together.
 
-``MultiProcessTestCase``: the test instance pytest made in the rank runs ``setUp`` and ``tearDown``
-as torch's main process does; ``_spawn_processes`` makes this process the one it would spawn for its
-rank (rank 0's environment, where ``setUp`` may have put a temporary folder, and rendezvous file),
-and ``_join_processes`` runs what torch's child runs, ``cls._run``, so that a class's own ``_run``
-and ``run_test`` hold.  Then every rank draws torch's main process's verdict from how each ended
-(:mod:`pytest_ddp.adopt.verdict`).
+``MultiProcessTestCase``: ``_spawn_processes`` makes this process the one torch would spawn for its
+rank, ``_join_processes`` runs what the child runs (``cls._run``, so a class's own ``_run`` holds),
+then every rank draws the main process's verdict (:mod:`pytest_ddp.adopt.verdict`).
 
-``MultiProcContinuousTest``: the class's own ``_init_pg`` makes its process group as its first test
-sets up, and it outlives each test until the class is torn down.  The class's queues are the rank's
-own worker (:class:`_Worker`), so torch's main process code puts the test and reads its end.  No
-poison pill: a failed test does not skip the rest of its class.
+``MultiProcContinuousTest``: the class's ``_init_pg`` makes its group as its first test sets up,
+until the class is torn down; its queues are the rank's own :class:`_Worker`.  No poison pill: a
+failed test does not skip the rest of its class.
 """
 
 from __future__ import annotations
@@ -102,7 +98,7 @@ def _expects_failure(test: Any, fn: Any) -> bool:
 
 def _abide(found: verdict.Verdict, error: BaseException | None, expects_failure: bool) -> None:
     """This rank's part of torch's verdict: the ranks at fault fail with their own error, the others
-    too where the test is expected to fail (its expected failure happened), a skip skips every rank."""
+    too where a failure is expected; a skip skips every rank."""
     if found.outcome == "skipped":
         raise unittest.SkipTest(found.reason)
     if found.outcome != "failed":
@@ -119,8 +115,7 @@ def _abide(found: verdict.Verdict, error: BaseException | None, expects_failure:
 
 
 def _spawn(self: Any) -> None:
-    """Instead of spawning the test's processes: this process is one of them, with the environment
-    and the rendezvous file of rank 0's main process."""
+    """Instead of spawning: be one of the processes, with rank 0's environment and rendezvous file."""
     _check_world_size(type(self), int(self.world_size))
     made = getattr(self, "file_name", None) or ""  # setUp's temporary file, made on every rank here
     in_tmp = os.path.dirname(made) == tempfile.gettempdir() and os.path.isfile(made)
@@ -142,8 +137,7 @@ def _start(self: Any, proc: Any) -> None:
 
 
 def _join(self: Any, fn: Any) -> None:
-    """What torch's main process does for the test: here, what its child for this rank does, then the
-    main process's verdict on how every rank's child ended."""
+    """What torch's child for this rank does, then the main process's verdict on every rank's end."""
     cls = type(self)
     if fn in self.special_return_code_checks:
         raise AdoptError(
@@ -224,8 +218,7 @@ class _Worker:
 
 
 def _join_class_group(cls: Any, world_size: int) -> None:
-    """Instead of spawning the class's workers: this process is one, and joins the class's group
-    (rank 0's rendezvous file), which stays until the class is torn down."""
+    """Instead of spawning the class's workers: be one, and join the class's group for its life."""
     _check_world_size(cls, world_size)
     rank = rank_context().rank
     cls.rank = rank
@@ -245,8 +238,8 @@ def _join_class_group(cls: Any, world_size: int) -> None:
 
 
 def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
-    """What torch's worker loop does for one test, then the main process's verdict on every rank's
-    end: what the completion queue would hold (the test's id where it passed, else what to raise)."""
+    """What torch's worker loop does for one test, then what the completion queue would hold: the
+    test's id where every rank's end passes it, else what to raise."""
     error: BaseException | None = None
     end: dict[str, Any] = {"end": "ok", "code": 0, "reason": ""}
     try:

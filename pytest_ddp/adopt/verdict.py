@@ -1,8 +1,5 @@
-"""What torch's harness makes of a test from how each of its processes ended: pure, on what the
-ranks of an adopted test exchanged as torch's main process would have gathered it.
-
-A rank's end travels between ranks as a dict: ``{"end": "ok" | "error" | "skip" | "exit", "code":
-exit code, "reason": the skip's reason or the error's first line}``.
+"""What torch's harness makes of a test from how each of its processes ended (pure).  A rank's end:
+``{"end": "ok" | "error" | "skip" | "exit", "code": exit code, "reason": first line}``.
 """
 
 from __future__ import annotations
