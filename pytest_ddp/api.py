@@ -85,11 +85,9 @@ class Result:
     diagnosis: Diagnosis | None  # None when passed
     ranks: list[RankResult]
     elapsed: float  # seconds from hand-over to verdict
-    # How the ranks' collective sequences differ (op, shape, dtype, count per
-    # group), also when the run passed: Gloo lets some mismatches through.
+    # How the ranks' collective sequences differ, also when the run passed: Gloo lets some through.
     collective_differences: list[str] = field(default_factory=list)
-    # Asynchronous work (isend, irecv, async_op=True) a rank issued and left
-    # unfinished when fn returned, one line each; a pytest test fails on it.
+    # Asynchronous work a rank left unfinished when fn returned, one line each; a test fails on it.
     unfinished_work: list[str] = field(default_factory=list)
     # The faults that fired (``faults=``), as the report names them: "SIGKILL on rank 1 at all_reduce call 3".
     injected: list[str] = field(default_factory=list)

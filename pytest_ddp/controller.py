@@ -1,10 +1,9 @@
 """The controller session: resolves each ddp item's spec, runs it on a rank group, reports.
 
-In the controller (the main pytest process, or one xdist worker) a ddp item is not run: its
-node id goes to a rank group (:mod:`pytest_ddp.groups`), and the ranks' reports come back
-merged, one per phase, through pytest's ordinary hooks (:mod:`pytest_ddp.report`).  Registered
-by :mod:`pytest_ddp.plugin` once the session has collected a ddp test (under a launcher, at
-configure), as pytest-xdist's ``DSession`` is by its plugin.
+A ddp item is not run here (the main pytest process, or an xdist worker): its node id goes to a
+rank group (:mod:`pytest_ddp.groups`), and the ranks' reports come back merged, one per phase,
+through pytest's ordinary hooks (:mod:`pytest_ddp.report`).  Registered by
+:mod:`pytest_ddp.plugin`, as pytest-xdist's ``DSession`` is by its plugin.
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class Controller:
         return None if self.launch is None else f"ddp: {self.launch.describe()}"
 
     def collected(self, session: pytest.Session) -> None:
-        """The session's items are known (called by the plugin at the end of collection, once
-        a ddp item is among them, or always under a launcher): plan the warm groups, get the
-        forkserver ready, and under a launcher compare the collections."""
+        """The session's items are known: plan the warm groups, get the forkserver ready, and under
+        a launcher compare the collections."""
         self.session = session
         # The ddp items each warm group may serve, in session order, and where each stands.
         self.shared = {}
@@ -112,8 +110,8 @@ class Controller:
             if timeout_marker is not None:
                 timeout_mark = parse_timeout_mark(timeout_marker.args, timeout_marker.kwargs)
         except SpecError as exc:
-            # pytest-timeout reads the mark again around the test, and a value it
-            # cannot read is an INTERNALERROR there: a closer mark without a timeout shields it.
+            # pytest-timeout reads the mark again, and a value it cannot read is an INTERNALERROR:
+            # a closer mark without a timeout shields it.
             item.add_marker(pytest.mark.timeout(0), append=False)
             raise SpecError(f"@pytest.mark.timeout: {exc}") from None
         callspec = getattr(item, "callspec", None)
@@ -183,8 +181,7 @@ class Controller:
         return run
 
     def _command(self, item: pytest.Item, spec: RankSpec) -> RunItem:
-        """What a group's ranks are told to run: the item, and the item after it
-        on the same group, whose fixtures they keep."""
+        """What a group's ranks run: the item, and the next on the same group (its fixtures kept)."""
         later = self._later_items(item, spec)
         return RunItem(item.nodeid, later[0].nodeid if later else None)
 
@@ -205,8 +202,7 @@ class Controller:
             workdir_parent=str(self.config._tmp_path_factory.getbasetemp()),  # type: ignore[attr-defined]
         )
 
-    # pytest-timeout must not fire in the controller while the ranks run: the
-    # ddp timeout includes its value, and the controller reports the hang.
+    # pytest-timeout must not fire in the controller: the ddp timeout includes its value.
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
         return True if self._resolve(item) is not None else None
@@ -218,8 +214,8 @@ class Controller:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
         result = yield
-        # Stopped here, not at session finish: their teardown errors still count
-        # for the exit status, and an xdist worker still sends them to the controller.
+        # Stopped here, not at session finish: their teardown errors still count for the exit
+        # status, and an xdist worker still sends them.
         self._report_stopped_groups(self.pool.close())
         return result
 

@@ -2,11 +2,9 @@
 world-size parametrization and the rank fixtures.
 
 Nothing until used: pytest loads this module in every session, so it imports only the settings
-and the rank's context.  The controller (:mod:`pytest_ddp.controller`), and with it torch and
-the forkserver, starts once the session has collected a ddp test.  Under a
-launcher the session is a ddp job from the start: the controller (rank 0) or the host
-(:mod:`pytest_ddp.launched.host`, the other ranks) is registered at configure.  Inside a rank the
-same plugin only provides the fixtures; :mod:`pytest_ddp.rank.session` runs the items.
+and the rank's context; the controller (:mod:`pytest_ddp.controller`), torch and the forkserver
+start once a ddp test is collected (under a launcher, at configure).  Inside a rank the plugin
+only provides the fixtures.
 """
 
 from __future__ import annotations
@@ -139,8 +137,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The controller starts here, once the session has collected a ddp test (under a launcher
-    it is there already, and compares the launched collections whatever they hold)."""
+    """The controller starts here, once a ddp test is collected (under a launcher it is there
+    already, and compares the launched collections whatever they hold)."""
     config = session.config
     controller = config.pluginmanager.get_plugin("ddp_controller")
     if controller is None:
@@ -173,12 +171,8 @@ def _launch(config: pytest.Config, launcher: str) -> Launch | None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A list of world sizes makes one test per size.
-
-    It runs in the ranks too, so that they collect the very same items.  A bad
-    mark leaves the test as it is: the controller reports it as that test's
-    error, and the file's other tests still run.
-    """
+    """A list of world sizes makes one test per size (in the ranks too: they collect the same
+    items).  A bad mark leaves the test as it is, to be reported as that test's error."""
     marker = metafunc.definition.get_closest_marker("ddp")
     if marker is None:
         return
@@ -264,9 +258,8 @@ def ddp_shared_path(request: pytest.FixtureRequest) -> Path:
         raise pytest.UsageError(
             "ddp_shared_path: this rank group has no shared directory (a pytest_ddp.run() group)"
         )
-    # Every rank derives the same name.  A plugin that runs the test again in the ranks
-    # (pytest-rerunfailures) sets this fixture up again on each: each attempt gets a directory
-    # of its own, as tmp_path does, so that none sees the files of the one before.
+    # Every rank derives the same name; each attempt of a rerun (pytest-rerunfailures) gets its
+    # own directory, as tmp_path does.
     attempt = request.node.stash.get(_attempt_key, 0) + 1
     request.node.stash[_attempt_key] = attempt
     name = file_name(request.node.nodeid) + (f"-rerun{attempt - 1}" if attempt > 1 else "")
