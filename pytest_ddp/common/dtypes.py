@@ -1,5 +1,4 @@
-"""torch's dtypes by name, and the bytes of one element of each: no torch import here (the
-controller, the pure diagnosis and ``faults.change(dtype=...)`` read it)."""
+"""torch's dtypes by name, and the bytes of one element of each, without importing torch."""
 
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ class HandshakeError(Exception):
 
 
 def prove(secret: bytes, role: bytes, challenge: bytes, *fields: int) -> bytes:
-    """The proof, by the end of ``role`` holding ``secret``, that answers ``challenge`` and vouches for
-    ``fields``.  HandshakeError if ``challenge`` is not one this module makes."""
+    """The proof by ``role`` holding ``secret`` that answers ``challenge`` and vouches for ``fields``."""
     if len(challenge) != NONCE:
         raise HandshakeError(f"a challenge of {len(challenge)} bytes, not {NONCE}")
     stated = " ".join(map(str, fields)).encode()
@@ -59,8 +58,7 @@ class Challenge:
         self.answered = False
 
     def check(self, proof: bytes, secret: bytes, role: bytes, *fields: int) -> None:
-        """HandshakeError unless ``proof`` is the end of ``role``'s, holding ``secret``, for
-        ``fields``, and the first answer to this challenge."""
+        """HandshakeError unless ``proof`` is :func:`prove`'s and the first answer to this challenge."""
         if self.answered:
             raise HandshakeError("a second answer to one challenge")
         self.answered = True
@@ -68,8 +66,7 @@ class Challenge:
 
 
 def own_user(sock: socket.socket) -> int:
-    """The process at the other end of the Unix socket ``sock``, when it runs as this process's
-    user (its effective uid); HandshakeError if another user's."""
+    """The process at the other end of ``sock`` if it runs as our effective uid; else HandshakeError."""
     pid, uid = peer_credentials(sock)
     if uid != os.geteuid():
         raise HandshakeError(f"process {pid} runs as user {uid}")

@@ -1,16 +1,12 @@
 """What an MPI group's controller (:mod:`pytest_ddp.groups.mpi_group`) and the stand-ins its launcher
 starts (:mod:`pytest_ddp.rank.mpi_standin`) share, and how each knows the other is its own.
 
-The controller's Unix socket is in the world's private folder, so only the user's processes can
-connect; not all of them are the world's, so each world also has a secret there.  The controller
-takes a connection only from a process of its own user that its launcher started (``SO_PEERCRED``,
-``/proc``'s parents), sends a challenge, and gets the stand-in's hello, proven by
-:mod:`pytest_ddp.common.handshake`, with the descriptors its launcher gave it for ``MPI_Init``
-(:data:`FD_VARIABLES`).  Every message is multiprocessing's frame, read with a deadline and a bound.
-
-The world's files in /dev/shm (MPICH's shared memory, which only ``MPI_Finalize`` removes) are
-listed in the folder too, for whoever ends the world: the controller, or each stand-in once its
-launcher is gone.
+The controller's Unix socket is in the world's private folder; not all the user's processes are
+the world's, so each world also has a secret there.  The controller takes a connection only from a
+process of its own user that its launcher started, and the stand-in's hello only proven by
+:mod:`pytest_ddp.common.handshake`.  Every message is multiprocessing's frame, read with a deadline
+and a bound.  The world's files in /dev/shm (MPICH's, which only ``MPI_Finalize`` removes) are
+listed in the folder too, for whoever ends the world.
 """
 
 from __future__ import annotations
@@ -58,8 +54,8 @@ def read_key(folder: str) -> bytes:
 
 
 def at_socket(folder: str | Path, use: Callable[[str], None]) -> None:
-    """``use`` (bind, connect) the path of the world's socket in ``folder``, by way of a descriptor of
-    the folder: a socket's path is at most 108 bytes, and pytest's basetemp makes longer ones."""
+    """``use`` (bind, connect) the world's socket through a descriptor of ``folder``: a socket's path
+    is at most 108 bytes, and pytest's basetemp makes longer ones."""
     fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
     try:
         use(f"/proc/self/fd/{fd}/{SOCKET_FILE}")
@@ -97,8 +93,7 @@ def parse_hello(message: bytes, key: bytes, challenge: bytes) -> Hello:
 
 
 def write_shared_memory(folder: Path, files: dict[str, tuple[int, int]]) -> None:
-    """List the world's files in /dev/shm, each with its (device, inode): a file of that name made
-    since is not the world's."""
+    """List the world's files in /dev/shm with their (device, inode), so a later namesake is spared."""
     secret.write_private(folder / SHARED_MEMORY_FILE, json.dumps(files).encode())
 
 

@@ -1,6 +1,5 @@
-"""The kernel's process controls (Linux ``prctl``) that keep the plugin's processes from
-outliving what started them, and name them for ``ps`` and ``pgrep``.  Standard library only:
-the MPI stand-in uses them too."""
+"""Linux ``prctl``: the plugin's processes die with what started them, and are named for ``ps``.
+Standard library only: the MPI stand-in uses them too."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def name(text: str) -> None:
 
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
-    """Have the kernel send ``sig`` to this process when its parent dies, however it dies.
-    False if ``parent`` is no longer the parent: it died before we asked."""
+    """Have the kernel send ``sig`` when the parent dies; False if ``parent`` already died."""
     _prctl(PR_SET_PDEATHSIG, sig)
     return parent is None or os.getppid() == parent
 

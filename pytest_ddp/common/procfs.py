@@ -1,8 +1,6 @@
 """What the kernel says of a process: its /proc files, parsed in one place, and which process is at
 the other end of a Unix socket (``SO_PEERCRED``).  Standard library only: the MPI stand-in uses it too.
-
-The parsers take text, to be tested on hand-made text.  A process can end at any moment: a reader
-says so (None, or OSError where its docstring says).
+A process can end at any moment: a reader says so (None, or OSError where its docstring says).
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ class Stat:
 
 
 def parse_stat(text: str) -> Stat:
-    """/proc/PID/stat's text: ``pid (name) state ppid pgrp session ... starttime ...``.  The name is
-    between the first ``(`` and the *last* ``)``: it may hold spaces and parentheses itself.
-    ValueError if the text is not such a line."""
+    """/proc/PID/stat's text (ValueError if it is not).  The name is between the first ``(`` and the
+    *last* ``)``: it may hold spaces and parentheses itself."""
     head, close, tail = text.rpartition(")")
     _, open_, name = head.partition("(")
     fields = tail.split()
@@ -100,8 +97,7 @@ def size(value: str) -> int:
 
 
 def parse_environ(data: bytes) -> dict[str, str]:
-    """/proc/PID/environ's bytes (``NAME=value`` entries, each ended by NUL): {name: value}; bytes
-    that are not UTF-8 kept as surrogates, as ``os.environ`` keeps them."""
+    """/proc/PID/environ's bytes as {name: value}, non-UTF-8 bytes as surrogates (as ``os.environ``)."""
     entries = (entry.decode(errors="surrogateescape") for entry in data.split(b"\0") if b"=" in entry)
     return {name: value for name, _, value in (entry.partition("=") for entry in entries)}
 

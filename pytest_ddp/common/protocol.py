@@ -6,9 +6,8 @@ controller), over the command pipe, a rank's event log file or a socket.
 
 Commands:
 
-``run``     run a pytest item: ``id`` (node id), ``next`` (the node id this group runs after it, or null)
-``call``    call a function (:func:`pytest_ddp.run`): ``id``, ``module``, ``qualname``, ``args``
-            (base64 of the pickled ``(args, kwargs)``), ``faults`` (base64 of the pickled faults, or absent)
+``run``     run a pytest item (:class:`RunItem`)
+``call``    call a function for :func:`pytest_ddp.run` (:class:`CallFunction`)
 ``stop``    end the rank's session
 
 Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
@@ -17,8 +16,7 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``fatal``   the rank could not go on: ``error`` (a traceback); it exits next
 ``test``    a test starts: ``id``
 ``phase``   a test phase starts: ``when`` (setup/call/teardown)
-``report``  a phase ended: ``when``, ``outcome`` (passed/failed/skipped), ``duration``, ``data``
-            (the serialized pytest report, or for ``run()`` the result; absent for a plain pass)
+``report``  a phase ended (:class:`Report`): ``data`` is the serialized report, or ``run()``'s result
 ``done``    the test is over on this rank (:class:`Done`)
 ``warning`` a warning pytest recorded during a test (:class:`WarningRecorded`)
 ``session_end``  after "stop": the teardown of the fixtures the rank still held (:class:`SessionEnd`)
@@ -187,8 +185,7 @@ class WarningRecorded:
 
 @dataclass(slots=True)
 class SessionEnd:
-    """After "stop": the teardown of the fixtures the rank still held (module, session),
-    reported as pytest reports it at the teardown of the last item it ran."""
+    """After "stop": the teardown of the fixtures the rank still held, as pytest reports it."""
 
     KIND: ClassVar[Literal["session_end"]] = "session_end"
     outcome: str  # passed, failed
@@ -290,8 +287,7 @@ class RetEvent:
 
 @dataclass(slots=True)
 class WaitEvent:
-    """The rank waits for call ``index``'s work (``work.wait()``, ``wait_tensor``): it is blocked
-    in that call until the call's ``ret``."""
+    """The rank is blocked in call ``index`` (``work.wait()``, ``wait_tensor``) until its ``ret``."""
 
     KIND: ClassVar[Literal["wait"]] = "wait"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
@@ -314,8 +310,7 @@ class Injected:
 
 @dataclass(slots=True)
 class Setting:
-    """A value every rank of the test must give alike, as a library took it on this rank (a
-    pipeline schedule's microbatch count, :mod:`pytest_ddp.record.schedules`)."""
+    """A value every rank must give alike, as a library took it here (:mod:`pytest_ddp.record.schedules`)."""
 
     KIND: ClassVar[Literal["setting"]] = "setting"
     name: str  # "their pipeline schedules' n_microbatches"
@@ -442,9 +437,8 @@ _JSON_IS: dict[str, Callable[[Any], bool]] = {
 
 
 def fields_from_json(cls: type[Any], data: Any, what: str) -> dict[str, Any]:
-    """``data``, a decoded JSON object, as the keyword arguments of dataclass ``cls``, field for
-    field: a field of a dataclass type with a ``from_dict`` is decoded by it.  A ProtocolError
-    names ``what`` and the key that is missing, unknown or of another type."""
+    """``data``, a decoded JSON object, as dataclass ``cls``'s keyword arguments, checked field for
+    field; a ProtocolError names ``what`` and the key missing, unknown or of another type."""
     if not isinstance(data, dict):
         raise ProtocolError(f"{what}: not a JSON object: {data!r:.80}")
     declared = {f.name: f for f in dataclasses.fields(cls)}

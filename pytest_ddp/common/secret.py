@@ -31,15 +31,13 @@ def _check_private(path: Path, info: os.stat_result, kind: Callable[[int], bool]
 
 
 def private_folder(folder: Path) -> None:
-    """Make ``folder`` (mode 0700, with its parents), or check that the one there is private;
-    NotPrivate if it is not."""
+    """Make ``folder`` (mode 0700), or check that the one there is private (else NotPrivate)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(folder, os.lstat(folder), stat.S_ISDIR)
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """``data`` written whole to ``path`` (mode 0600), in place of any file there; its folder must be
-    private (:func:`private_folder`)."""
+    """``data`` written whole to ``path`` (mode 0600), in its private folder, in place of any file."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
