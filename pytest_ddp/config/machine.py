@@ -1,6 +1,4 @@
-"""What this machine offers ranks: GPUs, shared out between xdist workers,
-and room for rank processes.  Used by the plugin and by ``pytest_ddp.run()``.
-"""
+"""What this machine offers ranks: GPUs, shared out between xdist workers, and room for ranks."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ class GpuShortage(RuntimeError):
 
 
 def worker_gpus(visible: list[str], worker: str | None, workers: int) -> list[str]:
-    """This controller's share of the visible GPUs: all of them, or under xdist a
-    disjoint slice per worker (gw0 gets 0, N, 2N, ...), so workers never share a GPU."""
+    """This controller's share of the visible GPUs: under xdist, a disjoint slice per worker."""
     if worker is None or workers <= 1:
         return visible
     index = int(worker.lstrip("gw") or 0)
@@ -36,8 +33,7 @@ def worker_gpus(visible: list[str], worker: str | None, workers: int) -> list[st
 
 
 def gpu_shortage(needed: int, mine: int, visible: int, workers: int) -> str | None:
-    """Why ``needed`` ranks cannot each have a GPU of the ``mine`` this controller
-    has (of ``visible``, shared between ``workers``), or None if they can."""
+    """Why ``needed`` ranks cannot each have one of the ``mine`` GPUs, or None if they can."""
     if mine >= needed:
         return None
     if mine == visible:
@@ -72,9 +68,8 @@ def rank_gpus(world_size: int) -> list[str]:
 
 
 def rank_capacity(mem_available: int, nproc_limit: int, tasks: int) -> tuple[int, str]:
-    """How many idle ranks fit, and why: ``mem_available`` bytes at RANK_MEMORY each, and the
-    ``nproc_limit`` (RLIMIT_NPROC as the kernel enforces it on this process, -1 where it does
-    not) less the ``tasks`` (threads) this user already runs, at RANK_TASKS a rank; never below 0."""
+    """How many idle ranks fit, and why: by memory, and by ``nproc_limit`` (-1: not enforced) less
+    the ``tasks`` (threads) this user already runs."""
     memory = f"{mem_available // 2**20} MiB available at about {RANK_MEMORY // 2**20} MiB per rank"
     limits = [(mem_available // RANK_MEMORY, memory)]
     if nproc_limit >= 0:
@@ -104,8 +99,7 @@ def nproc_enforced(limit: int, real_uid: int, effective_caps: int, uid_map: str)
 
 
 def user_tasks(statuses: Iterable[str], real_uid: int) -> int:
-    """The tasks (threads) whose real uid is ``real_uid``, what RLIMIT_NPROC counts, in the
-    /proc/PID/status texts of the processes."""
+    """The threads of ``real_uid`` (what RLIMIT_NPROC counts) in these /proc/PID/status texts."""
     count = 0
     for status in statuses:
         fields = procfs.parse_fields(status)

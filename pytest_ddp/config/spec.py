@@ -1,7 +1,5 @@
-"""The ``ddp`` marker and options, parsed and checked in one place.
-
-Everything a user can get wrong is caught here, at collection time, with a
-message that names the argument; nothing is spawned for a bad test.
+"""The ``ddp`` marker and options, parsed and checked in one place, at collection: a message names
+the argument, and nothing is spawned for a bad test.
 """
 
 from __future__ import annotations
@@ -135,8 +133,7 @@ def parse_count(value: Any, name: str) -> int:
 
 
 def parse_timeout_mark(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> float | None:
-    """The timeout of pytest-timeout's ``@pytest.mark.timeout(N)``; None where N <= 0,
-    which pytest-timeout reads as "no timeout of its own"."""
+    """The timeout of ``@pytest.mark.timeout(N)``; None where N <= 0 (pytest-timeout: none)."""
     value = args[0] if args else kwargs.get("timeout")
     if value is None:
         return None
