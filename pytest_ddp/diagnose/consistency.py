@@ -70,11 +70,9 @@ def unreceived_messages(ranks: list[RankState]) -> list[UnreceivedMessage]:
 
 
 def compare_sequences(ranks: list[RankState]) -> list[SequenceDifference]:
-    """How the ranks' collective sequences differ, per group: [] when they agree.
-
-    Per group, each member's collectives (not point-to-point, not group set-up) are compared by
-    position with the lowest member's (:meth:`Call.signature`), and their number.  For each rank
-    only the first difference is reported: later ones are usually the same shift."""
+    """How the ranks' collective sequences differ, per group, against the lowest member's
+    (:meth:`Call.signature`, and their number); [] when they agree.  Only each rank's first
+    difference: later ones are usually the same shift."""
     sequences: dict[str, dict[int, list[Call]]] = {}
     members: dict[str, tuple[int, ...]] = {}
     for state in sorted(ranks, key=lambda s: s.rank):

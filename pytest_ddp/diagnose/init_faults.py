@@ -1,9 +1,6 @@
 """Certain faults of ``init_process_group``, in tests that call it themselves: a rank out of
 range, a rank passed twice, world sizes that differ, a process that raised in init or never
-called it.  Pure, like the rest of the watchdog (:mod:`pytest_ddp.diagnose.watchdog` asks it first).
-
-Processes are slots (``RankState.rank``); the rank and world size each one *passed* to
-``init_process_group`` are in its call's ``extra``.
+called it.  Pure (:mod:`pytest_ddp.diagnose.watchdog` asks it first).
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ class _Inits:
 
 
 def init_fault(ranks: dict[int, RankState]) -> Verdict | None:
-    """Certain faults of init_process_group, in tests that call it themselves."""
+    """Certain faults of init_process_group, or None."""
     blocked = sorted(r for r, s in ranks.items() if (c := s.blocked_call) is not None and c.op == INIT)
     if not blocked:
         return None
