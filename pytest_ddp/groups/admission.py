@@ -1,9 +1,6 @@
 """Which ddp runs this machine takes, and the group each runs on: one path for the marker's tests
-(:mod:`pytest_ddp.controller`) and for :func:`pytest_ddp.run`.
-
-A run is admitted in three steps: its spec (the mark's values over the session's settings, and a
-world size the machine can hold), whether it can run here at all (GPUs for NCCL, shared out between
-xdist workers; an MPI launcher; enough launched ranks), and the configuration of its group.
+(:mod:`pytest_ddp.controller`) and for :func:`pytest_ddp.run`: spec, whether it can run here,
+and its group's configuration.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ class Admission:
         return self.settings.spec(mark, world_size, timeout_mark)
 
     def _check_capacity(self, world_size: int) -> None:
-        """Refuse a world size this machine cannot hold, before anything is started
-        (launched: a run needing more ranks than were launched is skipped, see unavailable)."""
+        """Refuse a world size this machine cannot hold, before anything is started."""
         if self.launched is not None:
             return
         if self.settings.max_world_size is not None:

@@ -244,10 +244,7 @@ def new_group(config: GroupConfig) -> Group:
 
 
 class GroupPool:
-    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first.
-
-    ``make_group`` makes a group, not yet started, of a config.
-    """
+    """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first."""
 
     def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = new_group) -> None:
         self.max_groups = max_groups
