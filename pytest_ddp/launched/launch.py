@@ -140,10 +140,8 @@ DETECTORS = {"torchrun": _torchrun, "slurm": _slurm, "mpi": _mpi}
 def detect(env: Mapping[str, str], launcher: str = "auto") -> Launch | None:
     """This process's launch, or None for an ordinary pytest run (or ``--ddp-launcher=local``).
 
-    ``auto`` tries torchrun, then SLURM (torchrun inside an srun step is torchrun's
-    world), then MPI (srun sets ``PMI_RANK`` too with ``--mpi=pmi2``).  A launch of one
-    process is an ordinary run: there is no other rank to join.  A launcher named explicitly is
-    taken as found, one process or more.
+    ``auto`` tries torchrun, then SLURM (torchrun inside an srun step is torchrun's world), then
+    MPI (srun sets ``PMI_RANK`` too with ``--mpi=pmi2``); found so, one process is an ordinary run.
     """
     if launcher == "local":
         return None
@@ -182,10 +180,8 @@ def store_key(launch: Launch) -> str:
 
 
 def collection_differences(items: dict[int, list[str]], nodes: dict[int, str]) -> str | None:
-    """What the ranks collected differently from global rank 0, in words; None if they all agree.
-
-    ``items``: each rank's collected node ids in order; ``nodes``: each rank's node name.
-    """
+    """What the ranks collected (``items``, by rank) differently from global rank 0, in words,
+    naming ``nodes``; None if they all agree."""
     reference = items[0]
     lines = []
     for rank in sorted(items):

@@ -1,8 +1,5 @@
-"""A failed test's report files in ``--ddp-report-dir``, each rendered from the one report:
-``<test>.json`` (:mod:`pytest_ddp.report.json_report`), beside it the same as a Chrome trace
-(``<test>.trace.json``, :mod:`pytest_ddp.report.timeline`), as a page with its timeline
-(``<test>.html``, :mod:`pytest_ddp.report.picture`), and the ranks' calls as torch's Flight
-Recorder dumps (``<test>.fr/``, :mod:`pytest_ddp.report.flight_recorder`)."""
+"""A failed test's report files in ``--ddp-report-dir``: ``<test>.json``, ``<test>.trace.json``,
+``<test>.html`` and ``<test>.fr/`` (the renderers in :mod:`pytest_ddp.report.model`'s list)."""
 
 from __future__ import annotations
 
