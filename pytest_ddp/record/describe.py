@@ -295,8 +295,7 @@ def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
     return _objects(obj, spec.obj.endswith("_list"))  # type: ignore[union-attr]
 
 
-# A describer's result: the group, the event's fields after "t", the key of the sequence counter
-# the call advances (None: none).
+# (group, the event's fields after "t", the key of the sequence counter the call advances, or None)
 Described = tuple[Group, str, "tuple[Any, ...] | None"]
 
 

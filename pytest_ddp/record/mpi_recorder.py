@@ -101,8 +101,7 @@ def _comm(comm: Any) -> _Comm:
     return described
 
 
-# The call event's fields after "t", the key of the sequence counter the call advances, and
-# whether it is a receive that left its source or tag open.
+# (the event's fields after "t", its sequence counter's key, whether it is an open receive)
 Described = tuple[str, tuple[Any, ...], bool]
 
 
