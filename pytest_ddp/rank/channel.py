@@ -22,8 +22,7 @@ from pytest_ddp.common.protocol import (
 )
 from pytest_ddp.rank.context import RankContext, current, set_current
 
-# Seconds a test's unfinished asynchronous work (an isend, irecv or async_op
-# collective nobody waited for) gets to complete once the test is over.
+# Seconds a test's asynchronous work nobody waited for gets to complete once the test is over.
 IN_FLIGHT_WAIT = 1.0
 # Seconds in all that threads a test started get to end once the test is over.
 THREAD_JOIN_WAIT = 1.0
