@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 HARNESS = "torch.testing._internal.common_distributed"  # where torch's harness classes live
-# How an adopted item runs: "process" (MultiProcessTestCase), "continuous" (MultiProcContinuousTest),
-# "deepspeed" (DistributedTest).
+# How an adopted item runs: "process", "continuous" (MultiProcContinuousTest) or "deepspeed".
 adopted_key = pytest.StashKey[str]()
 
 
