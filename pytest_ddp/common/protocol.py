@@ -146,16 +146,14 @@ class Report:
 @dataclass(slots=True)
 class Done:
     KIND: ClassVar[Literal["done"]] = "done"
-    # The default process group the rank joined outlived the test, neither ended nor replaced; in
-    # an init=False group: the test left no default group of its own (pytest_ddp.rank.default_group).
+    # The default group outlived the test (init=False: the test left none of its own).
     group_intact: bool = True
     group_alive: bool = False  # a default process group is left
     # Asynchronous calls whose work had not completed: [{"i": call index, "err": why}].
     in_flight: list[dict[str, Any]] = field(default_factory=list)
     # Threads the test started that still ran after it: [{"name": ..., "stack": ...}].
     threads_left: list[dict[str, str]] = field(default_factory=list)
-    # pytest.exit() or KeyboardInterrupt in the test: {"kind": "exit" or "KeyboardInterrupt",
-    # "reason": ..., "returncode": ...}; the controller ends its session.
+    # pytest.exit() or KeyboardInterrupt in the test: {"kind", "reason", "returncode"}.
     interrupted: dict[str, Any] | None = None
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None
