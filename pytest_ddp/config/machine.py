@@ -8,13 +8,10 @@ from collections.abc import Iterable, Iterator
 
 from pytest_ddp.common import procfs
 
-# An idle rank costs about 22 MB of its own (USS); torch's pages are shared
-# with the forkserver the ranks are forked from.
+# An idle rank's own memory (USS); torch's pages are shared with the forkserver.
 RANK_MEMORY = 22 * 2**20
-# RLIMIT_NPROC counts a user's threads.  A Gloo rank in its WORLD group runs 7 at its peak (its main
-# thread, two of the plugin's, Gloo's TCP loop, the process group's two workers); a session running
-# a group has 3 more than when it admits one (the forkserver, the store's thread).
-# docs/measured/nproc.md has the figures.
+# RLIMIT_NPROC counts a user's threads: a Gloo rank runs 7 at its peak, a session running a group
+# 3 more than when it admits one (the forkserver, the store's thread); docs/measured/nproc.md.
 RANK_TASKS = 7
 SESSION_TASKS = 3
 CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24  # linux/capability.h
