@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,libs,mpi,demo]'
-	# pytest-randomly for tests/test_hostile_reports.py, in a folder of its own: installed in the
+	# pytest-randomly for tests/report/test_report_edges.py, in a folder of its own: installed in the
 	# venv, it would shuffle every pytest session of the suite.
 	$(PY) -m pip install -q -c constraints.txt --no-deps --target $(VENV)/randomly pytest-randomly
 	touch $(STAMP) $(DEMO_STAMP)
@@ -30,11 +30,11 @@ $(DEMO_STAMP): pyproject.toml constraints.txt | $(PY)
 demo: $(DEMO_STAMP)
 	$(PY) examples/run_demo.py
 
-# Headless Chromium for the test of the HTML report (tests/test_picture.py skips without it).
+# Headless Chromium for the test of the HTML report (tests/report/test_picture.py skips without it).
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
-# SLURM and munge for the one-node cluster tests/launchers/ starts (its tests skip, saying why,
+# SLURM and munge for the one-node cluster tests/launched/ starts (its tests skip, saying why,
 # where it cannot be had: not root, or not installed).
 slurm:
 	command -v slurmctld >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)

@@ -56,10 +56,10 @@ T = TypeVar("T")
 # and a long file of one or two tests (the wheel's, SLURM's) came last, keeping one worker busy
 # for 20 to 30 s while the other had nothing left.
 LONGEST_FILES = (
-    "launchers/test_launched.py", "launchers/test_two_nodes.py", "test_compiled_code.py",
-    "launchers/test_slurm_launched.py", "test_adopt.py", "matrix/test_matrix_fast.py",
-    "test_hostile_reports.py", "test_processes.py", "test_hostile_mpi.py",
-    "launchers/test_hostile_launched.py", "test_controller_edges.py", "test_mpi_group.py", "test_wheel.py",
+    "launched/test_launched.py", "launched/test_two_nodes.py", "record/test_compiled_code.py",
+    "launched/test_slurm_launched.py", "adopt/test_adopt.py", "matrix/test_matrix_fast.py",
+    "report/test_report_edges.py", "groups/test_processes.py", "groups/test_mpi_world_edges.py",
+    "launched/test_signals.py", "test_controller_edges.py", "groups/test_mpi_group.py", "test_wheel.py",
 )  # fmt: skip
 
 
@@ -67,9 +67,9 @@ LONGEST_FILES = (
 # logic, the verdicts and their words, the protocol, the report's text, the layers. `make check` runs
 # them alone after the lint (pytest --check), in seconds. A test that starts a process goes elsewhere.
 CHECK_FILES = (
-    "test_watchdog.py", "test_majority.py", "test_protocol.py", "test_mpi_watchdog.py", "test_timeline.py",
-    "test_report_scale.py", "test_layers.py", "matrix/test_matrix_verdicts.py", "test_code_paths.py",
-    "test_ops.py",
+    "diagnose/test_watchdog.py", "diagnose/test_majority.py", "common/test_protocol.py",
+    "diagnose/test_mpi_watchdog.py", "report/test_timeline.py", "report/test_report_scale.py", "test_layers.py",
+    "matrix/test_matrix_verdicts.py", "diagnose/test_code_paths.py", "common/test_ops.py",
 )  # fmt: skip
 
 TESTS = Path(__file__).parent

@@ -4,7 +4,7 @@
 :class:`pytest_ddp.groups.runner.Group`: after ``begin``, its next ``poll`` folds a
 scripted ending of the test into real :class:`RankState` objects through real
 protocol events, and the real watchdog judges them.  The real-rank behaviour
-is covered end to end in tests/test_warm_groups.py and its neighbours.
+is covered end to end in tests/groups/test_warm_groups.py and its neighbours.
 """
 
 from __future__ import annotations

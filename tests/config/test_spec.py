@@ -57,7 +57,7 @@ def test_good_marks_parse_and_resolve() -> None:
     assert mark.world_sizes == (2, 4) and mark.parametrized and mark.backend == "nccl"
     spec = SETTINGS.spec(mark, 4)
     assert (spec.world_size, spec.backend, spec.timeout, spec.init) == (4, "nccl", 5.0, False)
-    assert not spec.isolated  # init=False tests share warm ranks too (tests/test_warm_reinit.py)
+    assert not spec.isolated  # init=False tests share warm ranks too (tests/rank/test_warm_reinit.py)
 
 
 def test_timeout_precedence_mark_then_pytest_timeout_then_settings() -> None:

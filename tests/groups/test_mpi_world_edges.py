@@ -1,4 +1,4 @@
-"""MPI worlds under attack (issue 26): an MPI_Abort, forged and malformed hellos on the controller's
+"""MPI worlds under attack: an MPI_Abort, forged and malformed hellos on the controller's
 socket, Ctrl-C and SIGTERM while an MPI test runs, a /dev/shm too small for the world.
 
 Real launchers, ranks and sockets; the inner sessions' ranks and the attackers meet through files

@@ -107,7 +107,7 @@ def test_a_test_that_destroys_the_group_does_not_poison_the_next(ddp_pytester) -
         """
     )
     result.assert_outcomes(passed=2)
-    # The same ranks, with a fresh group (tests/test_warm_reinit.py).
+    # The same ranks, with a fresh group (tests/rank/test_warm_reinit.py).
     result.stdout.fnmatch_lines(["*2 tests on 1 rank group started*"])
 
 

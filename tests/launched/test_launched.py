@@ -4,7 +4,7 @@ collections that differ, which end before any test runs).
 torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
-Each session runs once under each launcher (a fixture, tests/launchers/runs.py),
+Each session runs once under each launcher (a fixture, tests/launched/runs.py),
 and the tests read it: the suite, the teardowns at a group's stop. The collections that differ
 run under mpiexec only, read by one test: test_two_nodes.py runs the same session under
 torchrun, on two nodes.

@@ -1,4 +1,4 @@
-"""The test SLURM cluster itself (tests/launchers/slurm.py), no pytest-ddp involved."""
+"""The test SLURM cluster itself (tests/launched/slurm.py), no pytest-ddp involved."""
 
 from __future__ import annotations
 

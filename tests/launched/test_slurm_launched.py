@@ -1,4 +1,4 @@
-"""Launched mode under SLURM, on a one-node cluster the session starts itself (tests/launchers/slurm.py):
+"""Launched mode under SLURM, on a one-node cluster the session starts itself (tests/launched/slurm.py):
 the suite in an ``sbatch`` script whose ``srun -n 4 pytest`` starts the ranks, as a job runs it, and
 the collections that differ under ``srun -n 3 pytest`` from the shell, where srun makes the job's
 allocation itself. The two are the ways a user starts ranks with SLURM; the ranks see the same step

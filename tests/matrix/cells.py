@@ -1,4 +1,4 @@
-"""The injected-fault matrix (issue 27): each failure kind in each family of code, at the first,
+"""The injected-fault matrix: each failure kind in each family of code, at the first,
 a middle and the last rank, in worlds of 2, 4 and 8, with the answer each cell must get.
 
 A cell is a family's body (tests/matrix/families.py), the rank at fault, and how its fault is

@@ -1,4 +1,4 @@
-"""The MPI program of tests/test_mpi_recorder.py, run under mpiexec: each rank records its
+"""The MPI program of tests/record/test_mpi_recorder.py, run under mpiexec: each rank records its
 calls into ``<log dir>/rank<N>.log`` as a pytest-ddp rank does, runs its scenarios one after
 another, each a test of its own, and writes its ``done`` event when a scenario returns, as a rank
 does when its test ends. Between two scenarios every rank waits for the others on the world as it

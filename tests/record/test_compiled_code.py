@@ -1,4 +1,4 @@
-"""Compiled code under the plugin (issue 27): what passes bare under torch.compile passes here, the
+"""Compiled code under the plugin: what passes bare under torch.compile passes here, the
 recorder stays out of tracing (fake and meta tensors) and records the calls the compiled code makes
 when it runs, and the thread check lets a library's idle threads be (inductor's pool, tqdm's
 monitor) while it still fails a test for a thread that can take part in a later test's collectives.

@@ -1,4 +1,4 @@
-"""The MPI recorder on real MPI: tests/mpi_program.py runs under mpiexec, each rank recording
+"""The MPI recorder on real MPI: tests/record/mpi_program.py runs under mpiexec, each rank recording
 into an event log; the logs, folded into rank states as the controller folds them, are checked,
 and judged by the watchdog."""
 

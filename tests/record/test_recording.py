@@ -53,7 +53,8 @@ def test_each_call_is_recorded_once_with_its_details() -> None:
     ]
     first = calls[1]
     assert (first.shapes, first.dtypes, first.devices, first.group_ranks) == ([[2, 3]], ["float64"], ["cpu"], (0, 1))
-    assert first.site == f"tests/test_recording.py:{line_of(Path(__file__), '# WORLD #1')}" and first.state == "ok"
+    world_1 = line_of(Path(__file__), "# WORLD #1")
+    assert first.site == f"tests/record/test_recording.py:{world_1}" and first.state == "ok"
     assert calls[2].group_ranks == (0, 1) and calls[2].group != "WORLD"
     gather = calls[3]
     assert gather.obj_type == "dict" and gather.obj_size and gather.obj_size > 10
