@@ -78,7 +78,7 @@ class Call:
     obj_type: str | None = None  # *_object calls: type of the object(s)
     obj_size: int | None = None  # *_object calls: pickled size in bytes
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
-    # Made inside a library: the library's frame (``site`` is then the user's line that led there).
+    # Made inside a library: its frame (``site`` is then the user's line that led there).
     caller: str | None = None
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
@@ -137,14 +137,12 @@ class Call:
 
     @property
     def reduction(self) -> str | None:
-        """The reduce op it was given (``MAX``, ``MPI_SUM``); None where it takes none, or its
-        recorder did not say."""
+        """The reduce op it was given (``MAX``, ``MPI_SUM``); None where none or not recorded."""
         return self.extra.get("op")
 
     def signature(self) -> tuple[Any, ...]:
-        """What the ranks should agree on for the same collective to mean the same thing on each:
-        op, shapes, dtypes, root and reduce op; not the shapes of an operation whose splits may be
-        uneven."""
+        """What the ranks must agree on in one collective: op, shapes (unless splits may be
+        uneven), dtypes, root and reduce op."""
         shapes = () if self.kind.uneven else tuple(tuple(s) for s in self.shapes)
         return (self.op, shapes, tuple(self.dtypes), self.root, self.reduction)
 
@@ -283,8 +281,7 @@ class RankState:
         return None if self.finished else self.current_call
 
     def apply(self, ev: Event) -> None:
-        """Fold one event of the current test into this state; :class:`ProtocolError` for an
-        event that has no place in a test."""
+        """Fold one event of the current test in; :class:`ProtocolError` for one out of place."""
         match ev:
             case CallEvent():
                 self.calls.append(Call.from_event(ev))
