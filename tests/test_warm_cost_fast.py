@@ -1,9 +1,8 @@
 """The controller's looks at a warm test made fewer and cheaper, with nothing missed (issue 28,
 part 5): a rank group's ``poll`` waits past a rank that is done while others still run, and comes
 back at once for what the watchdog must judge (every rank done, a failure, a death), also when the
-wake-up bytes were drained before; the event reader reads a log in plain reads, a large one whole;
-the ledger's count of tasks read from a descriptor kept open; the merged reports of a plain pass;
-a rank's output files looked at through descriptors kept open, closed with the group.
+wake-up bytes were drained before; the event reader reads a large log whole and a cut line once
+whole; each test's output of a rank comes back alone, read from its files past an offset.
 
 Real ranks (a RankGroup, as the controller drives it), real files; no mocks.
 """
@@ -11,7 +10,6 @@ Real ranks (a RankGroup, as the controller drives it), real files; no mocks.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -21,8 +19,7 @@ from conftest import wait_for
 from pytest_ddp.common.event_log import EventLog, EventReader
 from pytest_ddp.common.protocol import Done, PhaseStart, RunItem, encode
 from pytest_ddp.groups.group import GroupConfig, RankGroup
-from pytest_ddp.groups.spawn import OutputFile, rank_files
-from pytest_ddp.rank import leftovers
+from pytest_ddp.groups.spawn import file_size, rank_files, read_from
 
 RANK_TESTS = '''
 import os, sys, pytest
@@ -175,32 +172,8 @@ def test_the_event_reader_reads_a_log_larger_than_one_read_whole_and_a_cut_line_
     reader.close()
 
 
-def test_the_kernels_count_of_tasks_from_the_kept_descriptor_still_grows_with_each_thread() -> None:
-    first = leftovers.forks_made()
-    again = leftovers.forks_made()  # read again from the descriptor kept open
-    thread = threading.Thread(target=lambda: None)
-    thread.start()
-    thread.join()
-    after = leftovers.forks_made()
-    assert first is not None and again is not None and after is not None
-    assert first <= again < after
-
-
-def test_a_proc_file_larger_than_the_first_read_is_read_whole(tmp_path) -> None:
-    # The same reading as /proc/stat's on a machine with many CPUs and interrupts (tens of KiB).
-    data = os.urandom(200_000)
-    path = tmp_path / "big"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert leftovers._read_whole(fd) == data
-        assert leftovers._read_whole(fd) == data  # from the start again, each time
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.timeout(120)
-def test_each_tests_output_comes_back_alone_and_the_kept_descriptors_close_with_the_group(group) -> None:
+def test_each_tests_output_comes_back_alone(group) -> None:
     group, _ = group
     for _ in range(2):  # the second test's output alone: where the first one's ended was marked
         _begin(group, "test_prints")
@@ -210,32 +183,16 @@ def test_each_tests_output_comes_back_alone_and_the_kept_descriptors_close_with_
         assert [group.test_output(rank) for rank in (0, 1)] == [
             {"stdout": f"out {rank}\n", "stderr": f"err {rank}\n"} for rank in (0, 1)
         ]
-    workdir = os.path.realpath(group.workdir)
-    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _link(fd)]
-    assert sum(path.startswith(workdir + os.sep) for path in held) >= 6  # each rank's stdout and stderr, its log
-    group.kill()
-    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _link(fd)]
-    assert [path for path in held if path.startswith(workdir + os.sep)] == []
 
 
-def _link(fd: str) -> bool:
-    try:
-        os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:  # listdir's own descriptor, closed by now
-        return False
-    return True
-
-
-def test_an_output_file_is_read_from_an_offset_before_and_after_the_rank_made_it(tmp_path) -> None:
+def test_a_ranks_file_is_read_from_an_offset_before_and_after_the_rank_made_it(tmp_path) -> None:
     path = tmp_path / "stdout"
-    output = OutputFile(path)
-    assert (output.size(), output.read_from(0)) == (0, "")  # not made yet
+    assert (file_size(path), read_from(path, 0)) == (0, "")  # not made yet
     data = b"x" * 100_000 + b"\xff tail"  # more than one read; a byte that is not UTF-8
     path.write_bytes(data[:10])
-    assert (output.size(), output.read_from(0), output.read_from(10)) == (10, "x" * 10, "")
-    with open(path, "ab") as f:  # as the rank writes: appended to the file the descriptor holds
+    assert (file_size(path), read_from(path, 0), read_from(path, 10)) == (10, "x" * 10, "")
+    with open(path, "ab") as f:  # as the rank writes: appended
         f.write(data[10:])
-    assert output.size() == len(data)
-    assert output.read_from(99_990) == "x" * 10 + "\ufffd tail"
-    output.close()
-    output.close()  # as a group killed twice
+    assert file_size(path) == len(data)
+    assert read_from(path, 99_990) == "x" * 10 + "\ufffd tail"
+    assert read_from(path, len(data) + 5) == ""  # an offset past its end

@@ -7,6 +7,7 @@ after it died.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -74,40 +75,27 @@ class EventLog:
         os.close(self._fd)
 
 
-_READ_SIZE = 1 << 16  # bytes the controller asks for in one read of an event log
-
-
 class EventReader:
     """The controller side: the events appended since the last read."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: int | None = None  # opened once the rank has created it
+        self._file: io.FileIO | None = None  # opened once the rank has created it
         self._decoder = LineDecoder()
 
     def read_new(self) -> list[Event]:
-        if self._fd is None:
+        if self._file is None:
             try:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 - read for the group's life
             except FileNotFoundError:
                 return []
-        # Plain reads from where the last one ended: one system call for a log that did not
-        # grow (several looks a test, at each of four logs), where a buffered file's readall
-        # makes three.  A read shorter than asked for reached the end of what was written.
-        chunk = os.read(self._fd, _READ_SIZE)
-        if not chunk:
-            return []
-        chunks = [chunk]
-        while len(chunk) == _READ_SIZE:
-            chunk = os.read(self._fd, _READ_SIZE)
-            chunks.append(chunk)
-        records = self._decoder.feed(b"".join(chunks))
+        records = self._decoder.feed(self._file.readall())  # all that was written since the last read
         for record in records:
             if isinstance(record, COMMAND_TYPES):
                 raise ProtocolError(f"a command in an event log: {record.KIND}")
         return records  # type: ignore[return-value]
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None

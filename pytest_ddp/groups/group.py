@@ -42,12 +42,13 @@ from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
     ForkedRank,
     GroupStore,
-    OutputFile,
     RankHandle,
     RankProcess,
+    file_size,
     fork_rank,
     rank_files,
     rank_start,
+    read_from,
     write_start_file,
 )
 
@@ -234,9 +235,9 @@ class RankGroup:
             rank=rank,
             proc=proc,
             events=EventReader(str(paths["events"])),
-            stdout=OutputFile(paths["stdout"]),
-            stderr=OutputFile(paths["stderr"]),
-            dump=OutputFile(paths["dump"]),
+            stdout=paths["stdout"],
+            stderr=paths["stderr"],
+            dump=paths["dump"],
             notify=notify,
         )
 
@@ -323,7 +324,7 @@ class RankGroup:
                 exit_code=codes[rp.rank],
                 waited=waited,
                 duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
-                stderr=rp.stderr.read_from(rp.stderr_offset),
+                stderr=read_from(rp.stderr, rp.stderr_offset),
                 stacks=stacks.get(rp.rank, ""),
             )
             for rp in silent
@@ -343,8 +344,7 @@ class RankGroup:
             if rp.notify is not None:
                 rp.notify.close()
                 rp.notify = None
-            for each in (rp.events, rp.stdout, rp.stderr, rp.dump):
-                each.close()
+            rp.events.close()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -367,9 +367,9 @@ class RankGroup:
 
     def _mark_output(self, rp: RankProcess) -> None:
         """What the rank writes from now on belongs to what comes next (a test, or the stop)."""
-        rp.stdout_offset = rp.stdout.size()
-        rp.stderr_offset = rp.stderr.size()
-        rp.dump_offset = rp.dump.size()
+        rp.stdout_offset = file_size(rp.stdout)
+        rp.stderr_offset = file_size(rp.stderr)
+        rp.dump_offset = file_size(rp.dump)
 
     def poll(self, wait: float) -> None:
         """Fold new events and exits into the states until the watchdog has news to judge (every rank
@@ -407,7 +407,7 @@ class RankGroup:
         while pending and time.monotonic() < end:
             self._wait(0.01)
             for rp in list(pending):
-                text = rp.dump.read_from(rp.dump_offset)
+                text = read_from(rp.dump, rp.dump_offset)
                 if rp.proc.dump_complete(text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
@@ -427,12 +427,12 @@ class RankGroup:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
         rp = self.ranks[rank]
         return {
-            "stdout": rp.stdout.read_from(rp.stdout_offset),
-            "stderr": rp.stderr.read_from(rp.stderr_offset),
+            "stdout": read_from(rp.stdout, rp.stdout_offset),
+            "stderr": read_from(rp.stderr, rp.stderr_offset),
         }
 
     def stderr_tail(self, rank: int, lines: int = 30) -> str:
-        text = self.ranks[rank].stderr.read_from(0)
+        text = read_from(self.ranks[rank].stderr, 0)
         return "\n".join(text.splitlines()[-lines:])
 
     def exit_codes(self) -> dict[int, int | None]:

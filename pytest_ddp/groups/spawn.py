@@ -167,44 +167,6 @@ def fork_rank(
     return proc, command_write, notify_read
 
 
-class OutputFile:
-    """A file a rank writes (its stdout, its stderr, its stack dumps), as its controller reads it:
-    through one descriptor, opened once the rank has made the file and kept (its size is looked at
-    for each test and each rank: a path's stat each time was twenty a test)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def _opened(self) -> int | None:
-        if self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                return None  # not made yet
-        return self._fd
-
-    def size(self) -> int:
-        fd = self._opened()
-        return 0 if fd is None else os.fstat(fd).st_size
-
-    def read_from(self, offset: int) -> str:
-        """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
-        if self.size() <= offset:  # the common case
-            return ""
-        assert self._fd is not None  # a size above 0 came from it
-        chunks = []
-        while chunk := os.pread(self._fd, 1 << 16, offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks).decode(errors="replace")
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 class RankHandle(ABC):
     """What a group does to one of its rank processes, wherever that process is: forked here
     (:class:`ForkedRank`), forked by a launched host on another machine
@@ -298,9 +260,9 @@ class RankProcess:
     rank: int
     proc: RankHandle  # what the group does to it, wherever it runs
     events: EventReader
-    stdout: OutputFile
-    stderr: OutputFile
-    dump: OutputFile
+    stdout: Path  # its files, read past the current test's offsets with read_from
+    stderr: Path
+    dump: Path
     notify: Connection | None  # a forked rank's: a byte after each event worth waking up for
     exit_code: int | None = None  # set once the process is seen to have ended
     died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
@@ -381,9 +343,8 @@ def file_size(path: Path) -> int:
 
 
 def read_bytes_from(path: Path, offset: int) -> bytes:
-    """What the file holds past ``offset``; nothing if it is no longer or does not exist yet."""
-    if file_size(path) <= offset:  # the common case, and a stat is cheaper than a read
-        return b""
+    """What the file a rank writes holds past ``offset``; nothing if it is no longer or does not
+    exist yet."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
