@@ -85,6 +85,15 @@ def _recording() -> bool:
     return state.log is not None and not _local.depth
 
 
+def run_call(log: EventLog, index: int, run: Callable[[], Any]) -> Any:
+    """``run()``, what call ``index`` does: if it raises, the call's ret says so."""
+    try:
+        return run()
+    except BaseException as exc:
+        write_ret(log, index, exc)
+        raise
+
+
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A c10d operation that no recorded function issued: write the call, submit it, and leave
     its ret to its wait or its work's completion."""
@@ -98,11 +107,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     index = _write_call(log, spec, args, backend_hook.process_group, issued_async)
     if index is None:
         return submit()
-    try:
-        result = submit()
-    except BaseException as exc:
-        write_ret(log, index, exc)
-        raise
+    result = run_call(log, index, submit)
     work = backend_hook.work_of(result)
     if work is None or not _pending.add(index, work):
         write_ret(log, index)
@@ -124,10 +129,7 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
         return submit()
     _local.depth = 1  # the c10d operation it issues, if hooked, is not recorded again
     try:
-        result = submit()
-    except BaseException as exc:
-        write_ret(log, index, exc)
-        raise
+        result = run_call(log, index, submit)
     finally:
         _local.depth = 0
     _unwaited[index] = result

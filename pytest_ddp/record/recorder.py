@@ -92,11 +92,7 @@ def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: i
         if root is not None:
             body += f',"root":{root}'
         index, _ = _numbers.write_call(log, body, ("harness",))
-        try:
-            result = run()
-        except BaseException as exc:
-            write_ret(log, index, exc)
-            raise
+        result = backend_recorder.run_call(log, index, run)
         write_ret(log, index)
         return result
     finally:
