@@ -135,11 +135,6 @@ def _sites_differ(calls: list[Call | None]) -> bool:
     return len({(c.site, c.caller) for c in calls if c is not None}) > 1
 
 
-def sequence_table(states: list[RankState]) -> list[str]:
-    """Each group's collectives side by side, around the first place the ranks differ."""
-    return table(group_sequences(states))
-
-
 def table(groups: list[GroupSequences]) -> list[str]:
     """The sequence table of these groups; above :data:`GROUP_ABOVE` ranks, one column per set of
     ranks whose columns are the same."""

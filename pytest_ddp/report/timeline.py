@@ -46,8 +46,8 @@ class Slice:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The report's calls in time: ``verdict`` is when the report was made (its last event for a
-    report without that time), ``end`` the later of it and the last event."""
+    """The report's calls in time: ``verdict`` is when the report was made, ``end`` the later of it
+    and the last event."""
 
     verdict: float
     end: float
@@ -56,21 +56,14 @@ class Timeline:
     rank_ends: dict[int, tuple[str, float]]  # rank -> ("finished" or "died", when)
 
 
-def _origin(report: dict[str, Any]) -> float:
-    if report.get("started") is not None:
-        return float(report["started"])
-    enters = [c["enter"] for r in report["ranks"] for c in r["calls"]]
-    return min(enters, default=0.0)
-
-
 def timeline(report: dict[str, Any]) -> Timeline:
     """Place every call of every rank of ``report`` in time."""
-    origin = _origin(report)
-    ended = report.get("ended")
+    # A test no rank ran has neither time, and no calls to place.
+    origin = float(report.get("started", 0.0))
+    verdict = float(report.get("ended", origin)) - origin
     ranks = report["ranks"]
     times = [t - origin for r in ranks for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
     times += [r[key] - origin for r in ranks for key in ("finished_at", "died_at") if r.get(key) is not None]
-    verdict = float(ended) - origin if ended is not None else max(times, default=0.0)
     end = max([verdict, *times])
     slices: list[Slice] = []
     lanes: dict[int, int] = {}

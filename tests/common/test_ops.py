@@ -9,7 +9,7 @@ import torch.distributed.distributed_c10d as c10d
 from snapshots import call, ok, rank
 
 from pytest_ddp.common import ops
-from pytest_ddp.report.sequences import sequence_table
+from pytest_ddp.report.sequences import group_sequences, table
 
 PACKAGE = Path(ops.__file__).parent.parent
 
@@ -61,10 +61,10 @@ def test_uneven_all_to_all_is_not_marked_as_a_divergence_in_the_report() -> None
         rank(0, ok("all_to_all_single", 1, shape=(3,)), ok("all_reduce", 2), finished=True),
         rank(1, ok("all_to_all_single", 1, shape=(5,)), ok("all_reduce", 2), finished=True),
     ]
-    table = "\n".join(sequence_table(states))
-    assert "all_to_all_single" in table and "ranks differ" not in table
+    text = "\n".join(table(group_sequences(states)))
+    assert "all_to_all_single" in text and "ranks differ" not in text
     states[1].calls[1].shapes = [[8]]
-    assert "ranks differ" in "\n".join(sequence_table(states))
+    assert "ranks differ" in "\n".join(table(group_sequences(states)))
 
 
 def test_ranks_that_meet_in_one_collective_from_different_lines_are_shown_with_their_sites() -> None:
@@ -72,8 +72,8 @@ def test_ranks_that_meet_in_one_collective_from_different_lines_are_shown_with_t
     library = ok("barrier", 1, shape=None, site="t.py:30")
     library.caller = "torchmetrics/utilities.py:40"
     states = [rank(0, ok("barrier", 1, shape=None, site="t.py:20"), finished=True), rank(1, library, finished=True)]
-    table = "\n".join(sequence_table(states))
-    assert "barrier at t.py:20" in table
-    assert "barrier at t.py:30 via torchmetrics/utilities.py:40" in table
+    text = "\n".join(table(group_sequences(states)))
+    assert "barrier at t.py:20" in text
+    assert "barrier at t.py:30 via torchmetrics/utilities.py:40" in text
     library.site, library.caller = "t.py:20", None
-    assert " at " not in "\n".join(sequence_table(states))  # same line: nothing to tell apart
+    assert " at " not in "\n".join(table(group_sequences(states)))  # same line: nothing to tell apart

@@ -19,7 +19,7 @@ from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report.failure import render
 from pytest_ddp.report.json_report import to_json
 from pytest_ddp.report.model import build
-from pytest_ddp.report.sequences import sequence_table
+from pytest_ddp.report.sequences import group_sequences, table
 
 # -- the call named: the first where the sequences differ (hand-made states) ----------------
 
@@ -50,7 +50,7 @@ def test_the_headline_names_the_first_call_the_table_marks_not_the_one_waited_in
         "rank 1 never called all_reduce #2 (returned from its test); "
         "rank 0 waits in all_reduce #3 (t.py:13) for rank 1."
     )
-    marked = [line for line in sequence_table(states) if line.endswith("<-- ranks differ")]
+    marked = [line for line in table(group_sequences(states)) if line.endswith("<-- ranks differ")]
     assert [line.split()[0] for line in marked] == ["2"]
 
 

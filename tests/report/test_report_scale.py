@@ -17,7 +17,7 @@ from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report.failure import failure_text
 from pytest_ddp.report.json_report import to_json
 from pytest_ddp.report.model import build
-from pytest_ddp.report.sequences import GROUP_ABOVE, MAX_PAIRS, p2p_table, sequence_table
+from pytest_ddp.report.sequences import GROUP_ABOVE, MAX_PAIRS, group_sequences, p2p_table, table
 
 WORLD = tuple(range(64))
 FAULTHANDLER = """\
@@ -240,7 +240,7 @@ def test_the_table_over_a_long_run_marks_the_first_difference() -> None:
     long = [steps(2000) for _ in range(GROUP_ABOVE + 1)]
     long[3][1499].dtypes = ["float64"]
     states = [rank(r, *calls, finished=True) for r, calls in enumerate(long)]
-    marked = [row for row in sequence_table(states) if row.endswith("<-- ranks differ")]
+    marked = [row for row in table(group_sequences(states)) if row.endswith("<-- ranks differ")]
     assert len(marked) == 1 and marked[0].split()[0] == "1500"
 
 
@@ -275,9 +275,9 @@ def test_the_table_of_a_group_made_anew_shows_each_numbers_latest_call() -> None
         rank(0, *again, ok("all_reduce", 1, ranks=WORLD), finished=True),
         rank(1, *again, ok("broadcast", 1, ranks=WORLD, root=0), finished=True),
     ]
-    table = sequence_table(states)
-    assert [row.split()[0] for row in table[2:]] == ["1", "2"]
-    assert table[2].endswith("all_reduce [4] float32  broadcast [4] float32 root=0  <-- ranks differ")
+    rows = table(group_sequences(states))
+    assert [row.split()[0] for row in rows[2:]] == ["1", "2"]
+    assert rows[2].endswith("all_reduce [4] float32  broadcast [4] float32 root=0  <-- ranks differ")
 
 
 def test_the_table_of_unmatched_sends_and_receives_lists_the_first_pairs_only() -> None:

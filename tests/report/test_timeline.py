@@ -118,11 +118,9 @@ def test_a_call_its_rank_died_in_ends_at_the_death_and_is_not_stuck() -> None:
     assert (event["name"], event["cname"], event["args"]["state"]) == ("all_reduce #1", "bad", state)
 
 
-def test_a_report_without_start_and_end_times_spans_its_calls() -> None:
+def test_a_report_without_a_headline_gets_one_of_its_verdict_and_summary() -> None:
     old = report([rank(0, [call(0, "barrier", 1, 0.2, 0.3)])])
-    del old["started"], old["ended"], old["headline"]
-    line = timeline.timeline(old)
-    assert (line.slices[0].start, line.end) == (0.0, pytest.approx(0.1))
+    del old["headline"]
     assert timeline.headline(old) == f"ddp: deadlock (partial): {old['summary']}"
 
 
