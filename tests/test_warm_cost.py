@@ -1,6 +1,7 @@
 """What a warm rank does between tests: the process ledger finds each process a test started and
-ends it when its test (or the wider fixture that started it) is over (rank/leftovers.py), and the
-environment is put back whatever a test did to it (rank/session.py).
+ends it when its test (or the wider fixture that started it) is over, its scan of /proc reused while
+the kernel made no task (rank/leftovers.py), and the environment is put back whatever a test did to
+it (rank/session.py).
 
 Real processes, the real /proc, the real os.environ; no ranks.
 """
@@ -9,11 +10,26 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 
 import pytest
 
 from pytest_ddp.rank import leftovers
 from pytest_ddp.rank.session import SavedEnvironment
+
+
+def test_the_kernels_count_of_tasks_grows_with_each_thread_and_process() -> None:
+    # The ground truth the ledger's reuse of a scan rests on (checked again in every rank).
+    before = leftovers.forks_made()
+    assert before is not None
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    after_thread = leftovers.forks_made()
+    assert after_thread is not None and after_thread > before
+    subprocess.run(["true"], check=True)
+    after_process = leftovers.forks_made()
+    assert after_process is not None and after_process > after_thread
 
 
 @pytest.fixture
@@ -29,25 +45,26 @@ def ledger():
 
 def test_the_ledger_never_misses_a_process_born_since_its_last_look(ledger) -> None:
     ledger, started = ledger
-    assert ledger.to_end(set()) == []
+    first = ledger.alive()
+    assert ledger.alive() == first
     started.append(subprocess.Popen(["sleep", "600"]))
-    assert started[0].pid in leftovers.descendants()
+    assert started[0].pid in ledger.alive()
     assert ledger.to_end(set()) == [started[0].pid]
 
 
 def test_a_process_that_ended_since_the_last_look_is_not_ended_or_named(ledger) -> None:
     ledger, started = ledger
-    before = set(leftovers.descendants())
+    before = set(ledger.alive())
     started.append(subprocess.Popen(["sleep", "600"]))
     ledger.after_setup(before, frozenset({"module"}))
     started[0].kill()
-    started[0].wait()  # reaped: gone before the test ends
+    started[0].wait()  # reaped: no task made since, so the last scan may still list it
     assert ledger.to_end(set()) == []
 
 
 def test_a_process_a_wider_fixture_started_is_kept_until_its_node_is_torn_down(ledger) -> None:
     ledger, started = ledger
-    before = set(leftovers.descendants())
+    before = set(ledger.alive())
     started.append(subprocess.Popen(["sleep", "600"]))
     ledger.after_setup(before, frozenset({"module", "item"}))
     assert ledger.to_end({"module"}) == []  # the next test of the module: still set up

@@ -163,25 +163,74 @@ class ProcessLedger:
     kept: set[int] = field(default_factory=set)  # alive before any test: not a test's
     # pid -> the pytest nodes set up in the setup that saw it born
     from_setup: dict[int, frozenset[object]] = field(default_factory=dict)
+    # The last scan, and the kernel's count of tasks made (forks_made) just before it; None: the
+    # count cannot be trusted here, every look scans.
+    _scanned: list[int] = field(default_factory=list)
+    _scanned_at: int | None = None
+    _counting: bool = False
 
     def start(self) -> None:
-        self.kept = set(descendants())
+        self._counting = _forks_are_counted()
+        self.kept = set(self.alive())
+
+    def alive(self) -> list[int]:
+        """:func:`descendants`, but the last scan again while the kernel has made no task since:
+        then no process was born, and the list misses none, though it may hold one that ended since.
+        A scan reads a file per thread: about 200 us in a rank of 20 threads, against 10 for the
+        count, and there are three looks a test."""
+        made = forks_made() if self._counting else None
+        if made is None or made != self._scanned_at:
+            self._scanned, self._scanned_at = descendants(), made
+        return self._scanned
 
     def after_setup(self, known_before: set[int], new_nodes: frozenset[object]) -> None:
-        for pid in descendants():
+        for pid in self.alive():
             if pid not in known_before and pid not in self.kept:
                 self.from_setup.setdefault(pid, new_nodes)
 
     def to_end(self, set_up: set[object]) -> list[int]:
         """The processes to end now that a test is over and ``set_up`` nodes are still set up."""
-        ending = []
-        for pid in descendants():
-            started_by_live_setup = set_up & self.from_setup.get(pid, frozenset())
-            if pid not in self.kept and not started_by_live_setup:
-                ending.append(pid)
+        ending = self._ending(self.alive(), set_up)
+        if ending and self._scanned_at is not None:  # the last scan may list one that ended since
+            self._scanned_at = None
+            ending = self._ending(self.alive(), set_up)
         for pid in ending:
             self.from_setup.pop(pid, None)
         return ending
+
+    def _ending(self, alive: list[int], set_up: set[object]) -> list[int]:
+        ending = []
+        for pid in alive:
+            started_by_live_setup = set_up & self.from_setup.get(pid, frozenset())
+            if pid not in self.kept and not started_by_live_setup:
+                ending.append(pid)
+        return ending
+
+
+def forks_made() -> int | None:
+    """How many tasks (processes and threads) the kernel has made since it booted: the
+    ``processes`` line of /proc/stat, which never goes back.  None where it cannot be read."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    start = data.find(b"\nprocesses ")
+    if start < 0:
+        return None
+    line = data[start + 1 : data.find(b"\n", start + 1)].split()
+    return int(line[1]) if len(line) == 2 and line[1].isdigit() else None
+
+
+def _forks_are_counted() -> bool:
+    """Whether :func:`forks_made` counts this process's tasks here (a kernel that fakes /proc may
+    not): it must grow when a thread is made."""
+    before = forks_made()
+    thread = threading.Thread(target=lambda: None, name="ddp-count-check")
+    thread.start()
+    thread.join()
+    after = forks_made()
+    return before is not None and after is not None and after > before
 
 
 # -- the keeper -----------------------------------------------------------------------

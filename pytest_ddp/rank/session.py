@@ -143,7 +143,7 @@ class RankSession:
         # (xdist scheduled it elsewhere) are torn down before this item sets up.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
-        self.processes_before = set(leftovers.descendants())
+        self.processes_before = set(self.processes.alive())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
