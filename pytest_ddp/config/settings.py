@@ -161,6 +161,10 @@ def writable_dir(path: str) -> str:
     return path
 
 
+# The start of pytest's warning about a module imported before its session could rewrite it.
+ALREADY_IMPORTED = "Module already imported so cannot be rewritten"
+
+
 def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     """The command line of a rank's pytest session: this session's set-up, these items only."""
     # No capture in the ranks: their fds 1 and 2 go to files the controller
@@ -176,6 +180,10 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
         args += ["-o", override]
     for warning in config.known_args_namespace.pythonwarnings or []:
         args += ["-W", warning]
+    # The forkserver imported pytest's plugins before the rank's session began, which then warns
+    # that it cannot rewrite them: the plugin's doing, which a user's `filterwarnings = error`
+    # must not turn into an error (a command line filter wins over the ini's).
+    args += ["-W", f"ignore:{ALREADY_IMPORTED}:pytest.PytestAssertRewriteWarning"]
     args += [f"--import-mode={config.option.importmode}", f"--tb={config.option.tbstyle}"]
     if config.option.strict_markers:
         args.append("--strict-markers")

@@ -125,7 +125,7 @@ log_level = INFO
 log_cli = true
 log_cli_level = INFO
 filterwarnings =
-    error:boom:UserWarning
+    error
     ignore::DeprecationWarning
 """
 
