@@ -29,7 +29,7 @@ from pytest_ddp.common.protocol import (
     RunItem,
     TestStart,
 )
-from pytest_ddp.config.settings import rank_pytest_args
+from pytest_ddp.config.settings import ALREADY_IMPORTED, rank_pytest_args
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import watchdog, wording
 from pytest_ddp.diagnose.consistency import CountDifference, UnfinishedWork
@@ -641,7 +641,10 @@ def test_the_rank_command_line_repeats_the_set_up_and_clears_addopts(
     assert rank_config.inipath == config.inipath == inifile
     assert "no:doctest" in rank_config.option.plugins
     assert "xfail_strict=true" in rank_config.option.override_ini
-    assert rank_config.known_args_namespace.pythonwarnings == ["error::UserWarning"]
+    # The user's filters, then the one that keeps the plugin's own rewrite warning from them.
+    assert rank_config.known_args_namespace.pythonwarnings == [
+        "error::UserWarning", f"ignore:{ALREADY_IMPORTED}:pytest.PytestAssertRewriteWarning"
+    ]
     assert rank_config.option.importmode == "importlib"
     assert rank_config.option.tbstyle == "line"
     assert rank_config.option.strict_markers
