@@ -1,8 +1,8 @@
-"""The controller's looks at a warm test made fewer and cheaper, with nothing missed (issue 28,
-part 5): a rank group's ``poll`` waits past a rank that is done while others still run, and comes
-back at once for what the watchdog must judge (every rank done, a failure, a death), also when the
-wake-up bytes were drained before; the event reader reads a large log whole and a cut line once
-whole; each test's output of a rank comes back alone, read from its files past an offset.
+"""The controller's looks at a warm test, with nothing missed: a rank group's ``poll`` waits past a
+rank that is done while others still run, and comes back at once for what the watchdog must judge
+(every rank done, a failure, a death), also when the wake-up bytes were drained before; the event
+reader reads a large log whole and a cut line once whole; each test's output of a rank comes back
+alone, read from its files past an offset.
 
 Real ranks (a RankGroup, as the controller drives it), real files; no mocks.
 """
