@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pytest_ddp.launched.secret import SECRET_ENV
+from pytest_ddp.launched.signals import ENDING_SIGNALS
+
 from . import suite
 from .slurm import SlurmCluster, slurm_unavailable
+
+
+@pytest.fixture
+def own_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests that make a launched world in this process: the world takes SIGINT and SIGTERM
+    and its end the launcher's signals: give them back; no secret of the environment's."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
+    yield
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import socket
 import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -24,23 +23,13 @@ from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import HEADER, NONCE, Link, connect
 from pytest_ddp.launched.secret import SECRET_ENV, remove_files, session_files
-from pytest_ddp.launched.signals import ENDING_SIGNALS
 from pytest_ddp.launched.world import LaunchedWorld
 
 GATHER = 3.0  # seconds the gather waits for a rank that never says hello
 WAIT = 60.0  # seconds a gather, or a peer, waits for what comes at once (its end is a failure)
 HOLD = 60.0  # seconds a stalling peer holds its partial frame at most (then it sends the rest)
 
-
-@pytest.fixture(autouse=True)
-def _own_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The world takes SIGINT and SIGTERM and its end the launcher's signals: give them back;
-    no secret of the environment's."""
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
-    yield
-    for number, handler in handlers.items():
-        signal.signal(number, handler)
+pytestmark = pytest.mark.usefixtures("own_process")
 
 
 def _launch(world_size: int) -> Launch:

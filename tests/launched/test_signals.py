@@ -16,23 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from pytest_ddp.launched.secret import SECRET_ENV
-from pytest_ddp.launched.signals import ENDING_SIGNALS
 
 from . import suite
 from .nodes import TORCHRUN, isolated_node_command
 from .runs import torchrun_unavailable
 
-
-@pytest.fixture(autouse=True)
-def _own_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The world takes SIGINT and SIGTERM and its end the launcher's signals: give them back;
-    no secret of the environment's."""
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    handlers = {number: signal.getsignal(number) for number in ENDING_SIGNALS}
-    yield
-    for number, handler in handlers.items():
-        signal.signal(number, handler)
+pytestmark = pytest.mark.usefixtures("own_process")
 
 
 # -- real torchrun sessions ---------------------------------------------------------------
