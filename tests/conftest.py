@@ -47,6 +47,7 @@ import torch.distributed._functional_collectives  # noqa: F401
 import pytest_ddp.api
 import pytest_ddp.controller
 import pytest_ddp.faults  # noqa: F401
+from pytest_ddp.common import procfs
 
 T = TypeVar("T")
 
@@ -287,12 +288,8 @@ def module_shared() -> ModuleShared:
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # gone, or going between the open and the read
-        return False
-    return state != "Z"
+    found = procfs.stat(pid)
+    return found is not None and found.state != "Z"
 
 
 def live_pids(pids: list[int]) -> list[int]:
@@ -333,11 +330,7 @@ def ranks_working_in(folder: Path) -> list[int]:
 
 def parent(pid: int) -> int | None:
     """``pid``'s parent, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError):
-        return None
+    return procfs.parent_of(pid)
 
 
 # Inside an MPI rank (a test's source, which imports os): its stand-in, the process the launcher

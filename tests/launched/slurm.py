@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from conftest import alive, parent, poll
-from pytest_ddp.common import prctl
+from pytest_ddp.common import prctl, procfs
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # What stop() leaves none of: slurmstepd outlives slurmd by design (it runs the tasks).
@@ -347,10 +347,8 @@ def _all_pids() -> list[int]:
 
 
 def _start_time(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    found = procfs.stat(pid)
+    return "" if found is None else str(found.started)
 
 
 def _comm(pid: int) -> str:

@@ -20,6 +20,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_ddp.common import procfs
+
 SUITE = '''
 import os, signal
 import pytest, torch, torch.distributed as dist
@@ -244,13 +246,13 @@ def leftovers(folder: str) -> list[str]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
             cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
-        state = stat.rsplit(")", 1)[1].split()[0]
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        stat = procfs.stat(entry)
+        if stat is None:
+            continue
+        state, name = stat.state, stat.name
         if state != "Z" and (folder in command or cwd == folder or cwd.startswith(folder + "/")):
             found.append(f"{entry} {name}: {command[:200]}")
     return found
