@@ -1,26 +1,16 @@
 """An MPI group: N ranks of one ``MPI.COMM_WORLD``, started by an MPI launcher.
 
-The ranks of an MPI world must be started by the MPI library's launcher: it
-hands each process what ``MPI_Init`` needs (MPICH's ``PMI_FD``, ``PMI_RANK``).
-So the controller does not fork them; it runs the launcher, in a session of its
-own and told by the kernel to die with the controller, and each process the
-launcher starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that hands
-over what its launcher gave it (its environment, its ``PMI_FD``); the controller
-then forks the rank from its forkserver, as any rank.  What the rest of the plugin
-sees is a :class:`~pytest_ddp.groups.group.RankGroup`: the same processes, event
-logs, output files, stack dumps and commands.
+Only the MPI launcher can start a rank (it hands ``MPI_Init`` its ``PMI_FD``, ``PMI_RANK``), so
+the controller runs the launcher (its own session, killed with the controller) and each process
+it starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that hands over its environment
+and ``PMI_FD``; the controller forks the rank from its forkserver, as any rank.
 
-- The stand-ins reach the controller through a Unix socket, a file (0600) in the group's folder
-  (0700), no network address.  A connection counts only from a process the launcher started
-  that signs its hello with the world's secret (:mod:`pytest_ddp.common.mpi_world`); any other
-  is logged and closed.  It stays open while the rank lives: its end, when the launcher killed
-  the stand-in (``MPI_Abort``), is the rank's too.
-- The default launcher is MPICH's ``mpiexec.gforker``, installed with MPICH next
-  to ``mpiexec``: it starts the processes of one machine and listens on no
-  socket.  MPICH's ``mpiexec`` (hydra) listens on every interface for its
-  proxies, which a test machine's rules may forbid; ``--ddp-mpi-launcher`` picks
-  another launcher (hydra, Open MPI's ``mpirun``).  Without MPICH, ``mpiexec`` on
-  PATH is used: Open MPI's gets the options it needs to start a test's world.
+- Stand-ins connect through a Unix socket (0600, in the 0700 group folder; no network address)
+  and must sign their hello with the world's secret (:mod:`pytest_ddp.common.mpi_world`); others
+  are logged and closed.  The connection's end (``MPI_Abort`` killed the stand-in) is the rank's.
+- The default launcher, MPICH's ``mpiexec.gforker``, listens on no socket, whereas hydra listens
+  on every interface; ``--ddp-mpi-launcher`` picks another.  Without MPICH, Open MPI's
+  ``mpiexec`` on PATH gets the options it needs.
 """
 
 from __future__ import annotations
@@ -77,13 +67,10 @@ from pytest_ddp.groups.spawn import (
 logger = logging.getLogger(__name__)
 MAX_REFUSALS = 20  # the latest refused connections a group keeps, to say why its start failed
 HELPERS_GRACE = 2.0  # seconds the launcher's children get to end by themselves when a world is killed
-# Tried in order, next to this Python (a venv's MPICH from PyPI) and then on PATH.
+# Tried in order, next to this Python (a venv's MPICH) and then on PATH.
 DEFAULT_LAUNCHERS = ("mpiexec.gforker", "mpiexec")
-# Keeps an MPI library's network transport on loopback when it opens one at all
-# (UCX, which MPICH from PyPI and Open MPI use, listens on every interface otherwise).
-# Open MPI's TCP transport listens on every interface whatever interfaces it is told
-# to use, and so does another of its transports (measured, 4.1): its ranks, on one
-# machine, talk through shared memory alone.
+# Keeps network transports on loopback (UCX listens on every interface otherwise); Open MPI's
+# TCP transport listens everywhere whatever it is told, so its ranks use shared memory alone.
 LOOPBACK_ENVIRONMENT = {
     "UCX_NET_DEVICES": "lo",
     "FI_TCP_IFACE": "lo",
@@ -93,9 +80,8 @@ LOOPBACK_ENVIRONMENT = {
 
 
 def find_launcher(command: str | None) -> list[str] | None:
-    """The launcher's command line up to ``-n N``: the option's value if given (``mpirun
-    --oversubscribe``), as written; else the first of DEFAULT_LAUNCHERS found, with the
-    options Open MPI's needs (:func:`open_mpi_options`); None if none is found."""
+    """The launcher's command line up to ``-n N``: the option's value as written, else the first
+    of DEFAULT_LAUNCHERS found (with :func:`open_mpi_options`); None if none is found."""
     if command:
         return shlex.split(command)
     for name in DEFAULT_LAUNCHERS:
@@ -109,10 +95,8 @@ def find_launcher(command: str | None) -> list[str] | None:
 
 
 def open_mpi_options(version: str, root: bool) -> list[str]:
-    """What Open MPI's launcher needs to start a test's world, from its ``--version``:
-    ``--oversubscribe`` (it refuses more ranks than cores) and, as root (a container's CI),
-    ``--allow-run-as-root`` (it refuses root). Nothing for other launchers. The plugin chose
-    this launcher, so the plugin says so; a launcher named by the user is used as written."""
+    """Open MPI's launcher needs ``--oversubscribe`` (it refuses more ranks than cores) and, as
+    root, ``--allow-run-as-root``; nothing for other launchers (from its ``--version``)."""
     if "Open MPI" not in version and "OpenRTE" not in version:
         return []
     return ["--oversubscribe", *(["--allow-run-as-root"] if root else [])]
@@ -501,13 +485,11 @@ class MpiGroup(RankGroup):
             self._listener.close()
             self._listener = None
         if self._launcher is not None:
-            # The launcher, and the process groups of its children: the stand-ins that
-            # gforker starts, or hydra's proxies, which make process groups of their own.
+            # The launcher, and the process groups of its children (hydra's proxies make their own).
             helpers = _children(self._launcher.pid)
-            # First they get a moment to end by themselves, as they do once the stand-ins have
-            # (their connections are closed by now): hydra's proxy then removes the topology file it
-            # wrote for MPI_Init, /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves behind.  Not the
-            # launcher itself: gforker waits about 2 s after its processes end.
+            # First a moment to end by themselves: hydra's proxy then removes its
+            # /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves; not gforker, which waits ~2 s.
+
             _wait_gone(helpers, HELPERS_GRACE)
             for pid in [self._launcher.pid, *helpers]:
                 with contextlib.suppress(ProcessLookupError):

@@ -1,9 +1,5 @@
 """How a rank process comes to be, and how its files are read: the forkserver ranks are forked
-from, a rank's start and files, the fork itself, and the TCPStore the ranks of a group meet at.
-
-Used by :mod:`pytest_ddp.groups.group` on one machine, and by a launched host
-(:mod:`pytest_ddp.launched.host`) for the ranks it holds.
-"""
+from, a rank's start and files, the fork itself, and the TCPStore the ranks of a group meet at."""
 
 from __future__ import annotations
 
@@ -31,13 +27,11 @@ from pytest_ddp.diagnose.state import RankState
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
 SECRET_ENV = "PYTEST_DDP_SECRET"
-# Variables of the pytest process that are not a rank's: pytest options meant for the session,
-# an MPI launcher's, which would make a rank take itself for the launched process, and the
-# launched session's secret, which no test needs.
+# Not a rank's: the session's pytest options, an MPI launcher's (a rank would take itself for the
+# launched process), and the launched session's secret.
 NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 
-# Imported once by the forkserver, before it forks any rank (then the plugins of
-# :func:`_entry_point_plugins`, then gc.freeze(): pytest_ddp.groups.preload).
+# Imported once by the forkserver before it forks any rank (then gc.freeze(): pytest_ddp.groups.preload).
 PRELOAD = [
     "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry",
     "pytest_ddp.rank.session",
@@ -46,11 +40,8 @@ PRELOAD = [
 
 @functools.cache
 def _entry_point_plugins() -> list[str]:
-    """The pytest plugins this pytest loaded from their entry points, which each rank's pytest
-    loads again: imported once by the forkserver, not in every rank (0.25 s of a rank's 0.45 s
-    here, where anyio's alone took 0.18 s, and nothing caches their rewritten bytecode under
-    PYTHONDONTWRITEBYTECODE).  Those this pytest did not import (blocked, or failing) are left
-    to the rank's pytest, as they are."""
+    """The entry-point plugins this pytest loaded, which each rank's pytest loads again: imported
+    once by the forkserver, not in every rank (over half a rank's start)."""
     plugins = importlib.metadata.entry_points(group="pytest11")
     return sorted({plugin.module for plugin in plugins if plugin.module in sys.modules})
 
@@ -61,8 +52,7 @@ def fork_context() -> Any:
     context.set_forkserver_preload([*PRELOAD, *_entry_point_plugins(), "pytest_ddp.groups.preload"])
     from multiprocessing import forkserver
 
-    # Started with SIGINT ignored, the forkserver ignores it while it imports torch too
-    # (it ignores it itself only after): Ctrl-C then printed its KeyboardInterrupt traceback.
+    # The forkserver ignores SIGINT only after its imports; else Ctrl-C prints a traceback.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
@@ -75,9 +65,8 @@ def fork_context() -> Any:
 
 
 def _die_of_sigterm(number: int, frame: Any) -> None:
-    """SIGTERM ends this pytest as it ends any (killed by it), once multiprocessing's folder of the
-    forkserver's socket is gone, which its exit handler removes on every other ending (the ranks
-    follow by their parent-death signal)."""
+    """Die of SIGTERM, after removing the forkserver socket's folder, which multiprocessing's
+    exit handler removes on every other ending."""
     shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
     signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)
@@ -91,8 +80,7 @@ def rank_files(folder: Path, rank: int) -> dict[str, Path]:
 def rank_start(
     role: RankRole, env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
 ) -> RankStart:
-    """A rank's whole start: its role, which holds on any machine, and what only the machine it runs on
-    knows (its files in ``folder``, its working directory and import path)."""
+    """A rank's whole start: its role, and what only its machine knows (files, cwd, import path)."""
     files = rank_files(folder, role.rank)
     return RankStart(
         role=role,
@@ -109,8 +97,7 @@ def rank_start(
 
 
 def write_start_file(folder: Path, start: RankStart) -> Path:
-    """The rank's start as a file only this user can read (it holds the rank's environment), in the
-    group's 0700 folder."""
+    """The rank's start as a 0600 file (it holds the rank's environment) in the group's folder."""
     path = folder / f"rank{start.role.rank}.json"
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as out:
         out.write(start.to_json())
@@ -118,8 +105,7 @@ def write_start_file(folder: Path, start: RankStart) -> Path:
 
 
 def forkserver_ready() -> None:
-    """Return once the forkserver forks at once: it does so only after its imports (seconds, more
-    under load), and a caller that must answer others quickly should not wait for them in a fork."""
+    """Return once the forkserver has done its imports (seconds), so that a later fork is quick."""
     process = fork_context().Process(target=_nothing, name="ddp-ready")
     process.start()
     process.join()
@@ -130,8 +116,7 @@ def _nothing() -> None:
 
 
 class Descriptor:
-    """A descriptor of this process that a rank forked from the forkserver gets a copy of, as a pipe's
-    is passed (through the forkserver's socket); the rank finds it at another number."""
+    """A descriptor a forked rank gets a copy of through the forkserver's socket, at another number."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -148,9 +133,8 @@ def _received(duplicate: Any) -> int:
 def fork_rank(
     start_path: Path, rank: int, descriptors: dict[str, Descriptor] | None = None
 ) -> tuple[Any, Connection, Connection]:
-    """Fork a rank from the forkserver: its process, its command pipe's write end, its notify pipe's read
-    end.  ``descriptors``: copies the rank gets, each named by the environment variable that says its
-    number (an MPI launcher's ``PMI_FD``)."""
+    """Fork a rank: its process, its command pipe's write end, its notify pipe's read end.
+    ``descriptors``: copies it gets, by the variable that says its number (``PMI_FD``)."""
     context = fork_context()
     command_read, command_write = context.Pipe(duplex=False)
     notify_read, notify_write = context.Pipe(duplex=False)
@@ -168,10 +152,9 @@ def fork_rank(
 
 
 class RankHandle(ABC):
-    """What a group does to one of its rank processes, wherever that process is: forked here
-    (:class:`ForkedRank`), forked by a launched host on another machine
-    (:class:`pytest_ddp.launched.world.RemoteRank`), or not forked yet, its MPI stand-in not heard
-    from (:class:`pytest_ddp.groups.mpi_group.Unforked`)."""
+    """What a group does to one of its ranks, wherever it is: forked here (:class:`ForkedRank`), on
+    another host (:class:`pytest_ddp.launched.world.RemoteRank`), or not yet forked
+    (:class:`pytest_ddp.groups.mpi_group.Unforked`)."""
 
     @property
     @abstractmethod
@@ -193,8 +176,7 @@ class RankHandle(ABC):
 
     @abstractmethod
     def dump_complete(self, text: str, before: str | None) -> bool:
-        """Whether the dump asked for is whole: ``text`` is what its dump file holds of it now,
-        ``before`` what it held at the last look."""
+        """Whether the dump is whole: ``text`` its dump file now, ``before`` at the last look."""
 
     @abstractmethod
     def kill(self) -> None:
@@ -272,11 +254,10 @@ class RankProcess:
 
 
 def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
-    """A TCPStore server on ``address`` (127.0.0.1 on one machine) and an OS-chosen port.
+    """A TCPStore server on ``address`` and an OS-chosen port, with the socket, which must outlive it.
 
-    TCPStore's own server listens on every interface whatever host it is
-    given; handing it a socket we bound to that address keeps it there.  The
-    socket must outlive the store, so it is returned with it.
+    TCPStore's own server listens on every interface whatever host it is given; a socket we bound
+    keeps it on ``address``.
     """
     import torch.distributed as dist
 
@@ -309,9 +290,8 @@ class GroupStore:
         return int(self._socket.getsockname()[1])
 
     def spent(self, states: list[RankState]) -> bool:
-        """After a test: whether the next needs a fresh store.  It does where a rank's default group
-        was ended or replaced (``init=True``) or the test left its own (``init=False``), or where a
-        test's own rendezvous used this store and no default group that may still use it is left."""
+        """After a test: whether the next needs a fresh store: a default group was ended or replaced,
+        or a test's own rendezvous used it and no default group that may still use it is left."""
         self.used = self.used or any(state.used_store for state in states)
         if any(not s.group_intact for s in states):
             return True
@@ -330,8 +310,8 @@ class GroupStore:
 
 
 def dump_complete(text: str, before: str | None) -> bool:
-    """faulthandler writes the whole dump from its signal handler; a dump that
-    ends with a newline and did not grow since the last look is complete."""
+    """faulthandler writes the whole dump in its signal handler: it is whole once it ends with a
+    newline and did not grow since the last look."""
     return text.endswith("\n") and text == before
 
 
@@ -343,8 +323,8 @@ def file_size(path: Path) -> int:
 
 
 def read_bytes_from(path: Path, offset: int) -> bytes:
-    """What the file a rank writes holds past ``offset``; nothing if it is no longer or does not
-    exist yet."""
+    """What a rank's file holds past ``offset``; nothing if it is shorter or not there yet."""
+
     try:
         with open(path, "rb") as f:
             f.seek(offset)
