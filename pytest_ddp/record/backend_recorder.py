@@ -1,16 +1,11 @@
 """The recorder at the backend: the collectives that reach a process group's backend past
 torch.distributed's recorded functions, and the waits for them.
 
-DDP's reducer (in C++), a coalescing manager's call, the functional collectives of DTensor,
-FSDP2 and compiled code: :mod:`pytest_ddp.record.backend_hook` hands each such call here from
-its dispatcher kernel, and it is recorded in the group's own sequence, marked
-``"extra": {"via": "backend"}``.  They are asynchronous: a ``wait`` event is written when the
-caller waits for one (``work.wait()``, ``wait_tensor``), and its ``ret`` when that wait returns,
-or else when the rank next sees its work complete (:class:`~pytest_ddp.record.numbering.Pending`);
-a functional collective never waited for, at the test's end (:func:`wait_unwaited`).
-
-The c10d operations are hooked only once a test may issue collectives past the functions
-(:func:`install` wraps what does: DDP's constructor and forward, ...; ``backend_hook.arm``).
+DDP's C++ reducer, a coalescing manager, the functional collectives of DTensor, FSDP2 and
+compiled code: :mod:`pytest_ddp.record.backend_hook` hands each such call here from its
+dispatcher kernel, recorded in the group's sequence with ``"extra": {"via": "backend"}``.  Their
+``ret`` comes with the wait (:class:`~pytest_ddp.record.numbering.Pending`), or at the test's end
+(:func:`wait_unwaited`).  The c10d operations are hooked only once a test may issue such calls.
 """
 
 from __future__ import annotations
@@ -51,9 +46,8 @@ def start_test() -> None:
 
 
 def install() -> bool:
-    """Hook the functional collectives, and wrap what issues collectives to the backend itself so
-    that it hooks every c10d operation; False where this torch cannot (then only the
-    torch.distributed functions are recorded)."""
+    """Hook the functional collectives and arm the c10d hooks from what issues collectives to the
+    backend itself; False where this torch cannot."""
     if not backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
         return False
     # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built by an
@@ -68,10 +62,8 @@ def install() -> bool:
 
 
 def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, which issues collectives to the backend itself, not through the
-    torch.distributed functions (DDP's reducer and constructor, a coalescing manager's coalesced
-    call, the broadcast of module state): every c10d operation is hooked from its first call on,
-    until the test ends."""
+    """``original``, which issues collectives to the backend itself: every c10d operation is
+    hooked from its first call until the test ends."""
 
     @functools.wraps(original)
     def arming(*args: Any, **kwargs: Any) -> Any:
@@ -118,9 +110,8 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
 
 
 def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
-    """A functional collective: write the call, submit it; its ret is written when its caller's
-    wait_tensor returns, or at the test's end (:func:`wait_unwaited`).  It returns output
-    tensors whose work is done later, and no Work: nothing tells when, short of waiting."""
+    """A functional collective: write the call, submit it; its ret comes with wait_tensor, or at the
+    test's end (it returns no Work: nothing tells when it is done, short of waiting)."""
     log = state.log
     if log is None:
         return submit()
@@ -148,9 +139,8 @@ def _write_call(
     group_in: Callable[[dict[str, Any]], dist.ProcessGroup],
     issued_async: bool,
 ) -> int | None:
-    """Write the call event of an operation recorded at the dispatcher, made on the group that
-    ``group_in(args)`` finds; its index, or None where describing it failed (the call then goes
-    unrecorded: describing must never break it)."""
+    """Write the call event of an operation on the group ``group_in(args)`` finds; its index, or
+    None where describing it failed (the call goes unrecorded)."""
     if _pending.works:
         _pending.sweep()
     if _armed:
@@ -167,8 +157,7 @@ def _write_call(
 def _call_parts(
     spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
 ) -> tuple[str, str, tuple[Any, ...]]:
-    """The call event of an operation recorded at the dispatcher, but for its site and time
-    (what goes before them, what goes after), and its key in the call numbering."""
+    """The call event's parts before and after its site and time, and its numbering key."""
     op = OPS[spec.op]
     fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
     key: tuple[Any, ...] = (group.name,)
@@ -188,8 +177,7 @@ def _call_parts(
 
 
 def waited(index: int | None, wait: Callable[[], Any]) -> Any:
-    """The caller waits for asynchronous call ``index`` (None: one not recorded): a wait event,
-    the wait, then the call's ret."""
+    """A wait event, the wait for asynchronous call ``index`` (None: not recorded), then its ret."""
     log = state.log
     if log is None or index is None:
         return wait()
@@ -220,11 +208,10 @@ def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
 
 
 def wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
-    """The test's functional collectives that it never waited for, waited for now until
-    ``deadline`` (``wait`` seconds after the test); a ret is written for each whose wait returns
-    before then.  Their wait_tensor takes no timeout, so a thread of its own waits (it releases
-    the GIL while it blocks; left blocked, it goes with the rank, which is not used again).
-    ``[{"i": call index, "err": why}]`` for each that failed or is still running."""
+    """Wait until ``deadline`` for the test's functional collectives it never waited for, writing
+    their rets; ``[{"i": call index, "err": why}]`` for each that failed or still runs.
+    wait_tensor takes no timeout, so a thread waits (left blocked, it goes with the rank)."""
+
     calls = sorted(_unwaited.items())
     _unwaited.clear()
     _backend_tensors.clear()  # so that the waits below are not recorded as the test's

@@ -1,28 +1,20 @@
 """The recorder: every torch.distributed call of a rank, written before and after it runs.
 
-Installed in each rank before test modules are imported.  It replaces the
-public collective and point-to-point functions in ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (so ``from torch.distributed import
-all_reduce`` after install gets the wrapper too) and writes a ``call`` event
-on entry and a ``ret`` event on exit to the rank's event log (see
-:mod:`pytest_ddp.common.protocol`).  The event is on disk before the call blocks, so
-the controller sees where a rank is stuck while it is stuck, and after it died.
+Installed in each rank before test modules are imported, it replaces the public collective and
+point-to-point functions in ``torch.distributed`` and ``torch.distributed.distributed_c10d`` (so
+a later ``from torch.distributed import all_reduce`` gets the wrapper too) and writes ``call`` and
+``ret`` events to the rank's event log (:mod:`pytest_ddp.common.protocol`).  The call is on disk
+before it blocks, so the controller sees where a rank is stuck, even after it died.
 
-Only the outermost call is recorded: ``all_gather_object`` calls
-``all_gather`` inside, through the module's globals, which are wrapped too; a
-per-thread depth counter keeps the inner calls out.
+Only the outermost call is recorded (``all_gather_object`` calls ``all_gather`` through the
+wrapped module globals); a per-thread depth counter keeps inner calls out.
 
-Collectives that reach a process group's backend without passing through one
-of those functions (DDP's reducer in C++, the functional collectives of DTensor
-and compiled code) are recorded there (:mod:`pytest_ddp.record.backend_recorder`).
-They and the functions' ``async_op=True`` collectives are asynchronous: a
-``wait`` event is written when the caller waits for one (``work.wait()``,
-``wait_tensor``), so a rank waiting for a gradient bucket shows as inside
-``all_reduce #k``, and its ``ret`` when that wait returns, or else when the rank
-next sees its work complete (see :class:`~.numbering.Pending`).
+Collectives that reach a backend without these functions (DDP's C++ reducer, functional
+collectives) are recorded there (:mod:`pytest_ddp.record.backend_recorder`).  Asynchronous calls
+get a ``wait`` event when waited for, and their ``ret`` when the wait returns or the rank next
+sees the work complete (:class:`~.numbering.Pending`).
 
-While a test has faults armed (:mod:`pytest_ddp.record.injector`), each recorded call
-first asks the injector, which may kill, delay, raise or replace it before it is written.
+With faults armed (:mod:`pytest_ddp.record.injector`), the injector sees each call first.
 """
 
 from __future__ import annotations
@@ -48,9 +40,7 @@ from pytest_ddp.record.numbering import first_line, write_ret
 _local = state.local
 _numbers = state.numbering
 _pending = state.pending
-# id(work) -> (call index, work) of the current test's asynchronous calls: isend,
-# irecv, batch_isend_irecv and async_op=True collectives.  Checked when the test ends;
-# a wait() on one of them is recorded.
+# id(work) -> (call index, work) of the current test's asynchronous calls, checked when it ends.
 _works: dict[int, tuple[int, Any]] = {}
 
 
@@ -78,9 +68,8 @@ def unrecorded() -> Iterator[None]:
 
 
 def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: int | None = None) -> Any:
-    """``run()``, a collective a test harness makes through the rank group's store rather than
-    torch.distributed (:mod:`pytest_ddp.adopt.torch_classes`), recorded as ``op`` on a group named
-    ``harness``: the watchdog then sees a rank waiting in it as waiting for its peers there."""
+    """``run()``, a harness's collective through the store (:mod:`pytest_ddp.adopt.torch_classes`),
+    recorded as ``op`` on group ``harness`` so the watchdog sees who waits for whom."""
     log = state.log
     if log is None or _local.depth:
         return run()
@@ -100,18 +89,13 @@ def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: i
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
-    """The current test's asynchronous calls whose work has not completed: each
-    gets up to ``wait`` seconds in all.  ``[{"i": call index, "err": why}]``.
+    """The current test's asynchronous calls whose work has not completed within ``wait`` seconds
+    in all: ``[{"i": call index, "err": why}]``.
 
-    Work the test waited for is complete already and costs nothing here.
-    Gloo marks send and receive work complete only inside ``wait()``, so the
-    rest is waited for, with a timeout: never without one (a receive nobody
-    sends to would block forever), and never twice (a second wait on a send
-    waits for another send).  That includes work nobody waits for from Python
-    (DDP's buckets, which its reducer waits for in C++), whose ret is then
-    written, so that the log is whole before the rank says it is done.
-    Last, the functional collectives the test never waited for
-    (:func:`pytest_ddp.record.backend_recorder.wait_unwaited`).
+    Gloo marks send and receive work complete only inside ``wait()``, so the rest is waited for:
+    with a timeout (a receive nobody sends to blocks forever), never twice (a second wait on a
+    send waits for another send).  Their rets are written, so the log is whole before the rank
+    says it is done; then :func:`pytest_ddp.record.backend_recorder.wait_unwaited`.
     """
     deadline = time.monotonic() + wait
     unfinished = []
@@ -187,9 +171,8 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _left_running(spec: Op, index: int, result: Any) -> bool:
-    """Keep the Works that asynchronous call ``index`` returned, so that a wait on one is
-    recorded; whether the call runs on until it is waited for (a collective: or until its work
-    completes), its ret written then."""
+    """Keep the Works call ``index`` returned, so that a wait is recorded; whether the call runs on
+    until waited for (or, a collective, until its work completes)."""
     returned = result if isinstance(result, list) else [result]
     works = [work for work in returned if isinstance(work, dist.Work)]
     for work in works:
@@ -206,9 +189,8 @@ def _left_running(spec: Op, index: int, result: Any) -> bool:
 def _unless_nothing_to_destroy(
     original: Callable[..., Any], recorded: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """``destroy_process_group()`` with no default group raises at once and touches nothing: not a
-    call to record (torch's harness classes make it after each test that ended its group, and
-    catch it)."""
+    """``destroy_process_group()`` with no default group raises at once and touches nothing: not
+    recorded (torch's harness classes call it after each test, and catch it)."""
 
     @functools.wraps(original)
     def destroy(group: Any = None) -> Any:
@@ -236,8 +218,8 @@ def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(log: EventLog) -> None:
-    """Record this process's torch.distributed calls into ``log`` (idempotent; a second
-    call only switches the log)."""
+    """Record this process's torch.distributed calls into ``log`` (again: only switches the log)."""
+
     state.set_log(log)
     if state.originals:
         return
