@@ -26,11 +26,9 @@ from pytest_ddp.common.protocol import (
 
 
 class LineDecoder:
-    """Records out of a byte stream read piece by piece (a growing file, a socket).
+    """Records out of a byte stream read piece by piece (a growing file, a socket); a line cut
+    short waits for the rest.  A chunk's lines are parsed in one ``json.loads`` (cheaper)."""
 
-    A line cut short by the end of a chunk waits for the rest.  All whole lines
-    of a chunk are parsed in one ``json.loads``: much cheaper than one per line.
-    """
 
     def __init__(self) -> None:
         self._partial = b""

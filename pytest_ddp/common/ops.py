@@ -1,6 +1,5 @@
-"""What each recorded operation is: the one table that the recorder, the event
-model, the watchdog and the report read.  No torch import: the controller and
-the pure tests use it too.
+"""What each recorded operation is: the one table the recorder, the watchdog and the report
+read (no torch import: the controller uses it too).
 
 An operation's *kind* decides how the watchdog pairs it:
 
@@ -10,10 +9,9 @@ An operation's *kind* decides how the watchdog pairs it:
                 a count of its own per group, in no collective sequence
 ``group``       sets up or tears down groups (``init_process_group``, ...); not numbered
 
-MPI operations (``api="mpi"``, the methods of an mpi4py communicator) are in the
-same table under ``mpi.<method>``: their kinds mean the same, their parameters are
-mpi4py's (``buf``, ``dest``, ``tag``, ``root``, ``op``).  Making a communicator
-(``Dup``, ``Split``, ...) is a collective of the communicator it is made from.
+mpi4py's communicator methods are in the same table as ``mpi.<method>``, with mpi4py's parameter
+names; making a communicator (``Dup``, ``Split``) is a collective of the one it is made from.
+
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ class Op:
     probe: bool = False  # waits for a matching message without receiving it
     synchronous: bool = False  # a send that returns only once its receive has started (Ssend)
     makes_comm: bool = False  # returns a new communicator (Dup, Split, Create)
-    # torch's Flight Recorder (report.flight_recorder): the collective's name there, where it is
-    # not this one, and which side the group makes of the tensor described, where the two differ
-    # in size: one rank's part of the output, one part of the input, or the whole input.
+    # torch's Flight Recorder (report.flight_recorder): the collective's name there, where it
+    # differs, and which part of it the tensor described is, where sizes differ.
     recorded_as: str | None = None
     described: Literal["part_of_output", "part_of_input", "whole_input"] | None = None
 
@@ -69,9 +66,8 @@ class Op:
 
     @property
     def flight_recorder_name(self) -> str:
-        """The collective's name in torch's Flight Recorder: Gloo's recorder names the gathers
-        into a tensor all_gather (measured); the object collectives are named as the collective
-        torch makes of them, mpi4py's by what they do."""
+        """The collective's name in torch's Flight Recorder (Gloo's names the gathers into a
+        tensor all_gather; object collectives as the collective torch makes of them)."""
         return self.recorded_as or self.name
 
     @property
@@ -138,8 +134,8 @@ OPS: dict[str, Op] = _table(
     Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather",
        described="part_of_output"),
     Op("all_reduce_coalesced", "collective", "tensors", reduction="op", recorded_as="allreduce_coalesced"),
-    # Reached only through the backend (functional collectives, coalescing managers).
-    # These two are newer than torch 2.13.
+    # Reached only through the backend (functional collectives, coalescing managers); the first
+    # two are newer than torch 2.13.
     Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
     Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
     Op("all_gather_into_tensor_coalesced", "collective", python=False, recorded_as="all_gather"),
@@ -209,8 +205,7 @@ MPI_OPS: dict[str, Op] = _table(
 OPS.update(MPI_OPS)
 MPI_ABORT = f"{MPI_PREFIX}Abort"
 
-# Collectives that take one tensor (or none) and nothing else the ranks must agree on, so that
-# a call of one can be made as another on the same tensor (faults.change(op=...)).
+# Collectives of one tensor (or none) and nothing else to agree on: faults.change(op=...) swaps them.
 INTERCHANGEABLE = ("all_reduce", "broadcast", "reduce", "barrier")
 # torch's collectives that take a reduce op (its parameter: Op.reduction).
 REDUCING = tuple(name for name, o in OPS.items() if o.reduction and o.api == "torch")
@@ -219,8 +214,7 @@ BACKEND_REDUCTION = "reduce_op"
 # What a torch.distributed function reduces with when given no op: SUM, for each of REDUCING.
 DEFAULT_REDUCTION = "SUM"
 
-# The names of the collectives, for passes over every call of a long run (a set lookup
-# costs a tenth of Call.is_collective).
+# The names of the collectives, for passes over every call of a long run (faster than is_collective).
 COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
 # torch's sends and receives, each -> whether it receives, for the same passes.
 TORCH_P2P = {name: o.direction == "recv" for name, o in OPS.items() if o.pairs and o.api == "torch"}
@@ -241,10 +235,8 @@ def op(name: str) -> Op:
 
 @dataclass(frozen=True)
 class BackendOp:
-    """One of torch's ``c10d::`` dispatcher operations, through which every collective reaches a
-    process group's backend, whoever issued it (a torch.distributed function, DDP's reducer, a
-    functional collective), or a functional collective's own operation.  Parameters are named as
-    in the operation's schema."""
+    """A ``c10d::`` dispatcher operation, through which every collective reaches a backend, or a
+    functional collective's own; parameters named as in its schema."""
 
     op: str  # the table's name for what it does
     tensors: str | None  # the tensors described
@@ -275,12 +267,11 @@ BACKEND_OPS: dict[str, BackendOp] = {
     "recv_any_source_": BackendOp("recv", "tensors"),
 }
 
-# The functional collectives (``_c10d_functional::``) recorded at their own operation, each
-# named as the torch.distributed function that does the same; the group is the argument
-# ``group_name``.  Not always the c10d operation it issues: all_gather_into_tensor issues
-# allgather_into_tensor_coalesced_ of one tensor, which Gloo matches with _allgather_base_.
-# One that is not here (a newer torch's, batch_p2p_ops) is recorded at the c10d operations it
-# issues instead, at the cost of hooking those (see backend_hook).
+# The functional collectives (``_c10d_functional::``) recorded at their own operation, named as
+# the torch.distributed function that does the same (not always the c10d operation it issues:
+# all_gather_into_tensor issues allgather_into_tensor_coalesced_, which Gloo matches with
+# _allgather_base_).  Others are recorded at the c10d operations they issue (see backend_hook).
+
 FUNCTIONAL_OPS: dict[str, BackendOp] = {
     "all_reduce": BackendOp("all_reduce", "input"),
     "all_reduce_": BackendOp("all_reduce", "input"),
