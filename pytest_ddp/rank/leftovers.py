@@ -1,16 +1,9 @@
 """What a test leaves behind in its rank process: threads still running, processes still alive.
 
-Runs in the rank.  A test's threads and processes are those that were not there
-when it began: torch's, pytest's and the recorder's threads, and the processes
-of fixtures set up for earlier tests, are not its own.
-
-Processes: the rank is its descendants' subreaper (``PR_SET_CHILD_SUBREAPER``),
-so a process whose parent exits is handed to the rank, not to init, and stays
-in the rank's tree until the rank ends it.  A rank killed with SIGKILL cannot
-end anything; its keeper, a small process forked when the rank starts, is told
-by the kernel (``PR_SET_PDEATHSIG``) and kills every process of the rank's
-session.  What neither catches: a process that left the rank's session
-(``setsid``, ``start_new_session=True``) and whose rank was killed.
+Runs in the rank; a test's threads and processes are those not there when it began.  The rank is
+its descendants' subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans stay in its tree; a rank killed
+with SIGKILL has a keeper, told by the kernel (``PR_SET_PDEATHSIG``), that kills the rank's
+session.  Neither catches a process that left the session (``setsid``) of a killed rank.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
 
 
 def threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
-    """The Python threads alive now that were not alive at ``before``.  Threads started
-    outside Python (Gloo's, a backend's callback) are not listed: their dummy entries are
-    not the test's."""
+    """The Python threads alive now that were not at ``before``; not the dummy entries of threads
+    started outside Python (Gloo's), which are not the test's."""
     current = threading.current_thread()
     return [
         t
@@ -47,15 +39,12 @@ def threads_started_since(before: set[threading.Thread]) -> list[threading.Threa
 
 
 def _idle_library_thread(thread: threading.Thread, frame: FrameType | None) -> bool:
-    """Whether ``thread`` is a library's thread that runs nothing of its own accord, so cannot take
-    part in a later test's collectives: a ThreadPoolExecutor's worker waiting for work (torch.compile's
-    inductor starts a pool; what a later test submits to it is that test's), tqdm's monitor thread
-    (torch.compile starts it; it only looks at tqdm's bars).  Left running, they are not the test's
-    fault.  A worker running a task, or any other thread, is."""
+    """Whether ``thread`` runs nothing of its own accord, so cannot take part in a later test's
+    collectives: an idle ThreadPoolExecutor worker (inductor's pool), tqdm's monitor (which
+    torch.compile starts).  Left running, they are not the test's fault."""
     if type(thread).__name__ == "TMonitor" and type(thread).__module__ == "tqdm._monitor":
         return True
-    # An idle worker blocks in its queue's get, which is C: its innermost Python frame is _worker.
-    # Not idle if there is work in its queue: it is about to run it.
+    # An idle worker blocks in its queue's get, in C: its innermost Python frame is _worker.
     if frame is None or frame.f_code is not _POOL_WORKER:
         return False
     queue = frame.f_locals.get("work_queue")
@@ -66,9 +55,8 @@ _POOL_WORKER = concurrent.futures.thread._worker.__code__
 
 
 def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
-    """The test's threads still running after ``wait`` seconds in all to end, but for idle library
-    threads (:func:`_idle_library_thread`), which are not waited for: ``[{"name": ..., "stack":
-    ...}]``, the stack as ``traceback.format_stack`` writes it."""
+    """The test's threads, but idle library threads, still running after ``wait`` seconds in all:
+    ``[{"name": ..., "stack": ...}]``."""
     deadline = time.monotonic() + wait
     frames = sys._current_frames()
     for thread in threads_started_since(before):
@@ -139,8 +127,7 @@ def describe(pid: int) -> str:
 
 
 def end_processes(pids: list[int]) -> None:
-    """SIGKILL these descendants and reap them.  ``pids`` lists parents before children:
-    once a parent is reaped, its children are this subreaper's and can be reaped too."""
+    """SIGKILL these descendants and reap them, parents first (their children then become ours)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -153,18 +140,13 @@ def end_processes(pids: list[int]) -> None:
 
 @dataclass
 class ProcessLedger:
-    """The processes the rank's tests started, and when each may be ended.
-
-    A process born while a test ran its function or its teardown is the test's: ended when
-    the test ends.  One born during setup may belong to a module or session fixture kept for
-    later tests: it is ended once every node set up in that setup has been torn down.
-    """
+    """The processes the rank's tests started, and when each may be ended: with its test, or one
+    born during setup (a module or session fixture's) once every node of that setup is torn down."""
 
     kept: set[int] = field(default_factory=set)  # alive before any test: not a test's
     # pid -> the pytest nodes set up in the setup that saw it born
     from_setup: dict[int, frozenset[object]] = field(default_factory=dict)
-    # The last scan, and the kernel's count of tasks made (forks_made) just before it; None: the
-    # count cannot be trusted here, every look scans.
+    # The last scan, and forks_made() just before it (None: every look scans).
     _scanned: list[int] = field(default_factory=list)
     _scanned_at: int | None = None
     _counting: bool = False
@@ -174,10 +156,8 @@ class ProcessLedger:
         self.kept = set(self.alive())
 
     def alive(self) -> list[int]:
-        """:func:`descendants`, but the last scan again while the kernel has made no task since:
-        then no process was born, and the list misses none, though it may hold one that ended since.
-        A scan reads a file per thread: about 200 us in a rank of 20 threads, against 10 for the
-        count, and there are three looks a test."""
+        """:func:`descendants`, or the last scan while the kernel has made no task since (it misses
+        none, but may hold one that ended): a scan reads a file per thread, the count one file."""
         made = forks_made() if self._counting else None
         if made is None or made != self._scanned_at:
             self._scanned, self._scanned_at = descendants(), made
@@ -208,8 +188,7 @@ class ProcessLedger:
 
 
 def forks_made() -> int | None:
-    """How many tasks (processes and threads) the kernel has made since it booted: the
-    ``processes`` line of /proc/stat, which never goes back.  None where it cannot be read."""
+    """How many tasks the kernel has made since boot (/proc/stat's ``processes``); None if unread."""
     try:
         with open("/proc/stat", "rb") as f:
             data = f.read()
@@ -237,9 +216,9 @@ def _forks_are_counted() -> bool:
 
 
 def start_keeper(rank: int) -> int:
-    """Fork the process that kills this rank's session once the rank is gone, however it
-    goes; its pid.  Call it from the main thread: the kernel signals the keeper when the
-    thread that forked it exits."""
+    """Fork the process that kills this rank's session once the rank is gone; its pid.  From the
+    main thread: the kernel signals the keeper when the thread that forked it exits."""
+
     session = os.getsid(0)
     parent = os.getpid()
     signal.pthread_sigmask(signal.SIG_BLOCK, {KEEPER_SIGNAL})

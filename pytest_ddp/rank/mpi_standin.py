@@ -1,28 +1,21 @@
 """What an MPI launcher starts for each rank of an MPI group:
 ``python -m pytest_ddp.rank.mpi_standin <folder>``, the group's folder.
 
-The launcher (MPICH's ``mpiexec.gforker`` by default, see :mod:`pytest_ddp.groups.mpi_group`)
-starts this small process, the rank's *stand-in*, with the launcher's environment
-(``PMI_RANK``, ``PMI_FD``, ...).  The stand-in connects to the controller's socket in that folder
-(its own ancestor's, as the kernel says), takes the controller's challenge, and answers with its hello
-signed with the world's secret (:mod:`pytest_ddp.common.mpi_world`), handing over with it the
-launcher's descriptors that ``MPI_Init`` talks through.  The controller then forks the rank from
-its forkserver, where torch and pytest are imported already, as it forks any rank, with the
-stand-in's environment and those descriptors: ``MPI_Init`` in the rank works as if the launcher had
-started it.  A rank the launcher's own Python started would import torch and load pytest's plugins
-itself: about 2.4 s of CPU a rank more, where the forkserver's are paid once a session.  Then the
-stand-in waits:
+The launcher (see :mod:`pytest_ddp.groups.mpi_group`) starts this small process, the rank's
+*stand-in*, with its environment (``PMI_RANK``, ``PMI_FD``, ...).  It connects to the socket of its
+ancestor the controller, answers the challenge with a hello signed with the world's secret
+(:mod:`pytest_ddp.common.mpi_world`) and hands over the descriptors ``MPI_Init`` talks through.
+The controller forks the rank from its forkserver with them, so ``MPI_Init`` works as if the
+launcher had started it, and torch's import is paid once a session, not once a rank.  Then:
 
-- it is told the rank's process, and lingers until the controller says it ends the world.
-  Lingering keeps the launcher from killing the other ranks when one dies, as MPICH's launchers do:
-  the watchdog sees the death and the ranks it strands, not a cascade of kills; a stand-in the
-  launcher killed (``MPI_Abort``) ends its connection, and the controller kills its rank;
-- when the launcher dies (the kernel sends the stand-in SIGTERM: PR_SET_PDEATHSIG), or the controller
-  (its connection ends without that word), the stand-in kills the rank and removes the world's
-  files in /dev/shm, which only ``MPI_Finalize`` would have; once the controller has ended without
-  a word (SIGKILL, SIGTERM), the world's folder as well.
+- told the rank's process, it lingers until the controller ends the world, so that MPICH's
+  launcher does not kill the other ranks when one dies (the watchdog sees who was stranded); a
+  stand-in killed by ``MPI_Abort`` ends its connection, and the controller kills its rank;
+- when the launcher dies (SIGTERM, by PR_SET_PDEATHSIG) or the controller's connection ends
+  without its word, it kills the rank and removes the world's /dev/shm files, which only
+  ``MPI_Finalize`` would; the world's folder too, once the controller ended without a word.
 
-The stand-in imports only this package's ``__init__`` (pytest, not torch): about 0.25 s.
+It imports only this package's ``__init__`` (pytest, not torch).
 """
 
 from __future__ import annotations
@@ -164,8 +157,9 @@ def main(folder: str) -> None:
     sock, unattended.controller = _connect(folder)
     challenge = _challenge(sock)
     hello = mpi_world.hello(secret, challenge, rank, os.getpid())
-    # Handed over as copies, and kept open here: to the launcher, the process it started ends when
-    # the stand-in does, whenever the rank ended (as when the rank was the stand-in's child).
+    # Handed over as copies, kept open here: to the launcher, its process ends when the stand-in does.
+
+
     socket.send_fds(sock, [frame(hello)], _launcher_descriptors())
     sock.settimeout(None)
     connection = unattended.link = Connection(sock.detach())

@@ -1,11 +1,7 @@
 """The pytest plugin of a rank's session: runs the items its controller names.
 
-A rank in "pytest" mode (see :mod:`pytest_ddp.rank.entry`) is a pytest session of
-its own that collected the group's tests, like an xdist worker; this plugin
-takes over its run loop and runs each item the controller hands over, with
-``nextitem`` set to the next item of the same group, so module and session
-fixtures live across tests as in plain pytest.  Around each test it puts back
-the environment, and ends what the test left in the rank (threads, processes).
+Like an xdist worker, it takes over the run loop of a session that collected the group's tests,
+with ``nextitem`` the group's next item so module and session fixtures live across tests.
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ class LeftoverProcessWarning(pytest.PytestWarning):
 
 
 class SavedEnvironment:
-    """os.environ as it was when the rank was ready, put back before each test: what a test
-    added is removed, what it changed or removed is set again."""
+    """os.environ as it was when the rank was ready, put back before each test."""
 
     def __init__(self) -> None:
         self.values = dict(os.environ)
@@ -115,8 +110,8 @@ class RankSession:
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
             call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
-            # pytest's own report, past the makereport hooks of other plugins: the item was
-            # torn down, and some (pytest-benchmark) read its funcargs, None by now, and raise.
+            # pytest's own report, past other plugins' makereport hooks: some (pytest-benchmark)
+            # read the torn-down item's funcargs, and raise.
             report = pytest.TestReport.from_item_and_call(last, call)
             hook = self.config.hook
             data = None
@@ -139,8 +134,7 @@ class RankSession:
         marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
         declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
         injector.arm(declared, rank_context().rank, self.channel.log)
-        # Fixtures kept for a next item that this group did not get after all
-        # (xdist scheduled it elsewhere) are torn down before this item sets up.
+        # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
         self.processes_before = set(self.processes.alive())
@@ -187,8 +181,8 @@ class RankSession:
         return result
 
     def _interruptible(self) -> Generator[None, Any, Any]:
-        """A phase hook's yield, where ``pytest.exit()`` or KeyboardInterrupt in this rank fails the
-        test, and the controller, told in the done event, ends the session as plain pytest would."""
+        """A phase hook's yield: ``pytest.exit()`` or KeyboardInterrupt fails the test, and the
+        controller, told in the done event, ends the session as plain pytest would."""
         try:
             return (yield)
         except pytest.exit.Exception as exc:
@@ -215,8 +209,7 @@ class RankSession:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         data = None
-        # A plain pass carries nothing beyond outcome and duration: skip serializing
-        # it (a large share of a warm test's cost in the rank).
+        # A plain pass carries nothing beyond outcome and duration: not serialized (it is costly).
         plain_pass = report.passed and not report.sections and not report.user_properties
         plain_pass = plain_pass and not hasattr(report, "wasxfail")
         if not plain_pass:
@@ -238,8 +231,9 @@ def run_pytest(start: RankStart, channel: Channel) -> int:
     args = [*start.pytest_args, "--basetemp", start.basetemp]
     code = int(pytest.main(args, plugins=[session]))
     if not session.ready:
-        # Ended before running anything: a named test's module failed to import
-        # ("found no collectors"), a bad option, ...  Its terminal output went nowhere.
+        # Ended before running anything (a module failed to import, a bad option): its terminal
+        # output went nowhere.
+
         errors = "".join(f"\n\n{error}" for error in session.collect_errors)
         fatal(channel, f"its pytest session ended before running any test (exit code {code}){errors}\n")
     return code
