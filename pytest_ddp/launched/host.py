@@ -1,22 +1,13 @@
 """A launched pytest process other than global rank 0's: it serves the controller its rank.
 
-Under a launcher every process runs the same pytest session.  Global rank 0's
-is the controller (it runs the tests and reports); each other one is a *host*
-(:mod:`pytest_ddp.launched.protocol`): it collects, sends what it collected, and
-then, instead of running tests, forks the rank processes of the groups the
-controller forms (from a forkserver of its own, as the controller forks its
-own rank) and relays:
-
-- commands from the controller to its ranks;
-- what its ranks write to their event logs, output files and stack dumps, as
-  it grows: the controller may be on another machine;
-- each rank's end, with its exit status and the time it ended.
-
-A rank that dies or hangs is a child of its host, so the launcher never sees a
-process of its own fail: no cascade of kills; the controller kills and
-replaces such ranks as on one machine.  The host's own pytest output goes to a
-log file, and it exits with the status the controller's session ends with.
+Under a launcher, global rank 0's pytest is the controller; each other is a *host*
+(:mod:`pytest_ddp.launched.protocol`): it collects, sends what it collected, then forks the
+ranks the controller asks for (from its own forkserver) and relays commands to them, and their
+files and ends back (the controller may be on another machine).  A rank that dies or hangs is
+the host's child, so the launcher sees no process of its own fail and kills nothing.  The host's
+pytest output goes to a log file; it exits with the controller session's status.
 """
+
 
 from __future__ import annotations
 
