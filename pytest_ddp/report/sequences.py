@@ -1,17 +1,10 @@
 """The ranks' collective sequences side by side, where the ranks part ways, and the sends and
 receives that do not match.
 
-For the failure text (:mod:`pytest_ddp.report.failure`): each group's collectives around
-the first number where the ranks' calls differ (another op, shape, dtype or
-root, or a rank that did not make it).  Above :data:`GROUP_ABOVE` ranks, ranks
-whose columns are the same share one, headed ``ranks 0-61, 63``, and the report
-names the *divergence*: that first collective, the ranks on each side of it,
-and the minority (as the Flight Recorder analyzer names the point where ranks
-diverge).
-
-Cost: one pass over each rank's calls, the long prefix the ranks share
-compared in C (:mod:`pytest_ddp.diagnose.prefix`), then a few cells per rank around
-the divergence.
+Each group's collectives around the first number where the ranks' calls differ (op, shape,
+dtype, root, or a rank that did not make it); the *divergence* names that collective, the ranks
+on each side and the minority, as the Flight Recorder analyzer does.  The shared prefix is
+compared in C (:mod:`pytest_ddp.diagnose.prefix`), so a long run costs one pass.
 """
 
 from __future__ import annotations
@@ -102,8 +95,7 @@ def _first_divergence(by_rank: dict[int, RankSequence], last: int) -> int | None
     sequences = list(by_rank.values())
     start = 1
     if all(s.ordered for s in sequences):
-        # Skip the prefix the ranks share call for call: there, with growing numbers, every
-        # rank has the same numbers and the same signatures.
+        # Skip the prefix the ranks share call for call (same numbers and signatures there).
         shared = shared_prefix([s.calls for s in sequences])
         start = sequences[0].seqs[shared - 1] + 1 if shared else 1
     for seq in range(start, last + 1):
@@ -166,9 +158,8 @@ MAX_PAIRS = 10  # pairs listed in the p2p table, the first by rank
 
 
 def p2p_table(states: list[RankState]) -> list[str]:
-    """Each group's pairs of ranks whose sends and receives (torch's, by peer) do not match in
-    number, or that one of them still waits in: ``rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0
-    waits in send #2 to 1 (t.py:8)``.  Pairs that match are left out."""
+    """Each group's pairs of ranks whose sends and receives do not match in number, or that one
+    still waits in: ``rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0 waits in send #2 to 1``."""
     made: dict[tuple[str, int, int], list[int]] = {}  # (group, from, to) -> [sends, recvs]
     waiting: dict[tuple[str, int, int], list[tuple[int, int, Call]]] = {}  # -> (recv?, rank, call)
     # An isend or irecv a rank waits for, not one just issued.
@@ -206,8 +197,8 @@ class Divergence:
 
 
 def divergence(groups: list[GroupSequences], absent: dict[int, str]) -> Divergence | None:
-    """Where the ranks first part ways, in the first group where they do.  ``absent``: what
-    to say of each rank that did not make that collective."""
+    """Where the ranks first part ways; ``absent``: what to say of a rank that did not get there."""
+
     for group in groups:
         if group.diverges is None:
             continue

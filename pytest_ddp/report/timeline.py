@@ -1,11 +1,8 @@
-"""A failing test's JSON report (:func:`pytest_ddp.report.json_report.to_json`) as a timeline: each rank's
-calls as slices in time, the calls still running when the report was made marked as stuck, and
-that timeline as a Chrome trace (the Trace Event Format, which Perfetto and chrome://tracing open).
-The HTML page drawn from the same slices is :mod:`pytest_ddp.report.picture`.
+"""A failing test's JSON report (:func:`pytest_ddp.report.json_report.to_json`) as a timeline: each
+rank's calls as slices in time, those still running at the verdict marked stuck, and as a Chrome
+trace (which Perfetto and chrome://tracing open; :mod:`pytest_ddp.report.picture` draws the HTML).
 
-Pure: a report dict in, data and text out.  Times are seconds from the moment the test was handed
-to the ranks (the report's ``started``); a report from before that field existed starts at its
-first call.
+Pure: a report dict in, data and text out; times are seconds from the report's ``started``.
 """
 
 from __future__ import annotations
@@ -46,8 +43,8 @@ class Slice:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The report's calls in time: ``verdict`` is when the report was made, ``end`` the later of it
-    and the last event."""
+    """The report's calls in time; ``end`` is the later of the verdict and the last event."""
+
 
     verdict: float
     end: float
@@ -137,10 +134,9 @@ def _args(piece: Slice) -> dict[str, Any]:
 
 
 def trace(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as a Chrome trace (Trace Event Format, JSON object form): one process for the
-    test, a track per rank (more for a rank whose calls overlap), a complete ("X") slice per call,
-    stuck calls named ``... [stuck]`` with an instant event where they stood at the verdict, each
-    rank's end as an instant, and the verdict as a global instant at the end."""
+    """The report as a Chrome trace (JSON object form): a track per rank (more where calls
+    overlap), an "X" slice per call, ``... [stuck]`` ones with an instant at the verdict, each
+    rank's end and the verdict as instants."""
     line = timeline(report)
     events: list[dict[str, Any]] = [
         {
