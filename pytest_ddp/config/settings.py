@@ -1,8 +1,5 @@
-"""The plugin's settings, resolved once at configure from options, ini values
-and the environment, and each test's spec resolved from them and its marks.
-
-Each setting is looked up as pytest-timeout looks up its own: the command
-line, else the ini file, else the default stated here.
+"""The plugin's settings, resolved once at configure (the command line, else the ini file, else
+the default here, as pytest-timeout does), and each test's spec from them and its marks.
 """
 
 from __future__ import annotations
@@ -77,8 +74,7 @@ _current = DEFAULTS
 
 
 def current() -> Settings:
-    """The settings of the pytest session in this process (:func:`pytest_ddp.run` runs under
-    them), or :data:`DEFAULTS` outside one."""
+    """The settings of this process's pytest session, or :data:`DEFAULTS` outside one."""
     return _current
 
 
@@ -127,9 +123,8 @@ def _value(config: pytest.Config, name: str, default: Any) -> Any:
 
 
 def pytest_timeout_global(config: pytest.Config) -> float | None:
-    """pytest-timeout's global timeout as it reads it: ``--timeout``, else
-    ``PYTEST_TIMEOUT``, else the ``timeout`` ini value; None when unset or
-    <= 0 (no timeout), or without pytest-timeout."""
+    """pytest-timeout's global timeout as it reads it (``--timeout``, ``PYTEST_TIMEOUT``, the ini
+    value); None when unset, <= 0, or without pytest-timeout."""
     if not config.pluginmanager.hasplugin("timeout"):
         return None
     for value, where in (
@@ -167,8 +162,8 @@ ALREADY_IMPORTED = "Module already imported so cannot be rewritten"
 
 def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     """The command line of a rank's pytest session: this session's set-up, these items only."""
-    # No capture in the ranks: their fds 1 and 2 go to files the controller
-    # reads, which keeps a rank's output even when it is killed or crashes.
+    # No capture: a rank's fds 1 and 2 go to files, which keep its output even if it is killed.
+
     args = [
         "-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath),
     ]
