@@ -29,7 +29,6 @@ class LineDecoder:
     """Records out of a byte stream read piece by piece (a growing file, a socket); a line cut
     short waits for the rest.  A chunk's lines are parsed in one ``json.loads`` (cheaper)."""
 
-
     def __init__(self) -> None:
         self._partial = b""
 

@@ -11,7 +11,6 @@ An operation's *kind* decides how the watchdog pairs it:
 
 mpi4py's communicator methods are in the same table as ``mpi.<method>``, with mpi4py's parameter
 names; making a communicator (``Dup``, ``Split``) is a collective of the one it is made from.
-
 """
 
 from __future__ import annotations
@@ -271,7 +270,6 @@ BACKEND_OPS: dict[str, BackendOp] = {
 # the torch.distributed function that does the same (not always the c10d operation it issues:
 # all_gather_into_tensor issues allgather_into_tensor_coalesced_, which Gloo matches with
 # _allgather_base_).  Others are recorded at the c10d operations they issue (see backend_hook).
-
 FUNCTIONAL_OPS: dict[str, BackendOp] = {
     "all_reduce": BackendOp("all_reduce", "input"),
     "all_reduce_": BackendOp("all_reduce", "input"),

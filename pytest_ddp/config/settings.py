@@ -163,7 +163,6 @@ ALREADY_IMPORTED = "Module already imported so cannot be rewritten"
 def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
     """The command line of a rank's pytest session: this session's set-up, these items only."""
     # No capture: a rank's fds 1 and 2 go to files, which keep its output even if it is killed.
-
     args = [
         "-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=", "--rootdir", str(config.rootpath),
     ]

@@ -233,9 +233,8 @@ def _wait_gone(pids: list[int], timeout: float | None = None) -> None:
 
 
 def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor]]:
-    """What the launcher gave a stand-in, which its rank gets: its environment, and the descriptors
-    the stand-in handed over, by the variable that names each; ValueError if it did not hand over
-    one for each that the launcher named."""
+    """What the launcher gave a stand-in, for its rank: its environment, and the descriptors handed
+    over, by the variable naming each; ValueError if one the launcher named is missing."""
     try:
         env = environment_of(greeting.peer)
     except OSError as exc:
@@ -248,8 +247,7 @@ def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor
 
 
 def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
-    """A line in the rank's stderr: how much of /dev/shm is free (MPI's shared memory, and a test's,
-    is there, and a full one is the usual cause of a SIGBUS)."""
+    """Say in the rank's stderr how much of /dev/shm is free (a full one is the usual SIGBUS)."""
     with contextlib.suppress(OSError):
         room = os.statvfs(SHARED_MEMORY)
         free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
@@ -318,8 +316,7 @@ class MpiGroup(RankGroup):
             raise GroupStartError("\n".join([str(exc), *self.refused])) from None
 
     def _note_shared_memory(self, there_before: set[str]) -> None:
-        """The world's files in /dev/shm: made since the launcher started, and mapped by its ranks
-        (which said hello: they are the launcher's); listed for the stand-ins too."""
+        """The world's files in /dev/shm (new, and mapped by its ranks), listed for the stand-ins."""
         for rp in self.ranks:
             assert rp.proc.pid is not None
             for path in _shared_memory_of(rp.proc.pid):
@@ -363,8 +360,7 @@ class MpiGroup(RankGroup):
         self._check_launcher()
 
     def _accept(self) -> None:
-        """A connection from a process of this user that the launcher started gets a challenge;
-        any other is closed at once."""
+        """Challenge a connection from this user's process that the launcher started; close others."""
         assert self._listener is not None and self._news is not None
         try:
             sock, _ = self._listener.accept()
@@ -384,8 +380,7 @@ class MpiGroup(RankGroup):
         self._news.register(sock, selectors.EVENT_READ, greeting)
 
     def _read_hello(self, greeting: _Greeting) -> None:
-        """Read what has come of a hello and the descriptors handed over with it, never past it; a
-        whole one is checked."""
+        """Read what came of a hello and its descriptors, never past it; check a whole one."""
         try:
             chunk, fds, flags, _ = socket.recv_fds(greeting.sock, greeting.wanted(), len(FD_VARIABLES))
         except BlockingIOError:
@@ -408,8 +403,8 @@ class MpiGroup(RankGroup):
             self._hello(greeting, bytes(greeting.received[HEADER.size :]))
 
     def _hello(self, greeting: _Greeting, message: bytes) -> None:
-        """A good hello: fork the rank, with the stand-in's environment and descriptors, and tell
-        the stand-in its process; any other refused."""
+        """A good hello: fork the rank with the stand-in's environment and descriptors, tell the
+        stand-in its pid; refuse any other."""
         assert self._news is not None
         try:
             rp = self._rank_of(parse_hello(message, self._secret, greeting.challenge), greeting.peer)
@@ -447,8 +442,8 @@ class MpiGroup(RankGroup):
         self.refused = [*self.refused[-(MAX_REFUSALS - 1) :], text]
 
     def _stand_in_news(self, stand_in: _StandIn) -> None:
-        """A stand-in sends nothing: its connection is ready when the stand-in is gone (killed by its
-        launcher: ``MPI_Abort``), and its rank goes with it, as it went with its stand-in."""
+        """A stand-in sends nothing: its connection is ready when it is gone (``MPI_Abort``), and its
+        rank goes with it."""
         assert self._news is not None
         self._news.unregister(stand_in.link)
         stand_in.close()
@@ -487,9 +482,8 @@ class MpiGroup(RankGroup):
         if self._launcher is not None:
             # The launcher, and the process groups of its children (hydra's proxies make their own).
             helpers = _children(self._launcher.pid)
-            # First a moment to end by themselves: hydra's proxy then removes its
-            # /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves; not gforker, which waits ~2 s.
-
+            # They get a moment to end by themselves (hydra's proxy then removes its
+            # /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves); not the launcher: gforker waits ~2 s.
             _wait_gone(helpers, HELPERS_GRACE)
             for pid in [self._launcher.pid, *helpers]:
                 with contextlib.suppress(ProcessLookupError):
@@ -497,7 +491,6 @@ class MpiGroup(RankGroup):
             self._launcher.wait()
             self._launcher = None
             _wait_gone(helpers)
-        # MPICH removes them in MPI_Finalize, which ranks that were killed or that
-        # exit as every rank does (os._exit) never reach.
+        # MPICH removes them in MPI_Finalize, which killed ranks and os._exit never reach.
         remove_shared_memory(self._shared_memory)
         self._shared_memory = {}

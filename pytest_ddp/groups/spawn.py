@@ -324,7 +324,6 @@ def file_size(path: Path) -> int:
 
 def read_bytes_from(path: Path, offset: int) -> bytes:
     """What a rank's file holds past ``offset``; nothing if it is shorter or not there yet."""
-
     try:
         with open(path, "rb") as f:
             f.seek(offset)

@@ -8,7 +8,6 @@ the host's child, so the launcher sees no process of its own fail and kills noth
 pytest output goes to a log file; it exits with the controller session's status.
 """
 
-
 from __future__ import annotations
 
 import os

@@ -218,7 +218,6 @@ def _forks_are_counted() -> bool:
 def start_keeper(rank: int) -> int:
     """Fork the process that kills this rank's session once the rank is gone; its pid.  From the
     main thread: the kernel signals the keeper when the thread that forked it exits."""
-
     session = os.getsid(0)
     parent = os.getpid()
     signal.pthread_sigmask(signal.SIG_BLOCK, {KEEPER_SIGNAL})

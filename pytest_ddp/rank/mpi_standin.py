@@ -158,8 +158,6 @@ def main(folder: str) -> None:
     challenge = _challenge(sock)
     hello = mpi_world.hello(secret, challenge, rank, os.getpid())
     # Handed over as copies, kept open here: to the launcher, its process ends when the stand-in does.
-
-
     socket.send_fds(sock, [frame(hello)], _launcher_descriptors())
     sock.settimeout(None)
     connection = unattended.link = Connection(sock.detach())

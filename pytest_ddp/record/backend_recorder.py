@@ -211,7 +211,6 @@ def wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
     """Wait until ``deadline`` for the test's functional collectives it never waited for, writing
     their rets; ``[{"i": call index, "err": why}]`` for each that failed or still runs.
     wait_tensor takes no timeout, so a thread waits (left blocked, it goes with the rank)."""
-
     calls = sorted(_unwaited.items())
     _unwaited.clear()
     _backend_tensors.clear()  # so that the waits below are not recorded as the test's

@@ -219,7 +219,6 @@ def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(log: EventLog) -> None:
     """Record this process's torch.distributed calls into ``log`` (again: only switches the log)."""
-
     state.set_log(log)
     if state.originals:
         return

@@ -198,7 +198,6 @@ class Divergence:
 
 def divergence(groups: list[GroupSequences], absent: dict[int, str]) -> Divergence | None:
     """Where the ranks first part ways; ``absent``: what to say of a rank that did not get there."""
-
     for group in groups:
         if group.diverges is None:
             continue

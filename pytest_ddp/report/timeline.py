@@ -45,7 +45,6 @@ class Slice:
 class Timeline:
     """The report's calls in time; ``end`` is the later of the verdict and the last event."""
 
-
     verdict: float
     end: float
     slices: list[Slice]
