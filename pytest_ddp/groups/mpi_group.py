@@ -8,9 +8,8 @@ and ``PMI_FD``; the controller forks the rank from its forkserver, as any rank.
 - Stand-ins connect through a Unix socket (0600, in the 0700 group folder; no network address)
   and must sign their hello with the world's secret (:mod:`pytest_ddp.common.mpi_world`); others
   are logged and closed.  The connection's end (``MPI_Abort`` killed the stand-in) is the rank's.
-- The default launcher, MPICH's ``mpiexec.gforker``, listens on no socket, whereas hydra listens
-  on every interface; ``--ddp-mpi-launcher`` picks another.  Without MPICH, Open MPI's
-  ``mpiexec`` on PATH gets the options it needs.
+- The default launcher, MPICH's ``mpiexec.gforker``, listens on no socket (hydra listens on every
+  interface); ``--ddp-mpi-launcher`` picks another.
 """
 
 from __future__ import annotations
@@ -80,8 +79,7 @@ LOOPBACK_ENVIRONMENT = {
 
 
 def find_launcher(command: str | None) -> list[str] | None:
-    """The launcher's command line up to ``-n N``: the option's value as written, else the first
-    of DEFAULT_LAUNCHERS found (with :func:`open_mpi_options`); None if none is found."""
+    """The launcher's command up to ``-n N``: the option's as written, else DEFAULT_LAUNCHERS' first found."""
     if command:
         return shlex.split(command)
     for name in DEFAULT_LAUNCHERS:
@@ -95,8 +93,7 @@ def find_launcher(command: str | None) -> list[str] | None:
 
 
 def open_mpi_options(version: str, root: bool) -> list[str]:
-    """Open MPI's launcher needs ``--oversubscribe`` (it refuses more ranks than cores) and, as
-    root, ``--allow-run-as-root``; nothing for other launchers (from its ``--version``)."""
+    """Open MPI's launcher refuses more ranks than cores, and root, unless told (from ``--version``)."""
     if "Open MPI" not in version and "OpenRTE" not in version:
         return []
     return ["--oversubscribe", *(["--allow-run-as-root"] if root else [])]
@@ -403,8 +400,7 @@ class MpiGroup(RankGroup):
             self._hello(greeting, bytes(greeting.received[HEADER.size :]))
 
     def _hello(self, greeting: _Greeting, message: bytes) -> None:
-        """A good hello: fork the rank with the stand-in's environment and descriptors, tell the
-        stand-in its pid; refuse any other."""
+        """A good hello: fork the rank with the stand-in's environment and descriptors; tell it the pid."""
         assert self._news is not None
         try:
             rp = self._rank_of(parse_hello(message, self._secret, greeting.challenge), greeting.peer)

@@ -65,8 +65,8 @@ def fork_context() -> Any:
 
 
 def _die_of_sigterm(number: int, frame: Any) -> None:
-    """Die of SIGTERM, after removing the forkserver socket's folder, which multiprocessing's
-    exit handler removes on every other ending."""
+    """Die of SIGTERM, first removing the forkserver socket's folder (which multiprocessing's exit
+    handler removes on any other ending)."""
     shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
     signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)
@@ -254,11 +254,8 @@ class RankProcess:
 
 
 def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
-    """A TCPStore server on ``address`` and an OS-chosen port, with the socket, which must outlive it.
-
-    TCPStore's own server listens on every interface whatever host it is given; a socket we bound
-    keeps it on ``address``.
-    """
+    """A TCPStore server on ``address`` and an OS-chosen port, with the socket, which must outlive
+    it: TCPStore's own server listens on every interface whatever host it is given."""
     import torch.distributed as dist
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -277,8 +274,8 @@ def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, soc
 
 
 class GroupStore:
-    """The TCPStore server a group's default process groups meet at: replaced by a fresh one for a
-    test after one that ended or made a default group (:mod:`pytest_ddp.rank.default_group`)."""
+    """The TCPStore server a group's default process groups meet at, renewed after a test that ended
+    or made one (:mod:`pytest_ddp.rank.default_group`)."""
 
     def __init__(self, address: str, world_size: int, timeout: float) -> None:
         self._args = (address, world_size, timeout)
@@ -310,8 +307,8 @@ class GroupStore:
 
 
 def dump_complete(text: str, before: str | None) -> bool:
-    """faulthandler writes the whole dump in its signal handler: it is whole once it ends with a
-    newline and did not grow since the last look."""
+    """faulthandler writes a dump in its signal handler: whole once it ends in a newline and stops
+    growing."""
     return text.endswith("\n") and text == before
 
 
