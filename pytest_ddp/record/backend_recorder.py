@@ -1,5 +1,4 @@
-"""The recorder at the backend: the collectives that reach a process group's backend past
-torch.distributed's recorded functions, and the waits for them.
+"""The recorder at the backend: collectives that bypass torch.distributed's recorded functions.
 
 DDP's C++ reducer, a coalescing manager, the functional collectives of DTensor, FSDP2 and
 compiled code: :mod:`pytest_ddp.record.backend_hook` hands each such call here from its
@@ -34,8 +33,7 @@ _pending = state.pending
 # The current test's calls recorded at the backend, by the data pointer of their tensors:
 # where a functional collective's wait_tensor finds the call it waits for.
 _backend_tensors: dict[int, int] = {}
-# The current test's functional collectives not waited for yet: call index -> what the call
-# returned (its output tensors, kept to be waited for at the test's end).
+# The current test's functional collectives not waited for yet: call index -> its output tensors.
 _unwaited: dict[int, Any] = {}
 
 
@@ -46,8 +44,7 @@ def start_test() -> None:
 
 
 def install() -> bool:
-    """Hook the functional collectives and arm the c10d hooks from what issues collectives to the
-    backend itself; False where this torch cannot."""
+    """Hook the functional collectives, and arm the c10d hooks where needed; False if torch cannot."""
     if not backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
         return False
     # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built by an
@@ -62,8 +59,7 @@ def install() -> bool:
 
 
 def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, which issues collectives to the backend itself: every c10d operation is
-    hooked from its first call until the test ends."""
+    """``original``, which issues collectives to the backend itself, arming the c10d hooks."""
 
     @functools.wraps(original)
     def arming(*args: Any, **kwargs: Any) -> Any:
@@ -87,8 +83,7 @@ def run_call(log: EventLog, index: int, run: Callable[[], Any]) -> Any:
 
 
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
-    """A c10d operation that no recorded function issued: write the call, submit it, and leave
-    its ret to its wait or its work's completion."""
+    """A c10d operation no recorded function issued: write the call, submit it; the ret comes later."""
     log = state.log
     if log is None:
         return submit()
@@ -139,8 +134,7 @@ def _write_call(
     group_in: Callable[[dict[str, Any]], dist.ProcessGroup],
     issued_async: bool,
 ) -> int | None:
-    """Write the call event of an operation on the group ``group_in(args)`` finds; its index, or
-    None where describing it failed (the call goes unrecorded)."""
+    """Write the call event of an operation; its index, or None where describing it failed."""
     if _pending.works:
         _pending.sweep()
     if _armed:

@@ -7,14 +7,11 @@ a later ``from torch.distributed import all_reduce`` gets the wrapper too) and w
 before it blocks, so the controller sees where a rank is stuck, even after it died.
 
 Only the outermost call is recorded (``all_gather_object`` calls ``all_gather`` through the
-wrapped module globals); a per-thread depth counter keeps inner calls out.
-
-Collectives that reach a backend without these functions (DDP's C++ reducer, functional
-collectives) are recorded there (:mod:`pytest_ddp.record.backend_recorder`).  Asynchronous calls
-get a ``wait`` event when waited for, and their ``ret`` when the wait returns or the rank next
-sees the work complete (:class:`~.numbering.Pending`).
-
-With faults armed (:mod:`pytest_ddp.record.injector`), the injector sees each call first.
+wrapped module globals): a per-thread depth counter keeps inner calls out.  Collectives that
+bypass these functions are recorded at the backend (:mod:`pytest_ddp.record.backend_recorder`).
+Asynchronous calls get a ``wait`` event when waited for, and their ``ret`` when the wait returns
+or the work completes (:class:`~.numbering.Pending`).  With faults armed, the injector
+(:mod:`pytest_ddp.record.injector`) sees each call first.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def start_test() -> None:
 
 @contextlib.contextmanager
 def unrecorded() -> Iterator[None]:
-    """This thread's torch.distributed calls in the block are no test's: the rank's own set-up of
-    its process group (:mod:`pytest_ddp.rank.default_group`)."""
+    """This thread's torch.distributed calls in the block are no test's (the rank's own set-up)."""
     depth = _local.depth
     _local.depth = depth + 1
     try:
@@ -171,8 +167,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _left_running(spec: Op, index: int, result: Any) -> bool:
-    """Keep the Works call ``index`` returned, so that a wait is recorded; whether the call runs on
-    until waited for (or, a collective, until its work completes)."""
+    """Keep the Works call ``index`` returned, so a wait is recorded; whether its ret waits for that."""
     returned = result if isinstance(result, list) else [result]
     works = [work for work in returned if isinstance(work, dist.Work)]
     for work in works:
