@@ -48,8 +48,7 @@ class Op:
     probe: bool = False  # waits for a matching message without receiving it
     synchronous: bool = False  # a send that returns only once its receive has started (Ssend)
     makes_comm: bool = False  # returns a new communicator (Dup, Split, Create)
-    # torch's Flight Recorder (report.flight_recorder): the collective's name there, where it
-    # differs, and which part of it the tensor described is, where sizes differ.
+    # torch's Flight Recorder (report.flight_recorder): its name there, and the described tensor's part.
     recorded_as: str | None = None
     described: Literal["part_of_output", "part_of_input", "whole_input"] | None = None
 
@@ -133,8 +132,7 @@ OPS: dict[str, Op] = _table(
     Op("all_gather_coalesced", "collective", "input_tensor_list", recorded_as="all_gather",
        described="part_of_output"),
     Op("all_reduce_coalesced", "collective", "tensors", reduction="op", recorded_as="allreduce_coalesced"),
-    # Reached only through the backend (functional collectives, coalescing managers); the first
-    # two are newer than torch 2.13.
+    # Reached only through the backend; the first two are newer than torch 2.13.
     Op("gather_into_tensor", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
     Op("gather_single", "collective", "tensor", "dst", "group_dst", recorded_as="gather"),
     Op("all_gather_into_tensor_coalesced", "collective", python=False, recorded_as="all_gather"),
@@ -143,8 +141,7 @@ OPS: dict[str, Op] = _table(
 
 
 def _mpi(method: str, kind: Kind, buffer: str | None = None, rank: str | None = None, **facts: Any) -> Op:
-    """An mpi4py communicator method: a buffer method (``Send``) describes ``buffer``; its
-    pickling twin (``send``) the object in ``obj``."""
+    """An mpi4py communicator method: ``Send`` describes ``buffer``, its pickling twin ``send`` ``obj``."""
     return Op(f"{MPI_PREFIX}{method}", kind, buffer, rank, api="mpi", python=False, **facts)
 
 
