@@ -28,8 +28,7 @@ KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
 
 
 def threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
-    """The Python threads alive now that were not at ``before``; not the dummy entries of threads
-    started outside Python (Gloo's), which are not the test's."""
+    """The Python threads alive now that were not at ``before``, but those started in C (Gloo's)."""
     current = threading.current_thread()
     return [
         t
@@ -55,8 +54,7 @@ _POOL_WORKER = concurrent.futures.thread._worker.__code__
 
 
 def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
-    """The test's threads, but idle library threads, still running after ``wait`` seconds in all:
-    ``[{"name": ..., "stack": ...}]``."""
+    """The test's threads, but idle library ones, still running after ``wait`` s, with their stacks."""
     deadline = time.monotonic() + wait
     frames = sys._current_frames()
     for thread in threads_started_since(before):
@@ -202,8 +200,7 @@ def forks_made() -> int | None:
 
 
 def _forks_are_counted() -> bool:
-    """Whether :func:`forks_made` counts this process's tasks here (a kernel that fakes /proc may
-    not): it must grow when a thread is made."""
+    """Whether :func:`forks_made` grows when a thread is made (a kernel that fakes /proc may not)."""
     before = forks_made()
     thread = threading.Thread(target=lambda: None, name="ddp-count-check")
     thread.start()

@@ -231,8 +231,7 @@ def run_pytest(start: RankStart, channel: Channel) -> int:
     args = [*start.pytest_args, "--basetemp", start.basetemp]
     code = int(pytest.main(args, plugins=[session]))
     if not session.ready:
-        # Ended before running anything (a module failed to import, a bad option): its terminal
-        # output went nowhere.
+        # Ended before running anything (an import failed, a bad option); its terminal output went nowhere.
         errors = "".join(f"\n\n{error}" for error in session.collect_errors)
         fatal(channel, f"its pytest session ended before running any test (exit code {code}){errors}\n")
     return code
