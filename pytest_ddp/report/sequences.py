@@ -1,5 +1,4 @@
-"""The ranks' collective sequences side by side, where the ranks part ways, and the sends and
-receives that do not match.
+"""The ranks' collective sequences side by side, where they part ways, and unmatched sends and receives.
 
 Each group's collectives around the first number where the ranks' calls differ (op, shape,
 dtype, root, or a rank that did not make it); the *divergence* names that collective, the ranks
@@ -90,8 +89,7 @@ def group_sequences(states: list[RankState]) -> list[GroupSequences]:
 
 
 def _first_divergence(by_rank: dict[int, RankSequence], last: int) -> int | None:
-    """The first number where the members' calls differ by signature, or where some made it and
-    others did not."""
+    """The first number where the members' calls differ by signature, or only some made it."""
     sequences = list(by_rank.values())
     start = 1
     if all(s.ordered for s in sequences):
@@ -128,8 +126,7 @@ def _sites_differ(calls: list[Call | None]) -> bool:
 
 
 def table(groups: list[GroupSequences]) -> list[str]:
-    """The sequence table of these groups; above :data:`GROUP_ABOVE` ranks, one column per set of
-    ranks whose columns are the same."""
+    """The sequence table of these groups; above :data:`GROUP_ABOVE` ranks, alike ranks share a column."""
     lines: list[str] = []
     for group in groups:
         centre = group.diverges if group.diverges is not None else group.last

@@ -133,9 +133,8 @@ def _args(piece: Slice) -> dict[str, Any]:
 
 
 def trace(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as a Chrome trace (JSON object form): a track per rank (more where calls
-    overlap), an "X" slice per call, ``... [stuck]`` ones with an instant at the verdict, each
-    rank's end and the verdict as instants."""
+    """The report as a Chrome trace: a track per rank (more where calls overlap), a slice per call
+    (``... [stuck]`` ones), and instants for the ranks' ends and the verdict."""
     line = timeline(report)
     events: list[dict[str, Any]] = [
         {
