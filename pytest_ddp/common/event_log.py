@@ -1,8 +1,7 @@
 """A rank's event log: its events in an append-only file, and the controller's reading of it.
 
-The rank writes one line per event with one ``os.write``: a line is whole even if the rank dies
-right after writing it, and the controller reads the file while the rank is blocked in C++ or
-after it died.
+One ``os.write`` per line: a line is whole even if the rank dies right after it, and the
+controller reads the file while the rank is blocked in C++ or dead.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""What an MPI launcher starts for each rank of an MPI group:
-``python -m pytest_ddp.rank.mpi_standin <folder>``, the group's folder.
+"""What an MPI launcher starts for each rank: ``python -m pytest_ddp.rank.mpi_standin <folder>``.
 
 The launcher (see :mod:`pytest_ddp.groups.mpi_group`) starts this small process, the rank's
 *stand-in*, with its environment (``PMI_RANK``, ``PMI_FD``, ...).  It connects to the socket of its
@@ -14,8 +13,6 @@ launcher had started it, and torch's import is paid once a session, not once a r
 - when the launcher dies (SIGTERM, by PR_SET_PDEATHSIG) or the controller's connection ends
   without its word, it kills the rank and removes the world's /dev/shm files, which only
   ``MPI_Finalize`` would; the world's folder too, once the controller ended without a word.
-
-It imports only this package's ``__init__`` (pytest, not torch).
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def launched_rank() -> int:
 
 
 class _Unattended:
-    """Ends the world where its controller may not: when the launcher has died (SIGTERM, the kernel's
-    parent-death signal), or the controller's connection ended without its word that it ends it."""
+    """Ends the world where its controller may not (see the module's docstring)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -111,8 +107,8 @@ def _become_stand_in(rank: int, parent: int, unattended: _Unattended) -> None:
 
 
 def _connect(folder: str) -> tuple[socket.socket, int]:
-    """A connection to the controller's socket, and a pidfd of the controller; RuntimeError if the
-    process listening there is not this process's ancestor, of the same user."""
+    """A connection to the controller's socket and its pidfd; RuntimeError unless it is our ancestor,
+    of our user."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(HELLO_WAIT)
     at_socket(folder, sock.connect)
