@@ -123,8 +123,7 @@ def _value(config: pytest.Config, name: str, default: Any) -> Any:
 
 
 def pytest_timeout_global(config: pytest.Config) -> float | None:
-    """pytest-timeout's global timeout as it reads it (``--timeout``, ``PYTEST_TIMEOUT``, the ini
-    value); None when unset, <= 0, or without pytest-timeout."""
+    """pytest-timeout's global timeout, read as it reads it; None when unset, <= 0 or not installed."""
     if not config.pluginmanager.hasplugin("timeout"):
         return None
     for value, where in (
@@ -174,9 +173,8 @@ def rank_pytest_args(config: pytest.Config, items: list[pytest.Item]) -> list[st
         args += ["-o", override]
     for warning in config.known_args_namespace.pythonwarnings or []:
         args += ["-W", warning]
-    # The forkserver imported pytest's plugins before the rank's session began, which then warns
-    # that it cannot rewrite them: the plugin's doing, which a user's `filterwarnings = error`
-    # must not turn into an error (a command line filter wins over the ini's).
+    # The forkserver imported pytest's plugins, so the rank's session warns it cannot rewrite them:
+    # the plugin's doing, which a user's `filterwarnings = error` must not fail (-W wins over the ini).
     args += ["-W", f"ignore:{ALREADY_IMPORTED}:pytest.PytestAssertRewriteWarning"]
     args += [f"--import-mode={config.option.importmode}", f"--tb={config.option.tbstyle}"]
     if config.option.strict_markers:
