@@ -79,7 +79,8 @@ LOOPBACK_ENVIRONMENT = {
 
 
 def find_launcher(command: str | None) -> list[str] | None:
-    """The launcher's command up to ``-n N``: the option's as written, else DEFAULT_LAUNCHERS' first found."""
+    """The launcher's command up to ``-n N``: the option's as written, else the first of
+    DEFAULT_LAUNCHERS found, with :func:`open_mpi_options`; None if none is."""
     if command:
         return shlex.split(command)
     for name in DEFAULT_LAUNCHERS:
@@ -93,7 +94,8 @@ def find_launcher(command: str | None) -> list[str] | None:
 
 
 def open_mpi_options(version: str, root: bool) -> list[str]:
-    """Open MPI's launcher refuses more ranks than cores, and root, unless told (from ``--version``)."""
+    """``--oversubscribe`` and, as root, ``--allow-run-as-root`` for Open MPI's launcher (from its
+    ``--version``), which refuses more ranks than cores, and root, otherwise."""
     if "Open MPI" not in version and "OpenRTE" not in version:
         return []
     return ["--oversubscribe", *(["--allow-run-as-root"] if root else [])]
@@ -244,7 +246,7 @@ def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor
 
 
 def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
-    """Say in the rank's stderr how much of /dev/shm is free (a full one is the usual SIGBUS)."""
+    """Say in the rank's stderr how much of /dev/shm is free (a full one is the usual cause of SIGBUS)."""
     with contextlib.suppress(OSError):
         room = os.statvfs(SHARED_MEMORY)
         free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize

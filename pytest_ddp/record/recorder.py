@@ -9,8 +9,9 @@ before it blocks, so the controller sees where a rank is stuck, even after it di
 Only the outermost call is recorded (``all_gather_object`` calls ``all_gather`` through the
 wrapped module globals): a per-thread depth counter keeps inner calls out.  Collectives that
 bypass these functions are recorded at the backend (:mod:`pytest_ddp.record.backend_recorder`).
-Asynchronous calls get a ``wait`` event when waited for, and their ``ret`` when the wait returns
-or the work completes (:class:`~.numbering.Pending`).  With faults armed, the injector
+Asynchronous calls get a ``wait`` event when waited for (a rank waiting for a gradient bucket
+shows inside its ``all_reduce``), and their ``ret`` when the wait returns or the work completes
+(:class:`~.numbering.Pending`).  With faults armed, the injector
 (:mod:`pytest_ddp.record.injector`) sees each call first.
 """
 
