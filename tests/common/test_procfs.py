@@ -73,10 +73,14 @@ def test_status_and_meminfo_fields() -> None:
 def test_an_environment_with_equals_signs_and_bytes_not_utf8() -> None:
     data = b"A=1\0B=x=y\0EMPTY=\0NOEQUALS\0C=\xff\0"
     assert procfs.parse_environ(data) == {"A": "1", "B": "x=y", "EMPTY": "", "C": "\udcff"}
+    # Popen returns once the child's exec began, before the kernel has laid out its new
+    # environment: the child says it runs (a line on its stdout) before /proc is read.
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env={"DDP_PROCFS": "a=b"}
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"DDP_PROCFS": "a=b"},
     )
     try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         assert procfs.environment_of(child.pid)["DDP_PROCFS"] == "a=b"
     finally:
         child.communicate(b"")
