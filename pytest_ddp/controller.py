@@ -139,9 +139,9 @@ class Controller:
         else:
             run = self._run(item, spec, nextitem)
             stopped = run.stopped_groups
-            reports, rank_failures = merged_reports(item, run, self.config)
+            reports, built = merged_reports(item, run, self.config)
             if self.settings.report_dir and any(r.failed for r in reports):
-                write_files(self.settings.report_dir, run, rank_failures, reports)
+                write_files(self.settings.report_dir, run, built, reports)
         # Fixtures this controller set up for ordinary tests before this one.
         item.session._setupstate.teardown_exact(nextitem)
         for report in reports:

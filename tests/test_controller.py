@@ -612,10 +612,10 @@ def test_each_ranks_output_goes_with_the_call_report(merge: Merge) -> None:
 
 def test_a_start_failure_is_an_error_at_setup(merge: Merge) -> None:
     failure = StartFailure("t", SPEC, "rank 1 could not start:\nImportError: no torch", 0.2)
-    reports, rank_failures = merged_reports(merge.item, failure, merge.config)
+    reports, built = merged_reports(merge.item, failure, merge.config)
     assert [(rep.when, rep.outcome) for rep in reports] == [("setup", "failed"), ("teardown", "passed")]
     assert str(reports[0].longrepr) == "ddp: rank 1 could not start\n\nImportError: no torch"
-    assert rank_failures == {}
+    assert built is None
 
 
 # -- the rank's command line ----------------------------------------------------------

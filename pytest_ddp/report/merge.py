@@ -18,12 +18,12 @@ from pytest_ddp.groups.group import StopTeardown, UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
 from pytest_ddp.report import files
 from pytest_ddp.report.failure import (
-    failure_text,
+    render,
     start_failure_text,
     stopped_group_text,
     unfinished_teardown_text,
 )
-from pytest_ddp.report.model import build
+from pytest_ddp.report.model import Report, build
 from pytest_ddp.report.writable import printable, printable_data
 
 PHASES = ("setup", "call", "teardown")
@@ -78,13 +78,14 @@ def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
 
 def merged_reports(
     item: pytest.Item, run: TestRun | StartFailure, config: pytest.Config
-) -> tuple[list[pytest.TestReport], dict[int, str]]:
-    """The controller's reports for ``item``, and each failing rank's failure text."""
+) -> tuple[list[pytest.TestReport], Report | None]:
+    """The controller's reports for ``item``, and the report of its failure, built once (None when
+    no rank ran it, or nothing failed)."""
     keywords = {name: 1 for name in item.keywords}
     if isinstance(run, StartFailure):  # no rank ran it: its setup failed
         text = start_failure_text(run)
         setup = _report(item, keywords, "setup", "failed", text)
-        return [setup, _report(item, keywords, "teardown", "passed", None)], {}
+        return [setup, _report(item, keywords, "teardown", "passed", None)], None
 
     rank_reports: dict[str, dict[int, RankReport]] = {when: {} for when in PHASES}
     rank_failures: dict[int, str] = {}
@@ -124,7 +125,7 @@ def merged_reports(
     states = {state.rank: state for state in run.states}
 
     reports: list[pytest.TestReport] = []
-    diagnosed = False
+    built: Report | None = None
     for when in PHASES:
         per_rank = rank_reports[when]
         stuck_here = sorted(rank for rank, phase in stuck.items() if phase == when)
@@ -136,9 +137,9 @@ def merged_reports(
             outcome = "failed"
         longrepr: Any = None
         if outcome == "failed":
-            if not diagnosed:
-                longrepr = failure_text(run, rank_failures, str(item.path))
-                diagnosed = True
+            if built is None:
+                built = build(run, rank_failures, str(item.path))
+                longrepr = render(built)
             else:
                 longrepr = "\n\n".join(
                     f"rank {rank}: {rep.longreprtext}" for rank, rep in sorted(per_rank.items()) if rep.failed
@@ -160,19 +161,22 @@ def merged_reports(
             report.user_properties.extend(rep.user_properties)
         reports.append(report)
     _attach_output(reports, run)
-    return [_printable(report) for report in reports], rank_failures
+    return [_printable(report) for report in reports], built
 
 
 def write_files(
     directory: str,
     run: TestRun | StartFailure,
-    rank_failures: dict[int, str],
+    built: Report | None,
     reports: list[pytest.TestReport],
 ) -> None:
     """A failed test's report files (:mod:`pytest_ddp.report.files`).  Where they cannot be
     written, its failure says why and the session goes on: a side job must not end it."""
     try:
-        files.write(directory, run if isinstance(run, StartFailure) else build(run, rank_failures, ""))
+        if isinstance(run, StartFailure):
+            files.write(directory, run)
+        elif built is not None:
+            files.write(directory, built)
     except Exception as exc:
         failed = next(report for report in reports if report.failed)
         why = f"ddp: this test's report files were not written to {directory}: {type(exc).__name__}: {exc}"
