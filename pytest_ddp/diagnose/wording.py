@@ -70,8 +70,9 @@ def _verb(ranks: Iterable[int], one: str, many: str) -> str:
 def _short_error(state: RankState) -> str:
     """A failed rank's error in one line: its last call's if that raised (an earlier one was
     handled), else its failed report's, else ``failed``."""
-    if state.calls and state.calls[-1].state == "raised":
-        error = state.calls[-1].error or "error"
+    last = state.last_raised
+    if last is not None:
+        error = last.error or "error"
         return error.strip().splitlines()[0]  # C++ messages run over many lines
     for report in state.reports.values():
         if report.get("outcome") == "failed":

@@ -26,7 +26,7 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import OPS, BackendOp
 from pytest_ddp.record import backend_hook, describe, injector, state
 from pytest_ddp.record.injector import armed as _armed
-from pytest_ddp.record.numbering import first_line, write_ret, write_wait
+from pytest_ddp.record.numbering import first_line, run_call, write_ret, write_wait
 
 _local = state.local
 _pending = state.pending
@@ -71,15 +71,6 @@ def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _recording() -> bool:
     return state.log is not None and not _local.depth
-
-
-def run_call(log: EventLog, index: int, run: Callable[[], Any]) -> Any:
-    """``run()``, what call ``index`` does: if it raises, the call's ret says so."""
-    try:
-        return run()
-    except BaseException as exc:
-        write_ret(log, index, exc)
-        raise
 
 
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:

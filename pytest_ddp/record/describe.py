@@ -102,7 +102,7 @@ def site(frame: FrameType | None) -> str:
         key = (id(code), frame.f_lasti)
         cached = _sites.get(key)
         if cached is None or cached[0] is not code:
-            described = frame_site(frame)
+            described = _frame_site(frame)
             if described is None:
                 frame = frame.f_back
                 continue
@@ -113,7 +113,7 @@ def site(frame: FrameType | None) -> str:
     return '"site":"?"'
 
 
-def frame_site(frame: FrameType) -> tuple[str, bool] | None:
+def _frame_site(frame: FrameType) -> tuple[str, bool] | None:
     """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
     None for a frame of torch, pytest or this plugin."""
     code = frame.f_code
@@ -126,7 +126,7 @@ def frame_site(frame: FrameType) -> tuple[str, bool] | None:
 
 
 def _graph_site(frame: FrameType) -> tuple[str, bool] | None:
-    """:func:`frame_site` of an FX graph module's frame: the innermost line outside torch, pytest
+    """:func:`_frame_site` of an FX graph module's frame: the innermost line outside torch, pytest
     and this plugin in its node's stack trace; None (not a site) where there is none."""
     for filename, line in reversed(_TRACE_LINE.findall(backend_hook.graph_node_trace(frame) or "")):
         shown = _shown(filename)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pytest_ddp.common.event_log import EventLog
@@ -173,3 +174,12 @@ def _failure(future: Any) -> BaseException | None:
     except Exception as exc:
         return exc
     return None
+
+
+def run_call(log: EventLog, index: int, run: Callable[[], Any]) -> Any:
+    """``run()``, what call ``index`` does: if it raises, the call's ret says so."""
+    try:
+        return run()
+    except BaseException as exc:
+        write_ret(log, index, exc)
+        raise

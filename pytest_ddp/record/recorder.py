@@ -33,7 +33,7 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import DESTROY, OPS, Op
 from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, state
 from pytest_ddp.record.injector import armed as _armed
-from pytest_ddp.record.numbering import first_line, write_ret
+from pytest_ddp.record.numbering import first_line, run_call, write_ret
 
 _local = state.local
 _numbers = state.numbering
@@ -78,7 +78,7 @@ def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: i
         if root is not None:
             body += f',"root":{root}'
         index, _ = _numbers.write_call(log, body, ("harness",))
-        result = backend_recorder.run_call(log, index, run)
+        result = run_call(log, index, run)
         write_ret(log, index)
         return result
     finally:
