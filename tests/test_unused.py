@@ -69,8 +69,10 @@ def test_collect_only_of_ddp_tests_starts_nothing(pytester: pytest.Pytester) -> 
     pytester.makeconftest(
         """
         import os, sys
+        import pytest
         from pytest_ddp.common import procfs
 
+        @pytest.hookimpl(tryfirst=True)  # before the controller's, which closes its groups
         def pytest_sessionfinish(session):
             heavy = ("torch", "mpi4py")
             children = [pid for pid in procfs.pids() if procfs.parent_of(pid) == os.getpid()]

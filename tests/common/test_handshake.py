@@ -244,13 +244,14 @@ def test_a_peer_of_another_user_is_refused() -> None:
         child = _connect_as_nobody(path)
         try:
             sock, _ = listener.accept()
-            with pytest.raises(HandshakeError, match=f"process {child} runs as user {NOBODY}"):
-                own_user(sock)
-            incoming = Incoming(Link(sock), KEY)
-            with pytest.raises(LinkError, match=f"runs as user {NOBODY}"):
-                incoming.first_frame()  # refused before any challenge was sent
-            sock.close()
-        finally:
+            with sock:
+                with pytest.raises(HandshakeError, match=f"process {child} runs as user {NOBODY}"):
+                    own_user(sock)
+                incoming = Incoming(Link(sock), KEY)
+                with pytest.raises(LinkError, match=f"runs as user {NOBODY}"):
+                    incoming.first_frame()  # refused before any challenge was sent
+        finally:  # a failed check must not leave the child waiting on its socket
+            os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
 
 
