@@ -41,6 +41,9 @@ def test_collectives_on_the_installed_package():
     if isinstance(reduced, funcol.AsyncCollectiveTensor):
         reduced = reduced.wait()
     assert reduced.tolist() == [6.0, 6.0]
+    from pytest_ddp.record import backend_hook
+
+    assert backend_hook._functional_library is not None  # the recorder's kernels hold the functional ops
 """
 
 
