@@ -16,8 +16,12 @@ from pytest_ddp.common.protocol import (
     Event,
     Fatal,
     ProtocolError,
+    Ready,
+    Report,
     RunItem,
+    SessionEnd,
     Stop,
+    WarningRecorded,
     decode_command,
 )
 from pytest_ddp.rank.context import RankContext, current, set_current
@@ -26,6 +30,11 @@ from pytest_ddp.rank.context import RankContext, current, set_current
 IN_FLIGHT_WAIT = 1.0
 # Seconds in all that threads a test started get to end once the test is over.
 THREAD_JOIN_WAIT = 1.0
+# Characters of one text a rank sends (a message, a traceback's lines, a warning, a section): its
+# first and last half are kept. A test's 200 MB message reached the terminal and each report file
+# several times over (1.6 GB); a browser and a CI log hold this.
+TEXT_LIMIT = 128 * 1024
+NOTE_ROOM = 64  # characters of the note that says how much was cut, at most
 
 
 # The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
@@ -42,7 +51,7 @@ class Channel:
         self._notify = notify
 
     def event(self, event: Event, wake: bool = False) -> None:
-        self.log.write(event)
+        self.log.write(bounded(event))
         if wake:
             try:
                 self._notify.send_bytes(b"!")
@@ -63,6 +72,45 @@ class Channel:
             if not isinstance(command, accepted):
                 raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
             yield command
+
+
+def cut(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text``, or its first and last characters around a note of how much was cut: ``limit`` in
+    all, so that a text cut once is not cut again."""
+    if len(text) <= limit:
+        return text
+    half = (limit - NOTE_ROOM) // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half:,} characters cut by pytest-ddp ...]\n{text[-half:]}"
+
+
+def _bounded_data(value: Any) -> Any:
+    """A JSON value with each string :func:`cut`, and each list of strings (a traceback's lines)
+    cut as the one text it shows."""
+    if isinstance(value, str):
+        return cut(value)
+    if isinstance(value, dict):
+        return {key: _bounded_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(item, str) for item in value) and sum(map(len, value)) > TEXT_LIMIT:
+            return cut("\n".join(value)).split("\n")
+        return [_bounded_data(item) for item in value]
+    return value
+
+
+def bounded(event: Event) -> Event:
+    """``event`` with its texts cut (:func:`cut`) where it carries any: the channel, the terminal and
+    every report file are bounded here, at the one place a rank's text leaves it. run()'s returned
+    value (a pass in function mode, pickled) is data, and travels whole."""
+    if isinstance(event, (Report, SessionEnd)) and event.data is not None:
+        if event.outcome != "passed" or "$report_type" in event.data:
+            event.data = _bounded_data(event.data)
+    elif isinstance(event, Fatal):
+        event.error = cut(event.error)
+    elif isinstance(event, WarningRecorded):
+        event.warning = _bounded_data(event.warning)
+    elif isinstance(event, Ready):
+        event.errors = [cut(error) for error in event.errors]
+    return event
 
 
 def enter(context: RankContext, recorders: list[ModuleType]) -> None:
@@ -118,5 +166,6 @@ def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] |
 
 def fatal(channel: Channel, error: str) -> None:
     """The rank cannot go on: tell the controller, and say why on stderr (shown for a dead rank)."""
+    error = cut(error)
     channel.event(Fatal(error), wake=True)
     sys.stderr.write(error)

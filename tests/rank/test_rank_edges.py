@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import live_pids, outcomes, wait_for
-from pytest_ddp.common.protocol import WarningRecorded
+from pytest_ddp.common.protocol import Report, WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.rank import leftovers
+from pytest_ddp.rank.channel import TEXT_LIMIT, bounded, cut
 from pytest_ddp.report import rank_warnings
 
 SPAWN = """
@@ -360,3 +361,42 @@ def test_a_ranks_start_file_is_readable_by_its_user_alone(tmp_path):
     with pytest.raises(OSError):
         write_start_file(tmp_path, rank_start(dataclasses.replace(role, rank=1), {}, tmp_path, [], []))
     assert (tmp_path / "elsewhere").read_text() == ""
+
+
+def test_a_rank_s_text_is_cut_to_its_head_and_tail_with_a_note():
+    text = "head " + "x" * (3 * TEXT_LIMIT) + " tail"
+    shown = cut(text)
+    head, note, tail = shown.split("\n")
+    assert len(shown) <= TEXT_LIMIT and text.startswith(head) and text.endswith(tail) and len(tail) > 5
+    assert note == f"[... {len(text) - len(head) - len(tail):,} characters cut by pytest-ddp ...]"
+    assert cut(shown) == shown and cut("short") == "short"  # cut once, not again
+    lines = [f"E   line {i}" for i in range(TEXT_LIMIT)]
+    report = bounded(Report("call", "failed", data={"$report_type": "TestReport", "lines": lines}))
+    assert report.data is not None
+    kept = report.data["lines"]
+    assert sum(map(len, kept)) <= TEXT_LIMIT and kept[0] == lines[0] and kept[-1] == lines[-1]
+    assert sum("cut by pytest-ddp" in line for line in kept) == 1
+    value = "v" * (2 * TEXT_LIMIT)  # run()'s returned value, pickled: data, never cut
+    assert bounded(Report("call", "passed", data={"value": value})).data == {"value": value}
+
+
+def test_a_huge_failure_message_reaches_the_terminal_and_report_files_cut(ddp_pytester):
+    """A 20 MB message (a 200 MB one reached the terminal twice and the report files five times):
+    cut on the rank, so the terminal and every report file hold its head and tail, and the note."""
+    reports = ddp_pytester.pytester.path / "reports"
+    result = ddp_pytester.run(
+        """
+@pytest.mark.ddp(world_size=1)
+def test_huge(rank):
+    raise ValueError("start-of-message " + "x" * (20 * 1024 * 1024) + " end-of-message")
+""",
+        f"--ddp-report-dir={reports}",
+    )
+    result.assert_outcomes(failed=1)
+    terminal = "\n".join(result.outlines)
+    assert len(terminal) < 4 * TEXT_LIMIT, len(terminal)
+    assert "ValueError: start-of-message xxx" in terminal and "xxx end-of-message" in terminal
+    assert "characters cut by pytest-ddp ...]" in terminal
+    sizes = {path.name: path.stat().st_size for path in reports.iterdir() if path.is_file()}
+    assert len(sizes) == 3 and max(sizes.values()) < 8 * TEXT_LIMIT, sizes
+    assert "characters cut by pytest-ddp" in next(reports.glob("*[!e].json")).read_text()
