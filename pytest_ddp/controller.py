@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ddp.adopt.collect import conflict_key
 from pytest_ddp.common.protocol import RunItem
 from pytest_ddp.config.settings import Settings, rank_pytest_args
 from pytest_ddp.config.spec import WORLD_SIZE_PARAM, RankSpec, SpecError, parse_mark, parse_timeout_mark
@@ -100,6 +101,8 @@ class Controller:
         return resolved
 
     def _spec_of(self, item: pytest.Function, marker: pytest.Mark) -> RankSpec:
+        if conflict_key in item.stash:  # an adopted class's own mark that contradicts the class
+            raise SpecError(item.stash[conflict_key])
         try:
             mark = parse_mark(marker.args, marker.kwargs)
         except SpecError as exc:

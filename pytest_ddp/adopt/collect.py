@@ -1,8 +1,10 @@
 """Which collected items are adopted (``--ddp-adopt``), and on how many ranks they run.
 
 The items of torch's and DeepSpeed's harness classes are marked ``ddp(world_size=<the class's>,
-init=False, check_collectives=False)``, as under their own harness.  A class that runs its tests in
-one process (its own ``join_or_run`` or ``_ensure_processes_spawned``) is left to pytest.
+init=False, check_collectives=False)``, as under their own harness; a ``ddp`` mark of the item's own
+gives the rest (timeout, backend, ...), and one that contradicts the class is the item's error.  A
+class that runs its tests in one process (its own ``join_or_run`` or ``_ensure_processes_spawned``)
+is left to pytest.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 import pytest
 
 HARNESS = "torch.testing._internal.common_distributed"  # where torch's harness classes live
-# How an adopted item runs: "process", "continuous" (MultiProcContinuousTest) or "deepspeed".
-adopted_key = pytest.StashKey[str]()
+# Why an item's own ddp mark cannot hold for its harness class (the controller reports it at setup).
+conflict_key = pytest.StashKey[str]()
 
 
 def adopt(items: list[pytest.Item], in_rank: bool) -> None:
@@ -25,14 +27,23 @@ def adopt(items: list[pytest.Item], in_rank: bool) -> None:
     for item in items:
         cls = getattr(item, "cls", None)
         kind = None if cls is None else _kind(cls, harness)
-        if kind is None or item.get_closest_marker("ddp") is not None:
+        if cls is None or kind is None:
             continue
-        # Not compared: a test may make a rank's collective time out on purpose.
+        own = item.get_closest_marker("ddp")
         world_size = _world_size(item, cls, kind)
-        item.add_marker(pytest.mark.ddp(world_size=world_size, init=False, check_collectives=False))
-        item.stash[adopted_key] = kind
+        conflict = None if own is None else _conflict(own, cls, world_size)
+        if conflict is not None:
+            item.stash[conflict_key] = conflict  # the item keeps its own mark, and never runs
+            continue
+        # Ahead of the item's own mark, whose other arguments it takes.  Collectives not compared:
+        # a test may make a rank's collective time out on purpose.
+        kwargs = {"check_collectives": False, **({} if own is None else own.kwargs)}
+        if world_size is not None or "world_size" not in kwargs:
+            kwargs["world_size"] = world_size or 1
+        args = () if own is None else own.args
+        item.add_marker(pytest.mark.ddp(*args, **{**kwargs, "init": False}), append=False)
         kinds.add(kind)
-        if in_rank and kind == "deepspeed" and cls is not None:
+        if in_rank and kind == "deepspeed":
             from pytest_ddp.adopt import deepspeed
 
             deepspeed.install(cls)
@@ -59,9 +70,25 @@ def _kind(cls: type, harness: Any) -> str | None:
     return None
 
 
-def _world_size(item: pytest.Item, cls: Any, kind: str) -> int:
-    """The number of processes the harness would start; 1 where that raises (the rank asks again as
-    the test sets up, and gets the same skip or error)."""
+def _conflict(own: pytest.Mark, cls: type, world_size: int | None) -> str | None:
+    """How the item's own ddp mark contradicts its harness class, if it does."""
+    if own.kwargs.get("init", False) is not False:
+        return (
+            f"@pytest.mark.ddp(init={own.kwargs['init']!r}): {cls.__qualname__} makes its own process group "
+            "under --ddp-adopt; leave init out of the mark"
+        )
+    sizes = own.kwargs.get("world_size")
+    if world_size is None or sizes is None or sizes in (world_size, [world_size], (world_size,)):
+        return None
+    return (
+        f"@pytest.mark.ddp(world_size={sizes!r}) contradicts {cls.__qualname__}'s own world_size, "
+        f"{world_size}, which --ddp-adopt runs it on: leave world_size out of the mark, or make it {world_size}"
+    )
+
+
+def _world_size(item: pytest.Item, cls: Any, kind: str) -> int | None:
+    """The number of processes the harness would start; None where that raises (the rank asks again
+    as the test sets up, and gets the same skip or error)."""
     try:
         if kind == "process":
             return int(cls(item.name).world_size)
@@ -71,7 +98,7 @@ def _world_size(item: pytest.Item, cls: Any, kind: str) -> int:
             return int(sizes if isinstance(sizes, int) else sizes[0])
         return int(cls._get_world_size(_device_type(cls)))
     except Exception:
-        return 1
+        return None
 
 
 def _device_type(cls: Any) -> str:

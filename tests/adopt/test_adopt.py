@@ -309,6 +309,38 @@ class ExpectsACrash(MultiProcessTestCase):
         pass
 """
 
+MARKED = """
+import os
+import pytest
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class InARank:
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_in_a_rank(self):  # not in a process torch spawned in a rank
+        assert "PYTEST_DDP_SHARED_ROOT" in os.environ
+
+@pytest.mark.ddp(world_size=3)
+class Contradicts(InARank, MultiProcessTestCase):
+    pass
+
+@pytest.mark.ddp(world_size=2, init=True)
+class InitsTwice(InARank, MultiProcessTestCase):
+    pass
+
+@pytest.mark.ddp(world_size=2, timeout=60)
+class Agrees(InARank, MultiProcessTestCase):
+    pass
+
+@pytest.mark.ddp(timeout=60)
+class Unsized(InARank, MultiProcessTestCase):
+    pass
+"""
+
 OWN = """
 import os
 from torch.testing._internal.common_distributed import MultiProcessTestCase
@@ -384,6 +416,24 @@ def test_what_cannot_be_honoured_fails_naming_the_class_and_the_feature(adopted)
     failure_section(adopted.result, "ExpectsACrash.test_aborts").fnmatch_lines(
         ["*AdoptError: ExpectsACrash: special_return_code_checks*"]
     )
+
+
+def test_an_own_mark_gives_its_arguments_and_one_that_contradicts_the_class_is_its_error(adopted) -> None:
+    assert outcomes(adopted.result, "test_marks.py") == {
+        "test_marks.py::Contradicts::test_in_a_rank": "ERROR",
+        "test_marks.py::InitsTwice::test_in_a_rank": "ERROR",
+        "test_marks.py::Agrees::test_in_a_rank": "PASSED",
+        "test_marks.py::Unsized::test_in_a_rank": "PASSED",
+    }
+    adopted.result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of Contradicts.test_in_a_rank*",
+            "*@pytest.mark.ddp(world_size=3) contradicts Contradicts's own world_size, 2,*",
+            "*ERROR at setup of InitsTwice.test_in_a_rank*",
+            "*@pytest.mark.ddp(init=True): InitsTwice makes its own process group*",
+        ]
+    )
+    adopted.ran_on_one_group("test_marks.py")  # the two that agree, on the ranks; no others
 
 
 def test_without_the_option_torchs_harness_runs_its_own_way(pytester) -> None:
@@ -708,6 +758,7 @@ ADOPTED_RANK_TESTS = {
     ],
     "test_distributed_spawn.py": list(DIST_BACKEND_OUTCOMES),
     "test_ds.py": list(DEEPSPEED_OUTCOMES),
+    "test_marks.py": ["test_marks.py::Agrees::test_in_a_rank", "test_marks.py::Unsized::test_in_a_rank"],
     "test_code.py": ["test_code.py::ExpectsACrash::test_aborts"],
     "test_hang.py": ["test_hang.py::Hangs::test_ranks_differ"],
 }
@@ -728,6 +779,7 @@ def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
         "test_distributed_spawn.py": DIST_BACKEND_SPAWN,
         "conftest.py": DEEPSPEED_CONFTEST,
         "test_ds.py": DEEPSPEED_TESTS,
+        "test_marks.py": MARKED,
         "test_code.py": EXPECTS_A_CRASH,
         "test_hang.py": HANGS,
         "ran_on.py": RAN_ON,
