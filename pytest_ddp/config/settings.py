@@ -5,6 +5,7 @@ the default here, as pytest-timeout does), and each test's spec from them and it
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,11 @@ def writable_dir(path: str) -> str:
         raise SpecError(f"--ddp-report-dir={path!r}: cannot be created: {exc.strerror or exc}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise SpecError(f"--ddp-report-dir={path!r}: is not writable")
+    # Report names are predictable: where another user can write, a link planted under one is theirs.
+    info = folder.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & stat.S_IWOTH:
+        whose = f"is user {info.st_uid}'s" if info.st_uid != os.geteuid() else "is writable by every user"
+        raise SpecError(f"--ddp-report-dir={path!r}: {whose}; give a folder of yours that others cannot write")
     return path
 
 

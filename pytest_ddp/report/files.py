@@ -11,22 +11,21 @@ from pytest_ddp.report import flight_recorder, picture, timeline
 from pytest_ddp.report.failure import format_stack
 from pytest_ddp.report.json_report import to_json
 from pytest_ddp.report.model import Report
-from pytest_ddp.report.writable import file_name, printable_data
+from pytest_ddp.report.writable import file_name, folder, printable_data, write_file
 
 
 def write(directory: str, report: Report | StartFailure) -> Path:
-    """Every file of ``report`` (a test no rank ran has no Flight Recorder dumps); the JSON's path."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    """Every file of ``report`` (a test no rank ran has no Flight Recorder dumps), each in place of
+    any of its name, never through a link (:mod:`pytest_ddp.report.writable`); the JSON's path."""
     name = file_name(report.test_id)
     # As a reader gets it, every string in it one that UTF-8 can encode.
     data = printable_data(json.loads(json.dumps(to_json(report), default=str)))
-    target = path / f"{name}.json"
-    target.write_text(json.dumps(data, indent=2))
-    (path / f"{name}.trace.json").write_text(timeline.trace_json(data))
     test_file = data["test"].split("::")[0]
     page = picture.page(data, lambda text: format_stack(text, test_file))
-    (path / f"{name}.html").write_text(page, encoding="utf-8")
+    with folder(directory) as parent:
+        write_file(parent, f"{name}.json", json.dumps(data, indent=2).encode())
+        write_file(parent, f"{name}.trace.json", timeline.trace_json(data).encode())
+        write_file(parent, f"{name}.html", page.encode())
     if isinstance(report, Report):
         flight_recorder.write(directory, report.test_id, report.states, report.backend, report.timeout)
-    return target
+    return Path(directory) / f"{name}.json"

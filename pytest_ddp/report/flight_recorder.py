@@ -22,6 +22,7 @@ from typing import Any
 
 from pytest_ddp.common.ops import COLLECTIVES
 from pytest_ddp.diagnose.state import Call, RankState, site_parts
+from pytest_ddp.report import writable
 from pytest_ddp.report.writable import file_name
 
 VERSION = "2.10"  # the format torch 2.13's recorder writes, which its analyser reads
@@ -170,16 +171,17 @@ def dump(
 
 def write(directory: str | Path, test_id: str, states: list[RankState], backend: str, timeout: float) -> Path:
     """``<test>.fr/``, beside the test's other report files: a dump ``rank_<N>`` per rank, those
-    that died or made no call included (the analyser wants one of each member); its path."""
-    folder = Path(directory) / f"{file_name(test_id)}.fr"
-    folder.mkdir(parents=True, exist_ok=True)
+    that died or made no call included (the analyser wants one of each member); its path. The
+    folder and its files as :mod:`pytest_ddp.report.writable` writes them: never through a link."""
+    fr_name = f"{file_name(test_id)}.fr"
     library = backend if backend in LIBRARIES else "nccl"
     groups = groups_of(states)
     pg_ids: dict[str, int] = {}
     for mine in groups.values():
         for name in mine:
             pg_ids.setdefault(name, len(pg_ids))
-    for state in states:
-        data = pickle.dumps(dump(state, groups[state.rank], pg_ids, library, timeout))
-        (folder / f"{PREFIX}{state.rank}").write_bytes(data)
-    return folder
+    with writable.folder(directory) as parent, writable.folder(fr_name, parent) as dumps:
+        for state in states:
+            data = pickle.dumps(dump(state, groups[state.rank], pg_ids, library, timeout))
+            writable.write_file(dumps, f"{PREFIX}{state.rank}", data)
+    return Path(directory) / fr_name
