@@ -384,7 +384,7 @@ def _failed_run(summary: str):
     return TestRun("t.py::test_x", RankSpec(2, "gloo", 60.0, 2.0), states, verdict, 1.0, 1.0)
 
 
-def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below() -> None:
+def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_in_the_body() -> None:
     from pytest_ddp.report.failure import HEADLINE_LIMIT, failure_text
 
     gloo = (
@@ -397,7 +397,9 @@ def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_below
     assert len(first) <= HEADLINE_LIMIT and first.endswith("... [ddp failed]")  # the tag is kept
     assert first.startswith("ranks 0, 1 raised: rank 0: RuntimeError")
     assert blank == ""
-    assert "\n".join(rest).startswith(summary + " [ddp failed]")  # the whole headline, as it was
+    assert rest[0].startswith("rank 0: ")  # no second headline: the ranks' lines follow it
+    full = "\n".join(rest)
+    assert "\nthe headline in full:\n" + "\n".join(f"  {line}" for line in summary.splitlines()) in full
 
 
 def test_a_short_headline_is_shown_once() -> None:

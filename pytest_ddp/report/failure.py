@@ -25,7 +25,7 @@ from pytest_ddp.report.model import RankFacts, Report, build
 from pytest_ddp.report.sequences import GROUP_ABOVE, divergence_line, table
 
 OUTPUT_TAIL_LINES = 40
-HEADLINE_LIMIT = 200  # characters of a failure's first line; the whole headline follows it when cut
+HEADLINE_LIMIT = 200  # characters of a failure's first line; the body says a lead it cut in full
 
 
 def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) -> str:
@@ -36,11 +36,12 @@ def failure_text(run: TestRun, rank_failures: dict[int, str], test_file: str) ->
 
 def render(report: Report) -> str:
     """The whole text of a failed ddp phase."""
-    lines = _headline_lines(report)
+    lines = [headline(report.lead, report.tag), ""]
     if len(report.ranks) > GROUP_ABOVE and report.divergence is not None:
         lines += [divergence_line(report.divergence), ""]
     lines += injected_lines(report.states)
     lines += rank_lines(report.ranks)
+    lines += in_full(report.lead, report.tag)
     if report.sequences:
         lines += ["", *table(report.sequences)]
     if report.p2p:
@@ -56,7 +57,7 @@ def render(report: Report) -> str:
         lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
     lines += _grouped_failures({r.rank: r.failure for r in report.ranks if r.failure is not None})
     lines += _merged_stacks(report)
-    stacks = {r.rank: format_stack(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
+    stacks = {r.rank: format_dump(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
     for ranks, stack in _alike(stacks):
         lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), stack]
     tails = {}
@@ -70,29 +71,35 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-def _headline_lines(report: Report) -> list[str]:
-    """The headline on one capped line that keeps its tag, and the whole of it below when cut."""
-    if not _cut(report.headline):
-        return [capped(report.headline), ""]
-    lead = capped(report.lead, HEADLINE_LIMIT - len(report.tag) - 1)
-    return [f"{lead} {report.tag}", "", report.headline, ""]
+def headline(lead: str, tag: str = "") -> str:
+    """The first line: ``lead`` on one line, cut where it would push ``tag`` past
+    ``HEADLINE_LIMIT`` characters (:func:`in_full` then puts the whole lead in the body)."""
+    line = capped(lead, _room(tag))
+    return f"{line} {tag}" if tag else line
+
+
+def in_full(lead: str, tag: str = "") -> list[str]:
+    """The whole of a lead that :func:`headline` cut, for the body (a blank line first); [] when
+    it did not cut it."""
+    if not _cuts(lead, tag):
+        return []
+    return ["", "the headline in full:", *("  " + line for line in lead.strip().splitlines())]
+
+
+def _cuts(lead: str, tag: str = "") -> bool:
+    """Whether :func:`headline` cuts ``lead``."""
+    return len(" ".join(lead.split())) > _room(tag)
+
+
+def _room(tag: str) -> int:
+    """The characters of a headline left to its lead."""
+    return HEADLINE_LIMIT - (len(tag) + 1 if tag else 0)
 
 
 def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
     """``text`` on one line (whitespace runs as one space), cut at ``limit`` with an ellipsis."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
-
-
-def _cut(text: str) -> bool:
-    """Whether :func:`capped` cuts ``text``."""
-    return len(" ".join(text.split())) > HEADLINE_LIMIT
-
-
-def _head(full: str) -> list[str]:
-    """A failure's first lines: its headline on one capped line, and the whole of it below when cut."""
-    line = capped(full)
-    return [line, "", full, ""] if _cut(full) else [line, ""]
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -172,6 +179,32 @@ def _alike(texts: dict[int, str]) -> list[tuple[list[int], str]]:
     return list(groups.values())
 
 
+def format_dump(dump: str, test_file: str) -> str:
+    """A rank's faulthandler dump made readable (:func:`format_stack`): its main thread, the
+    test's, first; pytest-ddp's own threads left out, idle library threads said in one line."""
+    threads, threads_cut = stack_tree.threads(dump)
+    main = stack_tree.main_index(threads, threads_cut)
+    if main is None:
+        return format_stack(dump, test_file)
+    shown = [threads[main]]
+    idle: dict[str, int] = {}
+    for i, thread in enumerate(threads):
+        kind = stack_tree.thread_kind(thread) if i != main else "main"
+        if kind == "other":
+            shown.append(thread)
+        elif kind == "idle":
+            label = stack_tree.idle_label(thread)
+            idle[label] = idle.get(label, 0) + 1
+    texts = [format_stack("\n".join([t.header, *t.lines]).rstrip(), test_file) for t in shown]
+    if idle:
+        count = sum(idle.values())
+        each = "; ".join(label + (f" (x{n})" if n > 1 else "") for label, n in idle.items())
+        texts.append(f"({count} idle library thread{'s' * (count > 1)}: {each})")
+    if threads_cut:
+        texts.append("(more threads not dumped: faulthandler writes 100 at most)")
+    return "\n\n".join(texts)
+
+
 def format_stack(stack: str, test_file: str) -> str:
     """A faulthandler dump made readable: the test file's lines marked with ``>``,
     the harness frames (pytest, pluggy, pytest-ddp) below the test left out."""
@@ -217,8 +250,8 @@ def start_failure_text(failure: StartFailure) -> str:
     it when the headline cut that line)."""
     first, _, rest = failure.error.partition("\n")
     head = f"ddp: {first.rstrip(':')}"
-    body = (failure.error if _cut(head) else rest).rstrip()
-    return "\n".join([capped(head), "", body]) if body else capped(head)
+    body = (failure.error if _cuts(head) else rest).rstrip()
+    return "\n".join([headline(head), "", body]) if body else headline(head)
 
 
 def unfinished_teardown_text(end: UnfinishedTeardown, test_file: str) -> str:
@@ -230,7 +263,7 @@ def unfinished_teardown_text(end: UnfinishedTeardown, test_file: str) -> str:
     else:
         lines = [f"died ({exit_text(end.exit_code)}) during {held}"]
     if end.stacks:
-        lines += ["", "its Python stacks when killed:", format_stack(end.stacks, test_file)]
+        lines += ["", "its Python stacks when killed:", format_dump(end.stacks, test_file)]
     if end.stderr.strip():
         lines += ["", "its stderr:", stderr_tail(end.stderr.rstrip(), test_file)]
     return "\n".join(lines)
@@ -242,4 +275,4 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
         f"ddp: when the rank group ({failure.group}) was stopped after {failure.last_test}, "
         "the teardown of the fixtures its ranks still held failed"
     )
-    return "\n".join(_head(head)[:-1] + _grouped_failures(rank_failures))
+    return "\n".join([headline(head), *in_full(head), *_grouped_failures(rank_failures)])

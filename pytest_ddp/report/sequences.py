@@ -134,8 +134,7 @@ def table(groups: list[GroupSequences]) -> list[str]:
         numbers = range(first, end + 1)
         ranks = sorted(group.by_rank)
         cells = {r: [group.by_rank[r].at(seq) for seq in numbers] for r in ranks}
-        with_site = [_sites_differ([cells[r][i] for r in ranks]) for i in range(len(numbers))]
-        columns = {r: tuple(_cell(c, site) for c, site in zip(cells[r], with_site)) for r in ranks}
+        columns = {r: tuple(map(_cell, cells[r])) for r in ranks}
         heads: dict[tuple[str, ...], list[int]] = {}
         for r in ranks:  # one column per rank, or per set of ranks alike
             heads.setdefault(columns[r] if len(ranks) > GROUP_ABOVE else (str(r),), []).append(r)
@@ -148,7 +147,21 @@ def table(groups: list[GroupSequences]) -> list[str]:
             text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
             mark = "  <-- ranks differ" if row_seq is not None and row_seq == group.diverges else ""
             lines.append("  " + text + mark)
+        for i, seq in enumerate(numbers):
+            lines += _sites_line(seq, {r: cells[r][i] for r in ranks})
     return lines
+
+
+def _sites_line(seq: int, calls: dict[int, Call | None]) -> list[str]:
+    """``  #2 called at test_x.py:20 (ranks 0-2), test_x.py:18 (rank 3)``: under the table, once
+    for a collective the ranks met in from different lines (its cells do not repeat them)."""
+    if not _sites_differ(list(calls.values())):
+        return []
+    sites: dict[str, list[int]] = {}
+    for r, c in calls.items():
+        if c is not None:
+            sites.setdefault(c.site + (f" via {c.caller}" if c.caller else ""), []).append(r)
+    return [f"  #{seq} called at " + ", ".join(f"{site} ({rank_list(ranks)})" for site, ranks in sites.items())]
 
 
 MAX_PAIRS = 10  # pairs listed in the p2p table, the first by rank

@@ -1,8 +1,9 @@
 """The ranks' Python stacks merged into one tree, as LLNL's STAT merges an MPI job's, so that the
 rank in an odd place stands out among 144 (``[rank 60; not ranks 0-59, 61-143]``).
 
-Only the main thread, which runs the test, is merged (every thread stays in the report's stacks);
-frames merge on file, line and function.  Pure: dump text in, tree and lines out.
+Only the main thread, which runs the test, is merged; frames merge on file, line and function.
+The other threads are told apart here (:func:`thread_kind`): pytest-ddp's own, idle library ones,
+and the rest, which the report's stacks show.  Pure: dump text in, tree and lines out.
 """
 
 from __future__ import annotations
@@ -73,26 +74,94 @@ def _harness(file: str) -> bool:
     return file in HARNESS_NAMES or any(part in file for part in HARNESS_PARTS)
 
 
-def main_thread(dump: str) -> list[Frame]:
-    """The frames of the main thread in a faulthandler dump of every thread, outermost first,
-    each run of harness frames as one :data:`HARNESS`; [] when it has none.
+@dataclass
+class Thread:
+    """A thread of a faulthandler dump: its header line and the lines under it, innermost frame first."""
 
-    CPython lists threads newest first, so the main thread is the last; past 100 threads
-    faulthandler writes ``...`` and the main thread is not among them: the ``Current thread``
-    stands in, if written."""
-    blocks: list[tuple[bool, list[str]]] = []
+    header: str
+    lines: list[str]
+
+    @property
+    def current(self) -> bool:
+        return self.header.startswith("Current thread")
+
+
+def threads(dump: str) -> tuple[list[Thread], bool]:
+    """The threads of a faulthandler dump in its order (newest first), and whether it stopped at
+    its 100th thread (then the main thread, the oldest, is not among them)."""
+    found: list[Thread] = []
     threads_cut = False
     for line in dump.splitlines():
-        header = _THREAD.match(line)
-        if header:
-            blocks.append((header["current"] == "Current thread", []))
+        if _THREAD.match(line):
+            found.append(Thread(line, []))
         elif line == _CUT:
             threads_cut = True
-        elif blocks:
-            blocks[-1][1].append(line)
+        elif found:
+            found[-1].lines.append(line)
+    return found, threads_cut
+
+
+def main_index(found: list[Thread], threads_cut: bool) -> int | None:
+    """Which of a dump's threads is the main one: the last (CPython lists threads newest first);
+    past 100 threads the ``Current thread`` stands in, if written."""
     if threads_cut:
-        blocks = [block for block in blocks if block[0]]
-    return _frames(blocks[-1][1]) if blocks else []
+        return next((i for i, thread in enumerate(found) if thread.current), None)
+    return len(found) - 1 if found else None
+
+
+def main_thread(dump: str) -> list[Frame]:
+    """The frames of the main thread in a faulthandler dump of every thread (:func:`main_index`),
+    outermost first, each run of harness frames as one :data:`HARNESS`; [] when it has none."""
+    found, threads_cut = threads(dump)
+    index = main_index(found, threads_cut)
+    return _frames(found[index].lines) if index is not None else []
+
+
+# A thread's innermost frame when it idles in the standard library: (file, function).
+IDLE_WAITS = {
+    ("threading.py", "wait"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("selectors.py", "select"),
+    ("socket.py", "accept"),
+    ("queue.py", "get"),
+    ("concurrent/futures/thread.py", "_worker"),  # a pool's worker blocks in its queue's get, in C
+}
+_BOOTSTRAP = {"_bootstrap", "_bootstrap_inner", "run"}  # threading.py's frames under every thread's target
+
+
+def _written(lines: list[str]) -> list[Frame]:
+    """A thread's frames as written, innermost first, without threading.py's start of it."""
+    frames = []
+    for line in lines:
+        found = _FRAME.match(line)
+        if found:
+            number = found["line"]
+            frames.append(Frame(found["file"], int(number) if number.isdigit() else None, found["function"]))
+    while frames and short_file(frames[-1].file) == "threading.py" and frames[-1].function in _BOOTSTRAP:
+        frames.pop()
+    return frames
+
+
+def thread_kind(thread: Thread) -> str:
+    """``own``: a thread of pytest-ddp's (the function it runs is the plugin's); ``idle``: a library
+    thread idling (its every frame the standard library's or an installed package's, the innermost
+    a wait of :data:`IDLE_WAITS`); else ``other``."""
+    frames = _written(thread.lines)
+    if not frames:
+        return "other"  # a thread running C code: what it does is not written
+    if "/pytest_ddp/" in frames[-1].file:
+        return "own"
+    library = all(short_file(f.file) != f.file and "/pytest_ddp/" not in f.file for f in frames)
+    return "idle" if library and (short_file(frames[0].file), frames[0].function) in IDLE_WAITS else "other"
+
+
+def idle_label(thread: Thread) -> str:
+    """``pytest_rerunfailures.py run_server, waiting in socket.py accept``: what an idle thread
+    runs, and where it waits."""
+    frames = _written(thread.lines)
+    runs, waits = frames[-1], frames[0]
+    label = f"{short_file(runs.file)} {runs.function}"
+    return label if waits == runs else f"{label}, waiting in {short_file(waits.file)} {waits.function}"
 
 
 def _frames(lines: list[str]) -> list[Frame]:
@@ -177,12 +246,17 @@ class Paths:
             return HARNESS_TEXT
         if frame.kind == "cut":
             return f"(outer frames not dumped: faulthandler writes a thread's innermost {MAX_FRAMES})"
-        file = _INSTALLED.sub("", frame.file, count=1)
-        if file == frame.file:
-            file = _STDLIB.sub("", file, count=1)
+        file = short_file(frame.file)
         if file == frame.file and self.root and file.startswith(self.root):
             file = file[len(self.root) :]
         return f"{file}:{'?' if frame.line is None else frame.line} in {frame.function}"
+
+
+def short_file(file: str) -> str:
+    """An installed file from its package (``torch/distributed/c10d_logger.py``), one of the
+    standard library's from its root (``threading.py``); any other as it is."""
+    short = _INSTALLED.sub("", file, count=1)
+    return short if short != file else _STDLIB.sub("", file, count=1)
 
 
 def _walk(nodes: list[Node]) -> Iterable[Node]:

@@ -110,6 +110,50 @@ def test_a_harness_line_is_told_by_its_file_in_either_format() -> None:
     assert not stack_tree.harness_line('  File "/src/test_x.py", line 5 in test_pytest_ddp_thing')
 
 
+# -- the other threads: pytest-ddp's own, idle library ones, the rest --------------------
+
+
+def thread(*inner: str) -> stack_tree.Thread:
+    """A thread's lines as faulthandler writes them, innermost first, started by threading.py."""
+    start = [f'File "{STDLIB}/threading.py", line {n} in {f}'
+             for n, f in ((982, "run"), (1045, "_bootstrap_inner"), (1002, "_bootstrap"))]
+    return stack_tree.Thread("Thread 0x00007f2a494126c0 (most recent call first):",
+                             [f"  {line}" for line in [*inner, *start]])
+
+
+RERUN_SERVER = thread(f'File "{STDLIB}/socket.py", line 294 in accept',
+                      f'File "{SITE}/pytest_rerunfailures.py", line 921 in run_server')
+PENDING_WORK = thread(f'File "{STDLIB}/threading.py", line 327 in wait',
+                      f'File "{STDLIB}/threading.py", line 629 in wait',
+                      'File "/work/pytest_ddp/record/numbering.py", line 169 in _look')
+
+
+def test_a_thread_that_runs_a_function_of_pytest_ddps_is_its_own() -> None:
+    assert stack_tree.thread_kind(PENDING_WORK) == "own"
+    installed = thread(f'File "{SITE}/pytest_ddp/record/backend_recorder.py", line 210 in wait_all')
+    assert stack_tree.thread_kind(installed) == "own"
+
+
+def test_a_library_thread_whose_innermost_frame_is_a_wait_is_idle_and_said_in_a_few_words() -> None:
+    pool = thread(f'File "{STDLIB}/concurrent/futures/thread.py", line 81 in _worker')
+    selector = thread(f'File "{STDLIB}/selectors.py", line 415 in select',
+                      f'File "{STDLIB}/socketserver.py", line 233 in serve_forever')
+    for idle in (RERUN_SERVER, pool, selector):
+        assert stack_tree.thread_kind(idle) == "idle"
+    assert stack_tree.idle_label(RERUN_SERVER) == "pytest_rerunfailures.py run_server, waiting in socket.py accept"
+    assert stack_tree.idle_label(pool) == "concurrent/futures/thread.py _worker"
+
+
+def test_a_thread_of_the_tests_or_one_at_work_or_in_c_is_shown() -> None:
+    users = thread(f'File "{STDLIB}/threading.py", line 327 in wait', 'File "/src/tests/test_x.py", line 9 in feed')
+    working = thread(f'File "{SITE}/torch/utils/data/_utils/pin_memory.py", line 40 in do_one_step')
+    # The user's thread calls a recorded collective: pytest-ddp's frames are inside, not what it runs.
+    collective = thread(f'File "{SITE}/pytest_ddp/record/recorder.py", line 225 in recorded',
+                        'File "/src/tests/test_x.py", line 12 in worker')
+    in_c = thread()  # threading.Thread(target=a C function): nothing of its own is written
+    assert [stack_tree.thread_kind(t) for t in (users, working, collective, in_c)] == ["other"] * 4
+
+
 # -- the merge and its text ---------------------------------------------------------------
 
 
