@@ -172,6 +172,11 @@ class FakeGroup:
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         return {rank: f"stack of rank {rank}\n" for rank in ranks}
 
+    store_address = None
+
+    def process(self, rank: int) -> None:
+        return None
+
     def peak_rss(self, rank: int) -> int | None:
         return 1 << 20
 

@@ -1,6 +1,8 @@
 """Certain faults of ``init_process_group``, in tests that call it themselves: a rank out of
-range, a rank passed twice, world sizes that differ, a process that raised in init or never
-called it.  Pure (:mod:`pytest_ddp.diagnose.watchdog` asks it first).
+range, a rank passed twice, world sizes that differ, one world size every process passed that
+more processes than run would make, a rendezvous dialled at another address than the rest, a
+process that raised in init or never called it.  Pure (:mod:`pytest_ddp.diagnose.watchdog` asks
+it first).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class _Inits:
     ranks: dict[int, RankState]
     calls: dict[int, Call]  # each slot's latest init_process_group
     blocked: list[int]  # slots blocked in it
+    store: str | None  # host:port of the rank group's store
 
     @property
     def live(self) -> dict[int, Call]:
@@ -40,13 +43,18 @@ class _Inits:
         return {r: c for r, c in self.calls.items() if self.ranks[r].alive}
 
 
-def init_fault(ranks: dict[int, RankState]) -> Verdict | None:
-    """Certain faults of init_process_group, or None."""
+def init_fault(ranks: dict[int, RankState], store: str | None = None) -> Verdict | None:
+    """Certain faults of init_process_group, or None; ``store``: host:port of the rank group's store."""
     blocked = sorted(r for r, s in ranks.items() if (c := s.blocked_call) is not None and c.op == INIT)
     if not blocked:
         return None
-    inits = _Inits(ranks, {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}, blocked)
-    for check in (_init_out_of_range, _init_duplicate, _init_world_sizes, _init_raised, _init_never):
+    calls = {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}
+    inits = _Inits(ranks, calls, blocked, store)
+    checks = (
+        _init_out_of_range, _init_duplicate, _init_world_sizes, _init_world_size, _init_address,
+        _init_raised, _init_never,
+    )
+    for check in checks:
         fault = check(inits)
         if fault is not None:
             waiting = [r for r in blocked if r not in fault.culprits]
@@ -65,10 +73,11 @@ def _init_out_of_range(inits: _Inits) -> InitFault | None:
 
 def _init_duplicate(inits: _Inits) -> InitFault | None:
     """Two processes with one rank: which of them gets in is a race, so blame the one that passed
-    a rank other than its own slot number (it took another's rank), else the later ones to enter."""
+    a rank other than its own slot number (it took another's rank), else the later ones to enter.
+    A process alone in its world (world_size 1) shares it with none."""
     by_rank: dict[int, list[int]] = {}
     for r, c in sorted(inits.live.items(), key=lambda item: (item[1].enter, item[0])):
-        if (rank := given(c, "rank")) is not None:
+        if (rank := given(c, "rank")) is not None and given(c, "world_size") != 1:
             by_rank.setdefault(rank, []).append(r)
     for rank, slots in sorted(by_rank.items()):
         if len(slots) < 2 or not set(slots) & set(inits.blocked):
@@ -94,6 +103,40 @@ def _init_world_sizes(inits: _Inits) -> InitFault | None:
     expected = processes if processes in tied else first if first in tied else tied[0]
     culprits = sorted(r for r, s in sizes.items() if s != expected)
     return InitFault("world_sizes", culprits, inits.blocked)
+
+
+def _init_world_size(inits: _Inits) -> InitFault | None:
+    """Every live process passed one world size, larger than the processes there are (the plugin
+    started every rank): the ranks past them never come, and every one is named."""
+    sizes = {given(c, "world_size") for c in inits.live.values()}
+    processes = sum(state.alive for state in inits.ranks.values())
+    if len(sizes) != 1 or len(inits.live) < processes:
+        return None
+    size = sizes.pop()
+    if size is None or size <= processes:
+        return None
+    return InitFault("world_size", sorted(inits.live), inits.blocked)
+
+
+def _init_address(inits: _Inits) -> InitFault | None:
+    """Live processes of one world dialled its rendezvous at different addresses (MASTER_ADDR and
+    MASTER_PORT, or tcp://): those that missed the rank group's store, where some dialled it, else
+    the fewest; nothing on a tie without the store (a process alone in its world dials its own)."""
+    dialled = {
+        r: address for r, c in inits.live.items()
+        if isinstance(address := c.extra.get("address"), str) and (given(c, "world_size") or 0) > 1
+    }
+    if len(set(dialled.values())) < 2:
+        return None
+    if inits.store in dialled.values():
+        culprits = sorted(r for r, address in dialled.items() if address != inits.store)
+        return InitFault("address", culprits, inits.blocked, store=inits.store)
+    counts = Counter(dialled.values())
+    best = max(counts.values())
+    common = [address for address, n in counts.items() if n == best]
+    if len(common) > 1:
+        return None
+    return InitFault("address", sorted(r for r, a in dialled.items() if a != common[0]), inits.blocked)
 
 
 def _init_raised(inits: _Inits) -> InitFault | None:

@@ -163,7 +163,7 @@ def mismatch_verdict(status: str, ranks: dict[int, RankState], call: Call, key: 
     after: dict[int, tuple[Call, Call]] = {}
     if not agreeing:  # a tie
         likely, after = majority.likely(ranks, entered, key)
-    finding = Disagreement(call, entered, likely, after)
+    finding = Disagreement(call, entered, likely, after, odd=culprits if agreeing else [])
     if len({entered[r].op for r in culprits}) > 1:  # a tie between different operations: none is named
         return Verdict(status, "mismatch", culprits, agreeing, None, None, finding)
     odd = entered[culprits[0]]

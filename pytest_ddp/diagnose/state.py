@@ -195,6 +195,56 @@ class Call:
         }
 
 
+# /proc/PID/status's signal masks, in the order they decide what a signal does.
+_USR1 = (("SigBlk", "blocked"), ("SigIgn", "ignored"), ("SigCgt", "caught"))
+
+
+@dataclass(frozen=True)
+class Process:
+    """What the kernel said of a live rank's process when the verdict came (/proc/PID/stat, status)."""
+
+    state: str  # R, S, D, T (stopped: SIGSTOP), t (stopped by a debugger), Z, ...
+    usr1: str  # SIGUSR1's handling, which asks for the stacks: "caught", "ignored", "blocked", "default"
+
+    @classmethod
+    def read(cls, state: str, status: dict[str, str]) -> Process:
+        """From the stat's state letter and the status file's fields."""
+        bit = 1 << (signal.SIGUSR1 - 1)
+
+        def has(name: str) -> bool:
+            try:
+                return bool(int(status.get(name, "0"), 16) & bit)
+            except ValueError:
+                return False
+
+        found = [name for field, name in _USR1 if has(field)]
+        return cls(state, found[0] if found else "default")
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in ("T", "t")
+
+    @property
+    def text(self) -> str:
+        """``stopped (state T in /proc: SIGSTOP, or a debugger)``, ``state S in /proc``."""
+        if not self.stopped:
+            return f"state {self.state} in /proc"
+        by = "a debugger" if self.state == "t" else "SIGSTOP, or a debugger"
+        return f"stopped (state {self.state} in /proc: {by})"
+
+    @property
+    def no_stack(self) -> str:
+        """Why the process wrote no Python stack when asked (SIGUSR1, faulthandler's)."""
+        if self.stopped:
+            return "no Python stack: a stopped process runs no signal handler"
+        if self.usr1 in ("ignored", "blocked"):
+            return f"no Python stack: SIGUSR1, which asks for it, is {self.usr1} (the test's doing)"
+        if self.usr1 == "default":
+            return "no Python stack: SIGUSR1, which asks for it, has no handler (the test reset it)"
+        return (f"no Python stack came: SIGUSR1, which asks for it, has another handler (the test's),"
+                f" or the process ran no Python ({self.text})")
+
+
 @dataclass
 class RankState:
     """One rank during one test, as the controller sees it."""
@@ -222,6 +272,8 @@ class RankState:
     injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
     settings: list[Setting] = field(default_factory=list)  # values the ranks must give alike, in order
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
+    process: Process | None = None  # a rank still in the test when the verdict came: the kernel's word
+    stack_missing: bool = False  # asked for its stacks at the verdict, it wrote none
 
     @property
     def failed(self) -> bool:
@@ -345,3 +397,4 @@ class Snapshot:
     timeout: float  # seconds
     grace: float  # seconds a failed rank's peers get before they are stopped
     ranks: list[RankState]
+    store: str | None = None  # ``host:port`` of the rank group's store, which env:// rendezvous dial

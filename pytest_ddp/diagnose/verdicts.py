@@ -56,6 +56,19 @@ class Departed:
 
 
 @dataclass(frozen=True)
+class LeftMidCall:
+    """Ranks returned from their test without a collective that their peers, fewer or as many,
+    then raised in: they ended the group, or their process, under it (partial; Gloo: "Connection
+    reset by peer")."""
+
+    culprits: list[int]  # returned without it, at fault
+    call: Call  # the collective they never entered (the lowest woken rank's)
+    woken: dict[int, Call]  # rank -> its call that raised
+    ended: dict[int, Call]  # culprit -> its destroy_process_group after its last call there, if made
+    alike: list[int] = field(default_factory=list)  # a tie, as Departed's: the woken are named too
+
+
+@dataclass(frozen=True)
 class ExtraCall:
     """The few waiting ranks made a collective, or a send or receive, more than the rest, who
     returned (partial; the callers are at fault)."""
@@ -96,9 +109,11 @@ class Disagreement:
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
     # Else the one rank whose code makes a call between its call before and this one, as Cycle's.
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
+    # The few whose call departs from most (majority.minority); empty in a tie.
+    odd: list[int] = field(default_factory=list)
 
 
-InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "raised", "never"]
+InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,7 @@ class InitFault:
     blocked: list[int]  # slots blocked in init_process_group
     rank: int | None = None  # duplicate: the rank passed twice
     others: list[int] = field(default_factory=list)  # duplicate: the slots that passed it first
+    store: str | None = None  # address: the rank group's store, where most dialled it, or None
 
 
 @dataclass(frozen=True)
@@ -180,8 +196,8 @@ class CutOnPurpose:
 
 
 Finding = (
-    Departed | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver | Failures
-    | NoneFinished | SettingDiffers | CutOnPurpose
+    Departed | LeftMidCall | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver
+    | Failures | NoneFinished | SettingDiffers | CutOnPurpose
 )
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 
-from pytest_ddp.common.ops import MONITORED_BARRIER, MPI_ABORT
+from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import finished_mismatch, inflight_mismatch, p2p_mismatch
@@ -25,13 +25,21 @@ from pytest_ddp.diagnose.verdicts import (
     ExtraCall,
     Failures,
     GraceOver,
+    LeftMidCall,
     NoneFinished,
     SlowRanks,
     TimedOut,
     Verdict,
     Wait,
 )
-from pytest_ddp.diagnose.waits import collective_at, doomed_ranks, first_missed, reaches, waits_of
+from pytest_ddp.diagnose.waits import (
+    collective_at,
+    doomed_ranks,
+    first_missed,
+    group_members,
+    reaches,
+    waits_of,
+)
 
 # -- certain deadlocks --------------------------------------------------------
 
@@ -260,7 +268,7 @@ def judge(snap: Snapshot) -> Verdict:
     waits = waits_of(ranks)
     timed_out = snap.now - snap.started >= snap.timeout
     verdict = (
-        init_fault(ranks)
+        init_fault(ranks, snap.store)
         or inflight_mismatch(ranks)
         or p2p_mismatch("deadlock", ranks)
         or _deadlock(ranks, waits)
@@ -395,6 +403,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         finished_mismatch(ranks)
         or p2p_mismatch("done", ranks)
         or _monitored_barrier_timeout("done", ranks)
+        or _left_mid_call(failed, ranks)
     )
     if found is not None:
         return found
@@ -417,3 +426,38 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     else:
         return Verdict("done", "rank_exited", dead, woken, finding=finding)
     return Verdict("done", "rank_exited", dead, woken, shown.op, shown.label, finding)
+
+
+def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | None:
+    """Every failed rank raised in a collective, past its argument checks, that members who passed
+    never entered, and as many or more raised as left: those left without it and ended the group
+    under it (with more leaving than raising, the few made a call more: their failure stands)."""
+    woken: dict[int, Call] = {}
+    left: set[int] = set()
+    for r in failed:
+        call = ranks[r].last_raised
+        if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
+            return None
+        absent = [
+            m for m in group_members(call, ranks) or []
+            if not ranks[m].failed and ranks[m].finished
+            and collective_at(ranks[m], call.group, call.seq) is None
+        ]
+        if not absent:
+            return None
+        woken[r] = call
+        left.update(absent)
+    if len(left) > len(woken):
+        return None
+    culprits = sorted(left)
+    call = woken[min(woken)]
+    ended = {}
+    for r in culprits:
+        destroy = next((c for c in reversed(ranks[r].calls) if c.op == DESTROY), None)
+        if destroy is not None:
+            ended[r] = destroy
+    alike = sorted(woken) if len(left) == len(woken) and majority.as_before(ranks, woken) else []
+    named = sorted(set(culprits) | set(alike))
+    finding = LeftMidCall(culprits, call, woken, ended, alike)
+    waiting = [r for r in sorted(woken) if r not in named]
+    return Verdict("done", "partial", named, waiting, call.op, call.label, finding)

@@ -7,8 +7,8 @@ failing test, for the report, the JSON and ``run()``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Iterable
-from typing import TypeVar
+import re
+from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.consistency import (
@@ -18,6 +18,7 @@ from pytest_ddp.diagnose.consistency import (
     UnreceivedMessage,
 )
 from pytest_ddp.diagnose.init_faults import given, latest_init
+from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
 from pytest_ddp.diagnose.state import Call, RankState, exit_text
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -28,6 +29,7 @@ from pytest_ddp.diagnose.verdicts import (
     Failures,
     GraceOver,
     InitFault,
+    LeftMidCall,
     NoneFinished,
     SettingDiffers,
     SlowRanks,
@@ -39,47 +41,32 @@ from pytest_ddp.diagnose.waits import first_missed
 from pytest_ddp.diagnose.watchdog import mpi_abort
 
 
-def rank_list(ranks: Iterable[int], noun: str = "rank") -> str:
-    """``rank 2``, ``ranks 0, 3``, ``ranks 0-3, 6``; ``processes 1, 2`` with ``noun="process"``."""
-    ordered = sorted(set(ranks))
-    plural = noun + ("es" if noun.endswith("s") else "s")
-    if len(ordered) == 1:
-        return f"{noun} {ordered[0]}"
-    runs: list[list[int]] = []
-    for r in ordered:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    # Runs of three or more read better as a range; "0, 1" stays as it is.
-    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
-    return f"{plural} {', '.join(parts)}" if parts else f"no {plural}"
-
-
-def describe_call(call: Call) -> str:
-    """``all_reduce #3 (test_x.py:12)``, ``all_reduce #3 (test_x.py:40 via accelerate/accelerator.py:2861)``
-    for a call made inside a library; group set-up calls are not numbered: ``init_process_group (t.py:4)``."""
-    via = f" via {call.caller}" if call.caller else ""
-    return f"{call.label} ({call.site}{via})"
-
-
-def _verb(ranks: Iterable[int], one: str, many: str) -> str:
-    return one if len(set(ranks)) == 1 else many
-
-
 def _short_error(state: RankState) -> str:
     """A failed rank's error in one line: its last call's if that raised (an earlier one was
     handled), else its failed report's, else ``failed``."""
     last = state.last_raised
     if last is not None:
         error = last.error or "error"
-        return error.strip().splitlines()[0]  # C++ messages run over many lines
+        return plain_error(error.strip().splitlines()[0])  # C++ messages run over many lines
     for report in state.reports.values():
         if report.get("outcome") == "failed":
             message = _report_message(report.get("data"))
             if message:
-                return message
+                return plain_error(message)
     return "failed"
+
+
+# Gloo's message of a broken connection: the C++ source it came from, the peer's address and port
+# (each peer's copy names its own) and advice that is the same every time.
+_SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\] ")
+_ADDRESS = re.compile(r" ?\[[0-9A-Fa-f.:]+\]:\d+")
+_ADVICE = re.compile(r"\.? This is typically caused by .*")
+
+
+def plain_error(line: str) -> str:
+    """An error's line without what differs between peers' copies of one Gloo error or repeats in
+    each: ``RuntimeError: Read error: Connection reset by peer``."""
+    return _ADVICE.sub("", _ADDRESS.sub("", _SOURCE.sub("", line)))
 
 
 def _report_message(data: object) -> str | None:
@@ -120,36 +107,6 @@ def _how_it_failed(state: RankState) -> str:
     return "returned from its test"
 
 
-def _signature_text(call: Call, reduction: bool = False) -> str:
-    """``all_reduce shapes [[10]] float32``, ``broadcast shapes [[3]] float32 root 0``; with
-    ``reduction``, its reduce op too (``op MAX``: where the calls compared differ in it)."""
-    parts = [call.kind.method]
-    if call.shapes:
-        parts.append(f"shapes {[list(s) for s in call.shapes]}")
-    if call.dtypes:
-        parts.append(",".join(sorted(set(call.dtypes))))
-    if call.root is not None:
-        parts.append(f"root {call.root}")
-    if reduction and call.reduction is not None:
-        parts.append(f"op {call.reduction}")
-    return " ".join(parts)
-
-
-K = TypeVar("K", bound=Hashable)
-
-
-def _grouped(ranks: Iterable[int], key: Callable[[int], K]) -> list[tuple[K, list[int]]]:
-    """Ranks with the same key together, groups in the order of their lowest rank."""
-    groups: dict[K, list[int]] = {}
-    for r in sorted(ranks):
-        groups.setdefault(key(r), []).append(r)
-    return list(groups.items())
-
-
-def _joined(clauses: list[str]) -> str:
-    return " and ".join(clauses) if len(clauses) == 2 else "; ".join(clauses)
-
-
 def _wait_clauses(
     described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait], needs: dict[int, list[int]]
 ) -> str:
@@ -163,12 +120,12 @@ def _wait_clauses(
         return describe_call(call), () if named else tuple(needs.get(r, [])), bool(wait and wait.any_of)
 
     clauses = []
-    for (where, needed, any_of), group in _grouped(described, key):
-        clause = f"{rank_list(group)} {_verb(group, 'waits', 'wait')} in {where}"
+    for (where, needed, any_of), group in grouped(described, key):
+        clause = f"{rank_list(group)} {verb(group, 'waits', 'wait')} in {where}"
         if needed:
             clause += f" for {'any of ' if any_of and len(needed) > 1 else ''}{rank_list(needed)}"
         clauses.append(clause)
-    return _joined(clauses)
+    return joined(clauses)
 
 
 def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Call, plural: bool) -> str:
@@ -188,13 +145,28 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     return f"never called {waited.label} (returned from {test})"
 
 
+def _stopped(state: RankState) -> bool:
+    return state.process is not None and state.process.stopped
+
+
 def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int, Wait]) -> str:
-    """What unfinished ranks are doing: running outside any call, or waiting in one."""
-    running = [r for r in described if ranks[r].blocked_call is None]
-    blocked = [r for r in described if ranks[r].blocked_call is not None]
+    """What unfinished ranks are doing: stopped, running outside any call, or waiting in one."""
+    stopped = [r for r in described if _stopped(ranks[r])]
+    running = [r for r in described if r not in stopped and ranks[r].blocked_call is None]
+    blocked = [r for r in described if r not in stopped and ranks[r].blocked_call is not None]
     parts = []
+
+    def where(r: int) -> str:
+        call = ranks[r].blocked_call
+        process = ranks[r].process
+        assert process is not None
+        inside = f" in {describe_call(call)}" if call is not None else ", outside any collective"
+        return f"{process.text}{inside}"
+
+    for text, group in grouped(stopped, where):
+        parts.append(f"{rank_list(group)} {verb(group, 'is', 'are')} {text}")
     if running:
-        parts.append(f"{rank_list(running)} {_verb(running, 'is', 'are')} running outside any collective")
+        parts.append(f"{rank_list(running)} {verb(running, 'is', 'are')} running outside any collective")
     if blocked:
         parts.append(_wait_clauses(blocked, ranks, waits, {r: w.peers for r, w in waits.items()}))
     return "; ".join(parts)
@@ -203,7 +175,7 @@ def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int
 def _failures(failed: list[int], ranks: dict[int, RankState]) -> str:
     """``rank 1 died (exit code 1); ranks 2, 3 failed (ValueError: boom)``."""
     return "; ".join(
-        f"{rank_list(group)} {how}" for how, group in _grouped(failed, lambda r: _how_it_failed(ranks[r]))
+        f"{rank_list(group)} {how}" for how, group in grouped(failed, lambda r: _how_it_failed(ranks[r]))
     )
 
 
@@ -219,21 +191,46 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
         return _left_reason(ranks, g, *waited_by(g), plural)
 
     causes = [
-        f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in _grouped(f.culprits, reason)
+        f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in grouped(f.culprits, reason)
     ]
-    causes += [f"rank {v} {reason(v)}" for v in f.victims]
+    causes += [f"{rank_list(group)} {reason(group[0])}" for _, group in grouped(f.victims, reason)]
     text = "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
     if f.broken:
         a, b = f.broken
         text += (f" The connection between ranks {a} and {b} broke, and a call of each on it raised:"
                  " either may have lost it.")
     if f.alike:
-        waiting, returned = rank_list(f.alike), rank_list(f.culprits)
-        they = "they" if len(f.alike) > 1 else "it"
-        text += (f" {waiting} went on as {they} had (the call came after the one"
-                 f" before it in an order of lines taken before): a step more on {waiting} or a step less on"
-                 f" {returned}, nothing tells which.")
+        text += _tie(f.alike, f.culprits)
     return text
+
+
+def _left_mid_call(f: LeftMidCall, ranks: dict[int, RankState]) -> str:
+    """``rank 1 never called all_reduce #2 and ended the group (destroy_process_group at t.py:9);
+    then rank 0 raised RuntimeError: Read error: Connection reset by peer in all_reduce #2 (t.py:8)``."""
+
+    def how(r: int) -> str:
+        destroy = f.ended.get(r)
+        if destroy is not None:
+            return f"and ended the group ({destroy.op} at {destroy.site})"
+        return "(returned from its test)"
+
+    causes = [
+        f"{rank_list(group)} never called {f.call.label} {how(group[0])}"
+        for _, group in grouped(f.culprits, how)
+    ]
+    text = f"{'; '.join(causes)}; then {_failures(sorted(f.woken), ranks)}."
+    if f.alike:
+        text += _tie(f.alike, f.culprits)
+    return text
+
+
+def _tie(went_on: list[int], returned: list[int]) -> str:
+    """What a two-rank tie of a step more or a step less says after the cause."""
+    waiting, gone = rank_list(went_on), rank_list(returned)
+    they = "they" if len(went_on) > 1 else "it"
+    return (f" {waiting} went on as {they} had (the call came after the one"
+            f" before it in an order of lines taken before): a step more on {waiting} or a step less on"
+            f" {gone}, nothing tells which.")
 
 
 def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
@@ -311,14 +308,26 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         on_group = "" if call.group == "WORLD" else f" on group {call.group} {list(call.group_ranks)}"
         what = f"collective #{call.seq}{on_group}"
     reductions = len({c.reduction for c in entered.values()}) > 1
+    # The odd ranks lead, else a tie's likely ones (what tells is said after), else the lowest.
+    likely = sorted(set(f.likely) | set(f.after) | set(f.skipped))
+    named = f.odd or likely
     details = ", ".join(
         f"{rank_list(group)} {text}"
-        for text, group in _grouped(entered, lambda r: _signature_text(entered[r], reductions))
+        for text, group in sorted(
+            grouped(entered, lambda r: signature_text(entered[r], reductions)),
+            key=lambda item: item[1][0] not in named,
+        )
     )
-    text = f"{rank_list(entered)} disagree on {what}: {details}."
+    if named:
+        rest = [r for r in entered if r not in named]
+        how = "" if f.odd else "likely "
+        departs = verb(named, "departs", "depart")
+        text = f"{rank_list(named)} {how}{departs} from {rank_list(rest)} on {what}: {details}."
+    else:
+        text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):
         text += (
-            f" Likely rank {rank}: every earlier call from {entered[rank].site} was {_signature_text(usual)},"
+            f" Likely rank {rank}: every earlier call from {entered[rank].site} was {signature_text(usual)},"
             f" and rank {rank}'s is the one that departs from it."
         )
     return text + _new_paths(f.after) + _skipped(f.skipped)
@@ -340,9 +349,26 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
     elif f.check == "world_sizes":
         sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
         said = ", ".join(
-            f"{rank_list(group, 'process')} passed {size}" for size, group in _grouped(sizes, sizes.get)
+            f"{rank_list(group, 'process')} passed {size}" for size, group in grouped(sizes, sizes.get)
         )
         reason = f"init_process_group world sizes differ: {said}"
+    elif f.check == "world_size":
+        size = given(calls[f.culprits[0]], "world_size") or 0
+        run = sum(state.alive for state in ranks.values())
+        missing = rank_list(range(run, size))
+        reason = (
+            f"{rank_list(f.culprits, 'process')} passed world_size {size} to init_process_group, where "
+            f"{run} processes run: {missing} never {verb(range(run, size), 'comes', 'come')}"
+        )
+    elif f.check == "address":
+        reason = "; ".join(f"process {r} dialled {_dialled(calls[r])}" for r in f.culprits)
+        if f.store is not None:
+            reason += f", not the rank group's store at {f.store}"
+        else:
+            others = {r: c for r, c in calls.items() if r not in f.culprits and "address" in c.extra}
+            first = next(iter(others.values()))
+            reason += f", where {rank_list(others, 'process')} dialled {_dialled(first)}"
+        reason += ", in init_process_group"
     elif f.check == "raised":
         reason = "; ".join(
             f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits
@@ -353,8 +379,15 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
         )
     call = ranks[f.blocked[0]].blocked_call
     assert call is not None
-    waits = f"{rank_list(f.blocked, 'process')} {_verb(f.blocked, 'waits', 'wait')} in {describe_call(call)}"
+    waits = f"{rank_list(f.blocked, 'process')} {verb(f.blocked, 'waits', 'wait')} in {describe_call(call)}"
     return f"{reason}; {waits}."
+
+
+def _dialled(call: Call) -> str:
+    """``127.0.0.1:29507 (MASTER_ADDR:MASTER_PORT)``: the address an init dialled, and whence."""
+    method = str(call.extra.get("init_method"))
+    whence = "MASTER_ADDR:MASTER_PORT" if method.startswith("env://") else "init_method"
+    return f"{call.extra.get('address')} ({whence})"
 
 
 def _slow_ranks(f: SlowRanks, ranks: dict[int, RankState]) -> str:
@@ -396,7 +429,7 @@ def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
 def _setting_differs(f: SettingDiffers, ranks: dict[int, RankState]) -> str:
     gave = ", ".join(
         f"{rank_list(group)} gave {value} ({f.values[group[0]].site})"
-        for value, group in _grouped(f.values, lambda r: f.values[r].value)
+        for value, group in grouped(f.values, lambda r: f.values[r].value)
     )
     name = f.values[min(f.values)].name
     return f"{rank_list(f.values)} disagree on {name}: {gave}.{_came_of_it(f.then, ranks)}"
@@ -417,6 +450,7 @@ def _came_of_it(then: Verdict, ranks: dict[int, RankState]) -> str:
 
 _WORDERS: dict[type, Callable[..., str]] = {
     Departed: _departed,
+    LeftMidCall: _left_mid_call,
     ExtraCall: _extra_call,
     Cycle: _cycle,
     Disagreement: _disagreement,
@@ -461,12 +495,12 @@ def difference_line(difference: SequenceDifference) -> str:
         reductions = d.reference.reduction != d.theirs.reduction
         return (
             f"group {d.group}, collective #{d.position}: rank {d.reference_rank} "
-            f"{_signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
-            f"{_signature_text(d.theirs, reductions)} ({d.theirs.site})"
+            f"{signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
+            f"{signature_text(d.theirs, reductions)} ({d.theirs.site})"
         )
     made = [
         f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
-        for n, group_ranks in _grouped(d.counts, d.counts.get)
+        for n, group_ranks in grouped(d.counts, d.counts.get)
     ]
     return f"group {d.group}: " + ", ".join(made)
 
@@ -519,11 +553,14 @@ def tag(verdict: Verdict, elapsed: float) -> str:
 
 def rank_status(state: RankState) -> str:
     """What the rank is doing, in a few words: ``finished (passed)``, ``running (call), outside any
-    collective``; "" when it waits in a call."""
+    collective``, ``stopped (state T in /proc: ...)``; "" when it waits in a call."""
     if not state.alive:
         return f"died ({exit_text(state.exit_code)}) during {state.phase}"
     if state.finished:
         return f"finished ({'failed' if state.failed else 'passed'})"
+    if state.process is not None and state.process.stopped:
+        inside = "" if state.current_call is not None else ", outside any collective"
+        return f"{state.process.text} during {state.phase}{inside}"
     if state.current_call is not None:
         return ""
     return f"running ({state.phase}), outside any collective"
@@ -531,11 +568,14 @@ def rank_status(state: RankState) -> str:
 
 def rank_doing(state: RankState) -> str:
     """``waiting in barrier #2 (test_x.py:20), in call``, ``finished (passed); last call all_reduce
-    #3 (t.py:9)``: the rank's status and its current or last call."""
+    #3 (t.py:9)``: the rank's status and its current or last call; why no stack came, where none did."""
     status = rank_status(state)
     last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
     where = describe_call(last) if last is not None else "no collective yet"
-    return f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
+    doing = f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
+    if not state.stack_missing:
+        return doing
+    return f"{doing}; {'no Python stack came' if state.process is None else state.process.no_stack}"
 
 
 def not_entered(state: RankState) -> str:

@@ -37,7 +37,7 @@ from pytest_ddp.common.protocol import (
     SessionEnd,
     Stop,
 )
-from pytest_ddp.diagnose.state import RankState, exit_text
+from pytest_ddp.diagnose.state import Process, RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
     ForkedRank,
@@ -412,6 +412,22 @@ class RankGroup:
                     pending.remove(rp)
                 dumps[rp.rank] = text
         return {rank: text for rank, text in dumps.items() if text}
+
+    @property
+    def store_address(self) -> str | None:
+        """``host:port`` of the store a test's env:// rendezvous dials now; None without one."""
+        return None if self._store is None else f"{self.store_host}:{self._store.port}"
+
+    def process(self, rank: int) -> Process | None:
+        """The kernel's word on the rank's process (stopped? SIGUSR1 ignored?); None if gone or elsewhere."""
+        pid = self.ranks[rank].proc.pid
+        found = None if pid is None else procfs.stat(pid)
+        if pid is None or found is None:
+            return None
+        try:
+            return Process.read(found.state, procfs.status(pid))
+        except OSError:
+            return None
 
     def peak_rss(self, rank: int) -> int | None:
         """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone, or not here."""

@@ -17,7 +17,7 @@ from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.common.protocol import CallFunction, RunItem
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import consistency, mismatches, watchdog, wording
-from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.state import Process, RankState, Snapshot
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
@@ -42,6 +42,9 @@ class Group(Protocol):
     def begin(self, command: RunItem | CallFunction) -> None: ...
     def poll(self, wait: float) -> None: ...
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]: ...
+    @property
+    def store_address(self) -> str | None: ...
+    def process(self, rank: int) -> Process | None: ...
     def peak_rss(self, rank: int) -> int | None: ...
     def test_output(self, rank: int) -> dict[str, str]: ...
     def exit_codes(self) -> dict[int, int | None]: ...
@@ -153,10 +156,14 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
     while verdict is None:
         group.poll(POLL_INTERVAL)
         snapshot = Snapshot(
-            now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states
+            now=time.time(), started=started, timeout=spec.timeout, grace=spec.grace, ranks=group.states,
+            store=group.store_address,
         )
         verdict = watch.verdict(snapshot)
     ended = time.time()
+    for state in group.states:  # a stopped rank is named so, not "running"
+        if verdict.status != "done" and not state.finished:
+            state.process = group.process(state.rank)
     verdict = wording.worded(verdict, group.states)
     run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
     group.current = None
@@ -165,6 +172,8 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
         for state in busy:  # finished ranks reported theirs
             state.peak_rss = group.peak_rss(state.rank)
         run.stacks = group.dump_stacks([s.rank for s in busy])
+        for state in busy:
+            state.stack_missing = state.rank not in run.stacks
     run.outputs = {state.rank: group.test_output(state.rank) for state in group.states}
     if verdict.status != "done":
         group.kill()

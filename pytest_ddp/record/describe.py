@@ -254,6 +254,15 @@ def _given_or_env(value: Any, env: str) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
+def _dialled(method: str) -> str | None:
+    """``host:port`` of the store a TCP rendezvous dials (``env://``'s MASTER_ADDR and MASTER_PORT,
+    or ``tcp://``'s), as given; None for another rendezvous or where not given."""
+    if method.startswith("tcp://"):
+        return method[len("tcp://"):].partition("?")[0] or None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{host}:{port}" if method.startswith("env://") and host and port else None
+
+
 def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
     """What init_process_group and new_group will use: their arguments, else the environment."""
     if op == INIT:
@@ -262,6 +271,7 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
             "rank": _given_or_env(args.get("rank"), "RANK"),
             "world_size": _given_or_env(args.get("world_size"), "WORLD_SIZE"),
             "init_method": method,
+            "address": _dialled(method),
             "backend": args.get("backend"),  # None: torch's default for the devices
         }
         return {k: v for k, v in extra.items() if v is not None}

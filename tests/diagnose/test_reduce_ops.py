@@ -86,6 +86,9 @@ def test_each_path_records_its_reduce_op_and_a_rank_with_another_is_named(pytest
     result.assert_outcomes(passed=1, failed=2)
     out = result.stdout.str()
     # the headline names the rank that departed from the others (test_classic)
-    assert "ranks 0, 1, 3 all_reduce shapes [[3]] float32 op SUM, rank 2 all_reduce shapes [[3]] float32 op MAX" in out
+    assert (
+        "rank 2 departs from ranks 0, 1, 3 on all_reduce #1: rank 2 all_reduce shapes [[3]] float32 op MAX,"
+        " ranks 0, 1, 3 all_reduce shapes [[3]] float32 op SUM"
+    ) in out
     assert "rank 1 all_reduce shapes [[3]] float32 op MAX" in out
     assert "op SUM" in out

@@ -1,0 +1,72 @@
+"""init_process_group's faults that every rank agrees on (a world size, an address), judged on
+hand-made snapshots: no processes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from snapshots import NOW, call, judge, outline, rank, snap
+
+from pytest_ddp.diagnose.state import Call
+
+STORE = "127.0.0.1:29500"
+
+
+def init(given: int, size: int = 2, address: str | None = STORE, method: str = "env://") -> Call:
+    extra = {"rank": given, "world_size": size, "init_method": method}
+    if address is not None:
+        extra["address"] = address
+    return call("init_process_group", 0, shape=None, enter=NOW - 1, site="t.py:5", extra=extra)
+
+
+def test_a_world_size_every_process_passed_larger_than_the_processes_names_them_all() -> None:
+    verdict = judge(snap(rank(0, init(0, 3)), rank(1, init(1, 3))))
+    assert outline(verdict) == ("deadlock", "init", [0, 1], [])
+    assert verdict.summary == (
+        "processes 0, 1 passed world_size 3 to init_process_group, where 2 processes run: rank 2 never comes;"
+        " processes 0, 1 wait in init_process_group (t.py:5)."
+    )
+    four = judge(snap(rank(0, init(0, 4)), rank(1, init(1, 4))))
+    assert "where 2 processes run: ranks 2, 3 never come;" in four.summary
+
+
+def test_the_world_size_of_the_processes_that_run_is_waited_for() -> None:
+    assert judge(snap(rank(0, init(0, 2)), rank(1, init(1, 2)))).status == "wait"
+    # A process not yet in init_process_group may pass another size: nothing is certain.
+    assert judge(snap(rank(0, init(0, 3)), rank(1, init(1, 3)), rank(2))).status == "wait"
+
+
+def test_the_process_that_dialled_another_address_than_the_store_is_named() -> None:
+    wrong = init(1, address="127.0.0.1:29507")
+    verdict = judge(dataclasses.replace(snap(rank(0, init(0)), rank(1, wrong)), store=STORE))
+    assert outline(verdict) == ("deadlock", "init", [1], [0])
+    assert verdict.summary == (
+        "process 1 dialled 127.0.0.1:29507 (MASTER_ADDR:MASTER_PORT), not the rank group's store at"
+        " 127.0.0.1:29500, in init_process_group; processes 0, 1 wait in init_process_group (t.py:5)."
+    )
+
+
+def test_without_the_store_the_fewest_addresses_are_named_and_a_tie_is_waited_on() -> None:
+    other = "10.0.0.1:29500"
+    three = snap(rank(0, init(0, 3)), rank(1, init(1, 3, address=other, method=f"tcp://{other}")),
+                 rank(2, init(2, 3)))
+    verdict = judge(three)
+    assert outline(verdict) == ("deadlock", "init", [1], [0, 2])
+    assert verdict.summary.startswith(
+        "process 1 dialled 10.0.0.1:29500 (init_method), where processes 0, 2 dialled 127.0.0.1:29500"
+        " (MASTER_ADDR:MASTER_PORT), in init_process_group;"
+    )
+    assert judge(snap(rank(0, init(0)), rank(1, init(1, address=other)))).status == "wait"
+
+
+def test_processes_each_alone_in_their_world_may_dial_their_own_stores() -> None:
+    alone = snap(rank(0, init(0, 1, address="127.0.0.1:1")), rank(1, init(0, 1, address="127.0.0.1:2")))
+    assert judge(dataclasses.replace(alone, store=STORE)).status == "wait"
+
+
+def test_a_rendezvous_of_the_tests_own_store_is_no_address() -> None:
+    """A store passed to init_process_group dials nothing the recorder knows: no address, no fault."""
+    verdict = judge(dataclasses.replace(
+        snap(rank(0, init(0, address=None, method="store")), rank(1, init(1))), store=STORE,
+    ))
+    assert verdict.status == "wait"
