@@ -1,13 +1,12 @@
-"""Launched mode on one machine, under real launchers: torchrun and MPICH's mpiexec (4 processes; 3 for the
-collections that differ, which end before any test runs).
+"""Launched mode on one machine, under real launchers: torchrun and MPICH's mpiexec (4 processes).
 
 torchrun's rendezvous store listens on every interface, so its runs go into a
 network namespace of their own whose only interface is loopback.
 
-Each session runs once under each launcher (a fixture, tests/launched/runs.py),
-and the tests read it: the suite, the teardowns at a group's stop. The collections that differ
-run under mpiexec only, read by one test: test_two_nodes.py runs the same session under
-torchrun, on two nodes.
+Each session runs once under each launcher it is asserted for (a fixture, tests/launched/runs.py),
+and the tests read it: the suite under both, the teardowns at a group's stop under torchrun (the
+launched group's stop is the same code under every launcher). The collections that differ run
+under torchrun on two nodes (test_two_nodes.py) and under srun (test_slurm_launched.py).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from . import suite
-from .runs import LAUNCHERS, OWN_BASETEMP, Sessions, shared
+from .runs import LAUNCHERS, Sessions, shared
 
 LAUNCHER_NAMES = list(LAUNCHERS)
 
@@ -40,23 +39,6 @@ def test_a_launched_session_leaves_no_folder_behind(suite_runs: Sessions, launch
     TMPDIR that way."""
     run = shared(suite_runs, launcher)
     assert run.left_in_tmp == [], run.result.output
-
-
-# The session that ends at its collections needs a rank 2 and a rank beside it, not the suite's 4.
-DIFFER_NPROC = 3
-
-
-def test_collections_that_differ_stop_every_rank_and_each_host_logs_why(tmp_path: Path) -> None:
-    """SUITE whose rank 2 drops a test (DIFFERENT_COLLECTION), under mpiexec (torchrun's run of it is
-    test_two_nodes.py's, on two nodes): every rank ends with status 4, and each launched rank's
-    pytest (a host) logs what rank 0's told it, in a basetemp of its own."""
-
-    def prepare(folder: Path) -> None:
-        suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
-
-    run = shared(Sessions(lambda _: tmp_path, prepare, DIFFER_NPROC), "mpiexec")
-    suite.check_collection_differs(run.result, DIFFER_NPROC)
-    suite.check_hosts_logged_why(run.folder, DIFFER_NPROC)
 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group
@@ -128,15 +110,12 @@ def stop_report(output: str, ending: str) -> str:
     return section
 
 
-@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(
-    teardown_runs: Sessions, launcher: str
-) -> None:
-    output = shared(teardown_runs, launcher).result.output
+def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(teardown_runs: Sessions) -> None:
+    output = shared(teardown_runs, "torchrun").result.output
     report = stop_report(output, "raise")
     assert "ranks 0, 1: failed" not in output and "rank 1: failed" in report, output
     assert "RuntimeError: rank 1's teardown broke" in report, output
-    assert shared(teardown_runs, launcher).result.returncode != 0
+    assert shared(teardown_runs, "torchrun").result.returncode != 0
 
 
 @pytest.mark.parametrize(
@@ -146,11 +125,10 @@ def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(
         pytest.param("hang", "did not finish the teardown", id="hang"),
     ],
 )
-@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
 def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(
-    teardown_runs: Sessions, launcher: str, ending: str, said: str
+    teardown_runs: Sessions, ending: str, said: str
 ) -> None:
-    result = shared(teardown_runs, launcher).result
+    result = shared(teardown_runs, "torchrun").result
     report = stop_report(result.output, ending)
     assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in report, result.output
     assert f"{said} of the fixtures it still held when its group was stopped" in report, result.output

@@ -11,16 +11,20 @@ import sys
 from pathlib import Path
 
 from . import suite
+from .runs import OWN_BASETEMP
 from .slurm import SlurmCluster
 
 
 def test_collections_that_differ_under_srun(slurm_cluster: SlurmCluster, folder: Path) -> None:
-    """On 3 tasks: the session ends before any test runs, and rank 2 has a rank beside it."""
-    suite.write_suite(folder, suite.DIFFERENT_COLLECTION)
+    """On 3 tasks: the session ends before any test runs, and rank 2 has a rank beside it; every
+    rank ends with status 4, and each launched rank's pytest (a host) logs what rank 0's told it,
+    in a basetemp of its own."""
+    suite.write_suite(folder, suite.DIFFERENT_COLLECTION + OWN_BASETEMP)
     proc = slurm_cluster.srun(
         ["-n", "3", sys.executable, *suite.pytest_command()], folder, env=suite.launched_environment(), timeout=240
     )
     suite.check_collection_differs(suite.collect(folder, proc.returncode, proc.stdout + proc.stderr), 3)
+    suite.check_hosts_logged_why(folder, 3)
 
 
 def test_one_session_in_an_sbatch_script(slurm_cluster: SlurmCluster, folder: Path) -> None:
