@@ -1,0 +1,82 @@
+"""A rank that returned from its test without a collective its peers then raised in (it ended the
+group under them): named as the cause, its peers' connection errors as the consequence.  Hand-made
+snapshots: no processes."""
+
+from __future__ import annotations
+
+from snapshots import R3, call, judge, ok, outline, rank, snap
+
+from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.verdicts import Failures, LeftMidCall
+
+RESET = ("RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
+         " [127.0.0.1]:23424: Connection reset by peer. This is typically caused by a remote worker hanging"
+         " or bugs in the application. Check the logs of the remote worker before reporting an error. GLHF!")
+
+
+def barrier(ranks: tuple[int, ...]) -> Call:
+    return ok("barrier", 1, shape=None, ranks=ranks, site="t.py:6")
+
+
+def woken(r: int, ranks: tuple[int, ...] = (0, 1), error: str = RESET) -> RankState:
+    """In all_reduce #2 of t.py:8, a line new after the barrier, it raised."""
+    raised = call("all_reduce", 2, ranks=ranks, state="raised", error=error, site="t.py:8")
+    return rank(r, barrier(ranks), raised, finished=True, failed=error)
+
+
+def left(r: int, ranks: tuple[int, ...] = (0, 1), destroy: bool = True) -> RankState:
+    destroyed = ok("destroy_process_group", 0, shape=None, site="t.py:9")
+    return rank(r, barrier(ranks), *([destroyed] if destroy else []), finished=True)
+
+
+def test_the_rank_that_skipped_the_call_and_ended_the_group_is_named() -> None:
+    verdict = judge(snap(woken(0), left(1)))
+    assert outline(verdict) == ("done", "partial", [1], [0])
+    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #2")
+    assert isinstance(verdict.finding, LeftMidCall)
+    assert verdict.summary == (
+        "rank 1 never called all_reduce #2 and ended the group (destroy_process_group at t.py:9); then rank 0"
+        " raised RuntimeError: Read error: Connection reset by peer in all_reduce #2 (t.py:8)."
+    )
+
+
+def test_a_rank_that_returned_without_ending_the_group_is_named_too() -> None:
+    """torch's MultiProcessTestCase ends the group after the test, unrecorded."""
+    verdict = judge(snap(woken(0), left(1, destroy=False)))
+    assert outline(verdict) == ("done", "partial", [1], [0])
+    assert verdict.summary.startswith("rank 1 never called all_reduce #2 (returned from its test); then ")
+
+
+def test_every_peer_woken_is_named_once_behind_the_one_that_left() -> None:
+    verdict = judge(snap(woken(0, R3), woken(1, R3), left(2, R3)))
+    assert outline(verdict) == ("done", "partial", [2], [0, 1])
+    assert "; then ranks 0, 1 raised RuntimeError: Read error: Connection reset by peer in all_reduce #2" in (
+        verdict.summary
+    )
+
+
+def test_more_left_than_raised_the_few_made_a_call_more() -> None:
+    verdict = judge(snap(woken(0, R3), left(1, R3), left(2, R3)))
+    assert outline(verdict) == ("done", "failed", [0], [])
+    assert isinstance(verdict.finding, Failures)
+
+
+def test_a_tie_where_the_raised_call_came_as_before_names_both() -> None:
+    """Two ranks round one loop: rank 0's all_reduce #3 followed #2 from the same line, as before;
+    a step more on rank 0 or a step less on rank 1, nothing tells which."""
+    loop = [ok("all_reduce", n, site="t.py:8") for n in (1, 2)]
+    raised = call("all_reduce", 3, state="raised", error=RESET, site="t.py:8")
+    runner = rank(0, *loop, raised, finished=True, failed=RESET)
+    quitter = rank(1, *[ok("all_reduce", n, site="t.py:8") for n in (1, 2)], finished=True)
+    verdict = judge(snap(runner, quitter))
+    assert outline(verdict) == ("done", "partial", [0, 1], [])
+    assert "nothing tells which" in verdict.summary
+
+
+def test_an_error_of_the_call_itself_stays_the_failure() -> None:
+    """A call that raised in its argument checks, before the backend had it, woke nobody."""
+    bad = call("all_reduce", 2, state="raised", error="TypeError: not a tensor", site="t.py:8")
+    bad.before_backend = True
+    failing = rank(0, barrier((0, 1)), bad, finished=True, failed="TypeError: not a tensor")
+    verdict = judge(snap(failing, left(1)))
+    assert outline(verdict) == ("done", "failed", [0], [])
