@@ -36,6 +36,15 @@ def private_folder(folder: Path) -> None:
     _check_private(folder, os.lstat(folder), stat.S_ISDIR)
 
 
+def is_private_folder(folder: Path) -> bool:
+    """Whether ``folder`` is there, a folder (not a link to one) of this user's that no other may enter."""
+    try:
+        _check_private(folder, os.lstat(folder), stat.S_ISDIR)
+    except (OSError, NotPrivate):
+        return False
+    return True
+
+
 def write_private(path: Path, data: bytes) -> None:
     """``data`` written whole to ``path`` (mode 0600), in its private folder, in place of any file."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")

@@ -32,11 +32,13 @@ from pytest_ddp.launched.secret import (
     SECRET_ENV,
     SessionFiles,
     create_secret,
+    found_places,
     given_secret,
+    meeting_places,
+    own_place,
     private_folder,
     read_secret,
     remove_files,
-    session_files,
 )
 
 RETRY = 0.05  # seconds between attempts to reach a controller not listening yet
@@ -233,14 +235,14 @@ def _in_private_folder(files: SessionFiles, make: Callable[[], _T]) -> _T:
 def listen(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) -> Listener:
     """The controller's listening socket, published where the others look, after the secret is where
     they read it."""
-    files = session_files(launch, env)
-    address = channel_address(launch)
+    places, address, given = meeting_places(launch, env), channel_address(launch), given_secret(env)
+    files = places[0] if address is not None and given else own_place(places, env)  # none made if not needed
     if address is None:
         sock = _in_private_folder(files, lambda: _bind_unix(launch, files))
     else:
         sock = socket.create_server(address)
     try:
-        secret = given_secret(env) or _in_private_folder(files, lambda: create_secret(files))
+        secret = given or _in_private_folder(files, lambda: create_secret(files))
         sock.listen(launch.world_size)
         sock.setblocking(False)
         if address is not None and address[1] == 0:
@@ -297,7 +299,7 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
     """This rank's link to the controller, which may not listen yet (tried until ``timeout``),
     once each end has proven to the other that it holds the session's secret."""
     deadline = time.monotonic() + timeout
-    sock = _reach(launch, timeout, deadline, session_files(launch, env))
+    sock, files = _reach(launch, timeout, deadline, meeting_places(launch, env))
     link = Link(sock)
     try:
         if sock.family == socket.AF_UNIX:
@@ -305,7 +307,7 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
                 own_user(sock)
             except HandshakeError as exc:
                 raise HandshakeError(f"is not this user's: {exc}") from None
-        answer_challenge(link, given_secret(env) or read_secret(session_files(launch, env)), deadline)
+        answer_challenge(link, given_secret(env) or read_secret(files), deadline)
     except HandshakeError as exc:
         link.close()
         raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest {exc}") from None
@@ -326,28 +328,30 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
     return link
 
 
-def _reach(launch: Launch, timeout: float, deadline: float, files: SessionFiles) -> socket.socket:
-    """A connected socket to where the controller listens, tried until ``deadline``."""
-    address: str | tuple[str, int] | None = channel_address(launch)
-    if address is None:
-        address = str(files.socket)
-    elif address[1] == 0:
+def _reach(
+    launch: Launch, timeout: float, deadline: float, places: list[SessionFiles]
+) -> tuple[socket.socket, SessionFiles]:
+    """A connected socket to where the controller listens, tried until ``deadline``, and the files
+    beside it (on one node, in each private folder of ``places``: rank 0 took one of them)."""
+    address = channel_address(launch)
+    if address is not None and address[1] == 0:
         host, _, port = _torchrun_store(launch, timeout).get(store_key(launch)).decode().rpartition(":")
         address = (host, int(port))
     while True:
-        family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.connect(address)
-            return sock
-        except (ConnectionRefusedError, FileNotFoundError):
-            sock.close()
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"rank {launch.rank} ({launch.describe()}) could not reach rank 0's pytest "
-                    f"within {timeout:g} s"
-                ) from None
-            time.sleep(RETRY)  # rank 0's pytest is still starting: nothing to wait on but time
+        tried = [(address, places[0])] if address else [(str(f.socket), f) for f in found_places(places)]
+        for target, files in tried:
+            family = socket.AF_UNIX if isinstance(target, str) else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.connect(target)
+                return sock, files
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"rank {launch.rank} ({launch.describe()}) could not reach rank 0's pytest within {timeout:g} s"
+            )
+        time.sleep(RETRY)  # rank 0's pytest is still starting: nothing to wait on but time
 
 
 def _torchrun_store(launch: Launch, timeout: float) -> Any:
