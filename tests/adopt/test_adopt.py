@@ -253,26 +253,6 @@ def run(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.R
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=timeout)
 
 
-ONE_CLASS = """
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-class One(MultiProcessTestCase):
-    world_size = 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
-    def test_rank(self):
-        dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
-                                rank=self.rank, world_size=2)
-        assert dist.get_rank() == self.rank
-        # Gloo's init returns on one rank before the other's handshake ends: destroyed
-        # at once (destroy_pg_upon_exit), the group failed the other's init under load
-        dist.barrier()
-"""
-
 HANGS = """
 import torch
 import torch.distributed as dist
@@ -389,12 +369,12 @@ def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(ado
     adopted.ran_on_one_group("test_continuous.py")  # its 5 tests; not test_after_the_class
 
 
-def test_one_line_in_the_ini_file_adopts(pytester) -> None:
-    pytester.makeini("[pytest]\nddp_adopt = true\n")
-    pytester.makepyfile(test_one=ONE_CLASS)
-    result = run(pytester)
-    assert outcomes(result) == {"test_one.py::One::test_rank": "PASSED"}
-    result.stdout.fnmatch_lines(["*ddp: 1 test on 1 rank group started*"])
+def test_one_line_in_the_ini_file_adopts(adopted) -> None:
+    """The adopted session has no --ddp-adopt: its pytest.ini's ``ddp_adopt = true`` alone adopts,
+    in the session and in its ranks (the option itself: tests/config/test_settings.py)."""
+    assert "--ddp-adopt" not in adopted.args
+    assert (adopted.folder / "pytest.ini").read_text() == ADOPT_INI
+    assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
 
 
 def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stack(adopted) -> None:
@@ -708,6 +688,9 @@ def test_deepspeed_style_outcomes_are_their_harness_own(pytester) -> None:
 
 # -- the --ddp-adopt session of the tests above -------------------------------------
 
+# The adopted session's ini file: one line adopts, no option.
+ADOPT_INI = "[pytest]\nddp_adopt = true\n"
+
 # A plugin of the --ddp-adopt session: each rank writes the node id of each test it runs to a file
 # of its own (by its pid), so that each file's tests are seen to run on the ranks of the one group.
 RAN_ON = """
@@ -725,6 +708,7 @@ class Adopted:
     """The --ddp-adopt session of every file below, and the folders it was given."""
 
     result: pytest.RunResult
+    args: tuple[str, ...]  # its command line's
     folder: Path  # its files
     tmpdir: Path  # its TMPDIR
     log_dir: Path  # $LOG_DIR, for the continuous class
@@ -783,6 +767,7 @@ def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
         "test_code.py": EXPECTS_A_CRASH,
         "test_hang.py": HANGS,
         "ran_on.py": RAN_ON,
+        "pytest.ini": ADOPT_INI,
     }
     # MultiProcessTestCase.setUp makes a file in TMPDIR per rank; the continuous class writes in LOG_DIR;
     # TestDistBackend reads BACKEND and WORLD_SIZE. The mixin's -k selection applies to its file alone;
@@ -795,6 +780,6 @@ def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
         "WORLD_SIZE": "2",
     }
     selection = f"({DIST_BACKEND_SELECTION}) or not TestDistBackendWithSpawn"
-    args = ("-v", "-p", "ran_on", "--ddp-adopt", "--ddp-timeout=300", "-k", selection, *ADOPTED_RANK_TESTS)
+    args = ("-v", "-p", "ran_on", "--ddp-timeout=300", "-k", selection, *ADOPTED_RANK_TESTS)
     result = sessions_together(folder, {"s": Session(files, args, env)}, timeout=300)["s"]
-    return Adopted(result, folder / "s", tmpdir, log_dir, ran_dir)
+    return Adopted(result, args, folder / "s", tmpdir, log_dir, ran_dir)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ranks_working_in
 from pytest_ddp.config.machine import RANK_MEMORY, rank_capacity
-from pytest_ddp.config.settings import Settings
+from pytest_ddp.config.settings import Settings, adopt_enabled, rank_pytest_args
 from pytest_ddp.plugin import settings_key
 
 
@@ -56,6 +56,20 @@ def test_defaults_and_options(pytester, monkeypatch) -> None:
         report_dir=str(report_dir), max_world_size=4, mpi_launcher="mpirun --oversubscribe", launcher="local",
     )
     assert report_dir.is_dir()  # created at start, checked once
+
+
+@pytest.mark.parametrize(
+    "args, ini, adopted",
+    [((), "", False), (("--ddp-adopt",), "", True), ((), "[pytest]\nddp_adopt = true\n", True)],
+)
+def test_adopt_is_the_option_or_the_ini_value_and_the_option_reaches_the_ranks(pytester, args, ini, adopted) -> None:
+    """The ini's value reaches the ranks' pytest through its ini file (tests/adopt/test_adopt.py's
+    session adopts by it); the option, in their command line."""
+    if ini:
+        pytester.makefile(".ini", pytest=ini)
+    config = pytester.parseconfigure(*args)
+    assert adopt_enabled(config) is adopted
+    assert ("--ddp-adopt" in rank_pytest_args(config, [])) is bool(args)
 
 
 @pytest.mark.parametrize(
