@@ -179,3 +179,72 @@ def test_an_internal_error_in_one_rank_is_shown(ddp_pytester) -> None:
     text = result.stdout.str()
     assert "rank 1: stderr (exit code 3)" in text
     assert "RuntimeError: a hook broke in rank 1" in text
+
+
+def test_init_faults_every_rank_agrees_on_are_named_at_once(ddp_pytester) -> None:
+    """Every rank passes a world size larger than the ranks that run, or one rank dials another port
+    than the rank group's store: a certain deadlock, named by its cause, not a bare timeout."""
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=2, init=False, timeout=60)
+        def test_three(rank):
+            dist.init_process_group("gloo", rank=rank, world_size=3)
+
+        @pytest.mark.ddp(world_size=2, init=False, timeout=60)
+        def test_port(rank):
+            store_port = os.environ["MASTER_PORT"]
+            if rank == 1:
+                os.environ["MASTER_PORT"] = str(int(store_port) + 7)
+            print(f"store port {store_port}", flush=True)
+            dist.init_process_group("gloo")
+        """
+    )
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "processes 0, 1 passed world_size 3 to init_process_group, where 2 processes run: rank 2 never comes;"
+        " *[[]ddp deadlock, init, *",
+    ])
+    port = int(re.search(r"store port (\d+)", text).group(1))  # type: ignore[union-attr]
+    assert (f"process 1 dialled 127.0.0.1:{port + 7} (MASTER_ADDR:MASTER_PORT), not the rank group's store at"
+            f" 127.0.0.1:{port}, in init_process_group") in text
+    assert "timed out" not in text
+
+
+def test_a_rank_that_left_mid_call_or_stopped_is_named_not_its_peer(ddp_pytester) -> None:
+    """A rank that skipped a collective and ended its group is the cause of its peer's connection
+    error; a stopped rank is named stopped (its state in /proc), and each rank without a stack says why."""
+    result = ddp_pytester.run(
+        """
+        import signal
+
+        @pytest.mark.ddp(world_size=2, init=False)
+        def test_skip_then_destroy(rank):
+            dist.init_process_group("gloo"); dist.barrier()
+            if rank == 0:
+                dist.all_reduce(torch.ones(3))
+            dist.destroy_process_group()
+
+        @pytest.mark.ddp(world_size=2, timeout=2)
+        def test_stopped(rank):
+            dist.barrier()
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            dist.barrier()
+        """
+    )
+    result.assert_outcomes(failed=2)
+    path = ddp_pytester.pytester.path / "test_it.py"
+    destroy, all_reduce = line_of(path, "dist.destroy_process_group()"), line_of(path, "dist.all_reduce(")
+    result.stdout.fnmatch_lines([
+        f"rank 1 never called all_reduce #2 and ended the group (destroy_process_group at *test_it.py:{destroy});"
+        " then rank 0 raised RuntimeError: *[[]ddp failed, partial]",
+        f"*then rank 0 raised RuntimeError: * in all_reduce #2 (*test_it.py:{all_reduce}).",
+    ])
+    stopped = "stopped (state T in /proc: SIGSTOP, or a debugger)"
+    result.stdout.fnmatch_lines([
+        f"timed out after 2 s: rank 1 is {stopped}, outside any collective; rank 0 waits in barrier #2 *",
+        "rank 0: waiting in barrier #2 *; no Python stack: SIGUSR1, which asks for it, is ignored*",
+        f"rank 1: {stopped} *; no Python stack: a stopped process runs no signal handler*",
+    ])
