@@ -9,6 +9,7 @@ through pytest's ordinary hooks (:mod:`pytest_ddp.report`).  Registered by
 from __future__ import annotations
 
 import statistics
+import warnings
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from pytest_ddp.common.protocol import RunItem
 from pytest_ddp.config.settings import Settings, rank_pytest_args
 from pytest_ddp.config.spec import WORLD_SIZE_PARAM, RankSpec, SpecError, parse_mark, parse_timeout_mark
 from pytest_ddp.groups.admission import Admission, Launched
+from pytest_ddp.groups.forkserver_guard import Refusals
 from pytest_ddp.groups.group import GroupConfig
 from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
 from pytest_ddp.groups.spawn import fork_context
@@ -29,6 +31,10 @@ from pytest_ddp.report.merge import merged_reports, stopped_group_report, write_
 
 # A ddp item's spec, or why it cannot run (reported as its setup error).
 spec_key = pytest.StashKey["RankSpec | SpecError"]()
+
+
+class ForkserverRefusedWarning(pytest.PytestWarning):
+    """Another process connected to this session's forkserver, which refused it (forkserver_guard)."""
 
 
 class Controller:
@@ -51,6 +57,7 @@ class Controller:
                 raise pytest.UsageError(f"pytest-ddp: {exc}") from None
             self.pool = GroupPool(settings.max_groups, lambda config: LaunchedGroup(config, world))
         self.runs: list[TestRun | StartFailure] = []
+        self.refusals: Refusals | None = None  # once the forkserver runs
         self.shared: dict[tuple[int, str, bool], list[pytest.Item]] = {}
         self.position: dict[str, int] = {}
         self._last_item: tuple[str, tuple[str, int | None, str]] = ("", ("", None, ""))  # logged last
@@ -76,6 +83,7 @@ class Controller:
         runs = not session.config.option.collectonly
         if specs and runs:
             fork_context()  # the forkserver imports torch while pytest gets going
+            self.refusals = Refusals()
         if self.world is not None:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
             if difference is not None:
@@ -153,11 +161,25 @@ class Controller:
             for warning, nodeid in rank_warnings.merged(run.states):
                 kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
                 self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
+        self._warn_of_refusals(item)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         self._report_stopped_groups(stopped)
         if isinstance(run, TestRun):
             _end_session_if_interrupted(run)
         return True
+
+    def _warn_of_refusals(self, item: pytest.Item) -> None:
+        """Connections the forkserver refused while ``item`` ran, as a warning of it."""
+        refused = [] if self.refusals is None else self.refusals.new()
+        if not refused:
+            return
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        text = f"the forkserver refused a connection from {refused[0]}{more}: it forks for this session alone"
+        path, lineno, _ = item.location
+        message = ForkserverRefusedWarning(text)
+        warning = warnings.WarningMessage(message, ForkserverRefusedWarning, path, (lineno or 0) + 1)
+        kwargs = {"warning_message": warning, "when": "runtest", "nodeid": item.nodeid, "location": None}
+        self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self._last_item = (nodeid, location)
