@@ -153,7 +153,8 @@ def test_each_replacing_fault_fired_on_real_ranks(ddp_pytester, tmp_path):
     skipped = "        dist.all_reduce(t)  # the call skipped in the second round"
     line = HEADER.count("\n") + REPLACED.splitlines().index(skipped) + 1
     result.stdout.fnmatch_lines([
-        f"*ranks 0, 1 disagree on collective #3: *Likely rank 1: its broadcast #3 (test_it.py:{line + 1}) came right"
-        f" after its call from test_it.py:{line + 1}, and its code makes the call of test_it.py:{line} on every way*"
+        f"*rank 1 likely departs from rank 0 on collective #3: *Likely rank 1: its broadcast #3"
+        f" (test_it.py:{line + 1}) came right after its call from test_it.py:{line + 1},"
+        f" and its code makes the call of test_it.py:{line} on every way*"
     ])
     result.stdout.fnmatch_lines(["*call skipped on rank 1 at all_reduce call 1: this all_reduce reached the backend*"])

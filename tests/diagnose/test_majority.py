@@ -224,6 +224,7 @@ def test_of_a_two_rank_p2p_cycle_the_rank_that_sent_twice_in_a_row_is_named_as_l
     verdict = judge(snap(rank(0, *r0), rank(1, *r1)))
     assert outline(verdict) == ("deadlock", "p2p_cycle", [0, 1], [])
     assert isinstance(verdict.finding, Cycle) and list(verdict.finding.after) == [0]
+    assert verdict.summary.startswith("rank 0 likely departs: a point-to-point cycle: ")  # the likely rank leads
     assert verdict.summary.endswith(
         "Likely rank 0: its send #3 to 1 (t.py:91) came right after a call from t.py:91, an order no rank's "
         "calls took before; the others' came in an order taken before."

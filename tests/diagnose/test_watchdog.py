@@ -210,6 +210,9 @@ def test_in_a_tie_the_rank_whose_call_departs_from_its_lines_history_is_named_as
                          rank(1, *[ok("all_reduce", seq, shape=(4, 8), site="t.py:20") for seq in (1, 2, 3)],
                               call("all_reduce", 4, shape=(3, 8), site="t.py:20"))))
     assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])  # still a tie: said as likely
+    assert verdict.summary.startswith(  # the likely rank leads
+        "rank 1 likely departs from rank 0 on all_reduce #4: rank 1 all_reduce shapes [[3, 8]] float32, rank 0"
+    )
     assert verdict.summary.endswith(
         "Likely rank 1: every earlier call from t.py:20 was all_reduce shapes [[4, 8]] float32, "
         "and rank 1's is the one that departs from it."
