@@ -123,13 +123,14 @@ def _init_address(inits: _Inits) -> InitFault | None:
     MASTER_PORT, or tcp://): those that missed the rank group's store, where some dialled it, else
     the fewest; nothing on a tie without the store (a process alone in its world dials its own)."""
     dialled = {
-        r: address for r, c in inits.live.items()
+        r: _loopback_as_one(address) for r, c in inits.live.items()
         if isinstance(address := c.extra.get("address"), str) and (given(c, "world_size") or 0) > 1
     }
     if len(set(dialled.values())) < 2:
         return None
-    if inits.store in dialled.values():
-        culprits = sorted(r for r, address in dialled.items() if address != inits.store)
+    store = None if inits.store is None else _loopback_as_one(inits.store)
+    if store in dialled.values():
+        culprits = sorted(r for r, address in dialled.items() if address != store)
         return InitFault("address", culprits, inits.blocked, store=inits.store)
     counts = Counter(dialled.values())
     best = max(counts.values())
@@ -137,6 +138,14 @@ def _init_address(inits: _Inits) -> InitFault | None:
     if len(common) > 1:
         return None
     return InitFault("address", sorted(r for r, a in dialled.items() if a != common[0]), inits.blocked)
+
+
+def _loopback_as_one(address: str) -> str:
+    """``localhost:29500``, ``[::1]:29500`` -> ``127.0.0.1:29500``: one store, however spelled."""
+    host, _, port = address.rpartition(":")
+    if host.strip("[]") in ("localhost", "::1") or host.startswith("127."):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
 
 
 def _init_raised(inits: _Inits) -> InitFault | None:

@@ -70,3 +70,8 @@ def test_a_rendezvous_of_the_tests_own_store_is_no_address() -> None:
         snap(rank(0, init(0, address=None, method="store")), rank(1, init(1))), store=STORE,
     ))
     assert verdict.status == "wait"
+
+
+def test_the_store_spelled_another_way_is_the_store() -> None:
+    spelled = init(1, address="localhost:29500")
+    assert judge(dataclasses.replace(snap(rank(0, init(0)), rank(1, spelled)), store=STORE)).status == "wait"
