@@ -215,12 +215,13 @@ class Verdict:
     summary: str = ""  # one or two sentences a human can act on: wording.worded() fills it in
 
     def call_at_fault(self, states: list[RankState]) -> Call | None:
-        """The call it names (``call``): where the ranks disagree, else the lowest waiting rank's
-        call of that label, else its call; where none waits, the first raised on a rank not at fault."""
+        """The call it names (``call``): where the ranks disagree or a rank left mid-call, else the
+        lowest waiting rank's call of that label, else its call; where none waits, the first raised
+        on a rank not at fault."""
         finding = self.finding
         if isinstance(finding, (SettingDiffers, CutOnPurpose)):
             return finding.then.call_at_fault(states)
-        if isinstance(finding, Disagreement):
+        if isinstance(finding, (Disagreement, LeftMidCall)):
             return finding.call
         waits = getattr(finding, "waits", None) or {}
         calls = [wait.call for _, wait in sorted(waits.items())]

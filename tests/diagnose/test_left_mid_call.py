@@ -71,6 +71,7 @@ def test_a_tie_where_the_raised_call_came_as_before_names_both() -> None:
     verdict = judge(snap(runner, quitter))
     assert outline(verdict) == ("done", "partial", [0, 1], [])
     assert "nothing tells which" in verdict.summary
+    assert verdict.call_at_fault([runner, quitter]) is raised
 
 
 def test_an_error_of_the_call_itself_stays_the_failure() -> None:
