@@ -4,14 +4,16 @@ Kinds of verdict (``Verdict.kind``):
 
 ``rank_exited``  a rank raised or died while others wait for it
 ``partial``      a rank finished its test normally without calling the
-                 collective its peers wait in (only some ranks call it)
+                 collective its peers wait in, or raised in once it ended
+                 the group (only some ranks call it)
 ``mismatch``     ranks entered the same collective with a different op, size
                  or root, or wait for each other in different collectives
 ``p2p_cycle``    point-to-point calls wait for each other in a cycle
 ``p2p_unmatched``  a send or recv that its peer never matches: the peer went on
                  to a collective that waits for the sender or receiver
 ``init``         ``init_process_group`` cannot complete (duplicate rank, rank
-                 out of range, world sizes differ, a process never arrives)
+                 out of range, world sizes differ or exceed the processes,
+                 another address than the store's, a process never arrives)
 ``timeout``      the test ran out of time without a certain deadlock, or a
                  ``monitored_barrier`` did, naming the ranks that never came
 ``failed``       every rank finished, some failed, no distributed fault seen
