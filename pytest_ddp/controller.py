@@ -104,7 +104,7 @@ class Controller:
         try:
             resolved: RankSpec | SpecError = self._spec_of(item, marker)
         except SpecError as exc:
-            resolved = SpecError(f"{item.nodeid}: {exc}")
+            resolved = exc  # its test's id heads its report: the message need not say it
         item.stash[spec_key] = resolved
         return resolved
 
@@ -114,7 +114,7 @@ class Controller:
         try:
             mark = parse_mark(marker.args, marker.kwargs)
         except SpecError as exc:
-            raise SpecError(f"@pytest.mark.ddp: {exc}") from None
+            raise SpecError(f"{exc} (in @pytest.mark.ddp)") from None
         timeout_marker = item.get_closest_marker("timeout")
         try:
             timeout_mark = None
@@ -124,7 +124,7 @@ class Controller:
             # pytest-timeout reads the mark again, and a value it cannot read is an INTERNALERROR:
             # a closer mark without a timeout shields it.
             item.add_marker(pytest.mark.timeout(0), append=False)
-            raise SpecError(f"@pytest.mark.timeout: {exc}") from None
+            raise SpecError(f"{exc} (in @pytest.mark.timeout)") from None
         callspec = getattr(item, "callspec", None)
         if callspec is not None and WORLD_SIZE_PARAM in callspec.params:
             world_size = callspec.params[WORLD_SIZE_PARAM]
@@ -289,9 +289,10 @@ def _count(n: int, noun: str) -> str:
 
 
 def _setup_error_report(item: pytest.Item, message: str) -> pytest.TestReport:
-    """An error at the setup of ``item``, with ``message`` and no traceback."""
-    call = pytest.CallInfo.from_call(lambda: pytest.fail(message, pytrace=False), "setup")
-    return pytest.TestReport.from_item_and_call(item, call)
+    """An error at the setup of ``item``: ``message``, no traceback (pytest's short summary shows its
+    first line after the test's id, not led by pytest.fail's ``Failed:``)."""
+    keywords = {name: 1 for name in item.keywords}
+    return pytest.TestReport(item.nodeid, item.location, keywords, "failed", message, "setup")
 
 
 def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:

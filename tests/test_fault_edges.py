@@ -57,8 +57,8 @@ def test_exit_code_256_is_the_tests_error_and_nothing_starts(pytester: pytest.Py
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "test_exit.py::test_exit: @pytest.mark.ddp: faults: exit(rank=1, at='all_reduce', call=1): code=256 "
-            "must be an int from 0 to 255 (an exit status)"
+            "faults: exit(rank=1, at='all_reduce', call=1): code=256 "
+            "must be an int from 0 to 255 (an exit status) (in @pytest.mark.ddp)"
         ]
     )
     result.stdout.no_fnmatch_line("*rank group* started*")

@@ -199,9 +199,11 @@ def test_a_bad_fault_is_the_error_of_its_test_naming_it(ddp_pytester):
     )
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines([
-        "*test_it.py::test_bad: faults: kill(rank=2, at='all_reduce', call=1): there is no rank 2 in world_size 2*",
-        "*test_it.py::test_typo: @pytest.mark.ddp: faults: kill(rank=1, at='allreduce', call=1): 'allreduce' is not*",
-    ])
+        "*ERROR at setup of test_bad *",
+        "faults: kill(rank=2, at='all_reduce', call=1): there is no rank 2 in world_size 2*",
+        "*ERROR at setup of test_typo *",
+        "faults: kill(rank=1, at='allreduce', call=1): 'allreduce' is not*(in @pytest.mark.ddp)",
+    ], consecutive=True)
 
 
 def test_ranks_still_in_their_calls_after_a_disconnect_get_the_grace_not_only_the_settle_time():

@@ -127,7 +127,8 @@ def test_world_size_above_the_option_is_refused_naming_it(ddp_pytester) -> None:
         "--ddp-max-world-size=2",
     )
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*test_it.py::test_sizes?ws3?: world_size=3: above --ddp-max-world-size=2*"])
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_sizes?ws3?*", "world_size=3: above --ddp-max-world-size=2*"],
+                                consecutive=True)
 
 
 def test_world_size_the_machine_cannot_hold_is_refused_before_any_process_starts(ddp_pytester) -> None:
@@ -140,7 +141,11 @@ def test_world_size_the_machine_cannot_hold_is_refused_before_any_process_starts
     )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*test_it.py::test_huge: world_size=1000000: this machine holds at most * ranks (*); --ddp-max-world-size=N*"]
+        [
+            "*ERROR at setup of test_huge*",
+            "world_size=1000000: this machine holds at most * ranks (*); --ddp-max-world-size=N*",
+        ],
+        consecutive=True,
     )
     result.stdout.no_fnmatch_line("*rank group* started*")
     assert not ranks_working_in(ddp_pytester.pytester.path)
