@@ -291,8 +291,9 @@ def _count(n: int, noun: str) -> str:
 def _setup_error_report(item: pytest.Item, message: str) -> pytest.TestReport:
     """An error at the setup of ``item``: ``message``, no traceback (pytest's short summary shows its
     first line after the test's id, not led by pytest.fail's ``Failed:``)."""
-    keywords = {name: 1 for name in item.keywords}
-    return pytest.TestReport(item.nodeid, item.location, keywords, "failed", message, "setup")
+    return pytest.TestReport(
+        item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed", message, "setup"
+    )
 
 
 def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:
