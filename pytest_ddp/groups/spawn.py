@@ -31,6 +31,9 @@ SECRET_ENV = "PYTEST_DDP_SECRET"
 # launched process), and the launched session's secret.
 NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 
+# What ends pytest, by default, without its exit handlers: a kill, a closed terminal.
+KILLING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
 # Imported once by the forkserver before it forks any rank (then gc.freeze(): pytest_ddp.groups.preload).
 PRELOAD = [
     "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry",
@@ -58,14 +61,15 @@ def fork_context() -> Any:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _die_of_sigterm)
+    if threading.current_thread() is threading.main_thread():
+        for number in KILLING_SIGNALS:
+            if signal.getsignal(number) is signal.SIG_DFL:
+                signal.signal(number, _die_of_signal)
     return context
 
 
-def _die_of_sigterm(number: int, frame: Any) -> None:
-    """Die of SIGTERM, first removing the forkserver socket's folder (which multiprocessing's exit
+def _die_of_signal(number: int, frame: Any) -> None:
+    """Die of the signal, first removing the forkserver socket's folder (which multiprocessing's exit
     handler removes on any other ending)."""
     shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
     signal.signal(number, signal.SIG_DFL)

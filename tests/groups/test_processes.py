@@ -131,13 +131,13 @@ def test_hang(rank):
 """
 
 
-SIGNALS = [signal.SIGKILL, signal.SIGINT, signal.SIGTERM]
+SIGNALS = [signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 
 
 @pytest.fixture(scope="module")
 def controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Controller]]:
-    """The controllers of the test below, started together, one per signal: SIGINT's and
-    SIGTERM's ranks sleep; SIGKILL's rank 0 is blocked in a collective (a barrier its rank 1,
+    """The controllers of the test below, started together, one per signal: SIGINT's, SIGTERM's
+    and SIGHUP's ranks sleep; SIGKILL's rank 0 is blocked in a collective (a barrier its rank 1,
     asleep, never calls), which dies with its controller as a sleeping rank does (a controller of
     its own cost a pytest, a forkserver and two ranks, each importing torch)."""
     sleeping = HANGING_TEST.format(body="time.sleep(3600)")
@@ -154,8 +154,9 @@ def test_ranks_die_with_their_controller(controllers: dict[str, Controller], how
     controller.process.send_signal(how)
     code = controller.process.wait(timeout=60)
     wait_for(lambda: not live_pids(ranks), "the ranks to die", limit=10)
-    # Ctrl-C ends the session as pytest does (status 2), SIGTERM kills it as it kills pytest;
-    # after either, nothing of multiprocessing's is left in its TMPDIR (SIGKILL leaves it).
+    # Ctrl-C ends the session as pytest does (status 2), SIGTERM and SIGHUP (a closed terminal)
+    # kill it as they kill pytest; after each, nothing of multiprocessing's is left in its TMPDIR
+    # (SIGKILL leaves it).
     assert code == {signal.SIGINT: 2}.get(how, -how)
     if how != signal.SIGKILL:
         assert not list(controller.tmpdir.glob("pymp-*"))
