@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from operator import attrgetter, lt
 
 from pytest_ddp.common.ops import COLLECTIVES, TORCH_P2P
+from pytest_ddp.diagnose.phrases import rank_list
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.wording import rank_list
 
 GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a stack section
 SEQUENCE_CONTEXT = 3  # collectives shown before and after the first divergence

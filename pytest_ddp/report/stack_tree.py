@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddp.diagnose.wording import rank_list
+from pytest_ddp.diagnose.phrases import rank_list
 
 # Files of the harness under the test: pytest, pluggy, pytest-ddp, and the forkserver's start of a rank.
 HARNESS_PARTS = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "/multiprocessing/")

@@ -189,7 +189,7 @@ def test_the_ini_logging_and_warning_options_and_a_users_logging_config_hold_in_
         """
     )
     result.assert_outcomes(passed=3, failed=2, warnings=0)
-    result.stdout.fnmatch_lines(["*ranks 0, 1 failed (UserWarning: boom)*"])
+    result.stdout.fnmatch_lines(["UserWarning: boom (ranks 0, 1). [[]ddp failed]"])
     result.stdout.fnmatch_lines(
         ["*Captured log call (rank 0)*", "INFO * shown 0", "*Captured log call (rank 1)*", "INFO * shown 1"]
     )

@@ -136,7 +136,7 @@ def test_victim(rank):
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_culprit*",
-            "rank 1 failed (*thread 'lingerer' started by the test still running 1 s after it ended*",
+            "Failed: thread 'lingerer' started by the test still running 1 s after it ended* (rank 1). [[]ddp failed]",
             "thread 'lingerer':",
             "*in lingers",
             "*stop.wait()",
@@ -184,7 +184,7 @@ def test_it(rank, nosuch):
 """
     )
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["ranks 0, 1 failed (fixture 'nosuch' not found). [[]ddp failed*]"])
+    result.stdout.fnmatch_lines(["fixture 'nosuch' not found (ranks 0, 1). [[]ddp failed*]"])
 
 
 def test_report_message_prefers_the_error_line_of_a_plain_text_longrepr():
@@ -242,7 +242,7 @@ def test_warnings_of_the_ranks_reach_the_summary_once_with_their_ranks(ddp_pytes
 def test_a_warning_made_an_error_fails_the_test_in_the_rank(ddp_pytester):
     result = ddp_pytester.run(WARNS, "-W", "error::DeprecationWarning")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["rank 1 failed (DeprecationWarning: from rank one)*[[]ddp failed*]"])
+    result.stdout.fnmatch_lines(["DeprecationWarning: from rank one (rank 1). [[]ddp failed*]"])
 
 
 def test_merged_warnings_group_by_text_place_and_test():

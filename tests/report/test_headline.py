@@ -1,7 +1,9 @@
 """The headline of a failure leads with what happened and to whom, then the verdict's tag
 (``[ddp deadlock, partial, 0.41 s]``), so that pytest's short test summary, cut at an 80-column
 terminal, keeps the cause; and the call it names is the first where the ranks' sequences differ,
-the one the sequence table marks, even with an earlier asynchronous call still in flight."""
+the one the sequence table marks, even with an earlier asynchronous call still in flight.  A
+failure every failing rank shares leads with its error; a headline is one line of at most 200
+characters, the whole lead in the body when it was cut."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from snapshots import rank, snap
 
 from conftest import ModuleShared, Session, line_of, session_in_process
 from pytest_ddp.config.spec import RankSpec
@@ -16,7 +19,7 @@ from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.wording import worded
 from pytest_ddp.groups.runner import TestRun
-from pytest_ddp.report.failure import render
+from pytest_ddp.report.failure import HEADLINE_LIMIT, render
 from pytest_ddp.report.json_report import to_json
 from pytest_ddp.report.model import build
 from pytest_ddp.report.sequences import group_sequences, table
@@ -101,6 +104,40 @@ def test_sizes_that_differ_are_a_mismatch_whichever_rank_raised() -> None:
         assert (verdict.kind, verdict.culprits, verdict.call) == ("mismatch", [0, 1], "all_gather_single #1"), raised
 
 
+# -- a failure every failing rank shares leads with its error (hand-made states) ------------
+
+
+def _failed(*errors: str) -> list[str]:
+    """The first lines of the report of a test whose ranks finished, each failed with its error."""
+    states = [rank(r, finished=True, failed=error) for r, error in enumerate(errors)]
+    verdict = worded(watchdog.judge(snap(*states)), states)
+    run = TestRun("t.py::test_x", RankSpec(len(states), "gloo", 60.0, 2.0), states, verdict, 0.4, 2.0)
+    return render(build(run, {}, "t.py")).splitlines()
+
+
+def test_a_failure_the_failing_ranks_share_leads_with_its_error() -> None:
+    missing = "fixture 'no_such_fixture' not found"
+    assert _failed(missing, missing)[0] == f"{missing} (ranks 0, 1). [ddp failed]"
+    summary = f"ERROR t.py::test_x - {_failed(missing, missing)[0]}"  # as pytest writes it
+    assert missing in summary[:80]
+
+
+def test_ranks_that_failed_each_their_way_keep_the_verdicts_words() -> None:
+    assert _failed("ValueError: a", "ValueError: b")[0] == (
+        "rank 0 failed (ValueError: a); rank 1 failed (ValueError: b). [ddp failed]"
+    )
+
+
+def test_a_long_lead_is_cut_in_the_one_headline_and_whole_in_the_body() -> None:
+    long = "ValueError:" + " the batch was bad;" * 20
+    lines = _failed(long, long)
+    first, blank, *body = lines
+    assert len(first) <= HEADLINE_LIMIT and first.endswith("... [ddp failed]") and blank == ""
+    assert body[:2] == ["rank 0: finished (failed); last call no collective yet",
+                        "rank 1: finished (failed); last call no collective yet"]
+    assert body[2:] == ["", "the headline in full:", f"  {long} (ranks 0, 1)."]
+
+
 # -- real failures of each kind, in one session at 80 columns -------------------------------
 
 FAILURES = """
@@ -168,6 +205,11 @@ def test_failed(rank):
 @pytest.mark.ddp(world_size=2)
 def test_fixture(rank, nosuch):
     pass
+
+
+@pytest.mark.ddp(world_size=2, colour="red")
+def test_bad_mark(rank):
+    pass
 """
 
 # Each test -> what its headline must say within the short summary's 80 columns, and its tag
@@ -182,9 +224,10 @@ CAUSES = {
     "test_exited": ("rank 1 failed (ValueError: bad batch)", DEADLOCK.format("rank_exited")),
     "test_init": ("process 1 passed rank 2, out of range", DEADLOCK.format("init")),
     "test_timeout": ("timed out after 2 s: rank 1 is running", "timeout"),
-    "test_failed": ("rank 1 failed (AssertionError: loss diverged", "failed"),
-    "test_fixture": ("ranks 0, 1 failed (fixture 'nosuch'", "failed"),
+    "test_failed": ("AssertionError: loss diverged", "failed"),
+    "test_fixture": ("fixture 'nosuch' not found (ranks 0, 1)", "failed"),
 }
+NOT_RUN = {"test_bad_mark": "unknown argument colour"}  # no rank ran it: no verdict, no tag
 
 
 @pytest.fixture
@@ -208,12 +251,12 @@ def _short_summary(result: pytest.RunResult) -> dict[str, str]:
     return lines
 
 
-@pytest.mark.parametrize("test", sorted(CAUSES))
+@pytest.mark.parametrize("test", sorted([*CAUSES, *NOT_RUN]))
 def test_the_short_summary_at_80_columns_keeps_the_cause(
     session: tuple[pytest.RunResult, Path], test: str
 ) -> None:
     result, _ = session
-    cause, _ = CAUSES[test]
+    cause = CAUSES[test][0] if test in CAUSES else NOT_RUN[test]
     line = _short_summary(result)[test]
     assert len(line) <= 80 and cause in line, line
 
