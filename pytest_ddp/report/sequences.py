@@ -161,7 +161,8 @@ def _sites_line(seq: int, calls: dict[int, Call | None]) -> list[str]:
     for r, c in calls.items():
         if c is not None:
             sites.setdefault(c.site + (f" via {c.caller}" if c.caller else ""), []).append(r)
-    return [f"  #{seq} called at " + ", ".join(f"{site} ({rank_list(ranks)})" for site, ranks in sites.items())]
+    where = ", ".join(f"{site} ({rank_list(ranks)})" for site, ranks in sites.items())
+    return [f"  #{seq} called at {where}"]
 
 
 MAX_PAIRS = 10  # pairs listed in the p2p table, the first by rank

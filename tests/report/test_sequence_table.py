@@ -10,8 +10,10 @@ from pytest_ddp.report.sequences import group_sequences, table
 
 
 def test_a_collective_met_from_different_lines_says_each_line_once_under_the_table() -> None:
-    states = [rank(r, ok("all_reduce", 1, ranks=R4, site="t.py:16"), call("all_reduce", 2, ranks=R4, site="t.py:20"))
-              for r in range(3)]
+    states = [
+        rank(r, ok("all_reduce", 1, ranks=R4, site="t.py:16"), call("all_reduce", 2, ranks=R4, site="t.py:20"))
+        for r in range(3)
+    ]
     states.append(rank(3, ok("all_reduce", 1, ranks=R4, site="t.py:16"),
                        call("barrier", 2, ranks=R4, shape=None, site="t.py:18")))
     states[2].calls[1].caller = "lightning/strategy.py:40"
