@@ -15,8 +15,9 @@ from typing import Any
 
 from pytest_ddp.diagnose.phrases import rank_list
 
+PLUGIN_PART = "/pytest_ddp/"  # in the path of pytest-ddp's files, installed or not
 # Files of the harness under the test: pytest, pluggy, pytest-ddp, and the forkserver's start of a rank.
-HARNESS_PARTS = ("/pluggy/", "/_pytest/", "/pytest_ddp/", "/multiprocessing/")
+HARNESS_PARTS = ("/pluggy/", "/_pytest/", PLUGIN_PART, "/multiprocessing/")
 HARNESS_NAMES = ("<frozen runpy>", "<string>")
 HARNESS_TEXT = "(pytest and pytest-ddp frames)"
 MAX_FRAMES = 100  # per thread, the innermost: faulthandler writes no more (text with more is not its dump)
@@ -131,12 +132,7 @@ _BOOTSTRAP = {"_bootstrap", "_bootstrap_inner", "run"}  # threading.py's frames 
 
 def _written(lines: list[str]) -> list[Frame]:
     """A thread's frames as written, innermost first, without threading.py's start of it."""
-    frames = []
-    for line in lines:
-        found = _FRAME.match(line)
-        if found:
-            number = found["line"]
-            frames.append(Frame(found["file"], int(number) if number.isdigit() else None, found["function"]))
+    frames, _ = _parsed(lines)
     while frames and short_file(frames[-1].file) == "threading.py" and frames[-1].function in _BOOTSTRAP:
         frames.pop()
     return frames
@@ -149,9 +145,9 @@ def thread_kind(thread: Thread) -> str:
     frames = _written(thread.lines)
     if not frames:
         return "other"  # a thread running C code: what it does is not written
-    if "/pytest_ddp/" in frames[-1].file:
+    if PLUGIN_PART in frames[-1].file:
         return "own"
-    library = all(short_file(f.file) != f.file and "/pytest_ddp/" not in f.file for f in frames)
+    library = all(short_file(f.file) != f.file and PLUGIN_PART not in f.file for f in frames)
     return "idle" if library and (short_file(frames[0].file), frames[0].function) in IDLE_WAITS else "other"
 
 
@@ -164,8 +160,8 @@ def idle_label(thread: Thread) -> str:
     return label if waits == runs else f"{label}, waiting in {short_file(waits.file)} {waits.function}"
 
 
-def _frames(lines: list[str]) -> list[Frame]:
-    """A thread's lines (innermost first) as frames, outermost first, harness runs collapsed."""
+def _parsed(lines: list[str]) -> tuple[list[Frame], bool]:
+    """A thread's lines as frames, innermost first, and whether faulthandler cut its outer frames."""
     inner_first: list[Frame] = []
     cut = False
     for line in lines:
@@ -176,6 +172,12 @@ def _frames(lines: list[str]) -> list[Frame]:
             inner_first.append(Frame(found["file"], line_number, found["function"]))
         elif line.strip() == _CUT:
             cut = True
+    return inner_first, cut
+
+
+def _frames(lines: list[str]) -> list[Frame]:
+    """A thread's lines (innermost first) as frames, outermost first, harness runs collapsed."""
+    inner_first, cut = _parsed(lines)
     if len(inner_first) > MAX_FRAMES:
         inner_first, cut = inner_first[:MAX_FRAMES], True
     frames: list[Frame] = [CUT] if cut and inner_first else []
