@@ -1,0 +1,123 @@
+"""Init faults: world sizes, ranks and addresses the processes do not agree on, a rank that never
+arrives."""
+
+from __future__ import annotations
+
+from benchmarks.field.case import Case
+
+CASES = [
+    Case(
+        name="init_world_size_larger_than_processes",
+        url="https://github.com/pytorch/pytorch/issues/52848",
+        summary="init_process_group hangs on every machine; the answer in the thread: the world size "
+        "passed is larger than the workers that run",
+        world_size=2,
+        init=False,
+        body="""\
+dist.init_process_group("gloo", rank=rank, world_size=3)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", rank=rank, world_size=world_size)
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(0, 1),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_rank_hardcoded_zero",
+        url="https://github.com/pytorch/pytorch/issues/8091",
+        summary="imagenet example hangs in init_process_group at world_size > 1: every process passes rank=0",
+        world_size=2,
+        init=False,
+        body="""\
+dist.init_process_group("gloo", init_method="env://", world_size=world_size, rank=0)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", init_method="env://", world_size=world_size, rank=rank)
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(1,),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_master_port_differs",
+        url="https://github.com/helboukkouri/character-bert-pretraining/issues/4",
+        summary="training hangs at init_process_group; MASTER_ADDR and MASTER_PORT must be the same in "
+        "each process's environment",
+        world_size=2,
+        init=False,
+        body="""\
+if rank == 1:  # this node's launch script exports its own port
+    os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
+dist.init_process_group("gloo")  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(1,),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_env_world_size_from_config",
+        url="https://github.com/helboukkouri/character-bert-pretraining/issues/4",
+        summary="it hangs unless nprocs=world_size is passed to mp.spawn: the config's world size "
+        "waits for processes that were never started",
+        world_size=2,
+        init=False,
+        held_out=True,
+        body="""\
+os.environ["WORLD_SIZE"] = "4"  # the config's world size; 2 processes were spawned
+dist.init_process_group("gloo")  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(0, 1),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_one_rank_stuck_before_init",
+        url="https://github.com/s-JoL/Open-Llama/issues/47",
+        summary="'Waiting in store based barrier to initialize process group ... worker_count=7' of 8: "
+        "one rank stuck in wandb before it reached init",
+        world_size=3,
+        init=False,
+        body="""\
+def start_logging():  # wandb.init stand-in: it blocks on one rank
+    if rank == 2:
+        time.sleep(60)  # <- culprit line
+
+
+start_logging()
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="timeout",
+        culprits=(2,),
+        op=None,
+    ),
+]
