@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from pytest_ddp.common import procfs
+from pytest_ddp.common.bounds import read_bounded
 from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.common.protocol import (
     CallFunction,
@@ -324,7 +325,7 @@ class RankGroup:
                 exit_code=codes[rp.rank],
                 waited=waited,
                 duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
-                stderr=read_from(rp.stderr, rp.stderr_offset),
+                stderr=read_bounded(rp.stderr, rp.stderr_offset),
                 stacks=stacks.get(rp.rank, ""),
             )
             for rp in silent
@@ -443,12 +444,12 @@ class RankGroup:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
         rp = self.ranks[rank]
         return {
-            "stdout": read_from(rp.stdout, rp.stdout_offset),
-            "stderr": read_from(rp.stderr, rp.stderr_offset),
+            "stdout": read_bounded(rp.stdout, rp.stdout_offset),
+            "stderr": read_bounded(rp.stderr, rp.stderr_offset),
         }
 
     def stderr_tail(self, rank: int, lines: int = 30) -> str:
-        text = read_from(self.ranks[rank].stderr, 0)
+        text = read_bounded(self.ranks[rank].stderr, 0)
         return "\n".join(text.splitlines()[-lines:])
 
     def exit_codes(self) -> dict[int, int | None]:

@@ -9,6 +9,7 @@ from multiprocessing.connection import Connection
 from types import ModuleType
 from typing import Any, TypeVar
 
+from pytest_ddp.common.bounds import TEXT_LIMIT, cut
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.protocol import (
     CallFunction,
@@ -30,11 +31,6 @@ from pytest_ddp.rank.context import RankContext, current, set_current
 IN_FLIGHT_WAIT = 1.0
 # Seconds in all that threads a test started get to end once the test is over.
 THREAD_JOIN_WAIT = 1.0
-# Characters of one text a rank sends (a message, a traceback's lines, a warning, a section): its
-# first and last half are kept. A test's 200 MB message reached the terminal and each report file
-# several times over (1.6 GB); a browser and a CI log hold this.
-TEXT_LIMIT = 128 * 1024
-NOTE_ROOM = 64  # characters of the note that says how much was cut, at most
 
 
 # The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
@@ -72,15 +68,6 @@ class Channel:
             if not isinstance(command, accepted):
                 raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
             yield command
-
-
-def cut(text: str, limit: int = TEXT_LIMIT) -> str:
-    """``text``, or its first and last characters around a note of how much was cut: ``limit`` in
-    all, so that a text cut once is not cut again."""
-    if len(text) <= limit:
-        return text
-    half = (limit - NOTE_ROOM) // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half:,} characters cut by pytest-ddp ...]\n{text[-half:]}"
 
 
 def _bounded_data(value: Any) -> Any:

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import live_pids, outcomes, wait_for
+from pytest_ddp.common.bounds import TEXT_LIMIT, cut, read_bounded
 from pytest_ddp.common.protocol import Report, WarningRecorded
 from pytest_ddp.diagnose import wording
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.rank import leftovers
-from pytest_ddp.rank.channel import TEXT_LIMIT, bounded, cut
+from pytest_ddp.rank.channel import bounded
 from pytest_ddp.report import rank_warnings
 
 SPAWN = """
@@ -380,14 +381,28 @@ def test_a_rank_s_text_is_cut_to_its_head_and_tail_with_a_note():
     assert bounded(Report("call", "passed", data={"value": value})).data == {"value": value}
 
 
+def test_a_rank_s_file_is_read_to_its_head_and_tail_past_its_offset(tmp_path):
+    path = tmp_path / "stdout"
+    path.write_bytes(b"earlier test\n" + b"first " + b"y" * (3 * TEXT_LIMIT) + b" last")
+    offset = len(b"earlier test\n")
+    shown = read_bounded(path, offset)
+    head, note, tail = shown.split("\n")
+    assert len(shown) <= TEXT_LIMIT and head.startswith("first yyy") and tail.endswith("yyy last")
+    assert note == f"[... {path.stat().st_size - offset - len(head) - len(tail):,} bytes cut by pytest-ddp ...]"
+    assert read_bounded(path, path.stat().st_size - 4) == "last"
+    assert read_bounded(tmp_path / "not there", 0) == ""
+
+
 def test_a_huge_failure_message_reaches_the_terminal_and_report_files_cut(ddp_pytester):
     """A 20 MB message (a 200 MB one reached the terminal twice and the report files five times):
-    cut on the rank, so the terminal and every report file hold its head and tail, and the note."""
+    cut on the rank, so the terminal and every report file hold its head and tail, and the note;
+    20 MB the test printed, read to its head and tail from the rank's file."""
     reports = ddp_pytester.pytester.path / "reports"
     result = ddp_pytester.run(
         """
 @pytest.mark.ddp(world_size=1)
 def test_huge(rank):
+    print("start-of-output " + "p" * (20 * 1024 * 1024) + " end-of-output")
     raise ValueError("start-of-message " + "x" * (20 * 1024 * 1024) + " end-of-message")
 """,
         f"--ddp-report-dir={reports}",
@@ -397,6 +412,8 @@ def test_huge(rank):
     assert len(terminal) < 4 * TEXT_LIMIT, len(terminal)
     assert "ValueError: start-of-message xxx" in terminal and "xxx end-of-message" in terminal
     assert "characters cut by pytest-ddp ...]" in terminal
+    assert "start-of-output ppp" in terminal and "ppp end-of-output" in terminal
+    assert "bytes cut by pytest-ddp ...]" in terminal
     sizes = {path.name: path.stat().st_size for path in reports.iterdir() if path.is_file()}
     assert len(sizes) == 3 and max(sizes.values()) < 8 * TEXT_LIMIT, sizes
     assert "characters cut by pytest-ddp" in next(reports.glob("*[!e].json")).read_text()
