@@ -435,7 +435,7 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
     woken: dict[int, Call] = {}
     left: set[int] = set()
     for r in failed:
-        call = ranks[r].last_raised
+        call = _raised_last_on_its_group(ranks[r])
         if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
             return None
         absent = [
@@ -461,3 +461,14 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
     finding = LeftMidCall(culprits, call, woken, ended, alike)
     waiting = [r for r in sorted(woken) if r not in named]
     return Verdict("done", "partial", named, waiting, call.op, call.label, finding)
+
+
+def _raised_last_on_its_group(state: RankState) -> Call | None:
+    """The rank's last call that raised, where it made no later call on that call's group (a test
+    harness's exchanges after the test are on a group of their own: torch's MultiProcessTestCase)."""
+    for position in range(len(state.calls) - 1, -1, -1):
+        call = state.calls[position]
+        if call.state == "raised":
+            later = state.calls[position + 1:]
+            return None if any(c.group == call.group for c in later) else call
+    return None

@@ -210,15 +210,23 @@ def _left_mid_call(f: LeftMidCall, ranks: dict[int, RankState]) -> str:
 
     def how(r: int) -> str:
         destroy = f.ended.get(r)
-        if destroy is not None:
-            return f"and ended the group ({destroy.op} at {destroy.site})"
-        return "(returned from its test)"
+        if destroy is None:
+            return "(returned from its test)"
+        # A harness's call (torch's MultiProcessTestCase) has no line of a file to name.
+        at = "" if destroy.site.startswith("<") else f" at {destroy.site}"
+        return f"and ended the group ({destroy.op}{at})"
+
+    def raised(r: int) -> str:
+        call = f.woken[r]
+        error = plain_error((call.error or "error").strip().splitlines()[0])
+        return f"raised {error} in {describe_call(call)}"
 
     causes = [
         f"{rank_list(group)} never called {f.call.label} {how(group[0])}"
         for _, group in grouped(f.culprits, how)
     ]
-    text = f"{'; '.join(causes)}; then {_failures(sorted(f.woken), ranks)}."
+    woken = "; ".join(f"{rank_list(group)} {text}" for text, group in grouped(f.woken, raised))
+    text = f"{'; '.join(causes)}; then {woken}."
     if f.alike:
         text += _tie(f.alike, f.culprits)
     return text

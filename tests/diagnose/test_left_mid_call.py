@@ -47,6 +47,32 @@ def test_a_rank_that_returned_without_ending_the_group_is_named_too() -> None:
     assert verdict.summary.startswith("rank 1 never called all_reduce #2 (returned from its test); then ")
 
 
+def test_a_harness_exchange_after_the_test_is_on_a_group_of_its_own() -> None:
+    """torch's MultiProcessTestCase: after the test each rank exchanges its outcome (recorded on
+    group "harness"), and rank 1 ended the group when its test returned."""
+
+    def exchange() -> Call:
+        return ok("all_gather_object", 1, group="harness", shape=None, site="case.py:579")
+
+    raised = woken(0)
+    raised.calls.append(exchange())
+    quitter = left(1, destroy=False)
+    quitter.calls.append(exchange())
+    verdict = judge(snap(raised, quitter))
+    assert outline(verdict) == ("done", "partial", [1], [0])
+    assert verdict.summary == (
+        "rank 1 never called all_reduce #2 (returned from its test); then rank 0 raised"
+        " RuntimeError: Read error: Connection reset by peer in all_reduce #2 (t.py:8)."
+    )
+    quitter.calls.insert(1, ok("destroy_process_group", 0, shape=None, site="<string>:1"))  # the harness's
+    assert judge(snap(raised, quitter)).summary.startswith(
+        "rank 1 never called all_reduce #2 and ended the group (destroy_process_group); then rank 0 raised"
+    )
+    again = woken(0)  # a call on the group after the one that raised: the rank went on with it
+    again.calls.append(ok("all_reduce", 3, site="t.py:9"))
+    assert judge(snap(again, left(1))).kind == "failed"
+
+
 def test_every_peer_woken_is_named_once_behind_the_one_that_left() -> None:
     verdict = judge(snap(woken(0, R3), woken(1, R3), left(2, R3)))
     assert outline(verdict) == ("done", "partial", [2], [0, 1])
