@@ -162,11 +162,27 @@ class Controller:
                 kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
                 self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
         self._warn_of_refusals(item)
+        if self.config.option.usepdb and any(report.failed for report in reports):
+            self._cannot_debug(reports)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         self._report_stopped_groups(stopped)
         if isinstance(run, TestRun):
             _end_session_if_interrupted(run)
         return True
+
+    def _cannot_debug(self, reports: list[pytest.TestReport]) -> None:
+        """--pdb: where pytest would enter the debugger, the failure at once, and why no debugger."""
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return
+        tw = terminal._tw
+        tw.line()
+        tw.sep(">", "traceback")
+        for report in reports:
+            if report.failed:
+                report.toterminal(tw)
+        tw.sep(">", "pytest-ddp: --pdb cannot enter a rank: ranks run without a terminal")
+        tw.line("Each rank's traceback is above; -l adds its locals.")
 
     def _warn_of_refusals(self, item: pytest.Item) -> None:
         """Connections the forkserver refused while ``item`` ran, as a warning of it."""

@@ -505,3 +505,27 @@ def test_a_start_failures_first_line_cut_in_the_headline_is_whole_below_it() -> 
     assert lines[0].startswith("ddp: rank 1 exited while starting") and lines[0].endswith("...")
     assert len(lines[0]) <= HEADLINE_LIMIT
     assert lines[1:] == ["", first, "more"]
+
+
+def test_pdb_shows_a_failed_ddp_test_at_once_and_says_it_cannot_enter_a_rank(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.ddp(world_size=1)
+        def test_fails(rank):
+            assert rank == 1
+
+        def test_after():
+            pass
+        """,
+        "--pdb",
+    )
+    result.assert_outcomes(failed=1, passed=1)  # the session goes on, as after pdb's "continue"
+    result.stdout.fnmatch_lines(
+        [
+            "*>>> traceback >>>*",
+            "*assert 0 == 1*",
+            "*>>> pytest-ddp: --pdb cannot enter a rank: ranks run without a terminal >>>*",
+            "Each rank's traceback is above; -l adds its locals.",
+            "*= FAILURES =*",
+        ]
+    )
