@@ -24,7 +24,7 @@ from pytest_ddp.common.protocol import (
     TestStart,
     WarningRecorded,
 )
-from pytest_ddp.rank import default_group, leftovers
+from pytest_ddp.rank import default_group, leftovers, restore
 from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
 from pytest_ddp.rank.context import rank_context
 from pytest_ddp.rank.tracebacks import shorten_library_frames
@@ -229,7 +229,7 @@ class RankSession:
 def run_pytest(start: RankStart, channel: Channel) -> int:
     session = RankSession(channel)
     args = [*start.pytest_args, "--basetemp", start.basetemp]
-    code = int(pytest.main(args, plugins=[session]))
+    code = int(pytest.main(args, plugins=[session, restore.Restorer()]))
     if not session.ready:
         # Ended before running anything (an import failed, a bad option); its terminal output went nowhere.
         errors = "".join(f"\n\n{error}" for error in session.collect_errors)
