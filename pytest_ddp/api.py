@@ -39,7 +39,7 @@ from pytest_ddp.diagnose.wording import difference_line, unfinished_line, unrece
 from pytest_ddp.faults import Fault
 from pytest_ddp.groups.admission import Admission
 from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun
-from pytest_ddp.report.failure import failure_text, format_stack, start_failure_text
+from pytest_ddp.report.failure import failure_text, format_dump, start_failure_text
 
 OUTCOMES = ("passed", "failed", "deadlock", "timeout")
 
@@ -237,5 +237,5 @@ def _rank_result(test_run: TestRun, rank: int) -> RankResult:
         result.outcome = "failed"
         result.exception = f"the process died ({state.exit_code})"
     if rank in test_run.stacks:
-        result.traceback = format_stack(test_run.stacks[rank], "")
+        result.traceback = format_dump(test_run.stacks[rank], "")
     return result

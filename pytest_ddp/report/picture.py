@@ -305,7 +305,10 @@ def _pre(text: str) -> str:
     return f"<pre>{'(earlier text left out)' + chr(10) if cut else ''}{_esc(shown.rstrip())}</pre>"
 
 
-def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str]:
+Reader = Callable[[str], str]
+
+
+def _details(report: dict[str, Any], readable: Reader, readable_dump: Reader) -> list[str]:
     """What the page shows below the timeline: each rank's state, then what went wrong."""
     out: list[str] = []
     if report.get("start_error"):
@@ -323,7 +326,8 @@ def _details(report: dict[str, Any], readable: Callable[[str], str]) -> list[str
         sections.append(("stderr", (rank.get("output") or {}).get("stderr")))
         for what, text in sections:
             if text and str(text).strip():
-                shown = str(text) if what == "failed" else readable(str(text))
+                readers: dict[str, Reader] = {"failed": str, "stderr": readable}
+                shown = readers.get(what, readable_dump)(str(text))
                 opened = " open" if what != "stderr" else ""
                 summary = f"<summary>rank {rank['rank']}: {_esc(what)}</summary>"
                 out.append(f"<details{opened}>{summary}{_pre(shown)}</details>")
@@ -360,9 +364,10 @@ def _stack_tree(report: dict[str, Any]) -> list[str]:
     return [f"<h2>{title}</h2>", f'<div class="tree">{"".join(branch(root) for root in tree.roots)}</div>']
 
 
-def page(report: dict[str, Any], readable: Callable[[str], str] = str) -> str:
-    """The whole HTML page of one failing test's report; ``readable`` rewrites a stack dump or
-    stderr for reading (the report's :func:`~pytest_ddp.report.failure.format_stack`)."""
+def page(report: dict[str, Any], readable: Reader = str, readable_dump: Reader = str) -> str:
+    """The whole HTML page of one failing test's report; ``readable`` rewrites a rank's stderr for
+    reading, ``readable_dump`` its stacks (the report's :func:`~pytest_ddp.report.failure.format_stack`
+    and :func:`~pytest_ddp.report.failure.format_dump`)."""
     line = timeline(report)
     culprits = rank_list(report.get("culprits") or []) if report.get("culprits") else "none"
     waiting = rank_list(report.get("waiting") or []) if report.get("waiting") else "none"
@@ -378,7 +383,7 @@ def page(report: dict[str, Any], readable: Callable[[str], str] = str) -> str:
     ]
     if report["ranks"]:
         body += [svg(report, line), legend()]
-    body += _details(report, readable)
+    body += _details(report, readable, readable_dump)
     return "\n".join(
         [
             "<!DOCTYPE html>",
