@@ -82,7 +82,8 @@ def _conflict(own: pytest.Mark, cls: type, world_size: int | None) -> str | None
         return None
     return (
         f"@pytest.mark.ddp(world_size={sizes!r}) contradicts {cls.__qualname__}'s own world_size, "
-        f"{world_size}, which --ddp-adopt runs it on: leave world_size out of the mark, or make it {world_size}"
+        f"{world_size}, which --ddp-adopt runs it on: leave world_size out of the mark, "
+        f"or make it {world_size}"
     )
 
 

@@ -157,7 +157,8 @@ def writable_dir(path: str) -> str:
     info = folder.stat()
     if info.st_uid != os.geteuid() or info.st_mode & stat.S_IWOTH:
         whose = f"is user {info.st_uid}'s" if info.st_uid != os.geteuid() else "is writable by every user"
-        raise SpecError(f"--ddp-report-dir={path!r}: {whose}; give a folder of yours that others cannot write")
+        advice = "give a folder of yours that others cannot write"
+        raise SpecError(f"--ddp-report-dir={path!r}: {whose}; {advice}")
     return path
 
 

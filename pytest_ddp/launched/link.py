@@ -349,7 +349,8 @@ def _reach(
                 sock.close()
         if time.monotonic() > deadline:
             raise LaunchError(
-                f"rank {launch.rank} ({launch.describe()}) could not reach rank 0's pytest within {timeout:g} s"
+                f"rank {launch.rank} ({launch.describe()}) could not reach rank 0's pytest "
+                f"within {timeout:g} s"
             )
         time.sleep(RETRY)  # rank 0's pytest is still starting: nothing to wait on but time
 

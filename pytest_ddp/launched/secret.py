@@ -54,7 +54,8 @@ def meeting_places(launch: Launch, env: Mapping[str, str]) -> list[SessionFiles]
     """Where this launch's files may be, in the order rank 0 tries them: the same in every process
     of the launch (see the module's docstring)."""
     shared = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-ddp" / "launched"
-    if not launch.one_node:  # the address rank 0 listens at: every node agrees on it, and it is one live job's
+    # Across nodes, the address rank 0 listens at: every node agrees on it, and it is one live job's.
+    if not launch.one_node:
         return [_files(shared, f"{launch.launcher}@{launch.master_addr}:{launch.master_port}")]
     folders = [Path(tempfile.gettempdir()) / f"pytest-ddp-{os.getuid()}", shared]
     given = given_secret(env)
@@ -94,7 +95,8 @@ def own_place(places: list[SessionFiles], env: Mapping[str, str]) -> SessionFile
         except OSError as exc:
             problems.append(f"{files.folder} cannot be made ({exc.strerror or exc})")
     advice = "set TMPDIR to a folder of yours" if given_secret(env) else HOW_TO_SET
-    raise LaunchError(f"no folder private to this user for the launch's files: {'; '.join(problems)}; {advice}")
+    reasons = "; ".join(problems)
+    raise LaunchError(f"no folder private to this user for the launch's files: {reasons}; {advice}")
 
 
 def found_places(places: list[SessionFiles]) -> list[SessionFiles]:
