@@ -76,7 +76,7 @@ class Snapshot:
     cwd: str
     path: list[str]
     modules: dict[str, Any]
-    loggers: dict[str, tuple[int, list[logging.Handler], bool, bool]]
+    loggers: list[tuple[logging.Logger, int, list[logging.Handler], bool, bool]]
     logging_disabled: int
     functions: list[tuple[Any, dict[str, Any]]]  # (module, its callables)
     backends: list[tuple[str, Any]]  # (name, copy) of Backend's tables, and its attribute names
@@ -88,13 +88,16 @@ class Restorer:
     def __init__(self) -> None:
         self.flags: list[tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None  # at the first test
         self.test: Snapshot | None = None  # the state the running test must leave
+        self.clean: Snapshot | None = None  # the state the last test's end put back
         self.wider: dict[Any, Snapshot] = {}  # a wider node -> the state before its setup
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's log capture, which adds handlers
     def pytest_runtest_setup(self, item: Any) -> Any:
         self._torn_down(item)  # kept for a next test that went elsewhere (rank/session.py)
         before = set(item.session._setupstate.stack)
-        snapshot = self.take()
+        # What the last test's end put back is still there: renewing a process group between
+        # tests (rank/default_group.py) changes nothing taken here.
+        snapshot = self.clean or self.take()
         try:
             return (yield)
         finally:
@@ -125,25 +128,25 @@ class Restorer:
     def take(self) -> Snapshot:
         if self.flags is None:
             self.flags = _flags() if "torch" in sys.modules else []
-        root = logging.getLogger()
-        loggers = {"": root, **logging.Logger.manager.loggerDict}
+        loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
         return Snapshot(
             flags=[read() for read, _ in self.flags],
             rngs=_rngs(),
             cwd=os.getcwd(),
             path=list(sys.path),
             modules=dict(sys.modules),
-            loggers={
-                name: (logger.level, list(logger.handlers), logger.propagate, logger.disabled)
-                for name, logger in loggers.items()
-                if isinstance(logger, logging.Logger)
-            },
+            loggers=[
+                (logger, logger.level, list(logger.handlers), logger.propagate, logger.disabled)
+                for logger in loggers
+                if isinstance(logger, logging.Logger)  # not a PlaceHolder
+            ],
             logging_disabled=logging.root.manager.disable,
             functions=[(module, _callables(module)) for module in _distributed()],
             backends=_backends(),
         )
 
     def restore(self, saved: Snapshot) -> None:
+        self.clean = saved
         for (read, write), value in zip(self.flags or [], saved.flags, strict=True):
             if read() != value:
                 write(value)
@@ -203,8 +206,7 @@ def _restore_logging(saved: Snapshot) -> None:
     manager = logging.Logger.manager
     if manager.disable != saved.logging_disabled:
         logging.disable(saved.logging_disabled)
-    for name, (level, handlers, propagate, disabled) in saved.loggers.items():
-        logger = logging.getLogger(name or None)
+    for logger, level, handlers, propagate, disabled in saved.loggers:
         if logger.level != level:
             logger.setLevel(level)
         if logger.handlers != handlers:

@@ -1,7 +1,7 @@
 """What a warm rank does between tests: the process ledger finds each process a test started and
 ends it when its test (or the wider fixture that started it) is over, its scan of /proc reused while
-the kernel made no task (rank/leftovers.py), and the environment is put back whatever a test did to
-it (rank/session.py).
+the kernel made no task (rank/leftovers.py), the environment is put back whatever a test did to
+it (rank/session.py), and so is the rest of the process's state (rank/restore.py).
 
 Real processes, the real /proc, the real os.environ; no ranks.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import types
 
 import pytest
 
-from pytest_ddp.rank import leftovers
+from pytest_ddp.rank import leftovers, restore
 from pytest_ddp.rank.session import SavedEnvironment
 
 
@@ -101,3 +102,71 @@ def test_the_environment_is_put_back_whatever_a_test_did_to_it(monkeypatch: pyte
     os.environ["PYTEST_DDP_SET"] = "5"
     saved.restore()
     assert os.environ["PYTEST_DDP_SET"] == "4"
+
+
+def test_what_a_test_changed_in_its_process_is_put_back(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process: rank/restore.py's snapshot, changed as tests/rank/test_warm_state.py's tests
+    # change a rank (whose pairs prove it on real ranks), and put back.
+    import logging
+    import random
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "all_reduce", dist.all_reduce)  # undone here too if a check fails
+    restorer = restore.Restorer()
+    saved = restorer.take()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    random.seed(7)
+    draw = random.random()
+    os.chdir(tmp_path)
+    sys.path.append(str(tmp_path))
+    (tmp_path / "ddp_written.py").write_text("")
+    import ddp_written  # noqa: F401
+
+    sys.modules["ddp_planted"] = types.ModuleType("ddp_planted")
+    logging.getLogger().addHandler(logging.NullHandler())
+    dist.all_reduce = print  # type: ignore[assignment]
+    dist.Backend.register_backend("ddpunit", lambda *args: None, devices=["cpu"])
+    restorer.restore(saved)
+    assert torch.get_default_dtype() == torch.float32 and restorer.take().flags == saved.flags
+    random.seed(7)
+    assert random.random() == draw  # as the seed left it: put back
+    assert os.getcwd() == saved.cwd and sys.path == saved.path
+    assert "ddp_written" not in sys.modules and "ddp_planted" not in sys.modules
+    assert not any(type(h) is logging.NullHandler for h in logging.getLogger().handlers)
+    assert dist.all_reduce is not print
+    assert "ddpunit" not in dist.Backend.backend_list and not hasattr(dist.Backend, "DDPUNIT")
+
+
+def test_a_wider_fixtures_changes_stay_until_it_is_torn_down() -> None:
+    import torch
+
+    stack: dict[object, object] = {}
+    session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(stack=stack))
+    item = type("Item", (), {"session": session})()  # a node: hashable, as pytest's
+    restorer = restore.Restorer()
+
+    def run(setup: object, call: object, teardown: object) -> None:
+        for hook, body in ((restorer.pytest_runtest_setup, setup), (restorer.pytest_runtest_teardown, teardown)):
+            phase = hook(item)
+            next(phase)
+            body()
+            with pytest.raises(StopIteration):
+                phase.send(None)
+            if hook is restorer.pytest_runtest_setup:
+                call()
+
+    def module_setup() -> None:
+        stack.update({"module": None, item: None})
+        torch.set_default_dtype(torch.float64)
+
+    try:
+        run(module_setup, lambda: torch.set_default_dtype(torch.float16), lambda: stack.pop(item))
+        assert torch.get_default_dtype() == torch.float64  # the module's, not the test's
+        run(lambda: stack.update({item: None}), lambda: None, lambda: stack.clear())
+        assert torch.get_default_dtype() == torch.float32  # the module is torn down: as before it
+    finally:
+        torch.set_default_dtype(torch.float32)
