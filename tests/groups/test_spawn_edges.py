@@ -1,4 +1,5 @@
-"""The forkserver ranks are forked from (groups/spawn.py, forkserver_guard.py): it serves its session alone."""
+"""The forkserver ranks are forked from (groups/spawn.py, forkserver_guard.py): it serves its session
+alone."""
 
 from __future__ import annotations
 
