@@ -1,6 +1,7 @@
 """The field corpus (benchmarks/field/, issue 44) run and scored strictly.
 
     .venv/bin/python benchmarks/field_score.py [--families init ddp ...] [--timeout 20] [--write-docs]
+                                               [--keep DIR]   # the tests and JSON reports, to read
 
 Each family's cases and their fixed twins are written as one test file into a temporary folder and
 run in one pytest session (--ddp-report-dir for the JSON verdicts, --junitxml for the outcomes).
@@ -293,10 +294,14 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     parser.add_argument("--timeout", type=float, default=20.0, help="--ddp-timeout of each session")
     parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/field.md")
+    parser.add_argument("--keep", type=Path, help="write the tests and reports into this new folder, kept")
     args = parser.parse_args()
     families: list[Family] = []
     with tempfile.TemporaryDirectory(prefix="ddp-field-") as tmp:
         folder = Path(tmp)
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            folder = args.keep.resolve()
         (folder / "pytest.ini").write_text("[pytest]\n")
         for name in args.families:
             corpus = cases(name)
