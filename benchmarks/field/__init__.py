@@ -7,7 +7,10 @@ import importlib
 
 from benchmarks.field.case import MARK, Case
 
-FAMILIES = ("init", "objects", "ddp", "early_exit", "libraries", "fsdp2_dtensor", "groups_p2p", "slow_rank")
+FAMILIES = (
+    "init", "objects", "ddp", "early_exit", "control_flow", "libraries", "fsdp2_dtensor", "groups_p2p",
+    "slow_rank",
+)  # fmt: skip
 
 
 def cases(family: str) -> list[Case]:

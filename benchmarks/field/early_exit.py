@@ -171,4 +171,85 @@ dist.destroy_process_group()
         culprits=(0,),
         op="all_reduce",
     ),
+    Case(
+        name="rank_process_dies_mid_training",
+        url="https://github.com/NVIDIA/nvidia-resiliency-ext/issues/143",
+        summary="process 3 of 4 exits unexpectedly; the others get stuck waiting for its communication",
+        world_size=4,
+        body="""\
+for step in range(3):
+    if rank == 3 and step == 1:
+        os._exit(1)  # <- culprit line
+    dist.all_reduce(torch.ones(4))
+""",
+        twin="""\
+for step in range(3):
+    dist.all_reduce(torch.ones(4))
+""",
+        kind="rank_exited",
+        culprits=(3,),
+        op="all_reduce",
+    ),
+    Case(
+        name="root_only_setup_raises_before_barrier",
+        url="https://github.com/mphowardlab/relentless/issues/221",
+        summary="the particle packing is called by the root rank only; when it throws, the other ranks "
+        "deadlock at a later barrier the root never reaches (the thread's mpi4py, here Gloo)",
+        world_size=3,
+        body="""\
+def pack_particles(volume_fraction):
+    if volume_fraction > 0.6:
+        raise ValueError("cannot pack particles at this volume fraction")  # <- culprit line
+    return [0.0]
+
+
+if rank == 0:
+    positions = pack_particles(0.7)
+dist.barrier()
+""",
+        twin="""\
+def pack_particles(volume_fraction):
+    if volume_fraction > 0.6:
+        raise ValueError("cannot pack particles at this volume fraction")
+    return [0.0]
+
+
+if rank == 0:
+    positions = pack_particles(0.5)
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="shutdown_barrier_after_peer_oom",
+        url="https://github.com/ai2cm/ace/pull/1067",
+        summary="the barrier in shutdown() makes surviving ranks hang when a peer has already exited "
+        "(an OOM, an unhandled exception)",
+        world_size=2,
+        held_out=True,
+        body="""\
+def train_step(step):
+    if rank == 1 and step == 1:
+        raise torch.OutOfMemoryError("CUDA out of memory")  # <- culprit line
+
+
+for step in range(2):
+    train_step(step)
+dist.barrier()  # ModelTorchDistributed.shutdown()
+""",
+        twin="""\
+def train_step(step):
+    pass
+
+
+for step in range(2):
+    train_step(step)
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="barrier",
+    ),
 ]

@@ -59,4 +59,36 @@ dist.barrier()
         culprits=(0,),
         op="all_gather_into_tensor",
     ),
+    Case(
+        name="fsdp2_vision_tower_skipped_without_pixels",
+        url="https://github.com/pytorch/pytorch/issues/152964",
+        summary="the mllama example in the thread: `if pixel_values is not None:` runs the "
+        "fully_shard-wrapped vision model, so a rank whose batch has no image skips its all-gather",
+        world_size=3,
+        held_out=True,
+        body="""\
+mesh = init_device_mesh("cpu", (world_size,))
+vision, language = nn.Linear(4, 4), nn.Linear(4, 4)
+fully_shard(vision, mesh=mesh)
+fully_shard(language, mesh=mesh)
+pixel_values = None if rank == 1 else torch.ones(1, 4)  # rank 1's batch is text only
+with torch.no_grad():
+    if pixel_values is not None:
+        vision(pixel_values)  # <- culprit line
+    language(torch.ones(1, 4))
+""",
+        twin="""\
+mesh = init_device_mesh("cpu", (world_size,))
+vision, language = nn.Linear(4, 4), nn.Linear(4, 4)
+fully_shard(vision, mesh=mesh)
+fully_shard(language, mesh=mesh)
+pixel_values = None if rank == 1 else torch.ones(1, 4)
+with torch.no_grad():
+    vision(pixel_values if pixel_values is not None else torch.zeros(1, 4))  # a dummy image
+    language(torch.ones(1, 4))
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="all_gather_into_tensor",
+    ),
 ]

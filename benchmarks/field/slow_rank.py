@@ -64,4 +64,32 @@ dist.all_reduce(torch.ones(1))
         culprits=(0,),
         op=None,
     ),
+    Case(
+        name="local_rank0_downloads_checkpoint",
+        url="https://github.com/mosaicml/composer/pull/2071",
+        summary="the other ranks time out on the barrier while local rank 0 downloads a monolithic "
+        "checkpoint for a long time",
+        world_size=2,
+        held_out=True,
+        body="""\
+def download_checkpoint():
+    if rank == 0:
+        time.sleep(60)  # <- culprit line
+
+
+download_checkpoint()
+dist.barrier()
+""",
+        twin="""\
+def download_checkpoint():
+    pass
+
+
+download_checkpoint()
+dist.barrier()
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
 ]
