@@ -11,12 +11,6 @@ import re
 from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
-from pytest_ddp.diagnose.consistency import (
-    CallDifference,
-    SequenceDifference,
-    UnfinishedWork,
-    UnreceivedMessage,
-)
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
 from pytest_ddp.diagnose.state import Call, RankState, exit_text
@@ -476,44 +470,23 @@ _WORDERS: dict[type, Callable[..., str]] = {
 }
 
 
+def _failed_alike(f: Failures, ranks: dict[int, RankState]) -> str | None:
+    """Ranks that failed alike, and nothing else: their error first (``fixture 'x' not found (ranks
+    0, 1).``), as pytest's short summary shows what fits of it after the test's id; else None."""
+    [(how, alike), *others] = grouped(f.failed, lambda r: _how_it_failed(ranks[r]))
+    if others or f.woken or not how.startswith("failed ("):
+        return None
+    return f"{how.removeprefix('failed (').removesuffix(')')} ({rank_list(alike)})."
+
+
 def worded(verdict: Verdict, states: list[RankState]) -> Verdict:
     """The verdict with its summary: its finding in words."""
-    if verdict.finding is None:
+    finding = verdict.finding
+    if finding is None:
         return verdict
     ranks = {s.rank: s for s in states}
-    return dataclasses.replace(verdict, summary=_WORDERS[type(verdict.finding)](verdict.finding, ranks))
-
-
-# -- after a passing test -----------------------------------------------------
-
-
-def unfinished_line(work: UnfinishedWork) -> str:
-    """``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
-    what = describe_call(work.call) if work.call is not None else f"call {work.index}"
-    return f"rank {work.rank}: {what}: {work.error}"
-
-
-def unreceived_line(message: UnreceivedMessage) -> str:
-    """``rank 2: Send #1 to 0 (tag 0) (test_x.py:12): sent, never received``."""
-    return f"rank {message.rank}: {describe_call(message.call)}: sent, never received"
-
-
-def difference_line(difference: SequenceDifference) -> str:
-    """``group WORLD: rank 0 made 2 collectives, rank 1 made 1 collective``, or the first
-    collective where a rank's call differs from the lowest member's."""
-    d = difference
-    if isinstance(d, CallDifference):
-        reductions = d.reference.reduction != d.theirs.reduction
-        return (
-            f"group {d.group}, collective #{d.position}: rank {d.reference_rank} "
-            f"{signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
-            f"{signature_text(d.theirs, reductions)} ({d.theirs.site})"
-        )
-    made = [
-        f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
-        for n, group_ranks in grouped(d.counts, d.counts.get)
-    ]
-    return f"group {d.group}: " + ", ".join(made)
+    alike = _failed_alike(finding, ranks) if isinstance(finding, Failures) else None
+    return dataclasses.replace(verdict, summary=alike or _WORDERS[type(finding)](finding, ranks))
 
 
 # -- the headline: what happened and to whom, then the verdict's tag ----------

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 
+from pytest_ddp.diagnose.passed_words import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.diagnose.phrases import rank_list
 from pytest_ddp.diagnose.state import RankState, exit_text
-from pytest_ddp.diagnose.wording import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.groups.group import UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
 from pytest_ddp.report import stack_tree

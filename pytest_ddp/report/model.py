@@ -8,13 +8,11 @@ and torch's Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from pytest_ddp.diagnose.consistency import SequenceDifference, UnfinishedWork, UnreceivedMessage
-from pytest_ddp.diagnose.phrases import rank_list
 from pytest_ddp.diagnose.state import RankState
-from pytest_ddp.diagnose.verdicts import Failures, Verdict
+from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import lead, not_entered, rank_doing, tag
 from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report import stack_tree
@@ -84,29 +82,12 @@ class Report:
         return [rank.state for rank in self.ranks]
 
 
-# The words of a Failures verdict whose failing ranks all failed alike (diagnose/wording.py's).
-_FAILED_ALIKE = re.compile(r"(?P<ranks>ranks? \d[\d, -]*) failed \((?P<error>.+)\)\.")
-
-
-def _cause_first(verdict: Verdict) -> str | None:
-    """``fixture 'x' not found (ranks 0, 1).``: a test whose ranks all ended, the failing ones
-    alike, leads with their error (pytest's short summary shows what fits of the first line after
-    the test's id); None for any other verdict."""
-    finding = verdict.finding
-    if not isinstance(finding, Failures) or finding.woken:
-        return None
-    alike = _FAILED_ALIKE.fullmatch(verdict.summary)
-    if alike is None or alike["ranks"] != rank_list(finding.failed):  # ranks that failed otherwise
-        return None
-    return f"{alike['error']} ({alike['ranks']})."
-
-
 def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report:
     """The report of ``run``; ``rank_failures`` each failing rank's text, ``test_file`` the path
     whose lines the stacks mark."""
     states = run.states
     verdict = run.verdict
-    words = _cause_first(verdict) or lead(
+    words = lead(
         verdict,
         unfinished=bool(run.unfinished_work),
         unreceived=bool(run.unreceived_messages),

@@ -14,9 +14,9 @@ from snapshots import done as mpi_done
 
 from pytest_ddp.diagnose import mismatches
 from pytest_ddp.diagnose.consistency import compare_sequences
+from pytest_ddp.diagnose.passed_words import difference_line
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.verdicts import Verdict
-from pytest_ddp.diagnose.wording import difference_line
 from pytest_ddp.record.describe import reduction
 
 # -- pure: naming, comparing, saying -------------------------------------------------------

@@ -7,9 +7,10 @@ from typing import Any
 from snapshots import NOW, R3, R4, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
+from pytest_ddp.diagnose.passed_words import difference_line
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
-from pytest_ddp.diagnose.wording import describe_call, difference_line, rank_list
+from pytest_ddp.diagnose.wording import describe_call, rank_list
 from pytest_ddp.report.sequences import p2p_table
 
 
@@ -531,14 +532,14 @@ def test_ordinary_failures_are_failed() -> None:
     verdict = judge(snap(rank(0, finished=True, failed="AssertionError: x"), rank(1, finished=True),
                          rank(2, finished=True, failed="AssertionError: x")))
     assert outline(verdict) == ("done", "failed", [0, 2], [])
-    assert verdict.summary == "ranks 0, 2 failed (AssertionError: x)."
+    assert verdict.summary == "AssertionError: x (ranks 0, 2)."
 
 
 def test_the_error_of_a_run_result_is_read_too() -> None:
     state = rank(0, finished=True)
     state.failed_at = NOW - 1
     state.reports["call"] = {"outcome": "failed", "data": {"exception": "KeyError: 'lr'", "traceback": "..."}}
-    assert judge(snap(state, rank(1, finished=True))).summary == "rank 0 failed (KeyError: 'lr')."
+    assert judge(snap(state, rank(1, finished=True))).summary == "KeyError: 'lr' (rank 0)."
 
 
 # -- compare_sequences ------------------------------------------------------------
