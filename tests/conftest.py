@@ -288,6 +288,26 @@ def module_shared() -> ModuleShared:
     return ModuleShared()
 
 
+# User nobody's uid and gid: the other local user of the tests that need one (as root).
+NOBODY = 65534
+
+
+def as_nobody(then: Callable[[], object]) -> int:
+    """A child that becomes user nobody and runs ``then`` (listen on a socket bound here: the
+    kernel's credentials are listen()'s; or connect somewhere), then waits to be killed; its pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            then()
+            signal.pause()  # until killed
+        finally:
+            os._exit(0)
+    return pid
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not)."""
     found = procfs.stat(pid)

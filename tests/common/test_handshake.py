@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NOBODY, as_nobody
 from pytest_ddp.common import mpi_world, secret
 from pytest_ddp.common.handshake import (
     CONNECTOR,
@@ -31,7 +32,6 @@ from pytest_ddp.launched.link import HEADER, Incoming, Link, LinkError, answer_c
 from pytest_ddp.launched.secret import SECRET_ENV, remove_files, session_files
 
 KEY = b"k" * 64
-NOBODY = 65534
 
 
 # -- the proofs --------------------------------------------------------------------------------
@@ -220,18 +220,7 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a chi
 
 def _connect_as_nobody(path: str) -> int:
     """A child that becomes user nobody and connects to ``path``, then waits to be killed."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(path)
-            sock.recv(1)  # until the parent closes it
-        finally:
-            os._exit(0)
-    return pid
+    return as_nobody(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path))
 
 
 @as_root
@@ -265,16 +254,7 @@ def test_a_host_refuses_a_listener_of_another_user() -> None:
     secret.private_folder(files.folder)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(files.socket))  # bound by this user; the kernel's credentials are listen()'s
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            listener.listen(1)
-            signal.pause()  # until killed
-        finally:
-            os._exit(0)
+    child = as_nobody(lambda: listener.listen(1))
     listener.close()
     try:
         with pytest.raises(LaunchError, match=f"is not this user's: process {child} runs as user {NOBODY}"):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NOBODY, as_nobody
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import connect
@@ -28,7 +29,6 @@ from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, session_files
 from pytest_ddp.launched.world import LaunchedWorld
 
 WAIT = 60.0  # seconds a gather, or a peer, waits for what comes at once (its end is a failure)
-NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to give a folder to another user")
 
 pytestmark = pytest.mark.usefixtures("own_process")
@@ -84,16 +84,7 @@ def test_a_folder_another_user_planted_is_passed_over(tmp: Path) -> None:
     os.chown(planted.folder, NOBODY, NOBODY)
     theirs = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     theirs.bind(str(planted.socket))  # the kernel's credentials are listen()'s: the child's
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            theirs.listen(1)
-            signal.pause()  # until killed
-        finally:
-            os._exit(0)
+    child = as_nobody(lambda: theirs.listen(1))
     theirs.close()
     try:
         _gathered(launch)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NOBODY
 from pytest_ddp.config.settings import writable_dir
 from pytest_ddp.config.spec import RankSpec, SpecError
 from pytest_ddp.diagnose.state import RankState
@@ -18,7 +19,6 @@ from pytest_ddp.report import files, flight_recorder
 from pytest_ddp.report.writable import file_name
 
 TEST = "test_x.py::test_x"
-NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to give a folder to another user")
 
 
