@@ -162,7 +162,7 @@ class Controller:
                 kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
                 self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
         self._warn_of_refusals(item)
-        if self.config.option.usepdb and any(report.failed for report in reports):
+        if self.config.getoption("usepdb", False) and any(report.failed for report in reports):
             self._cannot_debug(reports)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         self._report_stopped_groups(stopped)
