@@ -191,6 +191,10 @@ def _restore_modules(saved: dict[str, Any]) -> None:
             sys.modules[name] = saved[name]
         elif name not in saved and _written_by_a_test(module):
             del sys.modules[name]
+    # What stays is kept from now on: the next test compares equal at once (a module imported
+    # lazily once would otherwise send every later test down this loop).
+    saved.clear()
+    saved.update(sys.modules)
 
 
 def _written_by_a_test(module: Any) -> bool:
