@@ -1,6 +1,5 @@
 """A rank's default process group: joined at the rank's start (``init=True``), whose it is at a
-test's end, and joined afresh for a test after one that ended it, made one, or (``init=True``)
-left subgroups or store keys of its own (measured: Gloo's collectives add no key to the store).
+test's end, and joined afresh for a test after one that ended it or made one.
 
 Warm ranks cannot meet again at the last rendezvous's store: its keys are still there, and Gloo
 connects to the old group's addresses.  So the next test gets a fresh store
@@ -23,7 +22,6 @@ _not_the_tests: list[weakref.ref[Any]] = []
 _left_own = False  # the last test left a default group of its own
 _store_port = 0  # of the rank group's store now: the first, or the one handed over last
 _client: tuple[int, Any] | None = None  # (port, client) of store()
-_counts: tuple[int, int] | None = None  # init=True: (process groups, store keys) as the test began
 
 
 def start(role: RankRole) -> None:
@@ -65,33 +63,17 @@ def _current() -> Any:
     return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
 
 
-def _count() -> tuple[int, int] | None:
-    """(process groups, store keys) of the joined default group; None where not counted: no group
-    joined, or an adopted harness exchanges through the store (its keys are its own)."""
-    import torch.distributed.distributed_c10d as c10d
-
-    joined = None if _joined is None else _joined()
-    if _role is None or not _role.init or _client is not None or joined is None or joined is not _current():
-        return None
-    return len(c10d._world.pg_map), c10d._get_default_store().num_keys()
-
-
 def test_starts() -> None:
     """A test starts: the default group now, if any, is not its own."""
-    global _counts
     current = _current()
     _not_the_tests[:] = [] if current is None else [weakref.ref(current)]
-    _counts = _count()
 
 
 def setup_ended(wider_scope: bool) -> None:
-    """The test's setup ended; ``wider_scope``: a wider fixture owns a default group, subgroups and
-    store keys made meanwhile."""
-    global _counts
+    """The test's setup ended; ``wider_scope``: a wider fixture owns a default group made meanwhile."""
     current = _current()
     if wider_scope and current is not None:
         _not_the_tests.append(weakref.ref(current))
-        _counts = _count()
 
 
 def outlives_test() -> None:
@@ -107,9 +89,7 @@ def test_ended() -> tuple[bool, bool]:
     current = _current()
     if _role is not None and _role.init:
         joined = None if _joined is None else _joined()
-        counts = _count()
-        left = _counts is not None and counts is not None and counts != _counts  # subgroups, keys
-        return joined is not None and joined is current and not left, current is not None
+        return joined is not None and joined is current, current is not None
     _left_own = current is not None and all(ref() is not current for ref in _not_the_tests)
     return not _left_own, current is not None
 
