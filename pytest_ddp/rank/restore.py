@@ -8,8 +8,9 @@ imported from a temporary folder, logging's levels and handlers, ``torch.distrib
 and registered backends.  Each is compared (or, the RNGs, set) in microseconds; only what
 differs is put back, so a test that undoes its own change costs nothing more.  A wider fixture
 (a module's, a class's) set up in a test's setup owns what that setup changed, until it is torn
-down.  os.environ: :class:`pytest_ddp.rank.session.SavedEnvironment`; process groups and store
-keys: :mod:`pytest_ddp.rank.default_group`.
+down.  os.environ: :class:`pytest_ddp.rank.session.SavedEnvironment`; a default process group a
+test ended or made: :mod:`pytest_ddp.rank.default_group`.  Subgroups and store keys stay, as in
+one pytest process: libraries cache their groups across tests (docs/design.md says why).
 """
 
 from __future__ import annotations
