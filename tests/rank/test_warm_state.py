@@ -185,7 +185,7 @@ PAIRS = [
         LEFT["subgroup"] = dist.new_group([0, 1])
         """,
         """
-        if "subgroup" in LEFT:  # its change ran first
+        if "subgroup" in LEFT:  # made, and its group not renewed since
             t = torch.ones(1)
             dist.all_reduce(t, group=LEFT["subgroup"])
             assert t.item() == 2.0
@@ -208,6 +208,7 @@ PAIRS = [
     (
         "default_group_destroyed",
         """
+        LEFT.clear()  # the subgroup and the key go with the group
         dist.destroy_process_group()
         """,
         """
@@ -220,8 +221,9 @@ PAIRS = [
 
 # Each test writes down its rank's process: the ranks are kept (or replaced) as the docs say.
 PIDS = """
+from conftest import LEFT
+
 pytestmark = pytest.mark.ddp(world_size=2)
-LEFT = {}  # what this module's changes left that its checks may use
 
 
 def same_rank(name, rank):
@@ -266,12 +268,13 @@ def test_sees_it_again(rank):
 
 def test_what_a_test_leaves_in_a_warm_rank_the_next_does_not_see(pytester) -> None:
     files = {
+        "conftest.py": "LEFT = {}  # what a change kept (a subgroup, a key) for its check, in any module\n",
         "test_in_order.py": _module(False),
         "test_module_fixture.py": HEADER + PIDS + MODULE_FIXTURE,
         "test_reversed.py": _module(True),
     }
     result = session_in_process(pytester, "warm", Session(files, ("-rA",)))
-    for module in files:
+    for module in list(files)[1:]:
         found = outcomes(result, module)
         assert found, "\n".join(result.outlines[-60:])
         failed = {name: outcome for name, outcome in found.items() if outcome != "PASSED"}
