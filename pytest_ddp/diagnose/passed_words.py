@@ -4,7 +4,12 @@ for the report, the JSON and ``run()``."""
 
 from __future__ import annotations
 
-from pytest_ddp.diagnose.consistency import CallDifference, SequenceDifference, UnfinishedWork, UnreceivedMessage
+from pytest_ddp.diagnose.consistency import (
+    CallDifference,
+    SequenceDifference,
+    UnfinishedWork,
+    UnreceivedMessage,
+)
 from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, signature_text
 
 

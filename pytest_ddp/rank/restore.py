@@ -65,7 +65,9 @@ def _flags() -> list[tuple[Callable[[], Any], Callable[[Any], Any]]]:
 
 
 # What Backend.register_backend fills in, besides an attribute of Backend named after the backend.
-_BACKEND_TABLES = ("backend_list", "default_device_backend_map", "backend_type_map", "backend_capability", "_plugins")
+_BACKEND_TABLES = (
+    "backend_list", "default_device_backend_map", "backend_type_map", "backend_capability", "_plugins",
+)  # fmt: skip
 
 
 @dataclass
@@ -102,7 +104,8 @@ class Restorer:
         try:
             return (yield)
         finally:
-            grown = [node for node in item.session._setupstate.stack if node not in before and node is not item]
+            stack = item.session._setupstate.stack
+            grown = [node for node in stack if node not in before and node is not item]
             for node in grown:
                 self.wider[node] = snapshot
             self.test = self.take() if grown else snapshot
