@@ -4,8 +4,8 @@ next test on the warm rank sees what a fresh rank would, in any order.
 Taken before a test's setup, put back after its teardown: torch's default dtype, grad and anomaly
 modes, deterministic and backend flags, its thread count, the RNGs (torch's, ``random``'s,
 numpy's), the working directory, ``sys.path``, modules a test planted in ``sys.modules`` or
-imported from a temporary folder, logging's levels and handlers, ``torch.distributed``'s functions
-and registered backends.  Each is compared (or, the RNGs, set) in microseconds; only what
+imported from pytest's temporary folder, logging's levels and handlers, ``torch.distributed``'s
+functions and registered backends.  Each is compared (or, the RNGs, set) in microseconds; only what
 differs is put back, so a test that undoes its own change costs nothing more.  A wider fixture
 (a module's, a class's) set up in a test's setup owns what that setup changed, until it is torn
 down.  os.environ: :class:`pytest_ddp.rank.session.SavedEnvironment`; a default process group a
@@ -18,16 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-# Modules taken from these folders were written by a test (tmp_path, tempfile): a later test that
-# writes one of the same name must import its own.
-_TEMPORARY = (os.path.realpath(tempfile.gettempdir()) + os.sep,)
 
 
 def _flags() -> list[tuple[Callable[[], Any], Callable[[Any], Any]]]:
@@ -88,15 +83,22 @@ class Snapshot:
 class Restorer:
     """The rank session's plugin that takes a :class:`Snapshot` around each test and puts it back."""
 
-    def __init__(self) -> None:
+    def __init__(self, written_under: str | None = None) -> None:
         self.flags: list[tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None  # at the first test
         self.test: Snapshot | None = None  # the state the running test must leave
         self.clean: Snapshot | None = None  # the state the last test's end put back
         self.wider: dict[Any, Snapshot] = {}  # a wider node -> the state before its setup
+        # pytest's temporary folder (tmp_path, tmp_path_factory): a module imported from there was
+        # written by a test, and a later test that writes one of the same name must import its own.
+        # Not the system's temporary folder: a venv may live there (a CI runner's /tmp).
+        self.written_under = written_under  # None: taken from the first test's config
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's log capture, which adds handlers
     def pytest_runtest_setup(self, item: Any) -> Any:
         self._torn_down(item)  # kept for a next test that went elsewhere (rank/session.py)
+        if self.written_under is None:
+            factory = getattr(item.config, "_tmp_path_factory", None)
+            self.written_under = os.path.realpath(factory.getbasetemp()) + os.sep if factory else ""
         before = set(item.session._setupstate.stack)
         # What the last test's end put back is still there: renewing a process group between
         # tests (rank/default_group.py) changes nothing taken here.
@@ -160,7 +162,7 @@ class Restorer:
             os.chdir(saved.cwd)
         if sys.path != saved.path:
             sys.path[:] = saved.path
-        _restore_modules(saved.modules)
+        _restore_modules(saved.modules, self.written_under or "")
         _restore_logging(saved)
         for module, callables in saved.functions:
             _restore_callables(module, callables)
@@ -182,10 +184,11 @@ def _rngs() -> list[tuple[Callable[[Any], Any], Any]]:
     return rngs
 
 
-def _restore_modules(saved: dict[str, Any]) -> None:
-    """Drop the modules a test planted (no import made them: no spec) or imported from a temporary
-    folder, and put back a module a planted one replaced.  Others a test imported stay, as they
-    would in one pytest process: importing some (an extension) twice fails."""
+def _restore_modules(saved: dict[str, Any], written_under: str) -> None:
+    """Drop the modules a test planted (no import made them: no spec) or imported from pytest's
+    temporary folder (``written_under``), and put back a module a planted one replaced.  Others a
+    test imported stay, as they would in one pytest process: importing some (an extension) twice
+    fails."""
     if sys.modules == saved:
         return
     for name, module in list(sys.modules.items()):
@@ -193,7 +196,7 @@ def _restore_modules(saved: dict[str, Any]) -> None:
             continue
         if name in saved and getattr(module, "__spec__", None) is None:
             sys.modules[name] = saved[name]
-        elif name not in saved and _written_by_a_test(module):
+        elif name not in saved and _written_by_a_test(module, written_under):
             del sys.modules[name]
     # What stays is kept from now on: the next test compares equal at once (a module imported
     # lazily once would otherwise send every later test down this loop).
@@ -201,11 +204,11 @@ def _restore_modules(saved: dict[str, Any]) -> None:
     saved.update(sys.modules)
 
 
-def _written_by_a_test(module: Any) -> bool:
+def _written_by_a_test(module: Any, written_under: str) -> bool:
     if getattr(module, "__spec__", None) is None:
         return True
     origin = getattr(module.__spec__, "origin", None) or ""
-    return os.path.realpath(origin).startswith(_TEMPORARY)
+    return bool(written_under) and os.path.realpath(origin).startswith(written_under)
 
 
 def _restore_logging(saved: Snapshot) -> None:

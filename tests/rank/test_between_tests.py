@@ -115,7 +115,7 @@ def test_what_a_test_changed_in_its_process_is_put_back(tmp_path, monkeypatch: p
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "all_reduce", dist.all_reduce)  # undone here too if a check fails
-    restorer = restore.Restorer()
+    restorer = restore.Restorer(os.path.realpath(os.path.dirname(tmp_path)) + os.sep)
     saved = restorer.take()
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(torch.get_num_threads() + 1)
@@ -141,13 +141,13 @@ def test_what_a_test_changed_in_its_process_is_put_back(tmp_path, monkeypatch: p
     assert "ddpunit" not in dist.Backend.backend_list and not hasattr(dist.Backend, "DDPUNIT")
 
 
-def test_a_wider_fixtures_changes_stay_until_it_is_torn_down() -> None:
+def test_a_wider_fixtures_changes_stay_until_it_is_torn_down(tmp_path) -> None:
     import torch
 
     stack: dict[object, object] = {}
     session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(stack=stack))
     item = type("Item", (), {"session": session})()  # a node: hashable, as pytest's
-    restorer = restore.Restorer()
+    restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
 
     def run(setup: object, call: object, teardown: object) -> None:
         for hook, body in ((restorer.pytest_runtest_setup, setup), (restorer.pytest_runtest_teardown, teardown)):
@@ -170,3 +170,19 @@ def test_a_wider_fixtures_changes_stay_until_it_is_torn_down() -> None:
         assert torch.get_default_dtype() == torch.float32  # the module is torn down: as before it
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_only_a_module_from_pytests_temporary_folder_counts_as_written_by_a_test(tmp_path) -> None:
+    """A venv may live in the system's temporary folder (a CI runner's /tmp): its modules are not a
+    test's, and importing them again (torch's _inductor.test_operators) fails."""
+    basetemp, venv = tmp_path / "basetemp", tmp_path / "venv"
+
+    def module_at(path) -> types.ModuleType:
+        module = types.ModuleType("m")
+        module.__spec__ = types.SimpleNamespace(origin=str(path))  # type: ignore[assignment]
+        return module
+
+    written_under = os.path.realpath(basetemp) + os.sep
+    assert restore._written_by_a_test(module_at(basetemp / "test_x0" / "planted.py"), written_under)
+    assert not restore._written_by_a_test(module_at(venv / "site-packages" / "torch" / "x.py"), written_under)
+    assert not restore._written_by_a_test(module_at(basetemp / "m.py"), "")  # no tmpdir plugin
