@@ -5,7 +5,9 @@ it cannot parse (its loop lets only ``ECONNABORTED`` pass), killing every rank i
 another process of the user wrote there failed the running test as ``ranks 0, 1 died``.  The
 session's one client is the process that started the forkserver, its parent: any other peer (as the
 kernel names it) is refused before a byte is read, written down in the forkserver's folder, and the
-session warns of it (:class:`Refusals`).
+session warns of it (:class:`Refusals`); but a process forked from here (a rank, or what its test
+started: ranks are subreapers, so orphans stay in the tree) is the session's too, and is served, as
+a DataLoader's or DCP's forkserver workers started in a rank ask to be.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def guard() -> None:
 
 def _refuse_strangers(sock: Any) -> None:
     pid, uid = procfs.peer_credentials(sock)
-    if pid == os.getppid():
+    if pid == os.getppid() or procfs.descends_from(pid, os.getpid()):
         return
     found = procfs.stat(pid)
     name = "gone" if found is None else " ".join(found.name.split())  # a comm may hold a newline

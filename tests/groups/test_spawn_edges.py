@@ -1,13 +1,21 @@
 """The forkserver ranks are forked from (groups/spawn.py, forkserver_guard.py): it serves its session
-alone."""
+alone: the controller, and what it forked (a rank, what a rank's test starts: DCP's checkpoint
+writer connected from a rank, tests/libraries/test_dcp.py)."""
 
 from __future__ import annotations
 
-# Rank 0 writes garbage to its own forkserver's socket and waits until the forkserver has refused it
-# (a forkserver that ended on it killed both ranks: "ranks 0, 1 died (exit code 255)"); the next test,
-# on a group of its own, is forked by the same forkserver.
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from conftest import wait_for
+
+# Rank 0 names its forkserver's socket, and another process of this user (not of the session) writes
+# garbage there; rank 0 waits until the forkserver has refused it (a forkserver that ended on it
+# killed both ranks: "ranks 0, 1 died (exit code 255)"). The next test, on a group of its own, is
+# forked by the same forkserver.
 GARBAGE = """
-import socket
 from multiprocessing import forkserver
 
 @pytest.mark.ddp(world_size=2)
@@ -15,16 +23,13 @@ def test_garbage_to_the_forkserver(rank):
     address = forkserver._forkserver._forkserver_address
     refused = os.path.join(os.path.dirname(address), "refused")
     if rank == 0:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(address)
-            try:
-                sock.sendall(b"garbage")
-            except BrokenPipeError:  # refused before it wrote
-                pass
-        while not os.path.exists(refused):
-            time.sleep(0.01)
         with open("forkserver.pid", "w") as f:
             f.write(str(os.getppid()))
+        with open("address.tmp", "w") as f:
+            f.write(address)
+        os.replace("address.tmp", "address")
+        while not os.path.exists(refused):
+            time.sleep(0.01)
     dist.barrier()
 
 @pytest.mark.ddp(world_size=1)
@@ -34,13 +39,37 @@ def test_forked_by_the_same_forkserver():
 """
 
 
-def test_the_forkserver_refuses_a_connection_its_session_did_not_make_and_says_so(ddp_pytester) -> None:
-    result = ddp_pytester.run(GARBAGE, "-v")
+# Another process of this user, neither the forkserver's parent (this process, whose in-process
+# session started it) nor forked from it.
+WRITE_GARBAGE = """
+import socket, sys
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.connect(sys.argv[1])
+    try:
+        sock.sendall(b"garbage")
+    except BrokenPipeError:  # refused before it wrote
+        pass
+"""
+
+
+def _write_garbage_once_named(folder: Path) -> None:
+    address = folder / "address"
+    wait_for(address.exists, "rank 0 to name its forkserver's socket")
+    subprocess.run([sys.executable, "-c", WRITE_GARBAGE, address.read_text()], check=True, timeout=60)
+
+
+def test_the_forkserver_refuses_a_stranger_and_says_so(ddp_pytester) -> None:
+    writer = threading.Thread(target=_write_garbage_once_named, args=(ddp_pytester.pytester.path,))
+    writer.start()
+    try:
+        result = ddp_pytester.run(GARBAGE, "-v")
+    finally:
+        writer.join()
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(
         [
             "*test_it.py::test_garbage_to_the_forkserver",
-            "*ForkserverRefusedWarning: the forkserver refused a connection from pid * (ddp-rank0, uid *): "
+            "*ForkserverRefusedWarning: the forkserver refused a connection from pid * (python*, uid *): "
             "it forks for this session alone",
         ]
     )
