@@ -39,8 +39,8 @@ def test_forked_by_the_same_forkserver():
 """
 
 
-# Another process of this user, neither the forkserver's parent (this process, whose in-process
-# session started it) nor forked from it.
+# Another process of this user, neither the forkserver's parent (the inner session's controller)
+# nor forked from it.
 WRITE_GARBAGE = """
 import socket, sys
 with socket.socket(socket.AF_UNIX) as sock:
@@ -62,7 +62,9 @@ def test_the_forkserver_refuses_a_stranger_and_says_so(ddp_pytester) -> None:
     writer = threading.Thread(target=_write_garbage_once_named, args=(ddp_pytester.pytester.path,))
     writer.start()
     try:
-        result = ddp_pytester.run(GARBAGE, "-v")
+        # A session of its own: a session in this process would share this process's forkserver
+        # (multiprocessing's is one a process), and this session would hear of the refusal too.
+        result = ddp_pytester.run_subprocess(GARBAGE, "-v")
     finally:
         writer.join()
     result.assert_outcomes(passed=2, warnings=1)
