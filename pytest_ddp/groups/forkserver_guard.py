@@ -6,8 +6,7 @@ another process of the user wrote there failed the running test as ``ranks 0, 1 
 session's one client is the process that started the forkserver, its parent: any other peer (as the
 kernel names it) is refused before a byte is read, written down in the forkserver's folder, and the
 session warns of it (:class:`Refusals`); but a process forked from here (a rank, or what its test
-started: ranks are subreapers, so orphans stay in the tree) is the session's too, and is served, as
-a DataLoader's or DCP's forkserver workers started in a rank ask to be.
+started: ranks are subreapers, so orphans stay in the tree) is the session's too, and is served.
 """
 
 from __future__ import annotations

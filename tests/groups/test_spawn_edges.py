@@ -1,6 +1,5 @@
 """The forkserver ranks are forked from (groups/spawn.py, forkserver_guard.py): it serves its session
-alone: the controller, and what it forked (a rank, what a rank's test starts: DCP's checkpoint
-writer connected from a rank, tests/libraries/test_dcp.py)."""
+alone: the controller, and what it forked (a rank, what a rank's test starts)."""
 
 from __future__ import annotations
 
