@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_ddp.diagnose.consistency import SequenceDifference, UnfinishedWork, UnreceivedMessage
+from pytest_ddp.diagnose.rank_words import not_entered, rank_doing
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.verdicts import Verdict
-from pytest_ddp.diagnose.wording import lead, not_entered, rank_doing, tag
+from pytest_ddp.diagnose.wording import lead, tag
 from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report import stack_tree
 from pytest_ddp.report.sequences import Divergence, GroupSequences, divergence, group_sequences, p2p_table
@@ -24,7 +25,7 @@ class RankFacts:
     """One rank: its state, what it is doing in words, and what it left (failure, stack, output)."""
 
     state: RankState
-    doing: str  # "waiting in barrier #2 (test_x.py:20), in call" (wording.rank_doing)
+    doing: str  # "waiting in barrier #2 (test_x.py:20), in call" (rank_words.rank_doing)
     failure: str | None  # its failure's text (a traceback), if it failed
     stack: str | None  # its faulthandler dump, if it was stopped
     output: dict[str, str] | None  # its stdout and stderr

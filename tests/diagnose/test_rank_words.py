@@ -7,8 +7,8 @@ import signal
 
 from snapshots import NOW, R4, call, judge, ok, rank, snap
 
+from pytest_ddp.diagnose.rank_words import plain_error, rank_doing
 from pytest_ddp.diagnose.state import Process, RankState
-from pytest_ddp.diagnose.wording import plain_error, rank_doing
 
 USR1 = f"{1 << (signal.SIGUSR1 - 1):016x}"
 CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"

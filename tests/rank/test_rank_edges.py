@@ -15,7 +15,7 @@ import pytest
 from conftest import live_pids, outcomes, wait_for
 from pytest_ddp.common.bounds import TEXT_LIMIT, cut, read_bounded
 from pytest_ddp.common.protocol import Report, WarningRecorded
-from pytest_ddp.diagnose import wording
+from pytest_ddp.diagnose import rank_words
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.rank import leftovers
 from pytest_ddp.rank.channel import bounded
@@ -193,8 +193,8 @@ def test_report_message_prefers_the_error_line_of_a_plain_text_longrepr():
         "file t.py, line 3\n  def test_it(rank, nosuch):\n"
         "E       fixture 'nosuch' not found\n>       available\n\nt.py:3"
     )
-    assert wording._report_message({"longrepr": longrepr}) == "fixture 'nosuch' not found"
-    assert wording._report_message({"longrepr": "Skipped\nValueError: boom"}) == "ValueError: boom"
+    assert rank_words._report_message({"longrepr": longrepr}) == "fixture 'nosuch' not found"
+    assert rank_words._report_message({"longrepr": "Skipped\nValueError: boom"}) == "ValueError: boom"
 
 
 def test_each_test_gets_the_environment_the_rank_started_with(ddp_pytester):

@@ -1,0 +1,110 @@
+"""A rank in words: how it failed (its error in one line, each peer's copy of one Gloo error alike),
+what it is doing, for the verdicts' words (:mod:`pytest_ddp.diagnose.wording`) and each rank's line
+of the report."""
+
+from __future__ import annotations
+
+import re
+
+from pytest_ddp.diagnose.phrases import describe_call
+from pytest_ddp.diagnose.state import RankState, exit_text
+from pytest_ddp.diagnose.watchdog import mpi_abort
+
+
+def _short_error(state: RankState) -> str:
+    """A failed rank's error in one line: its last call's if that raised (an earlier one was
+    handled), else its failed report's, else ``failed``."""
+    last = state.last_raised
+    if last is not None:
+        error = last.error or "error"
+        return plain_error(error.strip().splitlines()[0])  # C++ messages run over many lines
+    for report in state.reports.values():
+        if report.get("outcome") == "failed":
+            message = _report_message(report.get("data"))
+            if message:
+                return plain_error(message)
+    return "failed"
+
+
+# Gloo's message of a broken connection: the C++ source it came from, the peer's address and port
+# (each peer's copy names its own) and advice that is the same every time.
+_SOURCE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h):\d+\] ")
+_ADDRESS = re.compile(r" ?\[[0-9A-Fa-f.:]+\]:\d+")
+_ADVICE = re.compile(r"\.? This is typically caused by .*")
+
+
+def plain_error(line: str) -> str:
+    """An error's line without what differs between peers' copies of one Gloo error or repeats in
+    each: ``RuntimeError: Read error: Connection reset by peer``."""
+    return _ADVICE.sub("", _ADDRESS.sub("", _SOURCE.sub("", line)))
+
+
+def _report_message(data: object) -> str | None:
+    """The first line of the error in a serialized pytest report, or in a ``run()`` result."""
+    if not isinstance(data, dict):
+        return None
+    longrepr = data.get("longrepr")
+    candidates = [data.get("exception"), data.get("message"), longrepr]
+    if isinstance(longrepr, dict):
+        candidates.append((longrepr.get("reprcrash") or {}).get("message"))
+    for text in candidates:
+        if isinstance(text, str) and text.strip():
+            lines = [line for line in text.splitlines() if line.strip()]
+            if text is not longrepr:  # a message starts with its error
+                return lines[0].strip()
+            # A plain-text longrepr marks its error lines "E   " (a missing fixture's ends with
+            # its location); else it ends with its error.
+            marked = [line[1:].strip() for line in lines if line.startswith("E ")]
+            return marked[0] if marked else lines[-1].strip()
+    return None
+
+
+def how_it_failed(state: RankState) -> str:
+    """``died (killed by SIGABRT) in all_reduce #1 (t.py:3)``, ``raised TypeError: ... in
+    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom)``, ``returned from its test``,
+    ``called MPI_Abort (errorcode 7) at t.py:5``."""
+    last = state.calls[-1] if state.calls else None
+    if (abort := mpi_abort(state)) is not None:
+        return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
+    if not state.alive:
+        inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
+        return f"died ({exit_text(state.exit_code)}){inside}"
+    if last is not None and last.state == "raised":
+        return f"raised {_short_error(state)} in {describe_call(last)}"
+    if state.failed:
+        error = _short_error(state)
+        return "failed" if error == "failed" else f"failed ({error})"
+    return "returned from its test"
+
+
+def rank_status(state: RankState) -> str:
+    """What the rank is doing, in a few words: ``finished (passed)``, ``running (call), outside any
+    collective``, ``stopped (state T in /proc: ...)``; "" when it waits in a call."""
+    if not state.alive:
+        return f"died ({exit_text(state.exit_code)}) during {state.phase}"
+    if state.finished:
+        return f"finished ({'failed' if state.failed else 'passed'})"
+    if state.process is not None and state.process.stopped:
+        inside = "" if state.current_call is not None else ", outside any collective"
+        return f"{state.process.text} during {state.phase}{inside}"
+    if state.current_call is not None:
+        return ""
+    return f"running ({state.phase}), outside any collective"
+
+
+def rank_doing(state: RankState) -> str:
+    """``waiting in barrier #2 (test_x.py:20), in call``, ``finished (passed); last call all_reduce
+    #3 (t.py:9)``: the rank's status and its current or last call; why no stack came, where none did."""
+    status = rank_status(state)
+    last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
+    where = describe_call(last) if last is not None else "no collective yet"
+    doing = f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
+    if not state.stack_missing:
+        return doing
+    return f"{doing}; {'no Python stack came' if state.process is None else state.process.no_stack}"
+
+
+def not_entered(state: RankState) -> str:
+    """What to say of a rank that did not make the collective where the ranks part ways: where it is."""
+    status = rank_status(state) or f"waiting in {describe_call(state.current_call or state.calls[-1])}"
+    return f"did not enter it, {status}"
