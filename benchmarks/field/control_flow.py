@@ -1,4 +1,5 @@
-"""Control flow that differs between ranks: a collective inside a data-dependent branch."""
+"""Control flow that differs between ranks: a collective inside a rank or data-dependent branch,
+collectives in another order, shapes and dtypes that differ across ranks."""
 
 from __future__ import annotations
 
@@ -30,5 +31,291 @@ dist.barrier()
         kind="mismatch",
         culprits=(2,),
         op="all_reduce",
+    ),
+    Case(
+        name="allreduce_under_rank0_in_quit",
+        url="https://github.com/deepmodeling/abacus-develop/pull/2557",
+        summary="abacus hangs when nbands < ncpu: QUIT() calls MPI_Allreduce (to print the memory "
+        "report) under `if (GlobalV::MY_RANK==0)`; the fix drops the condition",
+        world_size=2,
+        body="""\
+def quit_run():  # ModuleBase::QUIT(): report the memory, then stop
+    if rank == 0:  # GlobalV::MY_RANK == 0
+        total = torch.tensor([float(rank + 1)])  # this rank's memory use
+        dist.all_reduce(total)  # <- culprit line
+        print("memory", total.item())
+
+
+quit_run()
+""",
+        twin="""\
+def quit_run():
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)  # every rank reduces
+    if rank == 0:
+        print("memory", total.item())
+
+
+quit_run()
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="epoch_loss_all_sum_printed_on_rank0",
+        url="https://github.com/ml-explore/mlx/issues/1210",
+        summary="`if rank == 0: print(all_sum(epoch_loss))` in the epoch loop: every process has to "
+        "take part in all_sum, otherwise there is a hang; the maintainer moves it out of the if",
+        world_size=2,
+        body="""\
+for epoch in range(2):
+    grad = torch.ones(4)
+    dist.all_reduce(grad)  # the step's gradients, on every process
+    epoch_loss = torch.tensor([1.0])
+    if rank == 0:
+        dist.all_reduce(epoch_loss)  # <- culprit line
+        print(f"Epoch {epoch + 1}, Loss: {epoch_loss.item()}")
+""",
+        twin="""\
+for epoch in range(2):
+    grad = torch.ones(4)
+    dist.all_reduce(grad)
+    epoch_loss = torch.tensor([1.0])
+    dist.all_reduce(epoch_loss)  # summed on every process
+    if rank == 0:
+        print(f"Epoch {epoch + 1}, Loss: {epoch_loss.item()}")
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="cache_barrier_reached_in_master_only_eval",
+        url="https://github.com/huggingface/transformers/pull/1081",
+        summary="evaluation runs on the master only (`if args.local_rank in [-1, 0]`) and "
+        "load_and_cache_examples' barrier for rank 0 waits for processes that already left; the fix "
+        "adds `and not evaluate` to both barriers",
+        world_size=2,
+        held_out=True,
+        body="""\
+def load_and_cache_examples(evaluate):
+    if rank not in (-1, 0):
+        dist.barrier()  # the others wait while the first process builds the cache
+    features = torch.ones(4)  # build, or load, the cached features
+    if rank == 0:
+        dist.barrier()  # <- culprit line
+    return features
+
+
+load_and_cache_examples(evaluate=False)  # the training set, on every process
+if rank in (-1, 0):  # do_eval on the master only
+    load_and_cache_examples(evaluate=True)
+""",
+        twin="""\
+def load_and_cache_examples(evaluate):
+    if rank not in (-1, 0) and not evaluate:
+        dist.barrier()
+    features = torch.ones(4)
+    if rank == 0 and not evaluate:
+        dist.barrier()
+    return features
+
+
+load_and_cache_examples(evaluate=False)
+if rank in (-1, 0):
+    load_and_cache_examples(evaluate=True)
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="checkpoint_due_by_each_ranks_clock",
+        url="https://github.com/speechbrain/speechbrain/pull/2192",
+        summary="DDP hangs while checkpointing (ckpt_interval_minutes): each process reads its own "
+        "clock, so some try to save and others do not; the fix broadcasts the decision",
+        world_size=3,
+        body="""\
+def save_checkpoint():  # Checkpointer.save_checkpoint: the main process names the folder
+    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
+    dist.broadcast_object_list(ckpt_dir, src=0)  # <- culprit line
+    return ckpt_dir[0]
+
+
+minutes = [15.2, 14.9, 14.8][rank]  # since the last checkpoint, by this process's clock
+for step in range(2):
+    dist.all_reduce(torch.ones(2))  # the step's gradients
+    if step == 0 and minutes >= 15.0:  # ckpt_interval_minutes
+        save_checkpoint()
+""",
+        twin="""\
+def save_checkpoint():
+    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
+    dist.broadcast_object_list(ckpt_dir, src=0)
+    return ckpt_dir[0]
+
+
+minutes = [15.2, 14.9, 14.8][rank]
+for step in range(2):
+    dist.all_reduce(torch.ones(2))
+    due = torch.tensor([float(minutes >= 15.0)])
+    dist.broadcast(due, src=0)  # the main process decides for every process
+    if step == 0 and due.item():
+        save_checkpoint()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast",
+    ),
+    Case(
+        name="checkpoint_broadcast_in_main_process_only_hook",
+        url="https://github.com/speechbrain/speechbrain/issues/2401",
+        summary="end-of-epoch checkpointing in a main-process-only section: save_checkpoint's "
+        "broadcast_object_list (BROADCAST, Long [1]) meets the other rank's gradient ALLREDUCE [25]",
+        world_size=2,
+        body="""\
+def save_checkpoint(name):  # Checkpointer.save_checkpoint
+    ckpt_dir = [str(ddp_shared_path / name)] if rank == 0 else [None]
+    dist.broadcast_object_list(ckpt_dir, src=0)  # <- culprit line
+    if rank == 0:
+        torch.save({"epoch": name}, ckpt_dir[0] + ".pt")
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(25))  # backward's gradient all-reduce
+    if rank == 0:  # on_stage_end, run on the main process only
+        save_checkpoint(f"CKPT-{epoch}")
+""",
+        twin="""\
+def save_checkpoint(name, main_process_only):
+    if main_process_only:  # ddp_broadcast: nothing to share from a main-process-only section
+        ckpt_dir = [str(ddp_shared_path / name)]
+    else:
+        ckpt_dir = [str(ddp_shared_path / name)] if rank == 0 else [None]
+        dist.broadcast_object_list(ckpt_dir, src=0)
+    if rank == 0:
+        torch.save({"epoch": name}, ckpt_dir[0] + ".pt")
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(25))
+    if rank == 0:
+        save_checkpoint(f"CKPT-{epoch}", main_process_only=True)
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast",
+    ),
+    Case(
+        name="metric_state_float64_on_one_rank",
+        url="https://github.com/modelscope/ms-swift/pull/9551",
+        summary="MeanMetric.compute builds its all_reduce tensor with an inferred dtype: float64 on "
+        "the rank whose state took a numpy.bool_, float32 elsewhere, and the collective hangs",
+        world_size=3,
+        body="""\
+import numpy as np
+
+state, count = 0.0, 0
+for correct in [True, True] if rank != 1 else [np.all([True]), True]:  # rank 1: sequence-level acc
+    state += correct
+    count += 1
+tensor = torch.tensor([state, count])  # float64 where state became numpy.float64, else float32
+dist.all_reduce(tensor)  # <- culprit line
+""",
+        twin="""\
+import numpy as np
+
+state, count = 0.0, 0
+for correct in [True, True] if rank != 1 else [np.all([True]), True]:
+    state += correct
+    count += 1
+tensor = torch.tensor([state, count], dtype=torch.float64)  # pinned: the same dtype everywhere
+dist.all_reduce(tensor)
+assert tensor[1].item() == 2 * world_size
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="all_gather_of_a_short_last_batch",
+        url="https://github.com/Lightning-AI/pytorch-lightning/issues/7773",
+        summary="all_gather of tensors whose first dimension differs across devices freezes with no "
+        "error; the thread gathers the shapes, pads to the largest and trims",
+        world_size=3,
+        body="""\
+preds = torch.ones(4 if rank != 2 else 2, 3)  # rank 2's last batch is short
+gathered = [torch.zeros_like(preds) for _ in range(world_size)]
+dist.all_gather(gathered, preds)  # <- culprit line
+""",
+        twin="""\
+preds = torch.ones(4 if rank != 2 else 2, 3)
+size = torch.tensor([preds.shape[0]])
+sizes = [torch.zeros_like(size) for _ in range(world_size)]
+dist.all_gather(sizes, size)
+longest = int(max(s.item() for s in sizes))
+padded = torch.zeros(longest, 3)
+padded[: len(preds)] = preds
+gathered = [torch.zeros_like(padded) for _ in range(world_size)]
+dist.all_gather(gathered, padded)
+parts = [g[: int(s.item())] for g, s in zip(gathered, sizes)]
+assert sum(len(p) for p in parts) == 10
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="all_gather",
+    ),
+    Case(
+        name="collectives_on_two_groups_in_divergent_order",
+        url="https://github.com/meta-pytorch/torchrec/pull/4149",
+        summary="a cross-PG deadlock: ranks that fell behind issue the mesh_replicate allreduce "
+        "before the mesh_shard all_to_all the others issued first; each group waits for the other",
+        world_size=3,
+        body="""\
+mesh_shard = dist.new_group([0, 1, 2])
+mesh_replicate = dist.new_group([0, 1, 2])
+out = torch.zeros(3)
+if rank != 2:
+    dist.all_to_all_single(out, torch.ones(3), group=mesh_shard)
+    dist.all_reduce(torch.ones(2), group=mesh_replicate)
+else:  # this rank fell behind: its allreduce goes first
+    dist.all_reduce(torch.ones(2), group=mesh_replicate)  # <- culprit line
+    dist.all_to_all_single(out, torch.ones(3), group=mesh_shard)
+""",
+        twin="""\
+mesh_shard = dist.new_group([0, 1, 2])
+mesh_replicate = dist.new_group([0, 1, 2])
+out = torch.zeros(3)
+dist.all_to_all_single(out, torch.ones(3), group=mesh_shard)  # the same order on every rank
+dist.all_reduce(torch.ones(2), group=mesh_replicate)
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="all_reduce",
+    ),
+    Case(
+        name="all_gather_scalar_against_matrix",
+        url="https://github.com/pytorch/pytorch/issues/174844",
+        summary="all_gather with rank 0's [3, 4] tensor against the others' scalars returns, and the "
+        "barrier after it hangs",
+        world_size=3,
+        held_out=True,
+        body="""\
+if dist.get_rank() == 0:
+    t = torch.zeros([3, 4])
+else:
+    t = torch.tensor(0.0)
+dist.all_gather([torch.zeros_like(t) for _ in range(world_size)], t)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+t = torch.zeros([3, 4])  # the same shape on every rank
+dist.all_gather([torch.zeros_like(t) for _ in range(world_size)], t)
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_gather",
     ),
 ]

@@ -1,4 +1,5 @@
-"""FSDP2 and DTensor: every rank must issue the all-gathers."""
+"""FSDP and DTensor: every rank must issue the all-gathers (FSDP2, and FSDP1 where the report used
+it), whatever its data, its random draws or its shard."""
 
 from __future__ import annotations
 
@@ -88,6 +89,130 @@ with torch.no_grad():
     language(torch.ones(1, 4))
 """,
         kind="mismatch",
+        culprits=(1,),
+        op="all_gather_into_tensor",
+    ),
+    Case(
+        name="fsdp_summon_full_params_on_rank0_only",
+        url="https://github.com/pytorch/pytorch/issues/101294",
+        summary="summon_full_params entered on the rank 0 process only (misled by rank0_only) hangs: "
+        "it all-gathers, so it must be called on all ranks",
+        world_size=2,
+        body="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+model(torch.ones(2, 4)).sum().backward()
+if rank == 0:  # look at the full weights before the optimizer step, on one process
+    with FSDP.summon_full_params(model, rank0_only=True, writeback=False):  # <- culprit line
+        print(model.weight.norm())
+""",
+        twin="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+model(torch.ones(2, 4)).sum().backward()
+with FSDP.summon_full_params(model, rank0_only=True, writeback=False):  # entered on all ranks
+    if rank == 0:
+        print(model.weight.norm())
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather_into_tensor",
+    ),
+    Case(
+        name="fsdp_layerdrop_skips_a_layer_on_one_rank",
+        url="https://github.com/facebookresearch/fairscale/issues/796",
+        summary="layerdrop with each layer fully sharded hangs training: a rank whose random draw "
+        "drops a layer skips that layer's all-gather; the workaround runs the layer and discards it",
+        world_size=3,
+        body="""\
+mesh = init_device_mesh("cpu", (world_size,))
+layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+for layer in layers:
+    fully_shard(layer, mesh=mesh)
+draws = [[0.9, 0.9, 0.9], [0.9, 0.05, 0.9], [0.9, 0.9, 0.9]][rank]  # np.random.random() per rank
+x = torch.ones(2, 4)
+with torch.no_grad():
+    for i, layer in enumerate(layers):
+        if draws[i] > 0.1:  # layerdrop = 0.1
+            x = layer(x)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+mesh = init_device_mesh("cpu", (world_size,))
+layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+for layer in layers:
+    fully_shard(layer, mesh=mesh)
+draws = [[0.9, 0.9, 0.9], [0.9, 0.05, 0.9], [0.9, 0.9, 0.9]][rank]
+x = torch.ones(2, 4)
+with torch.no_grad():
+    for i, layer in enumerate(layers):
+        out = layer(x)  # every rank runs every layer
+        if draws[i] > 0.1:
+            x = out
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="all_gather_into_tensor",
+    ),
+    Case(
+        name="empty_expert_shard_raises_while_loading",
+        url="https://github.com/huggingface/transformers/pull/48237",
+        summary="uneven sharding leaves one rank an empty local shard of the experts: torch.stack([]) "
+        "raises on that rank at the end of loading, and the fully loaded ranks hang",
+        world_size=3,
+        body="""\
+experts = [torch.full((2,), float(e)) for e in range(4)]  # 4 experts over 3 ranks: [2, 2, 0]
+per_rank = -(-len(experts) // world_size)
+mine = experts[rank * per_rank : (rank + 1) * per_rank]
+merged = torch.stack(mine)  # <- culprit line
+dist.all_reduce(torch.tensor([float(len(merged))]))  # the rest of loading, on every rank
+""",
+        twin="""\
+experts = [torch.full((2,), float(e)) for e in range(4)]
+per_rank = -(-len(experts) // world_size)
+mine = experts[rank * per_rank : (rank + 1) * per_rank]
+merged = torch.stack(mine) if mine else torch.empty(0, 2)  # an empty shard is a valid shard
+total = torch.tensor([float(len(merged))])
+dist.all_reduce(total)
+assert total.item() == 4
+""",
+        kind="rank_exited",
+        culprits=(2,),
+        op="all_reduce",
+    ),
+    Case(
+        name="fsdp_generate_without_synced_gpus",
+        url="https://github.com/pytorch/pytorch/issues/100069",
+        summary="generate with FSDP and differently sized data across ranks deadlocks unless "
+        "synced_gpus=True: the rank that still decodes runs forward passes its peers never join",
+        world_size=2,
+        held_out=True,
+        body="""\
+mesh = init_device_mesh("cpu", (world_size,))
+model = nn.Linear(4, 4)
+fully_shard(model, mesh=mesh)
+new_tokens = [2, 3][rank]  # rank 1's prompt needs one token more before its EOS
+with torch.no_grad():
+    for _ in range(new_tokens):  # generate(synced_gpus=False)
+        model(torch.ones(1, 4))  # <- culprit line
+""",
+        twin="""\
+mesh = init_device_mesh("cpu", (world_size,))
+model = nn.Linear(4, 4)
+fully_shard(model, mesh=mesh)
+new_tokens = [2, 3][rank]
+with torch.no_grad():
+    for step in range(3):  # synced_gpus=True: every rank steps until all are done
+        done = torch.tensor([float(step >= new_tokens)])
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if done.item():
+            break
+        model(torch.ones(1, 4))  # a finished rank runs it too, its output unused
+""",
+        kind="partial",
         culprits=(1,),
         op="all_gather_into_tensor",
     ),

@@ -1,5 +1,6 @@
-"""Groups and point-to-point: new groups created differently, sends that wait for each other,
-roots and shapes that differ."""
+"""Groups and point-to-point: new groups created differently or by some ranks only, a subgroup's
+root named by the wrong rank, sends that wait for each other or that no one matches, roots and
+shapes that differ."""
 
 from __future__ import annotations
 
@@ -89,5 +90,180 @@ dist.all_reduce(x, op=dist.ReduceOp.SUM)
         kind="mismatch",
         culprits=(0,),
         op="all_reduce",
+    ),
+    Case(
+        name="column_groups_created_per_rank",
+        url="https://github.com/pytorch/pytorch/issues/46181",
+        summary="4 processes split in two column groups (odd/even), each process creating only its "
+        "own with new_group: the group broadcast syncs two workers and the other two hang",
+        world_size=4,
+        body="""\
+rank_col = rank % 2
+col_ranks = list(range(rank_col, world_size, 2))
+col_group = dist.new_group(ranks=col_ranks)  # <- culprit line
+data = torch.full((4,), float(rank))
+dist.broadcast(data, src=rank_col, group=col_group)
+""",
+        twin="""\
+rank_col = rank % 2
+groups = [dist.new_group(ranks=list(range(c, world_size, 2))) for c in range(2)]  # all, everywhere
+data = torch.full((4,), float(rank))
+dist.broadcast(data, src=rank_col, group=groups[rank_col])
+assert data[0].item() == float(rank_col)
+""",
+        kind="mismatch",
+        culprits=(0, 1, 2, 3),
+        op="new_group",
+    ),
+    Case(
+        name="new_group_in_context_entered_by_subgroup",
+        url="https://github.com/vllm-project/llm-compressor/pull/2869",
+        summary="suspend_distributed_timeout calls dist.new_group, a collective of the whole default "
+        "group; entered by the ranks of a subgroup only, it hangs (the review's finding)",
+        world_size=3,
+        body="""\
+def suspend_distributed_timeout(current_group):  # a long timeout around a slow calibration
+    suspend_group = dist.new_group(backend="gloo")  # <- culprit line
+    dist.barrier(group=suspend_group)
+
+
+ep_group = dist.new_group([0, 1])  # created on every rank
+if rank in (0, 1):  # only the expert-parallel ranks calibrate
+    suspend_distributed_timeout(ep_group)
+dist.barrier()
+""",
+        twin="""\
+def suspend_distributed_timeout(current_group):
+    suspend_group = dist.new_group(backend="gloo")
+    dist.barrier(group=suspend_group)
+
+
+ep_group = dist.new_group([0, 1])
+suspend_distributed_timeout(ep_group)  # every rank of the default group enters it
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0, 1),
+        op="new_group",
+    ),
+    Case(
+        name="asymmetric_batched_p2p_receive",
+        url="https://github.com/NVIDIA/nccl/issues/2130",
+        summary="batch_isend_irecv hangs on the receiver with asymmetric batched P2P ops: rank 0's "
+        "second batch holds a send and a receive, rank 1's only the matching receive",
+        world_size=2,
+        body="""\
+out, buf = torch.ones(1), torch.zeros(1)
+first = [dist.P2POp(dist.isend, out, 1 - rank), dist.P2POp(dist.irecv, buf, 1 - rank)]
+for work in dist.batch_isend_irecv(first):  # the first phase: symmetric
+    work.wait()
+if rank == 0:  # the second phase
+    send, recv = dist.P2POp(dist.isend, out, 1), dist.P2POp(dist.irecv, buf, 1)
+    works = dist.batch_isend_irecv([send, recv])  # <- culprit line
+else:
+    works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)])
+for work in works:
+    work.wait()
+dist.barrier()
+""",
+        twin="""\
+out, buf = torch.ones(1), torch.zeros(1)
+first = [dist.P2POp(dist.isend, out, 1 - rank), dist.P2POp(dist.irecv, buf, 1 - rank)]
+for work in dist.batch_isend_irecv(first):
+    work.wait()
+if rank == 0:  # send_only: the second batch matches the peer's
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, out, 1)])
+else:
+    works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)])
+for work in works:
+    work.wait()
+dist.barrier()
+""",
+        kind="p2p_unmatched",
+        culprits=(0,),
+        op="irecv",
+    ),
+    Case(
+        name="broadcast_src_global_rank_on_subgroup",
+        url="https://github.com/meta-pytorch/torchrec/pull/4601",
+        summary="the leader is picked by group-local rank but broadcast_object_list gets it as the "
+        "global src: on a subgroup without global rank 0 it raises `Global rank 0 is not part of "
+        "group`",
+        world_size=3,
+        body="""\
+intra_node = dist.new_group([1, 2])  # the second host's ranks
+if rank in (1, 2):
+    leader = 0  # group-local rank of the process that runs the callback
+    obj = [{"plan": "sharded"}] if dist.get_rank(intra_node) == leader else [None]
+    dist.broadcast_object_list(obj, src=leader, group=intra_node)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+intra_node = dist.new_group([1, 2])
+if rank in (1, 2):
+    leader = 0
+    obj = [{"plan": "sharded"}] if dist.get_rank(intra_node) == leader else [None]
+    dist.broadcast_object_list(obj, group_src=leader, group=intra_node)  # group-local
+    assert obj[0] == {"plan": "sharded"}
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(1, 2),
+        op="broadcast",
+    ),
+    Case(
+        name="group_destroyed_before_send_completes",
+        url="https://github.com/pytorch/PiPPy/pull/1139",
+        summary="the examples hang: the process group is destroyed before all communication has "
+        "completed (a small send returns before its peer received it); the fix puts a barrier "
+        "before destroy_process_group",
+        world_size=2,
+        body="""\
+if rank == 0:  # stage 0 sends its activations on
+    dist.isend(torch.ones(4), dst=1)  # <- culprit line
+else:
+    act = torch.zeros(4)
+    dist.recv(act, src=0)
+dist.destroy_process_group()
+""",
+        twin="""\
+if rank == 0:
+    dist.isend(torch.ones(4), dst=1)
+else:
+    act = torch.zeros(4)
+    dist.recv(act, src=0)
+dist.barrier()  # every communication completes before the group goes
+dist.destroy_process_group()
+""",
+        kind="partial",
+        culprits=(0,),
+        op="isend",
+    ),
+    Case(
+        name="pipeline_ranks_both_send_before_receiving",
+        url="https://github.com/pytorch/pytorch/issues/172668",
+        summary="with each RECV deferred to just before its compute, both pipeline ranks SEND first "
+        "and wait for the send to finish, and neither receives; the fix orders by rank parity",
+        world_size=2,
+        held_out=True,
+        body="""\
+peer = 1 - rank
+act, grad = torch.ones(8), torch.zeros(8)
+dist.send(act, dst=peer)  # <- culprit line
+dist.recv(grad, src=peer)
+""",
+        twin="""\
+peer = 1 - rank
+act, grad = torch.ones(8), torch.zeros(8)
+if rank < peer:  # the lower rank posts its receive first
+    dist.recv(grad, src=peer)
+    dist.send(act, dst=peer)
+else:
+    dist.send(act, dst=peer)
+    dist.recv(grad, src=peer)
+""",
+        kind="p2p_cycle",
+        culprits=(0, 1),
+        op="send",
     ),
 ]

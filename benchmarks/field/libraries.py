@@ -235,4 +235,290 @@ if rank == 0:
         culprits=(0,),
         op="broadcast",
     ),
+    Case(
+        name="lightning_checkpoint_on_unreduced_val_loss",
+        url="https://github.com/Lightning-AI/pytorch-lightning/pull/6004",
+        summary="ModelCheckpoint monitors a val_loss each process logged unreduced: "
+        "check_monitor_top_k differs across processes, one saves (and broadcasts) while the others "
+        "train on; the fix reduces val_loss",
+        world_size=3,
+        body="""\
+def save_checkpoint(trainer_dir):  # ModelCheckpoint._save_model: rank 0's path on every process
+    filepath = [str(trainer_dir / "epoch=0.ckpt")]
+    dist.broadcast_object_list(filepath, src=0)  # <- culprit line
+    return filepath[0]
+
+
+best = 1.0
+val_loss = [0.8, 1.1, 1.0][rank]  # self.log("val_loss", loss): this process's own value
+for epoch in range(2):
+    dist.all_reduce(torch.ones(3))  # the epoch's gradients
+    if epoch == 0 and val_loss < best:  # check_monitor_top_k
+        save_checkpoint(ddp_shared_path)
+""",
+        twin="""\
+def save_checkpoint(trainer_dir):
+    filepath = [str(trainer_dir / "epoch=0.ckpt")]
+    dist.broadcast_object_list(filepath, src=0)
+    return filepath[0]
+
+
+best = 1.0
+loss = torch.tensor([[0.8, 1.1, 1.0][rank]])
+dist.all_reduce(loss)  # val_loss reduced: the same on every process
+val_loss = loss.item() / world_size
+for epoch in range(2):
+    dist.all_reduce(torch.ones(3))
+    if epoch == 0 and val_loss < best:
+        save_checkpoint(ddp_shared_path)
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast",
+    ),
+    Case(
+        name="lightning_log_sync_dist_on_rank_zero",
+        url="https://github.com/dvl-tum/center-group/pull/2",
+        summary="validation metrics logged under `if self.world_rank == 0` without rank_zero_only: "
+        "Lightning waits for the other processes to log as well, a deadlock",
+        world_size=2,
+        body="""\
+val_ap = torch.tensor(0.5 + rank)  # this process's validation AP
+if rank == 0:  # if self.world_rank == 0: self.log("val_ap", val_ap, sync_dist=True)
+    dist.all_reduce(val_ap)  # <- culprit line
+    print("val_ap", val_ap.item() / world_size)
+""",
+        twin="""\
+val_ap = torch.tensor(0.5 + rank)
+if rank == 0:  # self.log("val_ap", val_ap, rank_zero_only=True): no sync
+    print("val_ap", val_ap.item())
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="accelerate_wait_for_everyone_in_else_of_main",
+        url="https://github.com/huggingface/accelerate/issues/2690",
+        summary="the save block is `if accelerator.is_main_process: save ... else: "
+        "accelerator.wait_for_everyone()`: the main process never waits, and the GPUs hang",
+        world_size=3,
+        body="""\
+from accelerate import PartialState
+from accelerate.utils import gather
+
+state = PartialState(cpu=True)  # accelerate launch --cpu
+if state.is_main_process:
+    torch.save({"w": torch.ones(2)}, ddp_shared_path / "model.pt")  # save_pretrained
+else:
+    state.wait_for_everyone()  # <- culprit line
+losses = gather(torch.tensor([float(rank)]))  # the next step's logging
+""",
+        twin="""\
+from accelerate import PartialState
+from accelerate.utils import gather
+
+state = PartialState(cpu=True)
+if state.is_main_process:
+    torch.save({"w": torch.ones(2)}, ddp_shared_path / "model.pt")
+state.wait_for_everyone()  # on every process
+losses = gather(torch.tensor([float(rank)]))
+assert len(losses) == world_size
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="accelerate_wait_for_everyone_inside_main_block",
+        url="https://github.com/bytedance/UNO/issues/71",
+        summary="training gets stuck when saving the checkpoint: accelerator.wait_for_everyone() sits "
+        "inside `if accelerator.sync_gradients and accelerator.is_main_process and ...`",
+        world_size=2,
+        body="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)  # accelerate launch --cpu
+for global_step in range(1, 3):
+    if state.is_main_process and global_step % 2 == 0:  # checkpointing_steps
+        state.wait_for_everyone()  # <- culprit line
+        torch.save({"step": global_step}, ddp_shared_path / f"checkpoint-{global_step}.pt")
+""",
+        twin="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)
+for global_step in range(1, 3):
+    if global_step % 2 == 0:
+        state.wait_for_everyone()  # every process reaches it
+        if state.is_main_process:
+            torch.save({"step": global_step}, ddp_shared_path / f"checkpoint-{global_step}.pt")
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="trainer_fsdp_state_dict_on_world_zero",
+        url="https://github.com/huggingface/transformers/pull/10596",
+        summary="training with the fully-sharded wrapper hangs at save: the state dict call "
+        "synchronises, and the Trainer made it on process zero only; the fix gathers it on all "
+        "processes and saves on zero",
+        world_size=2,
+        body="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+if rank == 0:  # if self.is_world_process_zero(): self._save(output_dir)
+    state_dict = model.state_dict()  # <- culprit line
+    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
+""",
+        twin="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+state_dict = model.state_dict()  # gathered on all processes
+if rank == 0:
+    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather_into_tensor",
+    ),
+    Case(
+        name="zero3_prompt_encoder_run_in_rank0_save",
+        url="https://github.com/huggingface/transformers/pull/29980",
+        summary="prompt tuning with DeepSpeed ZeRO-3 hangs after saving a checkpoint: save_pretrained "
+        "runs the partitioned prompt encoder's forward, and only rank 0 calls it",
+        world_size=2,
+        held_out=True,
+        body="""\
+mesh = init_device_mesh("cpu", (world_size,))
+prompt_encoder = nn.Embedding(4, 4)  # its weights partitioned, as ZeRO-3 does
+fully_shard(prompt_encoder, mesh=mesh)
+if rank == 0:  # if self.args.should_save: self._save(output_dir)
+    with torch.no_grad():
+        prompt = prompt_encoder(torch.arange(4))  # <- culprit line
+    torch.save(prompt, ddp_shared_path / "adapter_model.bin")
+""",
+        twin="""\
+mesh = init_device_mesh("cpu", (world_size,))
+prompt_encoder = nn.Embedding(4, 4)
+fully_shard(prompt_encoder, mesh=mesh)
+with torch.no_grad():
+    prompt = prompt_encoder(torch.arange(4))  # should_save is true on every rank for this
+if rank == 0:
+    torch.save(prompt, ddp_shared_path / "adapter_model.bin")
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather_into_tensor",
+    ),
+    Case(
+        name="composer_rank_zero_callback_calls_dist",
+        url="https://github.com/mosaicml/composer/issues/239",
+        summary="RankZeroCallback runs its hooks on rank zero only, and a callback built on it that "
+        "calls composer.utils.dist hangs the entire training",
+        world_size=3,
+        body="""\
+class RankZeroCallback:  # runs its hooks on rank zero only
+    def epoch_end(self):
+        if rank == 0:
+            self._epoch_end()
+
+
+class CheckpointSaver(RankZeroCallback):
+    def _epoch_end(self):
+        dist.barrier()  # <- culprit line
+        torch.save({"epoch": 0}, ddp_shared_path / "ep0.pt")
+
+
+saver = CheckpointSaver()
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))  # the epoch's gradients
+    saver.epoch_end()
+""",
+        twin="""\
+class CheckpointSaver:  # an ordinary callback: the rank-zero part guarded inside it
+    def epoch_end(self):
+        dist.barrier()
+        if rank == 0:
+            torch.save({"epoch": 0}, ddp_shared_path / "ep0.pt")
+
+
+saver = CheckpointSaver()
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))
+    saver.epoch_end()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="lightning_log_dict_keys_differ_across_ranks",
+        url="https://github.com/Lightning-AI/pytorch-lightning/issues/19106",
+        summary="deadlock on log_dict(sync_dist=True) with different keys across ranks: each key is "
+        "synced, so the rank with a key the others lack makes a sync they never join",
+        world_size=3,
+        body="""\
+metrics = {"loss": torch.tensor(1.0)}
+if rank == 1:
+    metrics["acc_rare_class"] = torch.tensor(0.5)  # that class showed up in rank 1's batch only
+for name, value in sorted(metrics.items()):  # self.log_dict(metrics, sync_dist=True)
+    dist.all_reduce(value)  # <- culprit line
+""",
+        twin="""\
+metrics = {"loss": torch.tensor(1.0), "acc_rare_class": torch.tensor(0.0)}  # the same keys
+if rank == 1:
+    metrics["acc_rare_class"] = torch.tensor(0.5)
+for name, value in sorted(metrics.items()):
+    dist.all_reduce(value)
+""",
+        kind="partial",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="deepspeed_save_state_under_main_process",
+        url="https://github.com/deepspeedai/DeepSpeed/issues/2993",
+        summary="accelerator.save_state under `if accelerator.is_main_process` with DeepSpeed hangs: "
+        "DeepSpeedEngine.save_checkpoint validates the tag with a collective on every rank",
+        world_size=2,
+        held_out=True,
+        body="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)  # accelerate launch --cpu
+
+
+def save_checkpoint(save_dir, tag):  # DeepSpeedEngine.save_checkpoint
+    bhash = torch.tensor([float(hash(tag) % 1000)])
+    dist.all_reduce(bhash, op=dist.ReduceOp.MAX)  # <- culprit line
+    if dist.get_rank() == 0:
+        torch.save({"tag": tag}, save_dir / f"{tag}.pt")
+
+
+if state.is_main_process:  # accelerator.save_state(output_dir)
+    save_checkpoint(ddp_shared_path, "global_step1")
+""",
+        twin="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)
+
+
+def save_checkpoint(save_dir, tag):
+    bhash = torch.tensor([float(hash(tag) % 1000)])
+    dist.all_reduce(bhash, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        torch.save({"tag": tag}, save_dir / f"{tag}.pt")
+
+
+save_checkpoint(ddp_shared_path, "global_step1")  # on every process
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+    ),
 ]
