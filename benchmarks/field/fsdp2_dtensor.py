@@ -216,4 +216,43 @@ with torch.no_grad():
         culprits=(1,),
         op="all_gather_into_tensor",
     ),
+    Case(
+        name="fsdp_save_decided_on_reduced_loss",
+        url="https://github.com/pytorch/pytorch/issues/77562",
+        summary="FSDP training times out at the end of an epoch: the loss is summed with dist.reduce, "
+        "so only rank 0 sees a new best and drops into the full-state-dict save while the others "
+        "train on; the fix is all_reduce",
+        world_size=2,
+        body="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+best = float("inf")
+for epoch in range(2):
+    model(torch.ones(2, 4)).sum().backward()
+    mine = [[1.0, 0.8], [1.0, 1.1]][rank][epoch]  # this rank's validation loss
+    val = torch.tensor(mine)
+    dist.reduce(val, dst=0, op=dist.ReduceOp.SUM)  # the sum lands on rank 0 only
+    current = val.item() if rank == 0 else mine  # elsewhere the rank keeps its own value
+    if current < best:  # a new best: save the model
+        best = current
+        state = model.state_dict()  # <- culprit line
+""",
+        twin="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+best = float("inf")
+for epoch in range(2):
+    model(torch.ones(2, 4)).sum().backward()
+    val = torch.tensor([[1.0, 0.8], [1.0, 1.1]][rank][epoch])
+    dist.all_reduce(val, op=dist.ReduceOp.SUM)  # every rank sees the same sum
+    if val.item() < best:
+        best = val.item()
+        state = model.state_dict()
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather_into_tensor",
+    ),
 ]
