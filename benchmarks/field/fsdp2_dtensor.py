@@ -223,6 +223,7 @@ with torch.no_grad():
         "so only rank 0 sees a new best and drops into the full-state-dict save while the others "
         "train on; the fix is all_reduce",
         world_size=2,
+        held_out=True,
         body="""\
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

@@ -266,4 +266,63 @@ else:
         culprits=(0, 1),
         op="send",
     ),
+    Case(
+        name="ring_handshake_receives_from_minus_one",
+        url="https://github.com/ornladios/ADIOS2/pull/3345",
+        summary="the handshake ring: rank 0 receives its message from rank - 1, which is -1, instead "
+        "of from the last rank, whose send then waits forever",
+        world_size=3,
+        body="""\
+left, right = rank - 1, (rank + 1) % world_size
+token = torch.zeros(1)
+if rank == 0:
+    dist.send(torch.ones(1), dst=right)
+    dist.recv(token, src=left)  # <- culprit line
+else:
+    dist.recv(token, src=left)
+    dist.send(token, dst=right)
+""",
+        twin="""\
+left, right = (rank - 1) % world_size, (rank + 1) % world_size  # rank 0's left is the last rank
+token = torch.zeros(1)
+if rank == 0:
+    dist.send(torch.ones(1), dst=right)
+    dist.recv(token, src=left)
+else:
+    dist.recv(token, src=left)
+    dist.send(token, dst=right)
+assert token.item() == 1.0
+""",
+        kind="p2p_unmatched",
+        culprits=(0,),
+        op="recv",
+    ),
+    Case(
+        name="all_gather_in_groups_each_rank_created_alone",
+        url="https://github.com/pytorch/pytorch/issues/38375",
+        summary="two groups, 0-1 and 2-3, each process creating only its own with new_group, then "
+        "all_gather in each group: RuntimeError Broken pipe",
+        world_size=4,
+        held_out=True,
+        body="""\
+if rank <= 1:
+    pg = dist.new_group([0, 1])  # <- culprit line
+else:
+    pg = dist.new_group([2, 3])
+num = torch.tensor(float(rank))
+out = [torch.zeros_like(num) for _ in range(dist.get_world_size(pg))]
+dist.all_gather(out, num, group=pg)
+""",
+        twin="""\
+groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process creates both
+pg = groups[0] if rank <= 1 else groups[1]
+num = torch.tensor(float(rank))
+out = [torch.zeros_like(num) for _ in range(dist.get_world_size(pg))]
+dist.all_gather(out, num, group=pg)
+assert [t.item() for t in out] == ([0.0, 1.0] if rank <= 1 else [2.0, 3.0])
+""",
+        kind="mismatch",
+        culprits=(0, 1, 2, 3),
+        op="new_group",
+    ),
 ]
