@@ -256,4 +256,43 @@ for epoch in range(2):
         culprits=(0,),
         op="all_gather_into_tensor",
     ),
+    Case(
+        name="fsdp_validation_loop_runs_to_exhaustion",
+        url="https://github.com/PrimeIntellect-ai/prime-rl/issues/2515",
+        summary="the validation loop deadlocks with FSDP: variable-length samples give ranks different "
+        "batch counts, and a rank still in an all-gather meets the others' post-loop all_reduce; "
+        "the fix stops every rank on the same iteration",
+        world_size=3,
+        body="""\
+mesh = init_device_mesh("cpu", (world_size,))
+model = nn.Linear(4, 1)
+fully_shard(model, mesh=mesh)
+val_batches = [torch.ones(2, 4)] * (4 if rank == 2 else 3)  # packed chunks: rank 2 got one more
+total_loss = torch.zeros(1)
+with torch.no_grad():
+    for batch in val_batches:  # iterate the validation set to exhaustion
+        total_loss += model(batch).sum()  # <- culprit line
+dist.all_reduce(total_loss)
+""",
+        twin="""\
+mesh = init_device_mesh("cpu", (world_size,))
+model = nn.Linear(4, 1)
+fully_shard(model, mesh=mesh)
+val_batches = [torch.ones(2, 4)] * (4 if rank == 2 else 3)
+total_loss = torch.zeros(1)
+batches = iter(val_batches)
+with torch.no_grad():
+    while True:
+        batch = next(batches, None)
+        has_data = torch.tensor([float(batch is not None)])
+        dist.all_reduce(has_data, op=dist.ReduceOp.MIN)  # every rank stops on the same iteration
+        if not has_data.item():
+            break
+        total_loss += model(batch).sum()
+dist.all_reduce(total_loss)
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="all_gather_into_tensor",
+    ),
 ]
