@@ -318,4 +318,28 @@ dist.barrier()
         culprits=(0,),
         op="all_gather",
     ),
+    Case(
+        name="barrier_left_inside_rank0_download",
+        url="https://github.com/huggingface/transformers-bloom-inference/pull/40",
+        summary="a deadlock in bloom-ds-inference.py: rank 0 calls dist.barrier() inside its "
+        "download block while the other processes do not",
+        world_size=3,
+        body="""\
+if rank == 0:  # download the checkpoint and write its index
+    (ddp_shared_path / "checkpoints.json").write_text('{"type": "BLOOM"}')
+    dist.barrier()  # <- culprit line
+dist.barrier()  # every process: the index is written
+index = (ddp_shared_path / "checkpoints.json").read_text()
+""",
+        twin="""\
+if rank == 0:
+    (ddp_shared_path / "checkpoints.json").write_text('{"type": "BLOOM"}')
+dist.barrier()  # outside the if: every process waits for the index once
+index = (ddp_shared_path / "checkpoints.json").read_text()
+assert "BLOOM" in index
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+    ),
 ]

@@ -521,4 +521,65 @@ save_checkpoint(ddp_shared_path, "global_step1")  # on every process
         culprits=(0,),
         op="all_reduce",
     ),
+    Case(
+        name="accelerate_gather_for_metrics_under_main_process",
+        url="https://github.com/huggingface/accelerate/issues/2785",
+        summary="the script hangs on .gather_for_metrics(): it sat under accelerator.is_main_process, "
+        "and the reporter's fix calls it on every process",
+        world_size=2,
+        body="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+predictions = torch.tensor([float(rank), 1.0])
+if accelerator.is_main_process:
+    all_preds = accelerator.gather_for_metrics(predictions)  # <- culprit line
+    print("accuracy", all_preds.mean().item())
+""",
+        twin="""\
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+predictions = torch.tensor([float(rank), 1.0])
+all_preds = accelerator.gather_for_metrics(predictions)  # on every process
+if accelerator.is_main_process:
+    print("accuracy", all_preds.mean().item())
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather",
+    ),
+    Case(
+        name="lightning_callback_returns_early_off_rank_zero",
+        url="https://github.com/talmolab/sleap-nn/pull/437",
+        summary="multi-GPU training freezes after each epoch: a callback returns early on the "
+        "non-zero ranks, so only rank 0 reaches trainer.strategy.barrier()",
+        world_size=3,
+        body="""\
+def on_train_epoch_end(epoch):  # UnifiedVizCallback
+    if rank != 0:  # not trainer.is_global_zero
+        return
+    (ddp_shared_path / f"viz-{epoch}.txt").write_text("figures")
+    dist.barrier()  # <- culprit line
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))  # the epoch's gradients
+    on_train_epoch_end(epoch)
+""",
+        twin="""\
+def on_train_epoch_end(epoch):
+    if rank == 0:  # the `if trainer.is_global_zero:` block
+        (ddp_shared_path / f"viz-{epoch}.txt").write_text("figures")
+    dist.barrier()  # every rank reaches it
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))
+    on_train_epoch_end(epoch)
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="barrier",
+    ),
 ]
