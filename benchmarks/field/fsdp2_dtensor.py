@@ -192,7 +192,9 @@ assert total.item() == 4
         held_out=True,
         body="""\
 mesh = init_device_mesh("cpu", (world_size,))
-model = nn.Linear(4, 4)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+for layer in model:  # each decoder layer sharded: every forward all-gathers it
+    fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
 new_tokens = [2, 3][rank]  # rank 1's prompt needs one token more before its EOS
 with torch.no_grad():
@@ -201,7 +203,9 @@ with torch.no_grad():
 """,
         twin="""\
 mesh = init_device_mesh("cpu", (world_size,))
-model = nn.Linear(4, 4)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+for layer in model:  # each decoder layer sharded: every forward all-gathers it
+    fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
 new_tokens = [2, 3][rank]
 with torch.no_grad():
@@ -265,7 +269,9 @@ for epoch in range(2):
         world_size=3,
         body="""\
 mesh = init_device_mesh("cpu", (world_size,))
-model = nn.Linear(4, 1)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+for layer in model:  # each layer sharded: every forward all-gathers it
+    fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
 val_batches = [torch.ones(2, 4)] * (4 if rank == 2 else 3)  # packed chunks: rank 2 got one more
 total_loss = torch.zeros(1)
@@ -276,7 +282,9 @@ dist.all_reduce(total_loss)
 """,
         twin="""\
 mesh = init_device_mesh("cpu", (world_size,))
-model = nn.Linear(4, 1)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+for layer in model:  # each layer sharded: every forward all-gathers it
+    fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
 val_batches = [torch.ones(2, 4)] * (4 if rank == 2 else 3)
 total_loss = torch.zeros(1)
