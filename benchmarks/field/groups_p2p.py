@@ -92,30 +92,6 @@ dist.all_reduce(x, op=dist.ReduceOp.SUM)
         op="all_reduce",
     ),
     Case(
-        name="column_groups_created_per_rank",
-        url="https://github.com/pytorch/pytorch/issues/46181",
-        summary="4 processes split in two column groups (odd/even), each process creating only its "
-        "own with new_group: the group broadcast syncs two workers and the other two hang",
-        world_size=4,
-        body="""\
-rank_col = rank % 2
-col_ranks = list(range(rank_col, world_size, 2))
-col_group = dist.new_group(ranks=col_ranks)  # <- culprit line
-data = torch.full((4,), float(rank))
-dist.broadcast(data, src=rank_col, group=col_group)
-""",
-        twin="""\
-rank_col = rank % 2
-groups = [dist.new_group(ranks=list(range(c, world_size, 2))) for c in range(2)]  # all, everywhere
-data = torch.full((4,), float(rank))
-dist.broadcast(data, src=rank_col, group=groups[rank_col])
-assert data[0].item() == float(rank_col)
-""",
-        kind="mismatch",
-        culprits=(0, 1, 2, 3),
-        op="new_group",
-    ),
-    Case(
         name="new_group_in_context_entered_by_subgroup",
         url="https://github.com/vllm-project/llm-compressor/pull/2869",
         summary="suspend_distributed_timeout calls dist.new_group, a collective of the whole default "
@@ -212,34 +188,6 @@ dist.barrier()
         op="broadcast",
     ),
     Case(
-        name="group_destroyed_before_send_completes",
-        url="https://github.com/pytorch/PiPPy/pull/1139",
-        summary="the examples hang: the process group is destroyed before all communication has "
-        "completed (a small send returns before its peer received it); the fix puts a barrier "
-        "before destroy_process_group",
-        world_size=2,
-        body="""\
-if rank == 0:  # stage 0 sends its activations on
-    dist.isend(torch.ones(4), dst=1)  # <- culprit line
-else:
-    act = torch.zeros(4)
-    dist.recv(act, src=0)
-dist.destroy_process_group()
-""",
-        twin="""\
-if rank == 0:
-    dist.isend(torch.ones(4), dst=1)
-else:
-    act = torch.zeros(4)
-    dist.recv(act, src=0)
-dist.barrier()  # every communication completes before the group goes
-dist.destroy_process_group()
-""",
-        kind="partial",
-        culprits=(0,),
-        op="isend",
-    ),
-    Case(
         name="pipeline_ranks_both_send_before_receiving",
         url="https://github.com/pytorch/pytorch/issues/172668",
         summary="with each RECV deferred to just before its compute, both pipeline ranks SEND first "
@@ -298,31 +246,94 @@ assert token.item() == 1.0
         op="recv",
     ),
     Case(
-        name="all_gather_in_groups_each_rank_created_alone",
-        url="https://github.com/pytorch/pytorch/issues/38375",
-        summary="two groups, 0-1 and 2-3, each process creating only its own with new_group, then "
-        "all_gather in each group: RuntimeError Broken pipe",
-        world_size=4,
-        held_out=True,
+        name="pipeline_recv_kept_while_sender_captures",
+        url="https://github.com/NVIDIA/TensorRT-LLM/pull/3688",
+        summary="PP4 hang: while CUDA graphs are captured the previous stage sends nothing, but the "
+        "next stage still posts its PP.recv(); the fix avoids that unmatched receive",
+        world_size=2,
         body="""\
-if rank <= 1:
-    pg = dist.new_group([0, 1])  # <- culprit line
+capturing = True  # warming up: the graphs are being captured
+hidden = torch.zeros(4)
+if rank == 0:
+    if not capturing:  # the first stage sends nothing while it captures
+        dist.send(torch.ones(4), dst=1)
 else:
-    pg = dist.new_group([2, 3])
-num = torch.tensor(float(rank))
-out = [torch.zeros_like(num) for _ in range(dist.get_world_size(pg))]
-dist.all_gather(out, num, group=pg)
+    dist.recv(hidden, src=0)  # <- culprit line
+dist.barrier()
 """,
         twin="""\
-groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process creates both
-pg = groups[0] if rank <= 1 else groups[1]
-num = torch.tensor(float(rank))
-out = [torch.zeros_like(num) for _ in range(dist.get_world_size(pg))]
-dist.all_gather(out, num, group=pg)
-assert [t.item() for t in out] == ([0.0, 1.0] if rank <= 1 else [2.0, 3.0])
+capturing = True
+hidden = torch.zeros(4)
+if rank == 0:
+    if not capturing:
+        dist.send(torch.ones(4), dst=1)
+elif not capturing:  # no receive for a send that is not made
+    dist.recv(hidden, src=0)
+dist.barrier()
 """,
-        kind="mismatch",
-        culprits=(0, 1, 2, 3),
-        op="new_group",
+        kind="p2p_unmatched",
+        culprits=(1,),
+        op="recv",
+    ),
+    Case(
+        name="work_received_from_ranks_assumed_sequential",
+        url="https://github.com/hpc/mpifileutils/pull/26",
+        summary="the list of ranks sending us work is not necessarily sequential: receiving from each "
+        "rank in turn hangs the process on a message that is never sent; the fix builds the actual "
+        "list of senders",
+        world_size=3,
+        body="""\
+has_work = rank == 2  # only rank 2 found files to hand over
+if rank == 0:
+    for src in range(1, world_size):  # every other rank, in order
+        item = torch.zeros(1)
+        dist.recv(item, src=src)  # <- culprit line
+elif has_work:
+    dist.send(torch.ones(1), dst=0)
+dist.barrier()
+""",
+        twin="""\
+has_work = rank == 2
+flags = [torch.zeros(1) for _ in range(world_size)]
+dist.all_gather(flags, torch.tensor([float(has_work)]))
+senders = [r for r in range(1, world_size) if flags[r].item()]  # the ranks that will send
+if rank == 0:
+    for src in senders:
+        item = torch.zeros(1)
+        dist.recv(item, src=src)
+elif has_work:
+    dist.send(torch.ones(1), dst=0)
+dist.barrier()
+""",
+        kind="p2p_unmatched",
+        culprits=(0,),
+        op="recv",
+    ),
+    Case(
+        name="gather_dst_as_group_rank_on_subgroup",
+        url="https://github.com/pytorch/pytorch/pull/118359",
+        summary="gather's dst is a global rank even when a subgroup is passed: dst=0 meant as the "
+        "group's first member raises on a subgroup that does not hold global rank 0",
+        world_size=3,
+        held_out=True,
+        body="""\
+pair = dist.new_group([1, 2])
+if rank in (1, 2):
+    out = [torch.zeros(1) for _ in range(2)] if rank == 1 else None
+    dist.gather(torch.tensor([float(rank)]), out, dst=0, group=pair)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+pair = dist.new_group([1, 2])
+if rank in (1, 2):
+    out = [torch.zeros(1) for _ in range(2)] if rank == 1 else None
+    dist.gather(torch.tensor([float(rank)]), out, group_dst=0, group=pair)  # group-local
+    if rank == 1:
+        assert [t.item() for t in out] == [1.0, 2.0]
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(1, 2),
+        op="gather",
     ),
 ]
