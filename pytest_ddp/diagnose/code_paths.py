@@ -56,6 +56,96 @@ def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> li
     return alone or sorted(s.lineno for s in met)
 
 
+# How code names a rank's number (``rank``, ``dist.get_rank()``), and the flags that single out one
+# rank (Lightning's ``trainer.is_global_zero``, accelerate's ``state.is_main_process``).
+RANK_NUMBERS = frozenset({"rank", "local_rank", "global_rank", "get_rank", "get_local_rank", "process_index"})
+ONE_RANK_FLAGS = frozenset({"is_global_zero", "is_main_process", "is_local_main_process", "is_rank_zero"})
+
+
+def one_rank_branch(source: str, line: int) -> int | None:
+    """The line of the innermost ``if`` or ``while`` whose test singles out one rank (``rank ==
+    0``, ``is_global_zero``, either of them ``and`` more) and whose body holds the statement at
+    ``line``: it runs on that rank only, at whatever world size; None where none does, or the
+    code cannot tell."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.While)) or not _singles_out(node.test):
+            continue
+        if node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) and (found or 0) < node.lineno:
+            found = node.lineno
+    return found
+
+
+def _singles_out(test: ast.expr) -> bool:
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return _named(test) in ONE_RANK_FLAGS
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_singles_out(value) for value in test.values)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+        sides = [_names_rank_number(side) for side in (test.left, test.comparators[0])]
+        return sides.count(True) == 1
+    return False
+
+
+def _named(node: ast.expr) -> str | None:
+    """``rank`` of ``rank``, ``self.rank``, ``dist.get_rank()``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _names_rank_number(expression: ast.expr) -> bool:
+    return _named(expression) in RANK_NUMBERS
+
+
+_EXITS = frozenset({"_exit", "exit", "quit"})  # os._exit, sys.exit, the site module's exit and quit
+
+
+def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | None:
+    """The lines of the statements calling an exit by name (``os._exit``, ``sys.exit``) that the
+    code may reach from the statement at line ``start`` before any statement calling the op
+    recorded at its line (``made``, as :func:`calls_between`'s): where a process that ended
+    outside any call may have left; None where the code cannot tell."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    function = _function_at(tree, start)
+    if function is None:
+        return None
+    try:
+        flow = _Flow(function)
+    except _Unknown:
+        return None
+    first = flow.statement_at(start)
+    if first is None:
+        return None
+    blocking = {s for s in flow.statements if _calls_by_name(s, made)}
+    exits = {s for s in flow.statements if not isinstance(s, _COMPOUND)
+             and any(_name(call) in _EXITS for call in _unconditional_calls(s))}
+    seen: set[ast.stmt | str] = set()
+    found: set[int] = set()
+    todo = list(flow.after(first))
+    while todo:
+        node = todo.pop()
+        if node in seen or node == _EXIT:  # returned or raised: the test, not the process, ended
+            continue
+        seen.add(node)
+        if node in exits:
+            found.add(node.lineno)
+        elif not (isinstance(node, ast.stmt) and node in blocking):
+            todo.extend(flow.after(node))
+    return sorted(found)
+
+
 def _walk(
     flow: _Flow, first: ast.stmt, last: ast.stmt, blocking: set[ast.stmt]
 ) -> tuple[bool, set[ast.stmt]]:

@@ -316,6 +316,33 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Calla
     return dataclasses.replace(verdict, finding=dataclasses.replace(finding, skipped=skipped))
 
 
+def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
+                         ) -> Verdict | None:
+    """As many ranks wait in one collective as returned without it (no majority: the returned
+    are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.code_paths.
+    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in
+    a call its peers never make (rank 0 saves a checkpoint whose code syncs), as the majority would
+    say with a rank more, where the others return without it (:func:`extra_call`)."""
+    finding = verdict.finding
+    if not isinstance(finding, Departed) or verdict.kind != "partial" or finding.victims or finding.broken:
+        return None
+    callers = sorted(finding.doomed)
+    if len(callers) != len(finding.culprits):
+        return None
+    call = finding.waits[callers[0]].call
+    if not call.is_collective or any(finding.waits[r].call.site != call.site for r in callers):
+        return None
+    if any((finding.waits[r].call.group, finding.waits[r].call.seq) != (call.group, call.seq) for r in callers):
+        return None
+    file, line = site_parts(call.site)
+    text = source(file)
+    condition = None if text is None or line is None else code_paths.one_rank_branch(text, line)
+    if condition is None:
+        return None
+    extra = ExtraCall(callers, finding.culprits, {r: finding.waits[r] for r in callers}, f"{file}:{condition}")
+    return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+
+
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]
                    ) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from pytest_ddp.diagnose import own_lines
 from pytest_ddp.diagnose.phrases import describe_call
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.diagnose.watchdog import mpi_abort
@@ -59,21 +60,34 @@ def _report_message(data: object) -> str | None:
     return None
 
 
+def failed_outside_calls(state: RankState) -> tuple[str, str | None] | None:
+    """A live rank that failed with no call of its raising: (its error in one line, the line of
+    the test's file it raised at, where its traceback has one); None for any other rank."""
+    last = state.calls[-1] if state.calls else None
+    if not state.alive or not state.failed or (last is not None and last.state == "raised"):
+        return None
+    return _short_error(state), own_lines.raised_at(state.reports)
+
+
 def how_it_failed(state: RankState) -> str:
     """``died (killed by SIGABRT) in all_reduce #1 (t.py:3)``, ``raised TypeError: ... in
-    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom)``, ``returned from its test``,
-    ``called MPI_Abort (errorcode 7) at t.py:5``."""
+    all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom) at t.py:7``, ``returned from its
+    test``, ``called MPI_Abort (errorcode 7) at t.py:5``, ``died (exit code 1; its code's exit at
+    t.py:8)``."""
     last = state.calls[-1] if state.calls else None
     if (abort := mpi_abort(state)) is not None:
         return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
-        return f"died ({exit_text(state.exit_code)}){inside}"
+        exited = f"; its code's exit at {state.exited_at}" if state.exited_at else ""
+        return f"died ({exit_text(state.exit_code)}{exited}){inside}"
     if last is not None and last.state == "raised":
         return f"raised {_short_error(state)} in {describe_call(last)}"
-    if state.failed:
-        error = _short_error(state)
-        return "failed" if error == "failed" else f"failed ({error})"
+    failed = failed_outside_calls(state)
+    if failed is not None:
+        error, line = failed
+        at = f" at {line}" if line else ""
+        return f"failed{at}" if error == "failed" else f"failed ({error}){at}"
     return "returned from its test"
 
 
@@ -92,10 +106,14 @@ def rank_status(state: RankState) -> str:
     return f"running ({state.phase}), outside any collective"
 
 
-def rank_doing(state: RankState) -> str:
+def rank_doing(state: RankState, at: str | None = None) -> str:
     """``waiting in barrier #2 (test_x.py:20), in call``, ``finished (passed); last call all_reduce
-    #3 (t.py:9)``: the rank's status and its current or last call; why no stack came, where none did."""
+    #3 (t.py:9)``, ``running (call), outside any collective, at t.py:81; ...``: the rank's status and
+    its current or last call (``at``: the line of the test a rank outside any call stood at, from its
+    stack); why no stack came, where none did."""
     status = rank_status(state)
+    if at is not None and status and not state.finished and state.current_call is None:
+        status += f", at {at}"
     last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
     where = describe_call(last) if last is not None else "no collective yet"
     doing = f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"

@@ -274,6 +274,8 @@ class RankState:
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
     process: Process | None = None  # a rank still in the test when the verdict came: the kernel's word
     stack_missing: bool = False  # asked for its stacks at the verdict, it wrote none
+    # A process that ended by an exit outside any call: where its code exits (own_lines.exited_at).
+    exited_at: str | None = None
 
     @property
     def failed(self) -> bool:

@@ -78,6 +78,9 @@ class ExtraCall:
     callers: list[int]  # in the call, at fault
     returned: list[int]
     waits: dict[int, Wait]
+    # Where as many returned: the line of the branch of the code that makes the call on one rank
+    # only (majority.one_rank_call), which tells the caller departed.
+    condition: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
-from pytest_ddp.diagnose import majority, mpi_matching
+from pytest_ddp.diagnose import majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import finished_mismatch, inflight_mismatch, p2p_mismatch
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
@@ -191,10 +191,13 @@ class Watch:
         if verdict.status == "wait":
             return None
         ranks = {s.rank: s for s in snap.ranks}
+        for state in snap.ranks:  # the exit a process that ended outside any call took, as its code tells
+            state.exited_at = own_lines.exited_at(state, ranks, self._source)
         return (
             majority.settings_differ(verdict, ranks)
             or majority.cut_on_purpose(verdict, ranks)
             or majority.skipped_in_code(verdict, ranks, self._source)
+            or majority.one_rank_call(verdict, ranks, self._source)
             or verdict
         )
 

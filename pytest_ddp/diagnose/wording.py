@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
-from pytest_ddp.diagnose.rank_words import how_it_failed, plain_error
+from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, plain_error
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -32,7 +32,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
-from pytest_ddp.diagnose.waits import first_missed
+from pytest_ddp.diagnose.waits import collective_at, first_missed
 
 
 def _wait_clauses(
@@ -119,7 +119,8 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
         return _left_reason(ranks, g, *waited_by(g), plural)
 
     causes = [
-        f"{rank_list(group)} {reason(group[0], len(group) > 1)}" for _, group in grouped(f.culprits, reason)
+        f"{rank_list(group)} {reason(group[0], len(group) > 1)}{_matched_elsewhere(group, f.doomed, ranks)}"
+        for _, group in grouped(f.culprits, reason)
     ]
     causes += [f"{rank_list(group)} {reason(group[0])}" for _, group in grouped(f.victims, reason)]
     text = "; ".join(causes) + "; " + _wait_clauses(f.doomed, ranks, f.waits, f.needs) + "."
@@ -130,6 +131,25 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
     if f.alike:
         text += _tie(f.alike, f.culprits)
     return text
+
+
+def _matched_elsewhere(returned: list[int], doomed: list[int], ranks: dict[int, RankState]) -> str:
+    """``; its barrier #1 (t.py:22) matched ranks 0-2's from t.py:21``: the first collective in
+    which ranks that returned from their test alike met the waiting ranks' calls of one other line
+    (the call they skipped, which their later one stood in for); "" where none did."""
+    if any(not ranks[r].alive or ranks[r].failed for r in returned):
+        return ""
+    for call in (c for c in ranks[returned[0]].calls if c.is_collective and c.site):
+        theirs = [collective_at(ranks[r], call.group, call.seq) for r in returned]
+        others = [collective_at(ranks[r], call.group, call.seq) for r in doomed]
+        if any(c is None or c.site != call.site for c in theirs) or any(c is None for c in others):
+            continue
+        sites = {c.site for c in others if c is not None}
+        if len(sites) == 1 and call.site not in sites:
+            whose = f"{rank_list(doomed)}'s" if len(doomed) > 1 else f"rank {doomed[0]}'s"
+            its = "its" if len(returned) == 1 else "their"
+            return f"; {its} {describe_call(call)} matched {whose} from {sites.pop()}"
+    return ""
 
 
 def _left_mid_call(f: LeftMidCall, ranks: dict[int, RankState]) -> str:
@@ -180,7 +200,8 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
                 f"{rank_list(f.returned)} returned from {test} without {other} it.")
     alone = "alone " if len(f.callers) == 1 else ""
     returned = f"{rank_list(f.returned)} returned from {test} without it"
-    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}; {returned}."
+    under = f", in a branch of the code for one rank ({f.condition})" if f.condition else ""
+    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}{under}; {returned}."
 
 
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
@@ -407,10 +428,11 @@ _WORDERS: dict[type, Callable[..., str]] = {
 def _failed_alike(f: Failures, ranks: dict[int, RankState]) -> str | None:
     """Ranks that failed alike, and nothing else: their error first (``fixture 'x' not found (ranks
     0, 1).``), as pytest's short summary shows what fits of it after the test's id; else None."""
-    [(how, alike), *others] = grouped(f.failed, lambda r: how_it_failed(ranks[r]))
-    if others or f.woken or not how.startswith("failed ("):
+    [(how, alike), *others] = grouped(f.failed, lambda r: failed_outside_calls(ranks[r]))
+    if others or f.woken or how is None or how[0] == "failed":
         return None
-    return f"{how.removeprefix('failed (').removesuffix(')')} ({rank_list(alike)})."
+    error, line = how
+    return f"{error} ({rank_list(alike)}{f', at {line}' if line else ''})."
 
 
 def worded(verdict: Verdict, states: list[RankState]) -> Verdict:

@@ -8,6 +8,7 @@ and torch's Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pytest_ddp.diagnose.consistency import SequenceDifference, UnfinishedWork, UnreceivedMessage
@@ -98,7 +99,11 @@ def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report
     )
     ranks = [
         RankFacts(
-            s, rank_doing(s), rank_failures.get(s.rank), run.stacks.get(s.rank), run.outputs.get(s.rank)
+            s,
+            rank_doing(s, _line_in(run.stacks.get(s.rank), test_file)),
+            rank_failures.get(s.rank),
+            run.stacks.get(s.rank),
+            run.outputs.get(s.rank),
         )
         for s in states
     ]
@@ -124,3 +129,14 @@ def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report
         unreceived_messages=run.unreceived_messages,
         tree=stack_tree.merged(run.stacks),
     )
+
+
+def _line_in(dump: str | None, test_file: str) -> str | None:
+    """``t.py:81``: the innermost frame of the test's file in a stopped rank's main thread, where
+    it stood (shown as call sites show a file: relative to the working directory, where under it)."""
+    frames = stack_tree.main_thread(dump) if dump and test_file else []
+    line = next((f.line for f in reversed(frames) if f.file == test_file and f.line is not None), None)
+    if line is None:
+        return None
+    relative = os.path.relpath(test_file)
+    return f"{test_file if relative.startswith('..') else relative}:{line}"
