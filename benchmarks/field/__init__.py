@@ -9,7 +9,7 @@ from benchmarks.field.case import MARK, Case
 
 FAMILIES = (
     "init", "objects", "ddp", "early_exit", "control_flow", "libraries", "fsdp2_dtensor", "groups_p2p",
-    "slow_rank",
+    "slow_rank", "mpi", "pipelining",
 )  # fmt: skip
 
 

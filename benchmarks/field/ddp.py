@@ -278,4 +278,190 @@ for epoch in range(3):
         culprits=(0,),
         op="all_reduce",
     ),
+    Case(
+        name="ddp_zeros_like_loss_on_nan",
+        url="https://github.com/PrimeIntellect-ai/prime-rl/pull/1961",
+        summary="a NaN loss is replaced by torch.zeros_like(loss), which has no grad_fn: backward "
+        "raises on that rank and the others hang in the gradient collective",
+        world_size=2,
+        body="""\
+model = DDP(nn.Linear(4, 1))
+for step in range(2):
+    x = torch.ones(2, 4)
+    if rank == 1 and step == 1:
+        x[0, 0] = float("nan")  # a bad sample on one rank
+    loss = model(x).sum()
+    safe_loss = torch.zeros_like(loss) if torch.isnan(loss) else loss
+    safe_loss.backward()  # <- culprit line
+""",
+        twin="""\
+model = DDP(nn.Linear(4, 1))
+for step in range(2):
+    x = torch.ones(2, 4)
+    if rank == 1 and step == 1:
+        x[0, 0] = float("nan")
+    loss = model(x).sum()
+    safe_loss = loss * 0 if torch.isnan(loss) else loss  # keeps the graph, so the hooks fire
+    safe_loss.backward()
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="ddp_training_step_returns_none_on_one_process",
+        url="https://github.com/Lightning-AI/pytorch-lightning/pull/5359",
+        summary="training_step returns None for an invalid loss on one process, which skips its "
+        "backward; in DDP the other process waits for its gradients",
+        world_size=2,
+        body="""\
+model = DDP(nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == 0 and step == 1:
+        loss = loss * float("inf")  # an invalid loss on one process
+    if not torch.isfinite(loss):
+        continue  # training_step returned None: skip the batch
+    loss.backward()  # <- culprit line
+    opt.step()
+    opt.zero_grad()
+""",
+        twin="""\
+model = DDP(nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == 0 and step == 1:
+        loss = loss * float("inf")
+    invalid = torch.tensor([float(not torch.isfinite(loss))])
+    dist.all_reduce(invalid)  # "skip_if_any": every process skips the update together
+    if invalid.item():
+        opt.zero_grad()
+        (loss * 0).nan_to_num().backward()  # the backward still runs, so DDP's hooks match
+        opt.zero_grad()
+        continue
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="ddp_break_on_nan_loss",
+        url="https://github.com/NVIDIA-NeMo/Speech/pull/578",
+        summary="'Loss is NaN or inf' breaks the training loop on the worker that saw it; the other "
+        "workers hang (the fix: set a flag and stop all together at the next eval step)",
+        world_size=2,
+        body="""\
+model = DDP(nn.Linear(4, 1))
+for step in range(4):
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == 1 and step == 2:
+        loss = loss * float("nan")
+    if torch.isnan(loss):
+        break  # 'Loss is NaN or inf'
+    loss.backward()  # <- culprit line
+""",
+        twin="""\
+model = DDP(nn.Linear(4, 1))
+for step in range(4):
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == 1 and step == 2:
+        loss = loss * float("nan")
+    nan = torch.tensor([float(torch.isnan(loss))])
+    dist.all_reduce(nan)  # the flag, seen by every worker: all stop at the same step
+    if nan.item():
+        (loss * 0).nan_to_num().backward()
+        break
+    loss.backward()
+""",
+        kind="partial",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="ddp_no_sync_on_wrong_microbatch",
+        url="https://github.com/modelscope/FunASR/pull/3472",
+        summary="the batch_idx % accum_grad condition synchronizes the first microbatch and runs the "
+        "optimizer-step microbatch under no_sync(), leaving rank-local accumulated gradients",
+        world_size=2,
+        body="""\
+import contextlib
+
+model = DDP(nn.Linear(1, 1, bias=False))
+accum_grad = 2
+for batch_idx in range(4):
+    sync = batch_idx % accum_grad == 0  # <- culprit line
+    with contextlib.nullcontext() if sync else model.no_sync():
+        model(torch.full((1, 1), float(rank + batch_idx))).sum().backward()
+    if (batch_idx + 1) % accum_grad == 0:  # the optimizer step
+        grads = [torch.zeros(1, 1) for _ in range(world_size)]
+        dist.all_gather(grads, model.module.weight.grad)
+        assert all(torch.equal(g, grads[0]) for g in grads), f"replicas diverged: {grads}"
+        model.zero_grad()
+""",
+        twin="""\
+import contextlib
+
+model = DDP(nn.Linear(1, 1, bias=False))
+accum_grad = 2
+for batch_idx in range(4):
+    sync = (batch_idx + 1) % accum_grad == 0  # synchronize the last microbatch of each step
+    with contextlib.nullcontext() if sync else model.no_sync():
+        model(torch.full((1, 1), float(rank + batch_idx))).sum().backward()
+    if (batch_idx + 1) % accum_grad == 0:
+        grads = [torch.zeros(1, 1) for _ in range(world_size)]
+        dist.all_gather(grads, model.module.weight.grad)
+        assert all(torch.equal(g, grads[0]) for g in grads), f"replicas diverged: {grads}"
+        model.zero_grad()
+""",
+        kind="failed",
+        culprits=(0, 1),
+        op=None,
+    ),
+    Case(
+        name="ddp_duration_batches_without_join",
+        url="https://github.com/lhotse-speech/lhotse/pull/695",
+        summary="with drop_last=False a duration-bucketing sampler can give one rank fewer batches "
+        "than another; the thread recommends drop_last=True or DDP's join()",
+        world_size=2,
+        held_out=True,
+        body="""\
+model = DDP(nn.Linear(2, 1))
+durations = [1.0, 2.0, 1.5, 0.5, 2.5, 1.0, 0.5][rank::world_size]  # this rank's cuts
+batches, batch, total = [], [], 0.0
+for d in durations:  # batches of at most 2 s of audio
+    if batch and total + d > 2.0:
+        batches.append(batch)
+        batch, total = [], 0.0
+    batch.append(d)
+    total += d
+batches.append(batch)
+for batch in batches:
+    x = torch.tensor([[d, 1.0] for d in batch])
+    model(x).sum().backward()  # <- culprit line
+""",
+        twin="""\
+model = DDP(nn.Linear(2, 1))
+durations = [1.0, 2.0, 1.5, 0.5, 2.5, 1.0, 0.5][rank::world_size]
+batches, batch, total = [], [], 0.0
+for d in durations:
+    if batch and total + d > 2.0:
+        batches.append(batch)
+        batch, total = [], 0.0
+    batch.append(d)
+    total += d
+batches.append(batch)
+with model.join():  # the rank that runs out shadows the others' collectives
+    for batch in batches:
+        x = torch.tensor([[d, 1.0] for d in batch])
+        model(x).sum().backward()
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+    ),
 ]

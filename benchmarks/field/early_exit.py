@@ -252,4 +252,167 @@ dist.barrier()
         culprits=(1,),
         op="barrier",
     ),
+    Case(
+        name="gather_list_on_non_destination_ranks",
+        url="https://github.com/pytorch/pytorch/pull/161467",
+        summary="gather() requires gather_list to be None on non-destination ranks (the docstring "
+        "the thread added): ranks that allocate it everywhere raise while dst waits in the gather",
+        world_size=3,
+        body="""\
+t = torch.full((2,), float(rank))
+gather_list = [torch.zeros(2) for _ in range(world_size)]  # allocated on every rank
+dist.gather(t, gather_list, dst=0)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+t = torch.full((2,), float(rank))
+gather_list = [torch.zeros(2) for _ in range(world_size)] if rank == 0 else None
+dist.gather(t, gather_list, dst=0)
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(1, 2),
+        op="gather",
+    ),
+    Case(
+        name="shape_check_raises_on_one_rank",
+        url="https://github.com/pytorch/torchtitan/issues/1790",
+        summary="distributed training hangs on a local error instead of exiting: one rank's sample "
+        "fails a shape check and raises, the others wait for it in the next collective",
+        world_size=2,
+        body="""\
+model = DDP(nn.Conv1d(4, 4, 1))
+for step in range(2):
+    x = torch.ones(1, 2, 8)
+    y = torch.ones(1, 2, 6 if rank == 1 and step == 1 else 8)  # one rank's sample is shorter
+    if x.shape[2:] != y.shape[2:]:
+        raise ValueError(f"x.shape[2:] != y.shape[2:], {x.shape[2:]=}, {y.shape[2:]=}")  # <- culprit line
+    model(torch.cat([x, y], dim=1)).sum().backward()
+""",
+        twin="""\
+model = DDP(nn.Conv1d(4, 4, 1))
+for step in range(2):
+    x = torch.ones(1, 2, 8)
+    y = torch.ones(1, 2, 6 if rank == 1 and step == 1 else 8)
+    y = nn.functional.pad(y, (0, x.shape[2] - y.shape[2]))  # the dataset pads to the common length
+    model(torch.cat([x, y], dim=1)).sum().backward()
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="dataloader_item_raises_on_one_rank",
+        url="https://github.com/hpcaitech/Open-Sora/issues/815",
+        summary="training stuck after epoch 0: rank 0's DataLoader raised (a worker exited "
+        "unexpectedly) while the other ranks wait for it in the gradient all_reduce",
+        world_size=2,
+        body="""\
+class VideoDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if rank == 0 and i == 2:  # a corrupt clip in rank 0's shard
+            raise RuntimeError("DataLoader worker (pid 8864) exited unexpectedly")  # <- culprit line
+        return torch.ones(4)
+
+
+model = DDP(nn.Linear(4, 1))
+for batch in torch.utils.data.DataLoader(VideoDataset(), batch_size=1):
+    model(batch).sum().backward()
+""",
+        twin="""\
+class VideoDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.ones(4)
+
+
+model = DDP(nn.Linear(4, 1))
+for batch in torch.utils.data.DataLoader(VideoDataset(), batch_size=1):
+    model(batch).sum().backward()
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="train_step_raises_after_has_data_allreduce",
+        url="https://github.com/rwth-i6/returnn/issues/1484",
+        summary="PyTorch distributed training hangs in all_reduce(_has_data) after an exception on one "
+        "rank: the others go on to the next step's _has_data all_reduce",
+        world_size=2,
+        held_out=True,
+        body="""\
+def train_step(step):
+    if rank == 1 and step == 1:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")  # <- culprit line
+
+
+for step in range(3):
+    has_data = torch.tensor([1])
+    dist.all_reduce(has_data)  # _has_data: every rank still has a batch
+    train_step(step)
+""",
+        twin="""\
+def train_step(step):
+    pass
+
+
+for step in range(3):
+    has_data = torch.tensor([1])
+    dist.all_reduce(has_data)
+    train_step(step)
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="all_reduce",
+    ),
+    Case(
+        name="prefetch_thread_dies_main_waits",
+        url="https://github.com/microsoft/infinibatch/issues/17",
+        summary="training is stuck if the data loader's worker has an exception: the worker dies and "
+        "the training process waits forever for its next batch, its peers in the all_reduce",
+        world_size=2,
+        body="""\
+import queue
+
+
+def next_batch():  # the loader's prefetch worker fills a queue
+    batches = queue.Queue()
+
+    def worker():
+        if rank == 0:
+            raise OSError("corrupt shard")  # <- culprit line
+        batches.put(torch.ones(2))
+
+    threading.Thread(target=worker, daemon=True).start()
+    return batches.get()  # waits for a batch the dead worker never puts
+
+
+dist.all_reduce(next_batch())
+""",
+        twin="""\
+import queue
+
+
+def next_batch():
+    batches = queue.Queue()
+
+    def worker():
+        batches.put(torch.ones(2))
+
+    threading.Thread(target=worker, daemon=True).start()
+    return batches.get()
+
+
+dist.all_reduce(next_batch())
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
 ]

@@ -120,4 +120,84 @@ dist.destroy_process_group()
         culprits=(2,),
         op=None,
     ),
+    Case(
+        name="init_local_rank_passed_as_rank",
+        url="https://github.com/pytorch/pytorch/issues/23074",
+        summary="two nodes of two processes hang at init: each passes its local rank (0, 1) as its rank, "
+        "so ranks 0 and 1 are claimed twice and 2 and 3 never",
+        world_size=4,
+        init=False,
+        body="""\
+local_rank = rank % 2  # two nodes of two processes: the launcher's --local_rank
+dist.init_process_group("gloo", rank=local_rank, world_size=world_size)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+local_rank = rank % 2
+node_rank = rank // 2
+dist_rank = node_rank * 2 + local_rank  # as torch.distributed.launch computes it
+dist.init_process_group("gloo", rank=dist_rank, world_size=world_size)
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(2, 3),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_each_process_finds_its_own_port",
+        url="https://github.com/pytorch/pytorch/issues/53395",
+        summary="init_process_group hangs: each process calls find_free_port() and sets its own "
+        "MASTER_PORT, so the others dial ports rank 0's store does not listen on",
+        world_size=3,
+        init=False,
+        body="""\
+import socket
+
+
+def find_free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+os.environ["MASTER_PORT"] = str(find_free_port())  # each process its own port
+dist.init_process_group("gloo", rank=rank, world_size=world_size)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", rank=rank, world_size=world_size)  # the one port the launcher set
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(1, 2),
+        op="init_process_group",
+    ),
+    Case(
+        name="init_worker_node_never_launched",
+        url="https://github.com/pytorch/pytorch/issues/41665",
+        summary="only the master node is launched: it waits in init_process_group for the slave node, "
+        "which failed at startup and never joins",
+        world_size=2,
+        init=False,
+        held_out=True,
+        body="""\
+if rank == 1:  # the slave node failed at startup
+    return  # <- culprit line
+dist.init_process_group("gloo", rank=rank, world_size=world_size)
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", rank=rank, world_size=world_size)
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(1,),
+        op="init_process_group",
+    ),
 ]

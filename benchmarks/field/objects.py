@@ -61,4 +61,90 @@ dist.barrier()
         culprits=(1,),
         op="broadcast_object_list",
     ),
+    Case(
+        name="gather_for_metrics_under_main_process",
+        url="https://github.com/huggingface/accelerate/issues/2785",
+        summary="the script hangs on gather_for_metrics(): it was called under "
+        "accelerator.is_main_process, so the other processes never join the gather",
+        world_size=2,
+        body="""\
+preds = [f"label-{rank}-{i}" for i in range(2)]  # this process's decoded predictions
+if rank == 0:  # accelerator.is_main_process: metrics are logged by the main process
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, preds)  # <- culprit line
+dist.barrier()  # accelerator.wait_for_everyone()
+""",
+        twin="""\
+preds = [f"label-{rank}-{i}" for i in range(2)]
+gathered = [None] * world_size
+dist.all_gather_object(gathered, preds)  # every process gathers; the main one logs
+if rank == 0:
+    assert len(gathered) == world_size
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_gather_object",
+    ),
+    Case(
+        name="metrics_gather_skipped_when_empty",
+        url="https://github.com/bo-ke/llm-internal-medicine/pull/45",
+        summary="gather_and_aggregate returned early when the local metric dict was empty, skipping "
+        "its all_gather_object; a pipeline stage with no monitored layer left every other rank in it",
+        world_size=3,
+        body="""\
+def gather_and_aggregate(metrics):
+    if not metrics:
+        return {}  # "skip a useless collective"
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, metrics)  # <- culprit line
+    return {k: sum(m.get(k, 0.0) for m in gathered) for k in metrics}
+
+
+metrics = {} if rank == 2 else {"attn_entropy": 1.0}  # the last stage holds no monitored layer
+gather_and_aggregate(metrics)
+dist.barrier()
+""",
+        twin="""\
+def gather_and_aggregate(metrics):
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, metrics)  # every rank enters the gather
+    return {k: sum(m.get(k, 0.0) for m in gathered) for k in metrics}
+
+
+metrics = {} if rank == 2 else {"attn_entropy": 1.0}
+gather_and_aggregate(metrics)
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="all_gather_object",
+    ),
+    Case(
+        name="gather_object_dst_group_rank_in_subgroup",
+        url="https://github.com/pytorch/pytorch/pull/147675",
+        summary="DCP's gather_object passed the coordinator's rank in its group as dst, which must "
+        "be a rank of the global group: in hybrid sharding the second replica group raises",
+        world_size=4,
+        body="""\
+groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+group = groups[rank // 2]  # one replica group per pair of ranks
+coordinator = dist.get_rank(group) == 0
+plans = [None] * 2 if coordinator else None
+dist.gather_object({"rank": rank}, plans, dst=0, group=group)  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+group = groups[rank // 2]
+coordinator = dist.get_rank(group) == 0
+plans = [None] * 2 if coordinator else None
+dist.gather_object({"rank": rank}, plans, dst=dist.get_global_rank(group, 0), group=group)
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(2, 3),
+        op="barrier",
+        held_out=True,
+    ),
 ]

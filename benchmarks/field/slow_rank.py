@@ -92,4 +92,210 @@ dist.barrier()
         culprits=(0,),
         op=None,
     ),
+    Case(
+        name="rank0_builds_dataset_cache_first",
+        url="https://github.com/JIA-Lab-research/LongLoRA/issues/45",
+        summary="while rank 0 prepares the dataset (load_dataset, map(tokenize_fn)) for more than 30 "
+        "minutes, the ranks waiting in the barrier time out",
+        world_size=3,
+        body="""\
+def prepare_dataset():  # load_dataset + dataset.map(tokenize_fn, num_proc=...)
+    if rank == 0:
+        time.sleep(60)  # <- culprit line
+
+
+if rank > 0:
+    dist.barrier()  # wait for rank 0 to write the cache
+prepare_dataset()
+if rank == 0:
+    dist.barrier()
+""",
+        twin="""\
+def prepare_dataset():  # the tokenized dataset prepared by a separate script, loaded from cache
+    pass
+
+
+if rank > 0:
+    dist.barrier()
+prepare_dataset()
+if rank == 0:
+    dist.barrier()
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
+    Case(
+        name="tokenize_on_main_process_first",
+        url="https://github.com/huggingface/trl/issues/1519",
+        summary="DPOTrainer tokenization fails after 30 minutes: main_process_first() keeps the other "
+        "processes in a barrier with the default timeout while the main process tokenizes",
+        world_size=2,
+        held_out=True,
+        body="""\
+import contextlib
+
+
+@contextlib.contextmanager
+def main_process_first():  # accelerate's: the others wait in a barrier
+    if rank != 0:
+        dist.barrier()
+    yield
+    if rank == 0:
+        dist.barrier()
+
+
+def tokenize_row(row):
+    if rank == 0:
+        time.sleep(60)  # <- culprit line
+    return row
+
+
+with main_process_first():
+    dataset = [tokenize_row({"prompt": "hi", "chosen": "a", "rejected": "b"})]
+""",
+        twin="""\
+import contextlib
+
+
+@contextlib.contextmanager
+def main_process_first():
+    if rank != 0:
+        dist.barrier()
+    yield
+    if rank == 0:
+        dist.barrier()
+
+
+def tokenize_row(row):  # a dataset small enough to tokenize within ddp_timeout
+    return row
+
+
+with main_process_first():
+    dataset = [tokenize_row({"prompt": "hi", "chosen": "a", "rejected": "b"})]
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
+    Case(
+        name="rank0_initializes_full_model_alone",
+        url="https://github.com/foundation-model-stack/fms-fsdp/pull/19",
+        summary="in low_cpu_mode rank 0 alone creates and initializes a 70b model for more than 30 "
+        "minutes while the other ranks wait for its weights",
+        world_size=3,
+        body="""\
+def build_model():
+    model = nn.Linear(4, 4)
+    if rank == 0:  # low_cpu_fsdp: only rank 0 materializes the weights
+        time.sleep(60)  # <- culprit line
+    return model
+
+
+model = build_model()
+for p in model.parameters():
+    dist.broadcast(p.data, src=0)  # sync_module_states
+""",
+        twin="""\
+def build_model():
+    return nn.Linear(4, 4)
+
+
+model = build_model()
+for p in model.parameters():
+    dist.broadcast(p.data, src=0)
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
+    Case(
+        name="tokenizing_prompts_on_rank0",
+        url="https://github.com/axolotl-ai-cloud/axolotl/issues/2684",
+        summary="distributed timeout during dataset tokenization: rank 1 times out after 1800000 ms "
+        "waiting while rank 0 is at 92% of 'Tokenizing Prompts'",
+        world_size=2,
+        body="""\
+def tokenize_prompts():
+    time.sleep(60)  # <- culprit line
+    return "last_run_prepared/"
+
+
+path = [tokenize_prompts() if rank == 0 else None]
+dist.broadcast_object_list(path, src=0)  # the prepared dataset's path, for the other ranks
+""",
+        twin="""\
+def tokenize_prompts():  # the dataset preprocessed beforehand
+    return "last_run_prepared/"
+
+
+path = [tokenize_prompts() if rank == 0 else None]
+dist.broadcast_object_list(path, src=0)
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
+    Case(
+        name="worker_slow_to_start_on_cold_volume",
+        url="https://github.com/pytorch/pytorch/issues/9696",
+        summary="init_process_group hangs when launched on an AWS volume that is not pre-warmed: one "
+        "worker is slow to start while the others wait in the handshake",
+        world_size=2,
+        init=False,
+        held_out=True,
+        body="""\
+def load_from_volume():  # the first read of a cold volume on this worker
+    if rank == 1:
+        time.sleep(60)  # <- culprit line
+
+
+load_from_volume()
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+def load_from_volume():  # the volume pre-warmed
+    pass
+
+
+load_from_volume()
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="timeout",
+        culprits=(1,),
+        op=None,
+    ),
+    Case(
+        name="rank0_long_operation_trips_watchdog",
+        url="https://github.com/sony/nnabla-ext-cuda/pull/271",
+        summary="when the rank 0 node performs a long operation, the watchdog raises on the other "
+        "ranks waiting for it, which the user did not expect",
+        world_size=2,
+        body="""\
+def on_epoch_end():  # rank 0 writes the monitor's images and the checkpoint
+    if rank == 0:
+        time.sleep(60)  # <- culprit line
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))
+    on_epoch_end()
+""",
+        twin="""\
+def on_epoch_end():
+    pass
+
+
+for epoch in range(2):
+    dist.all_reduce(torch.ones(2))
+    on_epoch_end()
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+    ),
 ]

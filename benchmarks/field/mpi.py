@@ -1,0 +1,210 @@
+"""MPI halts through mpi4py: a rank that raises while the others wait in a collective or a receive,
+a call only the root makes, a rank that skips a communicator's creation.
+
+These are ``backend="mpi"`` tests: the mark needs ``backend="mpi"`` (BACKEND below), and the body
+takes ``MPI.COMM_WORLD``, which the plugin records, from mpi4py itself."""
+
+from __future__ import annotations
+
+from benchmarks.field.case import Case
+
+BACKEND = "mpi"  # the backend of this family's marks
+
+CASES = [
+    Case(
+        name="mpi_raise_before_barrier",
+        url="https://github.com/firedrakeproject/mpi-pytest/issues/12",
+        summary="pytest hangs at a barrier if one rank hits an exception: the others wait in "
+        "COMM_WORLD.barrier() for the rank that raised",
+        world_size=2,
+        body="""\
+from mpi4py import MPI
+
+if MPI.COMM_WORLD.rank == 0:
+    raise ValueError("Test")  # <- culprit line
+MPI.COMM_WORLD.barrier()  # it hangs here if there is a barrier
+""",
+        twin="""\
+from mpi4py import MPI
+
+failed = False  # rank 0's check, now passing
+failed = MPI.COMM_WORLD.allreduce(failed, op=MPI.LOR)  # parallel_assert: every rank learns the outcome
+MPI.COMM_WORLD.barrier()
+assert not failed
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="mpi_root_only_loader_raises_before_bcast",
+        url="https://github.com/yt-project/yt/pull/4646",
+        summary="load_sample runs on the root only and broadcasts its result; when the root raises, "
+        "the other ranks wait in the bcast (the fix: catch on the root and broadcast None)",
+        world_size=3,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def load_sample(name):  # downloads and unpacks a sample dataset
+    raise OSError(f"cannot fetch {name}")  # <- culprit line
+
+
+rv0 = load_sample("IsolatedGalaxy") if comm.rank == 0 else None  # root_only
+rv = comm.bcast(rv0, root=0)
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def load_sample(name):
+    raise OSError(f"cannot fetch {name}")
+
+
+rv0 = None
+if comm.rank == 0:
+    try:
+        rv0 = load_sample("IsolatedGalaxy")
+    except OSError:
+        rv0 = None  # the root reports the failure through the broadcast
+rv = comm.bcast(rv0, root=0)
+assert rv is None
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="bcast",
+    ),
+    Case(
+        name="mpi_print_states_on_root_only",
+        url="https://github.com/ICHEC/QNLP/pull/5",
+        summary="PrintStates gathers over every process of the communicator but only rank 0 called "
+        "it, so the processes hung",
+        world_size=3,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+state = torch.full((2,), float(comm.rank))  # this rank's part of the state vector
+
+
+def print_states(comm, state):
+    parts = comm.gather(state, root=0)
+    if comm.rank == 0:
+        print(torch.cat(parts))
+
+
+if comm.rank == 0:
+    print_states(comm, state)  # <- culprit line
+comm.Barrier()
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+state = torch.full((2,), float(comm.rank))
+
+
+def print_states(comm, state):
+    parts = comm.gather(state, root=0)
+    if comm.rank == 0:
+        print(torch.cat(parts))
+
+
+print_states(comm, state)  # every process takes part in the gather
+comm.Barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="gather",
+    ),
+    Case(
+        name="mpi_rank_skips_comm_split",
+        url="https://github.com/glotzerlab/hoomd-blue/issues/54",
+        summary="the simulation hangs with --nrank when a single rank does not proceed to init: "
+        "MPI_Comm_split on COMM_WORLD is collective (the fix: split at import)",
+        world_size=2,
+        held_out=True,
+        body="""\
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+
+
+def run_script():
+    if world.rank == 1:
+        return  # this rank's script ends before init
+    partition = world.Split(color=0, key=world.rank)  # <- culprit line
+    partition.Free()
+
+
+run_script()
+world.Barrier()
+""",
+        twin="""\
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+partition = world.Split(color=0, key=world.rank)  # at import, on every rank
+
+
+def run_script():
+    if world.rank == 1:
+        return
+
+
+run_script()
+partition.Free()
+world.Barrier()
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="Split",
+    ),
+    Case(
+        name="mpi_replica_raises_master_waits",
+        url="https://github.com/tweag/chainsail/issues/108",
+        summary="if one of the MPI processes raises an exception, the rexfw system ends up in a "
+        "deadlock: the master waits for the replica's message",
+        world_size=3,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def sample(replica):
+    if replica == 1:
+        raise FloatingPointError("log probability is nan")  # <- culprit line
+    return float(replica)
+
+
+if comm.rank == 0:  # the rexfw master collects each replica's energy
+    energies = [comm.recv(source=r, tag=1) for r in range(1, comm.size)]
+else:
+    comm.send(sample(comm.rank), dest=0, tag=1)
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def sample(replica):
+    return float(replica)
+
+
+if comm.rank == 0:
+    energies = [comm.recv(source=r, tag=1) for r in range(1, comm.size)]
+    assert energies == [1.0, 2.0]
+else:
+    comm.send(sample(comm.rank), dest=0, tag=1)
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="recv",
+    ),
+]
