@@ -200,4 +200,27 @@ dist.destroy_process_group()
         culprits=(1,),
         op="init_process_group",
     ),
+    Case(
+        name="init_world_size_from_device_count",
+        url="https://github.com/NVIDIA/Megatron-LM/pull/2571",
+        summary="distributed init deadlocks when fewer processes are launched than GPUs: the world "
+        "size was computed from the number of CUDA devices, not WORLD_SIZE",
+        world_size=2,
+        init=False,
+        held_out=True,
+        body="""\
+device_count = 4  # torch.cuda.device_count() on this node; torchrun started 2 processes
+dist.init_process_group("gloo", rank=rank, world_size=device_count)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(0, 1),
+        op="init_process_group",
+    ),
 ]

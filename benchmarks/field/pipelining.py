@@ -101,4 +101,107 @@ else:
         culprits=(0,),
         op="recv",
     ),
+    Case(
+        name="pp_eval_schedule_on_last_rank_only",
+        url="https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/6025",
+        summary="validation hangs with PP > 1: the non-loss collection pass ran the communicating "
+        "schedule on the final rank only, which waits in recv_forward for a stage that skipped it",
+        world_size=2,
+        body="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=2)  # forward only: the evaluation schedule
+with torch.no_grad():
+    if rank == world_size - 1:  # the non-loss collection pass, launched on the final rank
+        outputs = schedule.step()  # <- culprit line
+dist.barrier()
+""",
+        twin="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=2)
+with torch.no_grad():  # every rank takes part in the schedule; the final one keeps the outputs
+    outputs = schedule.step(torch.ones(4, 4)) if rank == 0 else schedule.step()
+dist.barrier()
+""",
+        kind="p2p_unmatched",
+        culprits=(1,),
+        op="irecv",
+    ),
+    Case(
+        name="pp_stage_skips_loss_tracker_all_reduce",
+        url="https://github.com/NVIDIA/Megatron-LM/issues/4745",
+        summary="PP deadlock when some pipeline stages have no CSA layers: reduce_loss_in_tracker() "
+        "returns early on a stage without values, skipping the all_reduce over the PP group",
+        world_size=3,
+        body="""\
+pp_group = dist.new_group(list(range(world_size)))  # the pipeline-parallel group
+tracker = {} if rank == 0 else {"values": torch.tensor([0.5])}  # PP rank 0: dense layers only
+
+
+def reduce_loss_in_tracker():
+    if "values" not in tracker:
+        return
+    dist.all_reduce(tracker["values"], group=pp_group)  # <- culprit line
+
+
+reduce_loss_in_tracker()
+dist.barrier()  # the iteration's log
+""",
+        twin="""\
+pp_group = dist.new_group(list(range(world_size)))
+tracker = {} if rank == 0 else {"values": torch.tensor([0.5])}
+
+
+def reduce_loss_in_tracker():
+    values = tracker.get("values", torch.zeros(1))  # a stage without indexer contributes zero
+    dist.all_reduce(values, group=pp_group)
+
+
+reduce_loss_in_tracker()
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="pp_loss_average_on_stage_without_loss",
+        url="https://github.com/huggingface/nanotron/pull/422",
+        summary="with pp > 1 only the last stage holds the loss; the unguarded loss averaging fails "
+        "on the other stages while the last one waits in the loss all_reduce",
+        world_size=2,
+        held_out=True,
+        body="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, tgt: out.sum())
+losses = []
+if rank == 0:
+    schedule.step(torch.ones(4, 4))
+else:
+    schedule.step(target=torch.ones(4, 4), losses=losses)
+loss_avg = torch.stack(losses).mean()  # <- culprit line
+dist.all_reduce(loss_avg)
+""",
+        twin="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, tgt: out.sum())
+losses = []
+if rank == 0:
+    schedule.step(torch.ones(4, 4))
+else:
+    schedule.step(target=torch.ones(4, 4), losses=losses)
+loss_avg = torch.stack(losses).mean() if losses else torch.zeros(())  # the other stages give zero
+dist.all_reduce(loss_avg)
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="all_reduce",
+    ),
 ]
