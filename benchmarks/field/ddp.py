@@ -464,4 +464,41 @@ with model.join():  # the rank that runs out shadows the others' collectives
         culprits=(0,),
         op="all_reduce",
     ),
+    Case(
+        name="ddp_early_stopping_on_ungathered_metrics",
+        url="https://github.com/huggingface/transformers/issues/17478",
+        summary="training hangs at the end in dist.barrier(): the outputs were not gathered, so each "
+        "process has its own metrics and EarlyStoppingCallback stops one while the others train on",
+        world_size=2,
+        held_out=True,
+        body="""\
+model = DDP(nn.Linear(4, 1))
+best, bad = float("inf"), 0
+for epoch in range(4):
+    model(torch.ones(2, 4)).sum().backward()  # <- culprit line
+    metric = [1.0, 0.9, 0.8, 0.7][epoch] if rank == 0 else 1.0  # this process's outputs only
+    bad = 0 if metric < best else bad + 1
+    best = min(best, metric)
+    if bad >= 1:  # EarlyStoppingCallback(early_stopping_patience=1)
+        break
+dist.barrier()  # the end of train()
+""",
+        twin="""\
+model = DDP(nn.Linear(4, 1))
+best, bad = float("inf"), 0
+for epoch in range(4):
+    model(torch.ones(2, 4)).sum().backward()
+    metric = torch.tensor([[1.0, 0.9, 0.8, 0.7][epoch] if rank == 0 else 1.0])
+    dist.all_reduce(metric)  # distributed_concat: the metric of every process's outputs
+    metric = metric.item() / world_size
+    bad = 0 if metric < best else bad + 1
+    best = min(best, metric)
+    if bad >= 1:
+        break
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="all_reduce",
+    ),
 ]

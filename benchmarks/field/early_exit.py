@@ -415,4 +415,77 @@ dist.all_reduce(next_batch())
         culprits=(0,),
         op=None,
     ),
+    Case(
+        name="eval_on_master_hits_cache_barrier_alone",
+        url="https://github.com/huggingface/transformers/pull/1081",
+        summary="evaluation runs on the master process only and load_and_cache_examples' barrier "
+        "waits for the other processes, which already exited (the fix: no barrier when evaluating)",
+        world_size=2,
+        body="""\
+def load_and_cache_examples(evaluate=False):
+    if rank not in [-1, 0]:
+        dist.barrier()  # only the first process builds the features cache
+    features = [0.0]  # convert_examples_to_features, or the cache
+    if rank == 0:
+        dist.barrier()  # <- culprit line
+    return features
+
+
+load_and_cache_examples()  # training, on every process
+if rank in [-1, 0]:  # evaluation, on the master process only
+    load_and_cache_examples(evaluate=True)
+""",
+        twin="""\
+def load_and_cache_examples(evaluate=False):
+    if rank not in [-1, 0] and not evaluate:
+        dist.barrier()
+    features = [0.0]
+    if rank == 0 and not evaluate:
+        dist.barrier()
+    return features
+
+
+load_and_cache_examples()
+if rank in [-1, 0]:
+    load_and_cache_examples(evaluate=True)
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+    ),
+    Case(
+        name="save_returns_early_off_rank0",
+        url="https://github.com/EleutherAI/sparsify/pull/5",
+        summary="the trainer hangs after save(): its first `if` sends the other processes out of the "
+        "function at once, so only rank 0 reaches the barrier while they move on to the reduce",
+        world_size=3,
+        body="""\
+def save():
+    if rank != 0:
+        return  # only rank 0 writes the layers
+    torch.save({"step": 999}, ddp_shared_path / "sae.pt")
+    dist.barrier()  # <- culprit line
+
+
+for step in range(2):
+    dist.all_reduce(torch.ones(2))  # the step's reduce
+    if step == 0:
+        save()
+""",
+        twin="""\
+def save():
+    if rank == 0:
+        torch.save({"step": 999}, ddp_shared_path / "sae.pt")
+    dist.barrier()  # every process reaches it
+
+
+for step in range(2):
+    dist.all_reduce(torch.ones(2))
+    if step == 0:
+        save()
+""",
+        kind="mismatch",
+        culprits=(1, 2),
+        op="barrier",
+    ),
 ]
