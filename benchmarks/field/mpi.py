@@ -207,4 +207,40 @@ else:
         culprits=(1,),
         op="recv",
     ),
+    Case(
+        name="mpi_manager_rank_check_raises",
+        url="https://github.com/inducer/pytato/pull/389",
+        summary="an exception on one rank of an MPI+Python program hangs the others (the thread: run "
+        "under -m mpi4py, or have the manager rank broadcast whether the DAG was sound)",
+        world_size=3,
+        held_out=True,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def check_dag_soundness():
+    if comm.rank == 0:  # the manager rank validates the whole DAG
+        raise ValueError("DAG is not sound: a receive without a matching send")  # <- culprit line
+
+
+check_dag_soundness()
+total = torch.zeros(1)
+comm.Allreduce(torch.ones(1), total)  # the DAG's first communication
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+sound = comm.bcast(True if comm.rank == 0 else None, root=0)  # the manager tells every rank
+assert sound
+total = torch.zeros(1)
+comm.Allreduce(torch.ones(1), total)
+assert total.item() == comm.size
+""",
+        kind="rank_exited",
+        culprits=(0,),
+        op="Allreduce",
+    ),
 ]
