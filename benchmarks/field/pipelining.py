@@ -78,7 +78,8 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 submod = nn.Linear(4, 8) if rank == 0 else nn.Linear(4, 4)  # stage 0 widened, its output_args not
 example = torch.ones(2, 4)
-stage = PipelineStage(submod, rank, world_size, torch.device("cpu"), input_args=(example,), output_args=(example,))
+shapes = {"input_args": (example,), "output_args": (example,)}  # given, so no shape inference
+stage = PipelineStage(submod, rank, world_size, torch.device("cpu"), **shapes)
 schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, tgt: out.sum())
 if rank == 0:
     schedule.step(torch.ones(4, 4))  # <- culprit line
@@ -90,7 +91,8 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 submod = nn.Linear(4, 4)
 example = torch.ones(2, 4)
-stage = PipelineStage(submod, rank, world_size, torch.device("cpu"), input_args=(example,), output_args=(example,))
+shapes = {"input_args": (example,), "output_args": (example,)}  # given, so no shape inference
+stage = PipelineStage(submod, rank, world_size, torch.device("cpu"), **shapes)
 schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, tgt: out.sum())
 if rank == 0:
     schedule.step(torch.ones(4, 4))
