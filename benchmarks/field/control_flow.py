@@ -91,43 +91,31 @@ for epoch in range(2):
         op="all_reduce",
     ),
     Case(
-        name="cache_barrier_reached_in_master_only_eval",
-        url="https://github.com/huggingface/transformers/pull/1081",
-        summary="evaluation runs on the master only (`if args.local_rank in [-1, 0]`) and "
-        "load_and_cache_examples' barrier for rank 0 waits for processes that already left; the fix "
-        "adds `and not evaluate` to both barriers",
-        world_size=2,
+        name="weights_dir_exists_seen_differently",
+        url="https://github.com/InternLM/xtuner/pull/1852",
+        summary="async DCP save: each rank asks weights_dir.exists() itself, and under NFS caching "
+        "one rank sees a stale directory and raises while the others go on to the save's barrier; "
+        "the fix asks rank 0 and broadcasts the answer",
+        world_size=3,
         held_out=True,
         body="""\
-def load_and_cache_examples(evaluate):
-    if rank not in (-1, 0):
-        dist.barrier()  # the others wait while the first process builds the cache
-    features = torch.ones(4)  # build, or load, the cached features
-    if rank == 0:
-        dist.barrier()  # <- culprit line
-    return features
-
-
-load_and_cache_examples(evaluate=False)  # the training set, on every process
-if rank in (-1, 0):  # do_eval on the master only
-    load_and_cache_examples(evaluate=True)
+weights_dir = ddp_shared_path / "hf-step-100"
+exists = weights_dir.exists() or rank == 1  # rank 1's NFS attribute cache still holds the old dir
+if exists:
+    raise FileExistsError(weights_dir)  # <- culprit line
+dist.barrier()  # the save's collectives, on every rank that went on
 """,
         twin="""\
-def load_and_cache_examples(evaluate):
-    if rank not in (-1, 0) and not evaluate:
-        dist.barrier()
-    features = torch.ones(4)
-    if rank == 0 and not evaluate:
-        dist.barrier()
-    return features
-
-
-load_and_cache_examples(evaluate=False)
-if rank in (-1, 0):
-    load_and_cache_examples(evaluate=True)
+weights_dir = ddp_shared_path / "hf-step-100"
+seen = weights_dir.exists() or rank == 1
+flag = torch.tensor([float(seen)])
+dist.broadcast(flag, src=0)  # only rank 0's answer counts: every rank raises or none does
+if flag.item():
+    raise FileExistsError(weights_dir)
+dist.barrier()
 """,
-        kind="partial",
-        culprits=(0,),
+        kind="rank_exited",
+        culprits=(1,),
         op="barrier",
     ),
     Case(

@@ -522,32 +522,29 @@ save_checkpoint(ddp_shared_path, "global_step1")  # on every process
         op="all_reduce",
     ),
     Case(
-        name="accelerate_gather_for_metrics_under_main_process",
-        url="https://github.com/huggingface/accelerate/issues/2785",
-        summary="the script hangs on .gather_for_metrics(): it sat under accelerator.is_main_process, "
-        "and the reporter's fix calls it on every process",
-        world_size=2,
+        name="lightning_epoch_time_logged_with_sync_on_rank0",
+        url="https://github.com/choderalab/modelforge/pull/313",
+        summary="training froze after the first epoch: the epoch time was logged on the main process "
+        "only (`if self.global_rank == 0`) with a synchronising log call; the fix logs it with "
+        "rank_zero_only=True",
+        world_size=3,
         body="""\
-from accelerate import Accelerator
-
-accelerator = Accelerator(cpu=True)
-predictions = torch.tensor([float(rank), 1.0])
-if accelerator.is_main_process:
-    all_preds = accelerator.gather_for_metrics(predictions)  # <- culprit line
-    print("accuracy", all_preds.mean().item())
+for epoch in range(2):
+    dist.all_reduce(torch.ones(4))  # the epoch's gradients
+    epoch_time = torch.tensor(12.5)
+    if rank == 0:  # if self.global_rank == 0: self.log("epoch_time", epoch_time, sync_dist=True)
+        dist.all_reduce(epoch_time)  # <- culprit line
 """,
         twin="""\
-from accelerate import Accelerator
-
-accelerator = Accelerator(cpu=True)
-predictions = torch.tensor([float(rank), 1.0])
-all_preds = accelerator.gather_for_metrics(predictions)  # on every process
-if accelerator.is_main_process:
-    print("accuracy", all_preds.mean().item())
+for epoch in range(2):
+    dist.all_reduce(torch.ones(4))
+    epoch_time = torch.tensor(12.5)
+    if rank == 0:  # self.log("epoch_time", epoch_time, rank_zero_only=True): no sync
+        print("epoch_time", epoch_time.item())
 """,
-        kind="partial",
+        kind="mismatch",
         culprits=(0,),
-        op="all_gather",
+        op="all_reduce",
     ),
     Case(
         name="lightning_callback_returns_early_off_rank_zero",
