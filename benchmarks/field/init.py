@@ -223,4 +223,29 @@ dist.destroy_process_group()
         culprits=(0, 1),
         op="init_process_group",
     ),
+    Case(
+        name="init_both_nodes_launched_as_node_rank_0",
+        url="https://github.com/pytorch/pytorch/issues/76367",
+        summary="two nodes of one process each hang at init: the second node's launch command also "
+        "passes --node_rank=0, so both processes get RANK=0",
+        world_size=2,
+        init=False,
+        body="""\
+node_rank, nproc_per_node, local_rank = 0, 1, 0  # this node's launch: --node_rank=0 on both nodes
+os.environ["RANK"] = str(node_rank * nproc_per_node + local_rank)  # as torch.distributed.launch sets it
+dist.init_process_group("gloo", init_method="env://")  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+node_rank, nproc_per_node, local_rank = rank, 1, 0  # --node_rank=1 on the second node
+os.environ["RANK"] = str(node_rank * nproc_per_node + local_rank)
+dist.init_process_group("gloo", init_method="env://")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(1,),
+        op="init_process_group",
+    ),
 ]
