@@ -8,8 +8,8 @@ hanging outside any collective (the plugin's ``faults.hang``, or ``time.sleep``)
 fixture's teardown, or sending SIGTERM to its xdist worker.  The plugin's own faults
 (:mod:`pytest_ddp.faults`) are used where they express the fault, plain code otherwise.  Each test:
 
-- its outcome in junitxml: passed for no fault and a slow rank; else failed (an error at teardown for
-  the teardown hang), never a pass; a SIGTERM'd worker's test failed as xdist reports a crashed worker;
+- its outcome in junitxml: passed for no fault and a slow rank; else failed, never a pass (an error
+  for the hang in teardown, and for a SIGTERM'd worker's test, as xdist reports a crashed worker);
 - its report in ``--ddp-report-dir`` (JSON, trace, HTML), with the verdict kind its fault implies
   (``rank_exited`` for a death or a raise, ``timeout`` for a stop or a hang) and the culprit rank alone;
 - its duration in junitxml within ``--timeout`` + 2 s.
@@ -22,11 +22,11 @@ groups whose tests on one port overlap in time are a clash).  Prints the counts 
 exits 1 on any wrong, missing or falsely passing test or anything left.
 
     python benchmarks/chaos.py [--tests 5000] [--seed 1] [--workers 4] [--timeout 3] [--keep]
-    python benchmarks/chaos.py --teardown [--runs 3]
+    python benchmarks/chaos.py --tests 0 --teardown [--runs 3]
 
-``--teardown`` instead measures an 8-rank group's teardown after a hang: the time from the verdict
-(the report's ``ended``) to the last of its 8 rank processes gone, polled from here; the issue wants
-at most 2 s.
+``--teardown`` also measures an 8-rank group's teardown after a hang (in a pytest of its own, after
+the chaos run; ``--tests 0``: alone): the time from the verdict (the report's ``ended``) to the last of
+its 8 rank processes gone, polled from here; the issue wants at most 2 s.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,8 +81,9 @@ KINDS: dict[str, Kind] = {
     "hang": Kind(5, "failed", "timeout", fault="faults.hang(rank={rank}, at='all_reduce')"),
     "sleep": Kind(5, "failed", "timeout", code="time.sleep(3600)"),
     "teardown_hang": Kind(5, "error", "timeout", teardown=True),
-    # xdist reports the worker crashed, fails its test and starts another; the ranks die with it.
-    "xdist_sigterm": Kind(3, "failed", None, code="os.kill(xdist_worker(), signal.SIGTERM)"),
+    # xdist reports the worker crashed (an error "failed on setup with worker 'gw1' crashed while
+    # running ..."), and starts another; the ranks die with the worker.
+    "xdist_sigterm": Kind(3, "error", None, code="os.kill(xdist_worker(), signal.SIGTERM)"),
 }
 FOUR_RANKS = 0.2  # the share of tests with 4 ranks
 
@@ -179,7 +181,9 @@ class Result:
     message: str = ""
 
 
-def judge(case: Case, result: Result | None, report: dict[str, Any] | None, timeout: float) -> tuple[str, str]:
+def judge(
+    case: Case, result: Result | None, report: dict[str, Any] | None, timeout: float
+) -> tuple[str, str]:
     """(right, wrong, false pass or missing; why): ``report`` is the test's JSON report, or None
     where none was written (or one of its files is missing)."""
     kind = KINDS[case.kind]
@@ -199,7 +203,8 @@ def judge(case: Case, result: Result | None, report: dict[str, Any] | None, time
         return "missing", "no report (JSON, trace and HTML) in --ddp-report-dir"
     if report.get("kind") != kind.verdict or report.get("culprits") != [case.rank]:
         got = f"{report.get('kind')} naming {report.get('culprits')}"
-        return "wrong", f"verdict {got}, where {kind.verdict} naming [{case.rank}] was due: {report.get('summary')}"
+        due = f"{kind.verdict} naming [{case.rank}]"
+        return "wrong", f"verdict {got}, where {due} was due: {report.get('summary')}"
     return "right", ""
 
 
@@ -281,7 +286,8 @@ def leftovers(
     kind_of = {line["pid"]: kinds.get(line["test"], "") for line in log}
     found: dict[str, list[str]] = {}
     for pid, p in census.suspects()[0]:
-        found.setdefault(kind_of.get(pid, ""), []).append(f"process {pid} {p['name']!r}: {p['cmdline'][:120]}")
+        line = f"process {pid} {p['name']!r}: {p['cmdline'][:120]}"
+        found.setdefault(kind_of.get(pid, ""), []).append(line)
     used = {int(line["port"]) for line in log}
     found.setdefault("", []).extend(f"listening port {port}" for port in sorted(used & listening_ports()))
     found[""] += [f"/dev/shm/{name}" for name in sorted(set(os.listdir("/dev/shm")) - shm_before)]
@@ -310,7 +316,24 @@ def inner_pytest(root: Path, args: list[str], log: Path) -> subprocess.Popen[byt
                                 start_new_session=True)
 
 
+def ended(proc: subprocess.Popen[bytes], limit: float) -> bool:
+    """Whether the inner pytest ended within ``limit`` s; else it is interrupted as Ctrl-C does (its
+    junitxml keeps the tests run so far), and killed 60 s later if still there."""
+    try:
+        proc.wait(timeout=limit)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return False
+
+
 def chaos(args: argparse.Namespace, root: Path) -> bool:
+    root.mkdir()
     cases = plan(args.tests, args.seed)
     (root / "conftest.py").write_text(CONFTEST)
     (root / TEST_FILE).write_text(file_source(cases))
@@ -324,30 +347,27 @@ def chaos(args: argparse.Namespace, root: Path) -> bool:
         "-n", str(args.workers), f"--max-worker-restart={restarts}", f"--ddp-timeout={args.timeout}",
         f"--ddp-report-dir={reports}", f"--junitxml={junit}", TEST_FILE,
     ], log)  # fmt: skip
-    try:
-        proc.wait(timeout=args.limit)
-        stalled = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        stalled = True
+    cut = not ended(proc, args.limit)
     wall = time.monotonic() - start
     results, lines = junit_results(junit), read_log(log)
     counts: dict[str, dict[str, int]] = {kind: dict.fromkeys(COLUMNS, 0) for kind in KINDS}
     wrong: list[tuple[Case, str, str]] = []
     for case in cases:
         status, why = judge(case, results.get(case.name), read_report(reports, case), args.timeout)
+        if cut and case.name not in results:
+            status = "not run"  # after the run was cut at --limit
         counts[case.kind]["tests"] += 1
         counts[case.kind][status] += 1
-        if status != "right":
+        if status not in ("right", "not run"):
             wrong.append((case, status, why))
     left = leftovers(census, root / "tmp", shm_before, lines, {case.name: case.kind for case in cases})
     for kind, items in left.items():
         if kind in counts:
             counts[kind]["leftovers"] += len(items)
     clashes = port_clashes(lines)
-    print(f"  {wall:.1f} s, {args.tests / wall:.1f} tests/s, pytest exit {proc.returncode}"
-          + (" STALLED" if stalled else ""))
+    done = len(cases) - sum(row["not run"] for row in counts.values())
+    print(f"  {wall:.1f} s, {done / wall:.2f} tests/s, pytest exit {proc.returncode}"
+          + (f"; CUT at --limit {args.limit:g} s, {done} tests run" if cut else ""))
     print(table(counts, len(left.get("", []))))
     for case, status, why in wrong[:20]:
         print(f"\n  {status}: {case.name} (world size {case.world_size}, culprit {case.rank}): {why}")
@@ -360,10 +380,10 @@ def chaos(args: argparse.Namespace, root: Path) -> bool:
         ports = len({line['port'] for line in lines})
         groups = len({line['group'] for line in lines})
         print(f"  store ports: {ports} ports for {groups} groups, no two groups on one port at once")
-    return not (wrong or left or clashes or stalled or proc.returncode not in (0, 1))
+    return not (wrong or left or clashes or cut or proc.returncode not in (0, 1))
 
 
-COLUMNS = ("tests", "right", "wrong", "false pass", "missing", "leftovers")
+COLUMNS = ("tests", "right", "wrong", "false pass", "missing", "leftovers", "not run")
 
 
 def table(counts: dict[str, dict[str, int]], run_leftovers: int) -> str:
@@ -388,6 +408,7 @@ def test_hang(rank, chaos, run):
 
 def teardown(args: argparse.Namespace, root: Path) -> bool:
     """Each run's time from the verdict to the last of its 8 ranks gone; at most 2 s each."""
+    root.mkdir()
     (root / "conftest.py").write_text(CONFTEST)
     (root / "test_teardown.py").write_text(TEARDOWN_TEST.format(runs=args.runs))
     census, shm_before = Census(root), set(os.listdir("/dev/shm"))
@@ -396,7 +417,7 @@ def teardown(args: argparse.Namespace, root: Path) -> bool:
     proc = inner_pytest(root, [f"--ddp-timeout={args.timeout}", f"--ddp-report-dir={reports}",
                                "test_teardown.py"], log)
     gone: dict[str, float] = {}
-    deadline = time.monotonic() + args.limit
+    deadline = time.monotonic() + 60 * args.runs
     while proc.poll() is None and time.monotonic() < deadline:
         pids: dict[str, list[int]] = {}
         for line in read_log(log):
@@ -408,9 +429,7 @@ def teardown(args: argparse.Namespace, root: Path) -> bool:
             ):
                 gone[test] = time.time()
         time.sleep(0.005)
-    if proc.poll() is None:
-        os.killpg(proc.pid, 9)
-    proc.wait()
+    ended(proc, 0)
     figures = []
     for path in sorted(reports.glob("*.json")) if reports.exists() else []:
         if path.name.endswith(".trace.json"):
@@ -423,7 +442,8 @@ def teardown(args: argparse.Namespace, root: Path) -> bool:
                   f"8 ranks gone {figures[-1]:.3f} s after it")
     left = leftovers(census, root / "tmp", shm_before, read_log(log), {})
     ok = len(figures) == args.runs and max(figures) <= 2.0 and not left
-    print(f"  teardown: max {max(figures, default=float('nan')):.3f} s of {len(figures)} runs (at most 2 s due)"
+    worst = max(figures, default=float("nan"))
+    print(f"  teardown: max {worst:.3f} s of {len(figures)} runs (at most 2 s due)"
           + ("" if not left else f"; left behind: {left}"))
     return ok
 
@@ -434,14 +454,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="the RNG seed of the faults drawn (default 1)")
     parser.add_argument("--workers", type=int, default=4, help="xdist workers (default 4)")
     parser.add_argument("--timeout", type=float, default=3.0, help="--ddp-timeout, seconds (default 3)")
-    parser.add_argument("--limit", type=float, default=3600.0, help="seconds the inner pytest may take")
-    parser.add_argument("--teardown", action="store_true", help="measure an 8-rank group's teardown instead")
-    parser.add_argument("--runs", type=int, default=3, help="--teardown: hanging tests of 8 ranks (default 3)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (tests, logs, reports)")
+    parser.add_argument(
+        "--limit", type=float, default=3600.0, help="seconds the chaos run may take (default 3600)"
+    )
+    parser.add_argument("--teardown", action="store_true", help="also measure an 8-rank group's teardown")
+    parser.add_argument("--runs", type=int, default=3, help="--teardown: 8-rank tests that hang (default 3)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (its tests and logs)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ddp-chaos-"))
+    ok = True
     try:
-        ok = teardown(args, root) if args.teardown else chaos(args, root)
+        if args.tests:
+            ok &= chaos(args, root / "chaos")
+        if args.teardown:
+            ok &= teardown(args, root / "teardown")
     finally:
         if args.keep:
             print(f"kept {root}")

@@ -59,8 +59,10 @@ def test_a_faulty_test_needs_its_verdict_naming_its_culprit_alone() -> None:
 
 
 def test_a_sigterm_to_the_worker_is_a_crash_xdist_reports() -> None:
-    assert judged("xdist_sigterm", Result("failed", 0.0, "worker 'gw1' crashed while running 'x'")) == "right"
-    assert judged("xdist_sigterm", Result("failed", 0.0, "rank 1 failed")) == "wrong"
+    crashed = "failed on setup with \"worker 'gw1' crashed while running 'test_chaos.py::test_x'\""
+    assert judged("xdist_sigterm", Result("error", 0.0, crashed)) == "right"
+    assert judged("xdist_sigterm", Result("error", 0.0, "rank 1 failed")) == "wrong"
+    assert judged("xdist_sigterm", Result("passed", 0.1)) == "false pass"
 
 
 def test_two_groups_on_one_port_clash_only_at_once() -> None:
