@@ -283,6 +283,7 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         how = "" if f.odd else "likely "
         departs = verb(named, "departs", "depart")
         text = f"{rank_list(named)} {how}{departs} from {rank_list(rest)} on {what}: {details}."
+        text += _odd_line(f, rest)
     else:
         text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):
@@ -291,6 +292,17 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
             f" and rank {rank}'s is the one that departs from it."
         )
     return text + _new_paths(f.after) + _skipped(f.skipped)
+
+
+def _odd_line(f: Disagreement, rest: list[int]) -> str:
+    """`` Rank 0's call came from t.py:433, the others' from t.py:430.``: where the odd ranks'
+    collective came from one line and the rest's from another (a call the others never make)."""
+    odd = {f.entered[r].site for r in f.odd}
+    others = {f.entered[r].site for r in rest}
+    if f.call.is_p2p or len(odd) != 1 or len(others) != 1 or odd == others:
+        return ""
+    whose = f"Rank {f.odd[0]}'s call" if len(f.odd) == 1 else f"{rank_list(f.odd).capitalize()}' calls"
+    return f" {whose} came from {odd.pop()}, the others' from {others.pop()}."
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp.diagnose.code_paths import calls_between
+from pytest_ddp.diagnose.code_paths import calls_between, exits_after, one_rank_branch
 from pytest_ddp.groups import runner
 
 
@@ -136,3 +136,51 @@ def test_the_controller_reads_a_sites_file_only_where_it_is_a_regular_file_of_bo
     assert read("t.py") == "x = 1\n" and read(str(tmp_path / "t.py")) == "x = 1\n"
     assert read('q"uote.py') == "y = 2\n"  # as the site gives it (the event's JSON already decoded)
     assert [read(name) for name in ("fifo.py", "big.py", "missing.py", "", "nul\0.py")] == [None] * 5
+
+
+BRANCHES = textwrap.dedent("""
+    def test_x(rank, state):
+        if rank == 0:
+            if ready:
+                metric.compute()  # zero
+        while state.is_main_process and waiting:
+            dist.barrier()  # main
+        if rank < 2:
+            dist.all_reduce(grad)  # half
+        elif rank == 3:
+            dist.broadcast(grad, src=3)  # elif
+        else:
+            dist.barrier()  # else
+""")
+BRANCH = lines_of(BRANCHES)
+
+
+def test_a_branch_that_singles_out_one_rank_is_found_above_the_call_nested_or_not() -> None:
+    assert one_rank_branch(BRANCHES, BRANCH["zero"]) == BRANCH["zero"] - 2
+    assert one_rank_branch(BRANCHES, BRANCH["main"]) == BRANCH["main"] - 1
+    assert one_rank_branch(BRANCHES, BRANCH["elif"]) == BRANCH["elif"] - 1
+
+
+def test_a_branch_of_several_ranks_or_an_else_singles_out_none() -> None:
+    assert one_rank_branch(BRANCHES, BRANCH["half"]) is None
+    assert one_rank_branch(BRANCHES, BRANCH["else"]) is None
+    assert one_rank_branch("def f(:", 1) is None
+
+
+EXITING = textwrap.dedent("""
+    def test_x(rank):
+        for step in range(3):
+            if rank == 1 and step == 1:
+                os._exit(1)  # exit
+            dist.all_reduce(grad)  # reduce
+        sys.exit(3)  # after
+        dist.barrier()  # barrier
+""")
+EXIT = lines_of(EXITING)
+
+
+def test_the_exits_reachable_from_a_call_before_the_next_call_are_found() -> None:
+    made = {EXIT["reduce"]: "all_reduce", EXIT["barrier"]: "barrier"}
+    assert exits_after(EXITING, EXIT["reduce"], made) == [EXIT["exit"], EXIT["after"]]
+    # Past the barrier's call, only the function's end: it returned, no exit of the process.
+    assert exits_after(EXITING, EXIT["barrier"], made) == []

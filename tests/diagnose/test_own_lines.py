@@ -1,0 +1,168 @@
+"""The culprit's own line (diagnose/own_lines.py and the verdicts' words of it), and the call only
+one rank's branch makes (majority.one_rank_call), on hand-made rank states and sources."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from snapshots import R3, R4, call, ok, outline, rank, snap
+
+from pytest_ddp.diagnose import watchdog
+from pytest_ddp.diagnose.own_lines import raised_at
+from pytest_ddp.diagnose.rank_words import how_it_failed, rank_doing
+from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.diagnose.wording import worded
+
+
+def entry(path: str, line: int) -> dict[str, Any]:
+    return {"type": "ReprEntry", "data": {"lines": [], "reprfileloc": {"path": path, "lineno": line, "message": ""}}}
+
+
+def failed_report(*entries: dict[str, Any], location: str = "tests/t.py") -> dict[str, Any]:
+    """A failed call report as pytest serializes it (``pytest_report_to_serializable``)."""
+    longrepr = {"reprcrash": {"message": "KeyError: 'offset'"}, "reprtraceback": {"reprentries": list(entries)}}
+    return {"outcome": "failed", "data": {"location": [location, 3, "test_x"], "longrepr": longrepr}}
+
+
+def test_a_raise_is_at_the_innermost_line_of_the_tests_file_in_its_traceback() -> None:
+    library = entry("/venv/lib/python3.11/site-packages/torch/nn/module.py", 1700)
+    reports = {"call": failed_report(entry("tests/t.py", 12), entry("tests/t.py", 7), library)}
+    assert raised_at(reports) == "tests/t.py:7"
+
+
+def test_a_traceback_written_natively_names_its_line_too() -> None:
+    native = {"type": "ReprEntryNative", "data": {"lines": [
+        'Traceback (most recent call last):\n', '  File "/src/tests/t.py", line 12, in test_x\n    f()\n',
+        '  File "/src/tests/t.py", line 7, in f\n    raise KeyError\n', "KeyError\n",
+    ]}}  # fmt: skip
+    assert raised_at({"call": failed_report(native)}) == "/src/tests/t.py:7"
+
+
+def test_a_report_without_a_traceback_in_the_tests_file_names_no_line() -> None:
+    assert raised_at({"call": failed_report(entry("other.py", 3))}) is None
+    assert raised_at({"setup": {"outcome": "failed", "data": {"longrepr": "fixture 'x' not found"}}}) is None
+    assert raised_at({"call": {"outcome": "passed", "data": None}}) is None
+
+
+def raised(r: int, *calls: Any, line: int = 7, finished: bool = True) -> RankState:
+    state = rank(r, *calls, finished=finished, failed="KeyError: 'offset'")
+    state.reports["call"] = failed_report(entry("tests/t.py", 12), entry("tests/t.py", line))
+    return state
+
+
+def test_the_rank_that_raised_is_said_with_the_line_it_raised_at() -> None:
+    state = raised(1, ok("all_reduce", 1))
+    assert how_it_failed(state) == "failed (KeyError: 'offset') at tests/t.py:7"
+    waiting = rank(0, ok("all_reduce", 1), call("all_reduce", 2, site="tests/t.py:20"))
+    verdict = worded(watchdog.judge(snap(waiting, state)), [waiting, state])
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [0])
+    assert verdict.summary.startswith("rank 1 failed (KeyError: 'offset') at tests/t.py:7; rank 0 waits in")
+
+
+def test_ranks_that_failed_alike_lead_with_their_error_then_its_line() -> None:
+    states = [raised(0, line=9), raised(1, line=9)]
+    verdict = worded(watchdog.judge(snap(*states)), states)
+    assert verdict.summary == "KeyError: 'offset' (ranks 0, 1, at tests/t.py:9)."
+
+
+def watched(snapshot: Snapshot, source: str) -> Verdict:
+    """The final verdict as the controller's Watch gives it, the test's file ``t.py`` holding ``source``."""
+    text = textwrap.dedent(source)
+    verdict = watchdog.Watch(lambda file: text if file == "t.py" else None).verdict(snapshot)
+    assert verdict is not None
+    return worded(verdict, snapshot.ranks)
+
+
+EXITS = """
+    def test_x(rank):
+        for step in range(3):
+            if rank == 1 and step == 1:
+                os._exit(1)
+            dist.all_reduce(torch.ones(4))
+"""
+
+
+def test_a_process_that_exited_between_calls_is_said_with_the_one_exit_its_code_reaches() -> None:
+    waiting = rank(0, ok("all_reduce", 1, site="t.py:6"), call("all_reduce", 2, site="t.py:6"))
+    gone = rank(1, ok("all_reduce", 1, site="t.py:6"), exit_code=1)
+    verdict = watched(snap(waiting, gone), EXITS)
+    assert outline(verdict) == ("deadlock", "rank_exited", [1], [0])
+    assert verdict.summary.startswith("rank 1 died (exit code 1; its code's exit at t.py:5); rank 0 waits")
+
+
+def test_a_process_killed_by_a_signal_or_whose_code_has_two_exits_is_said_without_one() -> None:
+    waiting = rank(0, ok("all_reduce", 1, site="t.py:6"), call("all_reduce", 2, site="t.py:6"))
+    killed = rank(1, ok("all_reduce", 1, site="t.py:6"), exit_code=-9)
+    assert "its code's exit" not in watched(snap(waiting, killed), EXITS).summary
+    second = "        if step > 2:\n            sys.exit(2)\n        dist.all_reduce"
+    two = EXITS.replace("        dist.all_reduce", second)
+    gone = rank(1, ok("all_reduce", 1, site="t.py:8"), exit_code=1)
+    waiting = rank(0, ok("all_reduce", 1, site="t.py:8"), call("all_reduce", 2, site="t.py:8"))
+    assert "its code's exit" not in watched(snap(waiting, gone), two).summary
+
+
+ONE_RANK = """
+    def test_x(rank):
+        outputs = torch.full((3,), float(rank))
+        if {condition}:
+            dist.all_gather(gathered, outputs)
+"""
+
+
+def test_a_call_only_one_ranks_branch_makes_names_that_rank_at_a_tie() -> None:
+    for condition in ("rank == 0", "trainer.is_global_zero", "dist.get_rank() == 0 and final"):
+        waiting = rank(0, call("all_gather", 1, site="t.py:5"))
+        verdict = watched(snap(waiting, rank(1, finished=True)), ONE_RANK.format(condition=condition))
+        assert outline(verdict) == ("deadlock", "partial", [0], []), condition
+        assert verdict.summary == (
+            "rank 0 alone called all_gather #1 (t.py:5), in a branch of the code for one rank (t.py:4); "
+            "rank 1 returned from its test without it."
+        )
+
+
+def test_a_branch_of_several_ranks_or_no_source_leaves_the_rank_that_returned_named() -> None:
+    waiting = rank(0, call("all_gather", 1, site="t.py:5"))
+    for condition in ("rank < 1", "rank != 1", "flag"):
+        verdict = watched(snap(waiting, rank(1, finished=True)), ONE_RANK.format(condition=condition))
+        assert outline(verdict) == ("deadlock", "partial", [1], [0]), condition
+    assert watchdog.judge(snap(waiting, rank(1, finished=True))).culprits == [1]
+
+
+def test_four_ranks_half_of_which_call_keep_the_ranks_that_returned_named() -> None:
+    waiting = [rank(r, call("all_reduce", 1, ranks=R4, site="t.py:5")) for r in (0, 1)]
+    returned = [rank(r, finished=True) for r in (2, 3)]
+    verdict = watched(snap(*waiting, *returned), ONE_RANK.format(condition="rank < 2"))
+    assert verdict.culprits == [2, 3]
+
+
+def test_a_rank_that_returned_says_which_line_its_call_matched_the_others_from() -> None:
+    waiting = [
+        rank(r, ok("barrier", 1, ranks=R4, site="t.py:3"), call("barrier", 2, ranks=R4, site="t.py:4"))
+        for r in (0, 1, 2)
+    ]
+    skipped = rank(3, ok("barrier", 1, ranks=R4, site="t.py:4"), finished=True)
+    verdict = worded(watchdog.judge(snap(*waiting, skipped)), [*waiting, skipped])
+    assert outline(verdict) == ("deadlock", "partial", [3], [0, 1, 2])
+    assert verdict.summary.startswith(
+        "rank 3 never called barrier #2 (returned from its test); its barrier #1 (t.py:4) matched ranks 0-2's "
+        "from t.py:3; ranks 0-2 wait in barrier #2 (t.py:4)"
+    )
+
+
+def test_a_rank_outside_any_call_is_said_at_the_line_its_stack_stood_at() -> None:
+    running = rank(2)
+    doing = "running (call), outside any collective, at t.py:81; last call no collective yet"
+    assert rank_doing(running, "t.py:81") == doing
+    assert rank_doing(rank(1, finished=True), "t.py:81") == "finished (passed); last call no collective yet"
+
+
+def test_an_odd_rank_whose_collective_came_from_another_line_is_said_with_both_lines() -> None:
+    odd = rank(0, call("all_reduce", 1, ranks=R3, shape=(), site="t.py:9"))
+    others = [rank(r, call("all_reduce", 1, ranks=R3, site="t.py:5")) for r in (1, 2)]
+    verdict = worded(watchdog.judge(snap(odd, *others)), [odd, *others])
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1, 2])
+    assert verdict.summary.endswith(" Rank 0's call came from t.py:9, the others' from t.py:5.")
+    same = rank(0, call("all_reduce", 1, ranks=R3, shape=(), site="t.py:5"))
+    assert "came from" not in worded(watchdog.judge(snap(same, *others)), [same, *others]).summary
