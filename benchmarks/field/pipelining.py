@@ -71,7 +71,7 @@ else:
         name="pp_stage_output_not_what_next_stage_expects",
         url="https://github.com/pytorch/pytorch/pull/126732",
         summary="a stage produces an output that is locally correct but not what the following stage "
-        "expects (its output_args): without validation a hang down the line, with it a raise",
+        "expects (its output_args): a hang down the line; on Gloo the receiving stage aborts on the size",
         world_size=2,
         body="""\
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -99,9 +99,9 @@ if rank == 0:
 else:
     schedule.step(target=torch.ones(4, 4))
 """,
-        kind="rank_exited",
+        kind="mismatch",
         culprits=(0,),
-        op="recv",
+        op="isend",
     ),
     Case(
         name="pp_eval_schedule_on_last_rank_only",
