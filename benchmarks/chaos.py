@@ -50,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.torture import MARK, RUN_ID, Census, processes  # noqa: E402
+from benchmarks.torture import MARK, RUN_ID, Census  # noqa: E402
 from pytest_ddp.report.writable import file_name  # noqa: E402
 
 SLOW = 0.3  # seconds the slow rank sleeps before its all_reduce
@@ -406,6 +406,15 @@ def test_hang(rank, chaos, run):
 '''
 
 
+def dead(pid: int) -> bool:
+    """Gone, or a zombie (dead, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def teardown(args: argparse.Namespace, root: Path) -> bool:
     """Each run's time from the verdict to the last of its 8 ranks gone; at most 2 s each."""
     root.mkdir()
@@ -422,11 +431,8 @@ def teardown(args: argparse.Namespace, root: Path) -> bool:
         pids: dict[str, list[int]] = {}
         for line in read_log(log):
             pids.setdefault(line["test"], []).append(line["pid"])
-        alive = processes()
         for test, ranks in pids.items():
-            if test not in gone and len(ranks) == 8 and all(
-                pid not in alive or alive[pid]["state"] == "Z" for pid in ranks
-            ):
+            if test not in gone and len(ranks) == 8 and all(map(dead, ranks)):
                 gone[test] = time.time()
         time.sleep(0.005)
     ended(proc, 0)
