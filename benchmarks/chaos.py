@@ -50,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.torture import MARK, RUN_ID, Census  # noqa: E402
+from benchmarks.torture import MARK, RUN_ID, Census, processes  # noqa: E402
 from pytest_ddp.report.writable import file_name  # noqa: E402
 
 SLOW = 0.3  # seconds the slow rank sleeps before its all_reduce
@@ -284,12 +284,17 @@ def leftovers(
     while census.suspects()[0] and time.monotonic() < end:
         time.sleep(0.2)
     kind_of = {line["pid"]: kinds.get(line["test"], "") for line in log}
-    found: dict[str, list[str]] = {}
+    found: dict[str, list[str]] = {"": []}
     for pid, p in census.suspects()[0]:
         line = f"process {pid} {p['name']!r}: {p['cmdline'][:120]}"
         found.setdefault(kind_of.get(pid, ""), []).append(line)
+    # A dead rank or keeper nobody reaps (the census leaves zombies it cannot tell as the run's out).
+    found[""] += [
+        f"zombie {pid} {p['name']!r} (parent {p['ppid']})" for pid, p in processes().items()
+        if p["state"] == "Z" and p["name"].startswith("ddp-") and (pid, p["start"]) not in census.before
+    ]
     used = {int(line["port"]) for line in log}
-    found.setdefault("", []).extend(f"listening port {port}" for port in sorted(used & listening_ports()))
+    found[""] += [f"listening port {port}" for port in sorted(used & listening_ports())]
     found[""] += [f"/dev/shm/{name}" for name in sorted(set(os.listdir("/dev/shm")) - shm_before)]
     found[""] += [f"{entry}" for entry in sorted(tmpdir.iterdir()) if not entry.name.startswith("pytest-of-")]
     if not census.check("chaos", {"chaos": (tmpdir, False)}, settle=0):

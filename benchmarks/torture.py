@@ -182,6 +182,7 @@ def processes() -> dict[int, dict]:
             "name": name,
             "start": fields[19],
             "state": fields[0],
+            "ppid": int(fields[1]),
             "cmdline": cmdline,
             "cwd": cwd,
             "marked": f"{MARK}={RUN_ID}".encode() in environ,
