@@ -3,7 +3,9 @@ not make?  Pure: the source text in, an answer out.
 
 Breaks a two-rank tie history cannot: in ``for ...: dist.all_reduce(g); dist.broadcast(g, 0)`` no
 path goes from the broadcast back to it without the all_reduce, so a rank whose broadcast came
-right after its broadcast departed from its code.
+right after its broadcast departed from its code.  Two more questions of the same text: is a call
+made in a branch for one rank only (``if rank == 0:``, :func:`one_rank_branch`), and which exits
+could a process that ended between calls have taken (:func:`exits_after`)?
 
 Sound, or silent: a statement makes a call only where it calls the recorded op by name, not under
 a condition (``if``-expression, ``and``/``or``, lambda, comprehension), and the flow is
