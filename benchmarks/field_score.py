@@ -1,7 +1,7 @@
 """The field corpus (benchmarks/field/, issue 44) run and scored strictly.
 
     .venv/bin/python benchmarks/field_score.py [--families init ddp ...] [--timeout 20] [--write-docs]
-                                               [--tools | --no-tools] [--jobs 6]
+                                               [--tools | --no-tools] [--jobs 8]
                                                [--keep DIR]   # the tests and JSON reports, to read
 
 Each family's cases and their fixed twins are written as one test file into a temporary folder and
@@ -366,17 +366,20 @@ def tools_section(families: list[Family], timeout: float) -> list[str]:
         "  the export's); scored on ranks and op. Seconds: the analyser's own, after the run ended.",
         "- **DETAIL**: the case as a plain torch program, `torch.multiprocessing.spawn` of world-size",
         '  processes, `init_process_group("gloo")`, the case\'s body, with',
-        f"  `TORCH_DISTRIBUTED_DEBUG=DETAIL`, killed at {timeout:g} s (torch's own timeouts on Gloo are",
-        "  30 minutes). Read: spawn's `Process N terminated` and the traceback, DETAIL's",
-        "  `Detected mismatch ... Rank N is running collective` and `Rank N failed to pass",
+        f"  `TORCH_DISTRIBUTED_DEBUG=DETAIL`, killed {timeout:g} s after all its ranks began (torch's own",
+        "  timeouts on Gloo are 30 minutes). Read: spawn's `Process N terminated` and the traceback,",
+        "  DETAIL's `Detected mismatch ... Rank N is running collective` and `Rank N failed to pass",
         "  monitoredBarrier`.",
         "- **MultiProcessTestCase**: the case as the test of a `MultiProcessTestCase` subclass",
         "  (`setUp` spawns, a `FileStore` group where the case does not make its own), run by",
         "  `pytest -p no:ddp`, with the harness's own per-test timeout",
-        f"  `common_distributed.TIMEOUT_OVERRIDE[test] = {timeout:g}` (its default is 300 s). Read: its",
-        "  failure message (`Process N exited with error code 10 and exception: <traceback>`,",
-        "  `Process N terminated or timed out after S seconds`); the stacks it logs of each rank at",
-        "  its timeout are not read.",
+        f"  `common_distributed.TIMEOUT_OVERRIDE[test] = {timeout:g}` (its default is 300 s; its clock",
+        "  starts when it spawns the ranks). Read: its failure message (`Process N exited with error",
+        "  code 10 and exception: <traceback>`, `Process N terminated or timed out after S seconds`);",
+        "  the stacks it logs of each rank at its timeout are not read.",
+        "",
+        "At most two runs start their processes at a time (torch's import takes a core a process for",
+        "a second or more); the others' ranks wait in their hangs meanwhile.",
         "",
         *side_by_side(families),
         "",
@@ -434,7 +437,7 @@ def main() -> None:
         "--tools", action=argparse.BooleanOptionalAction,
         help="run torch's tools on the same cases, scored beside pytest-ddp (default: with --write-docs)",
     )  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=6, help="torch's tools' runs at a time")
+    parser.add_argument("--jobs", type=int, default=8, help="torch's tools' runs at a time")
     args = parser.parse_args()
     families: list[Family] = []
     with tempfile.TemporaryDirectory(prefix="ddp-field-") as tmp:

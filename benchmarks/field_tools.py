@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ def case(rank, world_size, ddp_shared_path):
 
 
 def run(rank, world_size, port, shared):
+    Path(shared, f"{started}{{rank}}").touch()
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if {init}:
@@ -91,6 +93,7 @@ class FieldCase(MultiProcessTestCase):
 
     def test_{name}(self):
         rank, world_size, ddp_shared_path = self.rank, self.world_size, Path({shared!r})
+        Path(ddp_shared_path, f"{started}{{rank}}").touch()
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
         if {init}:
@@ -130,7 +133,7 @@ def plain_program(case: Case, shared: Path) -> str:
     """The case as a plain torch program: spawn of world-size processes, gloo, then the body."""
     return PLAIN.format(
         name=case.name, imports=IMPORTS, body=_indent(case.body, 4), init=case.init,
-        world_size=case.world_size, port=_port(), shared=str(shared),
+        world_size=case.world_size, port=_port(), shared=str(shared), started=STARTED,
     )  # fmt: skip
 
 
@@ -138,24 +141,37 @@ def mptc_module(case: Case, shared: Path, timeout: float) -> str:
     """The case as the one test of a MultiProcessTestCase subclass."""
     return MPTC.format(
         name=case.name, imports=IMPORTS, body=_indent(case.body, 8), init=case.init,
-        world_size=case.world_size, port=_port(), shared=str(shared), timeout=int(timeout),
+        world_size=case.world_size, port=_port(), shared=str(shared), timeout=int(timeout), started=STARTED,
     )  # fmt: skip
 
 
-def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[str, float]:
-    """Output and seconds of a command killed (its whole process group) at the timeout."""
-    start = time.monotonic()
-    with subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    ) as process:  # fmt: skip
-        try:
-            out, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            out, _ = process.communicate()
-            out += f"\n[killed at the timeout, {timeout:g} s]"
-    return out, round(time.monotonic() - start, 2)
+# Runs whose processes are still starting, at most this many at once: torch's import takes a core
+# a process for a second or more, and ranks that start later than the timeout are no verdict.
+STARTING = threading.BoundedSemaphore(2)
+STARTED = "started-"  # the file each rank touches when its code begins, in the run's shared folder
+
+
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float, shared: Path, ranks: int
+) -> tuple[str, float]:
+    """Output and seconds of a command started while no more than STARTING others start; killed (its
+    whole process group) at the timeout after its ranks have all begun (or any process ended)."""
+    out = shared / "output.txt"
+    with out.open("w") as sink, STARTING:
+        start = time.monotonic()
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        while len(list(shared.glob(STARTED + "*"))) < ranks and process.poll() is None:
+            time.sleep(0.1)  # a poll of the ranks' files, not a synchronisation
+    try:
+        process.wait(timeout=timeout)
+        killed = ""
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        killed = f"\n[killed {timeout:g} s after its ranks began]"
+    return out.read_text(errors="replace") + killed, round(time.monotonic() - start, 2)
 
 
 def run_detail(case: Case, folder: Path, timeout: float) -> ToolRun:
@@ -165,7 +181,7 @@ def run_detail(case: Case, folder: Path, timeout: float) -> ToolRun:
     path = folder / f"plain_{case.name}.py"
     path.write_text(plain_program(case, shared))
     env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
-    text, seconds = _run([sys.executable, path.name], folder, env, timeout)
+    text, seconds = _run([sys.executable, path.name], folder, env, timeout, shared, case.world_size)
     return ToolRun("detail", text, seconds, path.name, _marked(path.read_text()))
 
 
@@ -179,7 +195,7 @@ def run_mptc(case: Case, folder: Path, timeout: float) -> ToolRun:
         sys.executable, "-m", "pytest", "-q", "-p", "no:ddp", "-p", "no:randomly", "-p", "no:cacheprovider",
         "-p", "no:rerunfailures", "-c", str(folder / "pytest.ini"), "--rootdir", str(folder), path.name,
     ]  # fmt: skip
-    text, seconds = _run(command, folder, dict(os.environ), 3 * timeout + 30)
+    text, seconds = _run(command, folder, dict(os.environ), 2 * timeout + 30, shared, case.world_size)
     return ToolRun("mptc", text, seconds, path.name, _marked(path.read_text()))
 
 
@@ -187,7 +203,10 @@ def run_frtrace(fr: Path | None, timeout: float) -> ToolRun:
     """torchfrtrace on the case's exported dumps (none where the plugin wrote no report)."""
     if fr is None or not fr.is_dir():
         return ToolRun("frtrace", "[no Flight Recorder export]", 0.0, "", 0)
-    text, seconds = _run([str(FRTRACE), "--prefix", "rank_", str(fr)], fr.parent, dict(os.environ), timeout)
+    shared = fr.with_suffix(".frtrace")
+    shared.mkdir(exist_ok=True)
+    command = [str(FRTRACE), "--prefix", "rank_", str(fr)]
+    text, seconds = _run(command, fr.parent, dict(os.environ), timeout, shared, 0)
     return ToolRun("frtrace", text, seconds, "", 0)
 
 
@@ -206,7 +225,6 @@ RANK_PATTERNS = {
 }
 OP_PATTERNS = {
     "detail": r"OpType=(\w+)",
-    "mptc": r"in (\w+)\n",  # the call a traceback ends in
     "frtrace": r"collective: \w+:(\w+)|collective type: '(\w+)'",
 }
 # The collective a library call or a backend's name stands for, in letters only.
@@ -248,7 +266,7 @@ def named(run: ToolRun) -> Named:
         int(n) for pattern in RANK_PATTERNS[run.tool] for found in re.findall(pattern, text)
         for n in re.findall(r"\d+", found)
     }  # fmt: skip
-    ops = {_op(o) for found in re.findall(OP_PATTERNS[run.tool], text) for o in
+    ops = {_op(o) for found in re.findall(OP_PATTERNS.get(run.tool, "$^"), text) for o in
            (found if isinstance(found, tuple) else (found,)) if o}  # fmt: skip
     lines: set[int] = set()
     if run.filename:
