@@ -275,24 +275,29 @@ def listening_ports() -> set[int]:
     return ports
 
 
+def zombies(census: Census) -> list[str]:
+    """Dead ranks or keepers the run made that nobody reaped (the census leaves out zombies it cannot
+    tell as the run's; here PID 1 reaps the orphans it inherits, a second or so late)."""
+    return [
+        f"zombie {pid} {p['name']!r} (parent {p['ppid']})" for pid, p in processes().items()
+        if p["state"] == "Z" and p["name"].startswith("ddp-") and (pid, p["start"]) not in census.before
+    ]
+
+
 def leftovers(
     census: Census, tmpdir: Path, shm_before: set[str], log: list[dict[str, Any]], kinds: dict[str, str]
 ) -> dict[str, list[str]]:
     """What the run left, by the kind (``kinds``: test name -> kind) of the test whose rank it was
     ('' for the run), then killed and removed (census.check prints it)."""
     end = time.monotonic() + SETTLE
-    while census.suspects()[0] and time.monotonic() < end:
+    while (census.suspects()[0] or zombies(census)) and time.monotonic() < end:
         time.sleep(0.2)
     kind_of = {line["pid"]: kinds.get(line["test"], "") for line in log}
     found: dict[str, list[str]] = {"": []}
     for pid, p in census.suspects()[0]:
         line = f"process {pid} {p['name']!r}: {p['cmdline'][:120]}"
         found.setdefault(kind_of.get(pid, ""), []).append(line)
-    # A dead rank or keeper nobody reaps (the census leaves zombies it cannot tell as the run's out).
-    found[""] += [
-        f"zombie {pid} {p['name']!r} (parent {p['ppid']})" for pid, p in processes().items()
-        if p["state"] == "Z" and p["name"].startswith("ddp-") and (pid, p["start"]) not in census.before
-    ]
+    found[""] += zombies(census)
     used = {int(line["port"]) for line in log}
     found[""] += [f"listening port {port}" for port in sorted(used & listening_ports())]
     found[""] += [f"/dev/shm/{name}" for name in sorted(set(os.listdir("/dev/shm")) - shm_before)]
