@@ -5,7 +5,8 @@ Breaks a two-rank tie history cannot: in ``for ...: dist.all_reduce(g); dist.bro
 path goes from the broadcast back to it without the all_reduce, so a rank whose broadcast came
 right after its broadcast departed from its code.  Two more questions of the same text: is a call
 made in a branch for one rank only (``if rank == 0:``, :func:`one_rank_branch`), and which exits
-could a process that ended between calls have taken (:func:`exits_after`)?
+could a process that ended between calls have taken (:func:`exits_after`)?  (And is a call's sync
+out of sight where it is made: :func:`syncs_inside`.)
 
 Sound, or silent: a statement makes a call only where it calls the recorded op by name, not under
 a condition (``if``-expression, ``and``/``or``, lambda, comprehension), and the flow is
@@ -80,6 +81,31 @@ def one_rank_branch(source: str, line: int) -> int | None:
         if node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) and (found or 0) < node.lineno:
             found = node.lineno
     return found
+
+
+# A call through which a rank takes the step every rank takes (DDP's backward syncs gradients): a
+# rank that skips it departs, whatever branch the others' call is in.
+_STEP_CALLS = frozenset({"backward"})
+
+
+def syncs_inside(source: str, line: int, op: str) -> bool:
+    """The simple statement at ``line`` made the recorded ``op`` inside a function it calls (a
+    checkpoint's save, a metric's compute, accelerate's ``gather_object``), neither by the op's
+    name nor through ``backward()``: the call's sync is not in sight where it is made."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    holding = [
+        node for node in ast.walk(tree)
+        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND)
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    if not holding:
+        return False
+    names = {_name(call) for call in ast.walk(max(holding, key=lambda node: node.lineno))
+             if isinstance(call, ast.Call)}
+    return bool(names) and op not in names and not names & _STEP_CALLS
 
 
 def _singles_out(test: ast.expr) -> bool:

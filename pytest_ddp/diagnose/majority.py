@@ -320,9 +320,11 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
                          ) -> Verdict | None:
     """As many ranks wait in one collective as returned without it (no majority: the returned
     are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.code_paths.
-    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in
-    a call its peers never make (rank 0 saves a checkpoint whose code syncs), as the majority would
-    say with a rank more, where the others return without it (:func:`extra_call`)."""
+    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``) through a function that
+    syncs inside (:func:`~pytest_ddp.diagnose.code_paths.syncs_inside`: rank 0 saves a checkpoint,
+    computes a metric): that rank is at fault, in a call its peers never make, as the majority would
+    say with a rank more (:func:`extra_call`).  A collective called by name, or ``backward()``, under
+    such a branch reads as a call the returned rank skipped: it stays named."""
     finding = verdict.finding
     if not isinstance(finding, Departed) or verdict.kind != "partial" or finding.victims or finding.broken:
         return None
@@ -332,14 +334,17 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
     call = finding.waits[callers[0]].call
     if not call.is_collective or any(finding.waits[r].call.site != call.site for r in callers):
         return None
-    if any((finding.waits[r].call.group, finding.waits[r].call.seq) != (call.group, call.seq) for r in callers):
+    if any((w.call.group, w.call.seq) != (call.group, call.seq) for w in (finding.waits[r] for r in callers)):
         return None
     file, line = site_parts(call.site)
     text = source(file)
-    condition = None if text is None or line is None else code_paths.one_rank_branch(text, line)
+    if text is None or line is None or not code_paths.syncs_inside(text, line, call.op):
+        return None  # a collective called by name under the branch: the rank that returned skipped it
+    condition = code_paths.one_rank_branch(text, line)
     if condition is None:
         return None
-    extra = ExtraCall(callers, finding.culprits, {r: finding.waits[r] for r in callers}, f"{file}:{condition}")
+    waits = {r: finding.waits[r] for r in callers}
+    extra = ExtraCall(callers, finding.culprits, waits, f"{file}:{condition}")
     return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
 
 

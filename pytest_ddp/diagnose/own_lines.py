@@ -59,7 +59,9 @@ def _same_file(path: str, test_file: str) -> bool:
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
 
 
-def exited_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str], str | None]) -> str | None:
+def exited_at(
+    state: RankState, ranks: dict[int, RankState], source: Callable[[str], str | None]
+) -> str | None:
     """``test_x.py:145``: where a rank whose process ended with an exit status, outside any call,
     after its last call, left, where its code holds one exit reachable from that call before its
     next (``os._exit(1)``); None otherwise."""

@@ -117,6 +117,9 @@ def rank_doing(state: RankState, at: str | None = None) -> str:
     last = (state.calls[-1] if state.calls else None) if status else state.current_call  # not a later isend
     where = describe_call(last) if last is not None else "no collective yet"
     doing = f"{status}; last call {where}" if status else f"waiting in {where}, in {state.phase}"
+    raised = failed_outside_calls(state)
+    if raised is not None and raised[1] is not None:
+        doing += f"; raised at {raised[1]}"
     if not state.stack_missing:
         return doing
     return f"{doing}; {'no Python stack came' if state.process is None else state.process.no_stack}"

@@ -440,11 +440,14 @@ _WORDERS: dict[type, Callable[..., str]] = {
 def _failed_alike(f: Failures, ranks: dict[int, RankState]) -> str | None:
     """Ranks that failed alike, and nothing else: their error first (``fixture 'x' not found (ranks
     0, 1).``), as pytest's short summary shows what fits of it after the test's id; else None."""
-    [(how, alike), *others] = grouped(f.failed, lambda r: failed_outside_calls(ranks[r]))
-    if others or f.woken or how is None or how[0] == "failed":
+    def error(r: int) -> str | None:
+        failed = failed_outside_calls(ranks[r])
+        return None if failed is None else failed[0]
+
+    [(how, alike), *others] = grouped(f.failed, error)
+    if others or f.woken or how is None or how == "failed":
         return None
-    error, line = how
-    return f"{error} ({rank_list(alike)}{f', at {line}' if line else ''})."
+    return f"{how} ({rank_list(alike)})."  # the line each raised at: in its line of the report
 
 
 def worded(verdict: Verdict, states: list[RankState]) -> Verdict:

@@ -17,12 +17,14 @@ from pytest_ddp.diagnose.wording import worded
 
 
 def entry(path: str, line: int) -> dict[str, Any]:
-    return {"type": "ReprEntry", "data": {"lines": [], "reprfileloc": {"path": path, "lineno": line, "message": ""}}}
+    where = {"path": path, "lineno": line, "message": ""}
+    return {"type": "ReprEntry", "data": {"lines": [], "reprfileloc": where}}
 
 
 def failed_report(*entries: dict[str, Any], location: str = "tests/t.py") -> dict[str, Any]:
     """A failed call report as pytest serializes it (``pytest_report_to_serializable``)."""
-    longrepr = {"reprcrash": {"message": "KeyError: 'offset'"}, "reprtraceback": {"reprentries": list(entries)}}
+    crash = {"message": "KeyError: 'offset'"}
+    longrepr = {"reprcrash": crash, "reprtraceback": {"reprentries": list(entries)}}
     return {"outcome": "failed", "data": {"location": [location, 3, "test_x"], "longrepr": longrepr}}
 
 
@@ -61,10 +63,11 @@ def test_the_rank_that_raised_is_said_with_the_line_it_raised_at() -> None:
     assert verdict.summary.startswith("rank 1 failed (KeyError: 'offset') at tests/t.py:7; rank 0 waits in")
 
 
-def test_ranks_that_failed_alike_lead_with_their_error_then_its_line() -> None:
-    states = [raised(0, line=9), raised(1, line=9)]
+def test_ranks_that_failed_alike_lead_with_their_error_and_each_says_its_line_in_its_own() -> None:
+    states = [raised(0, line=9), raised(1, line=11)]
     verdict = worded(watchdog.judge(snap(*states)), states)
-    assert verdict.summary == "KeyError: 'offset' (ranks 0, 1, at tests/t.py:9)."
+    assert verdict.summary == "KeyError: 'offset' (ranks 0, 1)."
+    assert rank_doing(states[1]) == "finished (failed); last call no collective yet; raised at tests/t.py:11"
 
 
 def watched(snapshot: Snapshot, source: str) -> Verdict:
@@ -107,7 +110,7 @@ ONE_RANK = """
     def test_x(rank):
         outputs = torch.full((3,), float(rank))
         if {condition}:
-            dist.all_gather(gathered, outputs)
+            value = metric.compute()
 """
 
 
@@ -130,6 +133,15 @@ def test_a_branch_of_several_ranks_or_no_source_leaves_the_rank_that_returned_na
     assert watchdog.judge(snap(waiting, rank(1, finished=True))).culprits == [1]
 
 
+def test_a_collective_by_name_or_backward_in_one_ranks_branch_leaves_the_returned_rank_named() -> None:
+    # The suite's "rank 1 skips an all_reduce": a call written for every rank, skipped by one.
+    waiting = rank(0, call("all_gather", 1, site="t.py:5"))
+    for made in ("dist.all_gather(gathered, outputs)", "loss.backward()"):
+        source = ONE_RANK.format(condition="rank == 0").replace("metric.compute()", made)
+        verdict = watched(snap(waiting, rank(1, finished=True)), source)
+        assert outline(verdict) == ("deadlock", "partial", [1], [0]), made
+
+
 def test_four_ranks_half_of_which_call_keep_the_ranks_that_returned_named() -> None:
     waiting = [rank(r, call("all_reduce", 1, ranks=R4, site="t.py:5")) for r in (0, 1)]
     returned = [rank(r, finished=True) for r in (2, 3)]
@@ -146,8 +158,8 @@ def test_a_rank_that_returned_says_which_line_its_call_matched_the_others_from()
     verdict = worded(watchdog.judge(snap(*waiting, skipped)), [*waiting, skipped])
     assert outline(verdict) == ("deadlock", "partial", [3], [0, 1, 2])
     assert verdict.summary.startswith(
-        "rank 3 never called barrier #2 (returned from its test); its barrier #1 (t.py:4) matched ranks 0-2's "
-        "from t.py:3; ranks 0-2 wait in barrier #2 (t.py:4)"
+        "rank 3 never called barrier #2 (returned from its test); its barrier #1 (t.py:4) matched "
+        "ranks 0-2's from t.py:3; ranks 0-2 wait in barrier #2 (t.py:4)"
     )
 
 
