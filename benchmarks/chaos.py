@@ -32,7 +32,6 @@ its 8 rank processes gone, polled from here; the issue wants at most 2 s.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -255,9 +254,11 @@ def port_clashes(log: list[dict[str, Any]]) -> list[str]:
         by_port.setdefault(port, []).append((first, last, group))
     for port, groups in by_port.items():
         groups.sort()
-        for (_, last, group), (first, _, other) in itertools.pairwise(groups):
-            if first <= last:
-                clashes.append(f"port {port}: groups {group} and {other} at once")
+        latest = groups[0]  # of the groups so far, the one whose span ends last
+        for first, last, group in groups[1:]:
+            if first <= latest[1]:
+                clashes.append(f"port {port}: groups {latest[2]} and {group} at once")
+            latest = max(latest, (first, last, group), key=lambda span: span[1])
     return clashes
 
 

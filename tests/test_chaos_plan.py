@@ -72,3 +72,7 @@ def test_two_groups_on_one_port_clash_only_at_once() -> None:
     one_after_another = [line("5", "a", 1.0), line("5", "a", 2.0), line("5", "b", 3.0), line("6", "c", 1.5)]
     assert port_clashes(one_after_another) == []
     assert port_clashes([*one_after_another, line("5", "a", 3.5)]) == ["port 5: groups a and b at once"]
+    inside_a_long_one = [line("7", "a", 1.0), line("7", "a", 9.0), line("7", "b", 2.0), line("7", "c", 4.0)]
+    assert port_clashes(inside_a_long_one) == [
+        "port 7: groups a and b at once", "port 7: groups a and c at once"
+    ]
