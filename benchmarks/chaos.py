@@ -21,7 +21,7 @@ port at once (each rank logs its ``MASTER_PORT`` and group id, ``TORCHELASTIC_RU
 groups whose tests on one port overlap in time are a clash).  Prints the counts per fault kind and
 exits 1 on any wrong, missing or falsely passing test or anything left.
 
-    python benchmarks/chaos.py [--tests 5000] [--seed 1] [--workers 4] [--timeout 3] [--keep]
+    python benchmarks/chaos.py [--tests 5000] [--seed 1] [--workers 4] [--timeout 2] [--keep]
     python benchmarks/chaos.py --tests 0 --teardown [--runs 3]
 
 ``--teardown`` also measures an 8-rank group's teardown after a hang (in a pytest of its own, after
@@ -470,7 +470,7 @@ def main() -> int:
     parser.add_argument("--tests", type=int, default=5000, help="tests in the generated file (default 5000)")
     parser.add_argument("--seed", type=int, default=1, help="the RNG seed of the faults drawn (default 1)")
     parser.add_argument("--workers", type=int, default=4, help="xdist workers (default 4)")
-    parser.add_argument("--timeout", type=float, default=3.0, help="--ddp-timeout, seconds (default 3)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="--ddp-timeout, seconds (default 2)")
     parser.add_argument(
         "--limit", type=float, default=3600.0, help="seconds the chaos run may take (default 3600)"
     )
