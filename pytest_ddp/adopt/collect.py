@@ -4,7 +4,7 @@ The items of torch's and DeepSpeed's harness classes are marked ``ddp(world_size
 init=False, check_collectives=False)``, as under their own harness; a ``ddp`` mark of the item's own
 gives the rest (timeout, backend, ...), and one that contradicts the class is the item's error.  A
 class that runs its tests in one process (its own ``join_or_run`` or ``_ensure_processes_spawned``)
-is left to pytest.
+is left to pytest, and so is an item its harness skips before it runs (:mod:`pytest_ddp.adopt.own_skips`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 import pytest
+
+from pytest_ddp.adopt import own_skips
 
 HARNESS = "torch.testing._internal.common_distributed"  # where torch's harness classes live
 # Why an item's own ddp mark cannot hold for its harness class (the controller reports it at setup).
@@ -31,6 +33,13 @@ def adopt(items: list[pytest.Item], in_rank: bool) -> None:
             continue
         own = item.get_closest_marker("ddp")
         world_size = _world_size(item, cls, kind)
+        # One its harness skips starts no rank (one with a ddp mark of its own runs on its ranks).
+        if own is None and own_skips.leave_to_harness(item, cls, kind, world_size):
+            continue  # pytest and the harness skip it here, as without --ddp-adopt
+        skip = None if own is not None else own_skips.spawned_skip(item, kind)
+        if skip is not None:  # the skip each of the harness's processes would exit with
+            item.add_marker(pytest.mark.skip(reason=skip))
+            continue
         conflict = None if own is None else _conflict(own, cls, world_size)
         if conflict is not None:
             item.stash[conflict_key] = conflict  # the item keeps its own mark, and never runs

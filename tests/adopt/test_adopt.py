@@ -341,6 +341,88 @@ class Own(MultiProcessTestCase):
 """
 
 
+SKIPPED_BY_THEIR_HARNESS = """
+import unittest
+
+import pytest
+from torch.testing._internal.common_distributed import (
+    MultiProcContinuousTest,
+    MultiProcessTestCase,
+    requires_nccl,
+    skip_if_lt_x_gpu,
+)
+
+
+class Spawns(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+@unittest.skipIf(True, "no devices here")
+class SkippedClass(Spawns):
+    def test_a(self):
+        pass
+
+
+class SkippedTests(Spawns):
+    @requires_nccl()
+    def test_needs_nccl(self):
+        pass
+
+    @skip_if_lt_x_gpu(2)  # torch's harness starts the processes, and each exits with a skip code
+    def test_needs_gpus(self):
+        pass
+
+    @pytest.mark.skipif("True", reason="not here")
+    def test_pytest_skipif(self):
+        pass
+
+    def test_runs(self):
+        pass
+
+
+class NoBackend(MultiProcContinuousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls):
+        return "nccl"
+
+    @classmethod
+    def device_type(cls):
+        return "cpu"
+
+    def test_c(self):
+        pass
+"""
+
+# What torch's harness gives them (test_the_outcomes_are_torch_harness_own measures it again).
+SKIPPED_OUTCOMES = {
+    **{
+        f"test_skipped.py::{test}": "SKIPPED"
+        for test in (
+            "SkippedClass::test_a",
+            "SkippedTests::test_needs_nccl",
+            "SkippedTests::test_needs_gpus",
+            "SkippedTests::test_pytest_skipif",
+            "NoBackend::test_c",
+        )
+    },
+    "test_skipped.py::SkippedTests::test_runs": "PASSED",
+}
+
+
+def test_a_test_its_own_harness_skips_starts_no_rank(adopted) -> None:
+    """Skipped as under torch's harness (a class-level skip, a missing backend, too few GPUs, a skip
+    mark), and none of them ran on a rank (ran_on_one_group: the session's one group ran the
+    module's test_runs alone); nor did Collectives.test_needs_gpus (ADOPTED_RANK_TESTS)."""
+    assert outcomes(adopted.result, "test_skipped.py") == SKIPPED_OUTCOMES
+    adopted.ran_on_one_group("test_skipped.py")
+
+
 def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
     assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
     adopted.ran_on_one_group("test_process_classes.py")
@@ -351,8 +433,10 @@ def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(adopted) -
 
 @pytest.mark.slow
 def test_the_outcomes_are_torch_harness_own(pytester) -> None:
-    pytester.makepyfile(test_process_classes=PROCESS_CLASSES)
-    assert outcomes(run(pytester, "-p", "no:ddp", timeout=900)) == TORCH_OUTCOMES
+    pytester.makepyfile(test_process_classes=PROCESS_CLASSES, test_skipped=SKIPPED_BY_THEIR_HARNESS)
+    result = run(pytester, "-p", "no:ddp", timeout=900)
+    assert outcomes(result, "test_process_classes.py") == TORCH_OUTCOMES
+    assert outcomes(result, "test_skipped.py") == SKIPPED_OUTCOMES
 
 
 def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(adopted) -> None:
@@ -456,6 +540,10 @@ _SKIPPED = (  # CUDA, world size 2, or a backend that is not gloo
     "test_gather_object test_gather_object_subgroup test_new_subgroups_by_enumeration "
     "test_new_subgroups_by_enumeration_input_rank_exceeds_world_size "
     "test_new_subgroups_by_enumeration_negative_input_rank "
+)
+_SKIPPED_WITHOUT_A_RANK = (  # of those, by a unittest skip decorator: left to pytest under --ddp-adopt
+    "test_broadcast_object_list test_gather_object test_gather_object_subgroup test_new_subgroups_by_enumeration "
+    "test_new_subgroups_by_enumeration_input_rank_exceeds_world_size"
 )
 DIST_BACKEND_OUTCOMES = {
     f"test_distributed_spawn.py::TestDistBackendWithSpawn::{name}": outcome
@@ -733,7 +821,9 @@ class Adopted:
 # The files of the --ddp-adopt session, in the order it runs them (the deadlock last: it stops the
 # group), each with its tests that run on the ranks.
 ADOPTED_RANK_TESTS = {
-    "test_process_classes.py": list(TORCH_OUTCOMES),
+    # Collectives.test_needs_gpus: skipped by its skip_if_lt_x_gpu(2), with no rank started
+    "test_process_classes.py": [test for test in TORCH_OUTCOMES if not test.endswith("::test_needs_gpus")],
+    "test_skipped.py": ["test_skipped.py::SkippedTests::test_runs"],
     "test_continuous.py": [
         f"test_continuous.py::Continuous::{name}"
         for name in (
@@ -744,7 +834,10 @@ ADOPTED_RANK_TESTS = {
             "test_e_loggers_as_in_a_worker",
         )
     ],
-    "test_distributed_spawn.py": list(DIST_BACKEND_OUTCOMES),
+    # less those its unittest skip decorators skip, with no rank started
+    "test_distributed_spawn.py": [
+        test for test in DIST_BACKEND_OUTCOMES if test.rpartition("::")[2] not in _SKIPPED_WITHOUT_A_RANK.split()
+    ],
     "test_ds.py": list(DEEPSPEED_OUTCOMES),
     "test_marks.py": ["test_marks.py::Agrees::test_in_a_rank", "test_marks.py::Unsized::test_in_a_rank"],
     "test_code.py": ["test_code.py::ExpectsACrash::test_aborts"],
@@ -763,6 +856,7 @@ def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
         path.mkdir()
     files = {
         "test_process_classes.py": PROCESS_CLASSES,
+        "test_skipped.py": SKIPPED_BY_THEIR_HARNESS,
         "test_continuous.py": CONTINUOUS_CLASS,
         "test_distributed_spawn.py": DIST_BACKEND_SPAWN,
         "conftest.py": DEEPSPEED_CONFTEST,
