@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.field import FAMILIES, MARK, Case, corpus  # noqa: E402
-from benchmarks.field_score import write_family  # noqa: E402
+from benchmarks.field_score import backend, write_family  # noqa: E402
 from benchmarks.field_tools import ToolRun, mptc_module, plain_program, score  # noqa: E402
 
 KINDS = {"rank_exited", "partial", "mismatch", "p2p_cycle", "p2p_unmatched", "init", "timeout", "failed"}
@@ -46,6 +46,9 @@ def test_family_file_compiles_with_its_marked_lines(family: str, tmp_path: Path)
     source = path.read_text()
     tests = {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
     lines = source.splitlines()
+    marks = [line for line in lines if line.startswith("@pytest.mark.ddp(")]
+    assert len(marks) == 2 * len(corpus()[family])
+    assert all(f"backend='{backend(family)}'" in mark for mark in marks) if backend(family) else True
     for case in corpus()[family]:
         assert {f"test_{case.name}", f"test_{case.name}_twin"} <= tests
         assert MARK in lines[marked[case.name] - 1]
