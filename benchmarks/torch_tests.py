@@ -11,6 +11,8 @@ after a failure) is named, and does not count as a difference.
 
     python benchmarks/torch_tests.py [FOLDER ...] [--timeout SECONDS]
 
+e.g. ``tensor_experimental_ops tensor_init tensor_optimizers`` for torch's warm harness alone.
+
 Minutes (torch's harness starts each spawn-per-test test's 4 processes).  Not part of ``make test``.
 """
 
