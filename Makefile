@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: venv demo lint check test bench torture clean matrix matrix-venvs clean-matrix chromium slurm
+.PHONY: venv demo lint check test bench torture chaos clean matrix matrix-venvs clean-matrix chromium slurm
 
 venv: $(STAMP)
 
@@ -104,6 +104,10 @@ bench: venv
 # (nothing, or it fails). LOCK as for matrix, e.g. LOCK='flock /tmp/ddp-heavy.lock'.
 torture: venv
 	$(LOCK) $(PY) benchmarks/torture.py
+
+# Random faults in thousands of small ddp tests under -n 4 (benchmarks/chaos.py; about an hour).
+chaos: venv
+	$(LOCK) $(PY) benchmarks/chaos.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
