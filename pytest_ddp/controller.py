@@ -145,7 +145,7 @@ class Controller:
         stopped: list[StoppedGroupFailure] = []  # other groups stopped to make room for this test
         if isinstance(spec, SpecError):
             reports = [_setup_error_report(item, str(spec))]
-        elif (skip_reason := self.admission.unavailable(spec)) is not None:
+        elif (skip_reason := _marked_skip(item) or self.admission.unavailable(spec)) is not None:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
@@ -310,6 +310,19 @@ def _setup_error_report(item: pytest.Item, message: str) -> pytest.TestReport:
     return pytest.TestReport(
         item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed", message, "setup"
     )
+
+
+def _marked_skip(item: pytest.Item) -> str | None:
+    """The reason of a skip the item's own marks make on every rank alike (``skip``, or ``skipif``
+    with conditions that are already booleans): no rank group starts for a test that will not run.
+    A ``skipif`` with a string condition is left to the ranks, which evaluate it as pytest does."""
+    for mark in item.iter_markers(name="skip"):
+        return str(mark.kwargs.get("reason", mark.args[0] if mark.args else "unconditional skip"))
+    for mark in item.iter_markers(name="skipif"):
+        conditions = mark.args if "condition" not in mark.kwargs else (mark.kwargs["condition"],)
+        if conditions and all(isinstance(c, bool) for c in conditions) and any(conditions):
+            return str(mark.kwargs.get("reason", ""))
+    return None
 
 
 def _skip_report(item: pytest.Item, reason: str) -> pytest.TestReport:

@@ -28,6 +28,26 @@ def test_all_reduce_passes_on_n_ranks(ddp_pytester, ws) -> None:
     result.stdout.fnmatch_lines(["*ddp: 1 test on 1 rank group started*"])
 
 
+def test_a_test_its_marks_skip_starts_no_rank(ddp_pytester) -> None:
+    result = ddp_pytester.run(
+        """
+        @pytest.mark.skip(reason="not today")
+        @pytest.mark.ddp(world_size=2)
+        def test_skipped():
+            raise AssertionError("ran")
+
+        @pytest.mark.skipif(True, reason="never here")
+        @pytest.mark.ddp(world_size=2)
+        def test_skipped_if():
+            raise AssertionError("ran")
+        """,
+        "-rs",
+    )
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_it.py:*: not today", "SKIPPED [[]1[]] test_it.py:*: never here"])
+    result.stdout.no_fnmatch_line("*rank group* started*")
+
+
 def test_all_reduce_scales_to_8_ranks(ddp_pytester) -> None:
     ddp_pytester.run(SUM_TEST.format(ws=8)).assert_outcomes(passed=1)
 
