@@ -44,7 +44,9 @@ def test_a_test_its_marks_skip_starts_no_rank(ddp_pytester) -> None:
         "-rs",
     )
     result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_it.py:*: not today", "SKIPPED [[]1[]] test_it.py:*: never here"])
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]1[]] test_it.py:*: not today", "SKIPPED [[]1[]] test_it.py:*: never here"]
+    )
     result.stdout.no_fnmatch_line("*rank group* started*")
 
 
