@@ -231,7 +231,7 @@ OP_PATTERNS = {
 OP_ALIASES = {
     "allgatherbase": "allgather", "allgatherintotensor": "allgather", "allgatherobject": "allgather",
     "broadcastobjectlist": "broadcast", "gatherobject": "gather", "scatterobjectlist": "scatter",
-    "reducescattertensor": "reducescatter", "reducescatterbase": "reducescatter",
+    "reducescattertensor": "reducescatter", "reducescatterbase": "reducescatter", "bcast": "broadcast",
 }  # fmt: skip
 
 

@@ -110,3 +110,4 @@ def test_torch_tools_scored_on_what_they_name() -> None:
     assert fr.right
     assert not score(_case((1,), "all_reduce"), ToolRun("frtrace", FRTRACE_MISMATCH, 1.3, "", 0)).right
     assert not score(_case((1,), "all_reduce"), ToolRun("frtrace", "", 1.3, "", 0)).right
+    assert score(_case((1,), "bcast"), ToolRun("frtrace", FRTRACE_MISMATCH, 1.3, "", 0)).right
