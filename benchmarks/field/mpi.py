@@ -213,6 +213,7 @@ else:
         summary="an exception on one rank of an MPI+Python program hangs the others (the thread: run "
         "under -m mpi4py, or have the manager rank broadcast whether the DAG was sound)",
         world_size=3,
+        held_out=True,
         body="""\
 from mpi4py import MPI
 

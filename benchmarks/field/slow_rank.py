@@ -243,6 +243,7 @@ dist.broadcast_object_list(path, src=0)
         "worker is slow to start while the others wait in the handshake",
         world_size=2,
         init=False,
+        held_out=True,
         body="""\
 def load_from_volume():  # the first read of a cold volume on this worker
     if rank == 1:
