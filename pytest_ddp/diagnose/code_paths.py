@@ -103,7 +103,7 @@ def syncs_inside(source: str, line: int, op: str) -> bool:
     ]
     if not holding:
         return False
-    names = {_name(call) for call in ast.walk(max(holding, key=lambda node: node.lineno))
+    names = {_named(call) for call in ast.walk(max(holding, key=lambda node: node.lineno))
              if isinstance(call, ast.Call)}
     return bool(names) and op not in names and not names & _STEP_CALLS
 
@@ -120,7 +120,8 @@ def _singles_out(test: ast.expr) -> bool:
 
 
 def _named(node: ast.expr) -> str | None:
-    """``rank`` of ``rank``, ``self.rank``, ``dist.get_rank()``."""
+    """The name an expression goes by: ``rank`` of ``rank``, ``self.rank`` and ``dist.get_rank()``
+    (``get_rank``); a call's is the name it calls by, ``f`` of ``f(...)`` and of ``x.f(...)``."""
     if isinstance(node, ast.Call):
         node = node.func
     if isinstance(node, ast.Name):
@@ -158,7 +159,7 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
         return None
     blocking = {s for s in flow.statements if _calls_by_name(s, made)}
     exits = {s for s in flow.statements if not isinstance(s, _COMPOUND)
-             and any(_name(call) in _EXITS for call in _unconditional_calls(s))}
+             and any(_named(call) in _EXITS for call in _unconditional_calls(s))}
     seen: set[ast.stmt | str] = set()
     found: set[int] = set()
     todo = list(flow.after(first))
@@ -210,7 +211,7 @@ def _calls_by_name(statement: ast.stmt, made: dict[int, str]) -> bool:
         return False
     end = statement.end_lineno or statement.lineno
     ops = {op for line, op in made.items() if statement.lineno <= line <= end}
-    return bool(ops) and any(_name(call) in ops for call in _unconditional_calls(statement))
+    return bool(ops) and any(_named(call) in ops for call in _unconditional_calls(statement))
 
 
 def _unconditional_calls(node: ast.AST) -> Iterator[ast.Call]:
@@ -220,16 +221,6 @@ def _unconditional_calls(node: ast.AST) -> Iterator[ast.Call]:
         if isinstance(child, ast.Call):
             yield child
         yield from _unconditional_calls(child)
-
-
-def _name(call: ast.Call) -> str | None:
-    """The name a call calls by: ``f`` of ``f(...)`` and of ``x.f(...)``."""
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return None
 
 
 _COMPOUND = (
