@@ -3,6 +3,7 @@ from, a rank's start and files, the fork itself, and the TCPStore the ranks of a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import multiprocessing
@@ -14,6 +15,7 @@ import socket
 import sys
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import reduction
@@ -68,9 +70,31 @@ def fork_context() -> Any:
     return context
 
 
+# The killing signals that came while held (killing_signals_held); None while none is held.
+_held: list[int] | None = None
+
+
+@contextlib.contextmanager
+def killing_signals_held() -> Iterator[None]:
+    """A kill by KILLING_SIGNALS waits for the end of the block: the report of a test that passed is
+    sent before the next test, already handed to the warm ranks, can end this process (as a test
+    that SIGTERMs its xdist worker does); without it, xdist would report the passed test as the crash."""
+    global _held
+    _held = []
+    try:
+        yield
+    finally:
+        held, _held = _held, None
+        for number in held:
+            os.kill(os.getpid(), number)
+
+
 def _die_of_signal(number: int, frame: Any) -> None:
     """Die of the signal, first removing the forkserver socket's folder (which multiprocessing's exit
-    handler removes on any other ending)."""
+    handler removes on any other ending); while held, once the hold ends."""
+    if _held is not None:
+        _held.append(number)
+        return
     shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
     signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)

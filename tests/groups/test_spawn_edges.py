@@ -74,3 +74,24 @@ def test_the_forkserver_refuses_a_stranger_and_says_so(ddp_pytester) -> None:
             "it forks for this session alone",
         ]
     )
+
+
+HELD_KILL = """
+import os, signal
+from pytest_ddp.groups import spawn
+
+signal.signal(signal.SIGTERM, spawn._die_of_signal)
+with spawn.killing_signals_held():
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("the report is out", flush=True)
+print("lived on", flush=True)
+"""
+
+
+def test_a_kill_while_a_passed_tests_report_is_held_waits_for_its_end() -> None:
+    """A test already handed to the ranks that SIGTERMs its controller (its xdist worker) ends it
+    only once the report of the test before is out: the controller holds its killing signals
+    meanwhile (benchmarks/chaos.py found that passed test reported as the worker's crash)."""
+    done = subprocess.run([sys.executable, "-c", HELD_KILL], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "the report is out\n", done.stderr
+    assert done.returncode == -15
