@@ -95,4 +95,5 @@ def test_real_calls_plain_and_through_a_library(tmp_path: Path) -> None:
     assert barrier.site.endswith(user) and barrier.caller == "fakecomm.py:4"
     headline = result.diagnosis.text.splitlines()[0]
     # Rank 0 alone syncs, out of sight in the library, under its own branch: rank 0 is named.
-    assert headline.startswith(f"rank 0 alone called barrier #2 (tests/record/{user} via fakecomm.py:4), in a branch")
+    called = f"rank 0 alone called barrier #2 (tests/record/{user} via fakecomm.py:4), in a branch"
+    assert headline.startswith(called)
