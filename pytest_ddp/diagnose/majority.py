@@ -332,10 +332,10 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
     if len(callers) != len(finding.culprits):
         return None
     call = finding.waits[callers[0]].call
-    if not call.is_collective or any(finding.waits[r].call.site != call.site for r in callers):
-        return None
-    if any((w.call.group, w.call.seq) != (call.group, call.seq) for w in (finding.waits[r] for r in callers)):
-        return None
+    same = (call.site, call.group, call.seq)
+    if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same
+                                     for w in (finding.waits[r] for r in callers)):
+        return None  # the callers are not all in the one call
     file, line = site_parts(call.site)
     text = source(file)
     if text is None or line is None or not code_paths.syncs_inside(text, line, call.op):
