@@ -44,6 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
+# The torch modules the forkserver imports for the session's collection (pytest_ddp.groups.preload):
+# their names to the forkserver, then those it imported, in the environment a rank is forked with
+# until it takes its own, so that its recorder reaches them too (recorder.rebind).
+PRELOAD_ENV = "PYTEST_DDP_PRELOAD"
+
 
 class ProtocolError(ValueError):
     """A message that is not a known command or event, or not the one expected here."""

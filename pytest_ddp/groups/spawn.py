@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ddp.common.event_log import EventReader
-from pytest_ddp.common.protocol import Command, RankRole, RankStart, encode
+from pytest_ddp.common.protocol import PRELOAD_ENV, Command, RankRole, RankStart, encode
 from pytest_ddp.diagnose.state import RankState
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
@@ -36,7 +36,8 @@ NOT_FOR_RANKS = ("PYTEST_ADDOPTS", "PMI_FD", "PMI_RANK", "PMI_SIZE", SECRET_ENV)
 # What ends pytest, by default, without its exit handlers: a kill, a closed terminal.
 KILLING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
-# Imported once by the forkserver before it forks any rank (then gc.freeze(): pytest_ddp.groups.preload).
+# Imported once by the forkserver before it forks any rank (then gc.freeze(): pytest_ddp.groups.preload),
+# and after them the modules PRELOAD_ENV names (torch_modules_imported).
 PRELOAD = [
     "torch", "torch.distributed", "pytest", "pytest_ddp.plugin", "pytest_ddp.rank.entry",
     "pytest_ddp.rank.session",
@@ -51,18 +52,38 @@ def _entry_point_plugins() -> list[str]:
     return sorted({plugin.module for plugin in plugins if plugin.module in sys.modules})
 
 
+def torch_modules_imported() -> list[str]:
+    """torch's own modules this process has imported, in the order it imported them: once the
+    session is collected, those its test files need (torch's DTensor test helpers, and sympy
+    through them: a second of imports), which each rank would import again.  None on a build with
+    an accelerator: torch.testing asks at import whether CUDA is available, which initialises the
+    driver, and a rank forked after that could not use it."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.__file__ is None or torch.backends.cuda.is_built() or torch.xpu._is_compiled():
+        return []
+    package = os.path.dirname(torch.__file__) + os.sep
+    return [
+        name for name, module in list(sys.modules.items())
+        if name.startswith("torch.") and (getattr(module, "__file__", None) or "").startswith(package)
+    ]  # fmt: skip
+
+
 def fork_context() -> Any:
     """The forkserver context ranks are started from; starts the server, in the background."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*PRELOAD, *_entry_point_plugins(), "pytest_ddp.groups.preload"])
     from multiprocessing import forkserver
 
+    starting = forkserver._forkserver._forkserver_pid is None  # type: ignore[attr-defined]
+    if starting:  # the server imports them too (pytest_ddp.groups.preload); the ranks need not
+        os.environ[PRELOAD_ENV] = ",".join(torch_modules_imported())
     # The forkserver ignores SIGINT only after its imports; else Ctrl-C prints a traceback.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+        os.environ.pop(PRELOAD_ENV, None)
     if threading.current_thread() is threading.main_thread():
         for number in KILLING_SIGNALS:
             if signal.getsignal(number) is signal.SIG_DFL:

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from pytest_ddp.common import prctl
-from pytest_ddp.common.protocol import RankRole, RankStart
+from pytest_ddp.common.protocol import PRELOAD_ENV, RankRole, RankStart
 from pytest_ddp.rank import default_group, leftovers
 from pytest_ddp.rank.channel import Channel, enter, fatal
 from pytest_ddp.rank.context import RankContext
@@ -110,6 +110,7 @@ def serve(start: RankStart, channel: Channel, parent: int) -> NoReturn:
     _become_rank(role.rank, parent)
     prctl.become_subreaper()
     keeper = leftovers.start_keeper(role.rank)
+    preloaded = os.environ.get(PRELOAD_ENV, "").split(",")
     os.environ.clear()
     os.environ.update(start.env)
     os.chdir(start.cwd)
@@ -126,6 +127,7 @@ def serve(start: RankStart, channel: Channel, parent: int) -> NoReturn:
         recorders = [recorder] if mpi is None else [recorder, mpi]
         for each in recorders:
             each.install(channel.log)
+        recorder.rebind(preloaded)
         schedules.install(channel.log)
         context = RankContext(
             role.rank, role.world_size, role.backend, role.init, role.local_rank,

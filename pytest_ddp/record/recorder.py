@@ -225,6 +225,20 @@ def install(log: EventLog) -> None:
     backend_recorder.install()
 
 
+def rebind(modules: list[str]) -> None:
+    """Give these modules, imported before the recorder, the recorded function wherever they bound
+    c10d's by name (DTensor's ``from torch.distributed import scatter``): the torch modules the
+    forkserver imported for the session's collection, which a rank would import after it."""
+    originals = state.originals.items()
+    recorded = {id(original): getattr(c10d, name) for (owner, name), original in originals if owner is c10d}
+    for name in modules:
+        namespace = getattr(sys.modules.get(name), "__dict__", {})
+        for attribute, value in list(namespace.items()):
+            if id(value) in recorded:
+                state.originals.setdefault((sys.modules[name], attribute), value)
+                namespace[attribute] = recorded[id(value)]
+
+
 def uninstall() -> None:
     """Put torch.distributed back as it was (for tests)."""
     state.unpatch()

@@ -349,6 +349,33 @@ def test_it():
     result.assert_outcomes(passed=1)
 
 
+def test_the_forkserver_imports_the_torch_modules_the_collection_imported_and_ranks_record_them(ddp_pytester):
+    """DTensor, imported by the test file, is imported once by the forkserver, not by each rank (a
+    second of imports a rank for torch's DTensor tests); the functions it bound by name before the
+    rank's recorder was installed are recorded all the same (its scatter: c10d's own otherwise).
+    A subprocess: an in-process session shares its forkserver with earlier ones."""
+    import torch
+
+    if torch.backends.cuda.is_built():
+        pytest.skip("a CUDA build's forkserver preloads none of them (torch_modules_imported)")
+    ddp_pytester.pytester.makeconftest(
+        "import sys, pytest\n"
+        "imported = 'torch.distributed.tensor' in sys.modules  # before the test file, in the rank\n"
+        "@pytest.fixture\ndef preloaded():\n    return imported\n"
+    )
+    result = ddp_pytester.run_subprocess(
+        """
+import torch.distributed.tensor._collective_utils as collective_utils
+
+@pytest.mark.ddp(world_size=1)
+def test_it(preloaded):
+    assert preloaded
+    assert collective_utils.scatter is dist.scatter  # the recorded one: c10d's own without rebind()
+"""
+    )
+    result.assert_outcomes(passed=1)
+
+
 def test_a_ranks_start_file_is_readable_by_its_user_alone(tmp_path):
     """It holds the rank's environment: 0600, whatever the umask, and a planted link is refused."""
     from pytest_ddp.common.protocol import RankRole
