@@ -6,7 +6,7 @@ depends on the order is one of those leftovers showing.
 The inputs: the project's examples (examples/test_passing.py and examples/broken/test_broken.py,
 whose failures are on purpose: their outcomes too must not move), and the unchanged pytorch test
 files of ``../shared/torch-tests/`` under ``--ddp-adopt`` (two by default, one of each harness
-kind; ``--all`` for the six).  Each run is a fresh pytest in a copy of its folder.
+kind; ``--all`` for all thirteen).  Each run is a fresh pytest in a copy of its folder.
 
     python benchmarks/any_order.py [--all] [--seeds 1 2 3] [--no-xdist] [--no-file-orders]
 

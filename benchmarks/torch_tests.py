@@ -1,17 +1,17 @@
 """pytorch's own test files, unchanged, under torch's harness and under pytest-ddp (``--ddp-adopt``), in
 one run: the wall time of each side, the ratio, and every test's outcome compared.
 
-The files are those of ``../shared/torch-tests/`` (its README.md and SOURCES.md): three on torch's
-warm harness (``DTensorContinuousTestBase``: workers kept per class), three that spawn per test
-(``DTensorTestBase`` + ``@with_comms``).  Each side runs every folder given (default: all) in one
+The files are those of ``../shared/torch-tests/`` (its README.md and SOURCES.md): ten on torch's
+warm harness (``DTensorContinuousTestBase``: workers kept per class; 12 classes), three that spawn
+per test (``DTensorTestBase`` + ``@with_comms``).  Each side runs every folder given (default: all) in one
 pytest session, rooted at ../shared/torch-tests with one empty ini file of a temporary folder (the
 folders' own ini files each root pytest in its folder); nothing is copied.  An outcome that differs
 only by a difference docs/adopt.md names (torch's poison pill: the rest of a continuous class skipped
 after a failure) is named, and does not count as a difference.
 
-    python benchmarks/torch_tests.py [FOLDER ...] [--timeout SECONDS]
+    python benchmarks/torch_tests.py [FOLDER ... | --warm] [--timeout SECONDS]
 
-e.g. ``tensor_experimental_ops tensor_init tensor_optimizers`` for torch's warm harness alone.
+``--warm``: the folders on torch's warm harness alone (their file names a continuous base class).
 
 Minutes (torch's harness starts each spawn-per-test test's 4 processes).  Not part of ``make test``.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,8 @@ from any_order import TORCH_TESTS
 
 # What torch's MultiProcContinuousTest skips the rest of a class with, after a test of it failed.
 POISON_PILL = "Previous test failed"
+# torch's warm base classes: MultiProcContinuousTest and those built on it.
+WARM_BASE = re.compile(r"\((\w*ContinuousTestBase|MultiProcContinuousTest|FSDPTestContinuous)\)")
 NAMED = {POISON_PILL: "torch's poison pill (a skip after an earlier failure of the class; docs/adopt.md)"}
 
 
@@ -68,6 +71,11 @@ def junit(path: Path) -> dict[str, Outcome]:
                 message = (child.get("message") or "").strip().splitlines()[0] if child.get("message") else ""
         found[test] = Outcome(outcome, message, float(case.get("time") or 0))
     return found
+
+
+def warm(folder: Path) -> bool:
+    """Whether the folder's test file has a class on torch's warm harness (a continuous base class)."""
+    return any(WARM_BASE.search(path.read_text()) for path in folder.glob("test_*.py"))
 
 
 def run(name: str, plugin_args: list[str], folders: list[str], timeout: float) -> Side:
@@ -126,9 +134,12 @@ def per_folder(torch: Side, ddp: Side) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="*", help="folders of ../shared/torch-tests (default: all)")
+    parser.add_argument("--warm", action="store_true", help="the folders on torch's warm harness alone")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds each side may take")
     options = parser.parse_args()
-    folders = options.folders or sorted(p.parent.name for p in TORCH_TESTS.glob("*/pytest.ini"))
+    folders = options.folders or sorted(
+        p.parent.name for p in TORCH_TESTS.glob("*/pytest.ini") if not options.warm or warm(p.parent)
+    )
     if not folders:
         sys.exit(f"no test folders in {TORCH_TESTS}")
     torch = run("torch's harness", ["-p", "no:ddp"], folders, options.timeout)
