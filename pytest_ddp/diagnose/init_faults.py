@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pytest_ddp.common.ops import INIT
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import InitFault, Verdict
+from pytest_ddp.diagnose.verdicts import Duplicate, InitFault, Verdict
 
 
 def latest_init(state: RankState) -> Call | None:
@@ -73,20 +73,24 @@ def _init_out_of_range(inits: _Inits) -> InitFault | None:
 
 def _init_duplicate(inits: _Inits) -> InitFault | None:
     """Two processes with one rank: which of them gets in is a race, so blame the one that passed
-    a rank other than its own slot number (it took another's rank), else the later ones to enter.
+    a rank other than its own slot number (it took another's rank), else the later ones to enter;
+    every rank passed twice (local ranks passed as ranks on two nodes: 0 and 1 each twice).
     A process alone in its world (world_size 1) shares it with none."""
     by_rank: dict[int, list[int]] = {}
     for r, c in sorted(inits.live.items(), key=lambda item: (item[1].enter, item[0])):
         if (rank := given(c, "rank")) is not None and given(c, "world_size") != 1:
             by_rank.setdefault(rank, []).append(r)
+    duplicates = []
     for rank, slots in sorted(by_rank.items()):
         if len(slots) < 2 or not set(slots) & set(inits.blocked):
             continue
         impostors = [s for s in slots if s != rank]
         culprits = impostors if 0 < len(impostors) < len(slots) else slots[1:]
-        others = [s for s in slots if s not in culprits]
-        return InitFault("duplicate", sorted(culprits), inits.blocked, rank, others)
-    return None
+        duplicates.append(Duplicate(rank, sorted(culprits), [s for s in slots if s not in culprits]))
+    if not duplicates:
+        return None
+    culprits = sorted(s for duplicate in duplicates for s in duplicate.culprits)
+    return InitFault("duplicate", culprits, inits.blocked, duplicates=duplicates)
 
 
 def _init_world_sizes(inits: _Inits) -> InitFault | None:

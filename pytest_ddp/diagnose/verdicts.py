@@ -122,14 +122,23 @@ InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "a
 
 
 @dataclass(frozen=True)
+class Duplicate:
+    """A rank two processes passed to init_process_group: those blamed, and those that passed it
+    first (or as their own slot number)."""
+
+    rank: int
+    culprits: list[int]
+    others: list[int]
+
+
+@dataclass(frozen=True)
 class InitFault:
     """init_process_group cannot complete.  Processes are slots (RankState.rank)."""
 
     check: InitCheck
     culprits: list[int]
     blocked: list[int]  # slots blocked in init_process_group
-    rank: int | None = None  # duplicate: the rank passed twice
-    others: list[int] = field(default_factory=list)  # duplicate: the slots that passed it first
+    duplicates: list[Duplicate] = field(default_factory=list)  # duplicate: each rank passed twice
     store: str | None = None  # address: the rank group's store, where most dialled it, or None
 
 

@@ -314,10 +314,12 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
             for r in f.culprits
         )
     elif f.check == "duplicate":
-        reason = (
-            f"{rank_list(f.culprits, 'process')} passed rank {f.rank}, "
-            f"as {rank_list(f.others, 'process')} did, to init_process_group"
+        passed = (
+            f"{rank_list(d.culprits, 'process')} passed rank {d.rank}, "
+            f"as {rank_list(d.others, 'process')} did"
+            for d in f.duplicates
         )
+        reason = "; ".join(passed) + ", to init_process_group"
     elif f.check == "world_sizes":
         sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
         said = ", ".join(

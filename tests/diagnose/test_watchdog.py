@@ -397,6 +397,17 @@ def test_init_duplicate_rank_blames_the_process_that_took_another_rank() -> None
     )
 
 
+def test_init_local_ranks_passed_as_ranks_on_two_nodes_blame_every_process_that_took_another_rank() -> None:
+    """pytorch#23074: two nodes of two processes each pass their local rank, 0 and 1 are claimed
+    twice: processes 2 and 3 are at fault, both."""
+    inits = [rank(r, init(r % 2, 4, enter=NOW - 1 + r / 10)) for r in range(4)]
+    verdict = judge(snap(*inits))
+    assert outline(verdict) == ("deadlock", "init", [2, 3], [0, 1])
+    assert verdict.summary.startswith(
+        "process 2 passed rank 0, as process 0 did; process 3 passed rank 1, as process 1 did, to init_process_group;"
+    )
+
+
 def test_init_duplicate_rank_otherwise_blames_the_later_one() -> None:
     verdict = judge(snap(rank(0, init(1, enter=NOW - 1)), rank(1, init(1, enter=NOW - 2))))
     assert (verdict.kind, verdict.culprits) == ("init", [0])
