@@ -248,4 +248,43 @@ dist.destroy_process_group()
         culprits=(1,),
         op="init_process_group",
     ),
+    Case(
+        name="init_each_node_rendezvous_on_localhost",
+        url="https://github.com/pytorch/pytorch/issues/76069",
+        summary="nodes of an HPC job hang at init: each node's script sets MASTER_ADDR=localhost and its "
+        "own open port, so each node is its own rendezvous point instead of the first node",
+        world_size=4,
+        init=False,
+        held_out=True,
+        body="""\
+import socket
+
+
+def get_open_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+node = rank // 2  # two nodes of two processes
+port_file = ddp_shared_path / f"node{node}.port"  # the node's job script picks its port once
+if rank % 2 == 0:
+    port_file.write_text(str(get_open_port()) if node else os.environ["MASTER_PORT"])
+while not port_file.exists() or not port_file.read_text():
+    time.sleep(0.05)
+os.environ["MASTER_ADDR"] = "localhost"  # each node: its own host
+os.environ["MASTER_PORT"] = port_file.read_text()
+dist.init_process_group("gloo", rank=rank, world_size=world_size)  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+dist.init_process_group("gloo", rank=rank, world_size=world_size)  # the first node's address and port
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(2, 3),
+        op="init_process_group",
+    ),
 ]

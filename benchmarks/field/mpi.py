@@ -243,4 +243,57 @@ assert total.item() == comm.size
         culprits=(0,),
         op="Allreduce",
     ),
+    Case(
+        name="mpi_checkpoint_listing_on_every_rank",
+        url="https://github.com/argonne-lcf/dlio_benchmark/pull/348",
+        summary="every rank LISTs the checkpoint folder; a throttled LIST swallowed into [] makes one rank "
+        "abort ('0 checkpoints available') while the others go on into the read phase",
+        world_size=3,
+        held_out=True,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def walk_node(folder):  # the object store's recursive LIST
+    if comm.rank == 2:
+        return []  # SlowDown/503, swallowed by list_objects
+    return [f"global_epoch{e}_step1" for e in range(10)]
+
+
+num_checkpoints_read = 10
+num_checkpoints_exists = len(walk_node("checkpoints/llama3-405b"))
+if num_checkpoints_read > num_checkpoints_exists:
+    raise Exception(  # <- culprit line
+        f"Number of checkpoints to be read: {num_checkpoints_read} is more than the number of "
+        f"checkpoints available: {num_checkpoints_exists}"
+    )
+comm.Barrier()  # the read phase's rank synchronization
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def walk_node(folder):
+    if comm.rank == 2:
+        return []
+    return [f"global_epoch{e}_step1" for e in range(10)]
+
+
+num_checkpoints_read = 10
+if comm.rank == 0:  # rank 0 lists once and broadcasts the count
+    num_checkpoints_exists = len(walk_node("checkpoints/llama3-405b"))
+else:
+    num_checkpoints_exists = None
+num_checkpoints_exists = comm.bcast(num_checkpoints_exists, root=0)
+assert num_checkpoints_read <= num_checkpoints_exists
+comm.Barrier()
+""",
+        kind="rank_exited",
+        culprits=(2,),
+        op="Barrier",
+    ),
 ]

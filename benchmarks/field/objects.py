@@ -147,4 +147,35 @@ dist.barrier()
         op="barrier",
         held_out=True,
     ),
+    Case(
+        name="latest_checkpoint_path_broadcast_inside_rank0_branch",
+        url="https://github.com/meta-pytorch/tnt/pull/936",
+        summary="get_latest_checkpoint_path broadcasts the path from rank 0; called inside an operation "
+        "only rank 0 runs (a checkpoint read), its broadcast hangs as the other ranks never enter it",
+        world_size=2,
+        held_out=True,
+        body="""\
+def get_latest_checkpoint_path(dirpath):  # reads on rank 0 and broadcasts the path
+    path = [str(dirpath / "epoch_3")] if rank == 0 else [None]
+    dist.broadcast_object_list(path, src=0)  # <- culprit line
+    return path[0]
+
+
+if rank == 0:  # only rank 0 reads the checkpoint's metadata and reports it
+    latest = get_latest_checkpoint_path(ddp_shared_path)
+dist.barrier()
+""",
+        twin="""\
+def _get_latest_checkpoint_path(dirpath):  # torch.distributed unaware: safe on one rank
+    return str(dirpath / "epoch_3")
+
+
+if rank == 0:
+    latest = _get_latest_checkpoint_path(ddp_shared_path)
+dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast_object_list",
+    ),
 ]

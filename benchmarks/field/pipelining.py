@@ -174,4 +174,37 @@ dist.all_reduce(loss_avg)
         culprits=(0,),
         op="all_reduce",
     ),
+    Case(
+        name="pp_batch_not_divisible_by_microbatches",
+        url="https://github.com/pytorch/pytorch/issues/126600",
+        summary="a batch the microbatch count does not divide: stage 0 splits it into microbatches of 3, 3 "
+        "and 2 while the next stage's buffers keep the first one's size; uneven sizes are not supported",
+        world_size=2,
+        held_out=True,
+        body="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=3, loss_fn=lambda out, tgt: out.sum())
+batch_size = 8  # the training config's batch size, not a multiple of the microbatch count
+if rank == 0:
+    schedule.step(torch.ones(batch_size, 4))  # <- culprit line
+else:
+    schedule.step(target=torch.ones(batch_size, 4))
+""",
+        twin="""\
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+stage = PipelineStage(nn.Linear(4, 4), rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=3, loss_fn=lambda out, tgt: out.sum())
+batch_size = 9  # a multiple of the microbatch count
+if rank == 0:
+    schedule.step(torch.ones(batch_size, 4))
+else:
+    schedule.step(target=torch.ones(batch_size, 4))
+""",
+        kind="failed",
+        culprits=(0,),
+        op=None,
+    ),
 ]
