@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
 # The torch modules the forkserver imports for the session's collection (pytest_ddp.groups.preload):
-# their names to the forkserver, then those it imported, in the environment a rank is forked with
-# until it takes its own, so that its recorder reaches them too (recorder.rebind).
+# to the forkserver, the file that names them; then the names of those it imported, in the
+# environment a rank is forked with until it takes its own, for its recorder (recorder.rebind).
 PRELOAD_ENV = "PYTEST_DDP_PRELOAD"
 
 

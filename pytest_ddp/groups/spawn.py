@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -68,15 +69,24 @@ def torch_modules_imported() -> list[str]:
     ]  # fmt: skip
 
 
+def _listed(modules: list[str]) -> str:
+    """A file naming these modules, one a line, for the forkserver to import (and remove): in the
+    private folder multiprocessing removes at exit, as the forkserver's socket.  Not the environment
+    itself: a variable over 128 KB would fail the forkserver's exec."""
+    fd, path = tempfile.mkstemp(prefix="preload-", dir=multiprocessing.util.get_temp_dir())
+    with open(fd, "w") as out:
+        out.write("\n".join(modules))
+    return path
+
+
 def fork_context() -> Any:
     """The forkserver context ranks are started from; starts the server, in the background."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*PRELOAD, *_entry_point_plugins(), "pytest_ddp.groups.preload"])
     from multiprocessing import forkserver
 
-    starting = forkserver._forkserver._forkserver_pid is None  # type: ignore[attr-defined]
-    if starting:  # the server imports them too (pytest_ddp.groups.preload); the ranks need not
-        os.environ[PRELOAD_ENV] = ",".join(torch_modules_imported())
+    if forkserver._forkserver._forkserver_pid is None:  # type: ignore[attr-defined]  # it starts now
+        os.environ[PRELOAD_ENV] = _listed(torch_modules_imported())
     # The forkserver ignores SIGINT only after its imports; else Ctrl-C prints a traceback.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
