@@ -1,12 +1,13 @@
 """The chaos gate (issue 45): many small ddp tests under ``pytest -n 4``, each with a fault drawn at
 random, and per test the outcome its fault implies; then nothing left behind.
 
-Not part of the test suite.  One inner pytest runs a generated file of ``--tests`` tests (world size 2,
-every fifth or so 4), each drawn from a seeded RNG as one of :data:`KINDS`: no fault, a slow rank (both
-must pass), a rank killed, stopped (SIGSTOP to itself), raising, exiting (``os._exit``, ``sys.exit``),
-hanging outside any collective (the plugin's ``faults.hang``, or ``time.sleep``), hanging in its
-fixture's teardown, or sending SIGTERM to its xdist worker.  The plugin's own faults
-(:mod:`pytest_ddp.faults`) are used where they express the fault, plain code otherwise.  Each test:
+Not part of the test suite.  Inner pytest sessions, one after the other, run generated files of
+``--per-session`` tests each, ``--tests`` in all (world size 2, every fifth or so 4), each drawn
+from a seeded RNG as one of :data:`KINDS`: no fault, a slow rank (both must pass), a rank killed,
+stopped (SIGSTOP to itself), raising, exiting (``os._exit``, ``sys.exit``), hanging outside any
+collective (the plugin's ``faults.hang``, or ``time.sleep``), hanging in its fixture's teardown, or
+sending SIGTERM to its xdist worker.  The plugin's own faults (:mod:`pytest_ddp.faults`) are used
+where they express the fault, plain code otherwise.  Each test:
 
 - its outcome in junitxml: passed for no fault and a slow rank; else failed, never a pass (an error
   for the hang in teardown, and for a SIGTERM'd worker's test, as xdist reports a crashed worker);
@@ -14,14 +15,15 @@ fixture's teardown, or sending SIGTERM to its xdist worker.  The plugin's own fa
   (``rank_exited`` for a death or a raise, ``timeout`` for a stop or a hang) and the culprit rank alone;
 - its duration in junitxml within ``--timeout`` + 2 s.
 
-After the run: no process of the run left (killed if found), no listening socket on a port its groups
+After each session: no process of it left (killed if found), no listening socket on a port its groups
 used, no ``/tmp/pymp-*`` folder, no new ``/dev/shm`` entry, nothing in the run's TMPDIR but pytest's
 basetemp (what benchmarks/torture.py lists, reused from there); and no two rank groups on one store
 port at once (each rank logs its ``MASTER_PORT`` and group id, ``TORCHELASTIC_RUN_ID``, per test: two
 groups whose tests on one port overlap in time are a clash).  Prints the counts per fault kind and
 exits 1 on any wrong, missing or falsely passing test or anything left.
 
-    python benchmarks/chaos.py [--tests 5000] [--seed 1] [--workers 4] [--timeout 2] [--keep]
+    python benchmarks/chaos.py [--tests 5000] [--per-session 250] [--seed 1] [--workers 4] [--timeout 2]
+                               [--keep]
     python benchmarks/chaos.py --tests 0 --teardown [--runs 3]
 
 ``--teardown`` also measures an 8-rank group's teardown after a hang (in a pytest of its own, after
@@ -344,24 +346,47 @@ def ended(proc: subprocess.Popen[bytes], limit: float) -> bool:
 
 
 def chaos(args: argparse.Namespace, root: Path) -> bool:
+    """The run: the cases drawn, in pytest sessions of ``--per-session`` tests each, one after the
+    other (a worker xdist starts again after a SIGTERM collects its whole session: in one session
+    of 5,000 tests, those collections left 150 tests run in 23 minutes)."""
     root.mkdir()
     cases = plan(args.tests, args.seed)
+    sessions = [cases[i : i + args.per_session] for i in range(0, len(cases), args.per_session)]
+    print(f"== chaos: {args.tests} tests, seed {args.seed}, -n {args.workers}, timeout {args.timeout:g} s, "
+          f"{len(sessions)} sessions", flush=True)
+    counts: dict[str, dict[str, int]] = {kind: dict.fromkeys(COLUMNS, 0) for kind in KINDS}
+    deadline, start, ok, run_leftovers = time.monotonic() + args.limit, time.monotonic(), True, 0
+    for number, chunk in enumerate(sessions):
+        left_for_it = deadline - time.monotonic()
+        session_ok, left = session(args, root / f"session{number}", chunk, counts, left_for_it)
+        ok &= session_ok
+        run_leftovers += left
+    wall = time.monotonic() - start
+    done = len(cases) - sum(row["not run"] for row in counts.values())
+    print(f"  all: {wall:.1f} s, {done / wall:.2f} tests/s, {done} tests run in {len(sessions)} sessions")
+    print(table(counts, run_leftovers))
+    return ok
+
+
+def session(
+    args: argparse.Namespace, root: Path, cases: list[Case], counts: dict[str, dict[str, int]], limit: float
+) -> tuple[bool, int]:
+    """One pytest session of these cases, judged into ``counts``: whether all went right, and what
+    the session left that no test's kind owns."""
+    root.mkdir()
     (root / "conftest.py").write_text(CONFTEST)
     (root / TEST_FILE).write_text(file_source(cases))
     census, shm_before = Census(root), set(os.listdir("/dev/shm"))
     log, reports, junit = root / "chaos.jsonl", root / "reports", root / "junit.xml"
     restarts = sum(case.kind == "xdist_sigterm" for case in cases) + args.workers
-    print(f"== chaos: {args.tests} tests, seed {args.seed}, -n {args.workers}, timeout {args.timeout:g} s",
-          flush=True)
     start = time.monotonic()
     proc = inner_pytest(root, [
         "-n", str(args.workers), f"--max-worker-restart={restarts}", f"--ddp-timeout={args.timeout}",
         f"--ddp-report-dir={reports}", f"--junitxml={junit}", TEST_FILE,
     ], log)  # fmt: skip
-    cut = not ended(proc, args.limit)
+    cut = not ended(proc, max(limit, 0))
     wall = time.monotonic() - start
     results, lines = junit_results(junit), read_log(log)
-    counts: dict[str, dict[str, int]] = {kind: dict.fromkeys(COLUMNS, 0) for kind in KINDS}
     wrong: list[tuple[Case, str, str]] = []
     for case in cases:
         status, why = judge(case, results.get(case.name), read_report(reports, case), args.timeout)
@@ -376,10 +401,10 @@ def chaos(args: argparse.Namespace, root: Path) -> bool:
         if kind in counts:
             counts[kind]["leftovers"] += len(items)
     clashes = port_clashes(lines)
-    done = len(cases) - sum(row["not run"] for row in counts.values())
-    print(f"  {wall:.1f} s, {done / wall:.2f} tests/s, pytest exit {proc.returncode}"
-          + (f"; CUT at --limit {args.limit:g} s, {done} tests run" if cut else ""))
-    print(table(counts, len(left.get("", []))))
+    done = len(cases) - sum(case.name not in results for case in cases) if cut else len(cases)
+    cut_note = f"; CUT at --limit {args.limit:g} s, {done} tests run" if cut else ""
+    print(f"  {root.name}: {len(cases)} tests, {wall:.1f} s, {done / wall:.2f} tests/s, "
+          f"pytest exit {proc.returncode}{cut_note}", flush=True)
     for case, status, why in wrong[:20]:
         print(f"\n  {status}: {case.name} (world size {case.world_size}, culprit {case.rank}): {why}")
         print("    " + test_source(case).strip().replace("\n", "\n    "))
@@ -390,8 +415,9 @@ def chaos(args: argparse.Namespace, root: Path) -> bool:
     if not clashes:
         ports = len({line['port'] for line in lines})
         groups = len({line['group'] for line in lines})
-        print(f"  store ports: {ports} ports for {groups} groups, no two groups on one port at once")
-    return not (wrong or left or clashes or cut or proc.returncode not in (0, 1))
+        print(f"    store ports: {ports} ports for {groups} groups, no two groups on one port at once")
+    ok = not (wrong or left or clashes or cut or proc.returncode not in (0, 1))
+    return ok, len(left.get("", []))
 
 
 COLUMNS = ("tests", "right", "wrong", "false pass", "missing", "leftovers", "not run")
@@ -469,6 +495,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", type=int, default=5000, help="tests in the generated file (default 5000)")
     parser.add_argument("--seed", type=int, default=1, help="the RNG seed of the faults drawn (default 1)")
+    parser.add_argument(
+        "--per-session", type=int, default=250, help="tests in each pytest session of the run (default 250)"
+    )
     parser.add_argument("--workers", type=int, default=4, help="xdist workers (default 4)")
     parser.add_argument("--timeout", type=float, default=2.0, help="--ddp-timeout, seconds (default 2)")
     parser.add_argument(
