@@ -149,8 +149,8 @@ class Controller:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
-        # The next test may run on the ranks already (a passed test's follow): a kill it sends this
-        # process waits until this test's report is out.
+        # The next test may run on the ranks already (a passed test's follow, handed over with the
+        # killing signals held): a kill it sends this process waits until this test's report is out.
         with killing_signals_held():
             if run is not None:
                 stopped = run.stopped_groups

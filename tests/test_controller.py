@@ -35,6 +35,7 @@ from pytest_ddp.diagnose import watchdog, wording
 from pytest_ddp.diagnose.consistency import CountDifference, UnfinishedWork
 from pytest_ddp.diagnose.state import RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Verdict
+from pytest_ddp.groups import spawn
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, StopTeardown
 from pytest_ddp.groups.runner import GroupPool, StartFailure, TestRun, group_is_reusable
 from pytest_ddp.report.merge import merged_reports
@@ -264,6 +265,23 @@ def test_max_groups_stops_the_least_recently_used_group() -> None:
     assert "stop" not in by_size[2].log and "stop" not in by_size[4].log
     pool.close()
     assert by_size[2].log[-1] == by_size[4].log[-1] == "stop"
+
+
+def test_a_follow_is_handed_to_the_ranks_with_the_killing_signals_held_until_the_report_is_out() -> None:
+    """A follow that SIGTERMs this process (benchmarks/chaos.py: a test that kills its xdist worker)
+    ended it between the hand-over and the report of the test that passed, reported as the crash:
+    the hold begins before the hand-over, and the caller's killing_signals_held block ends it."""
+    fleet = Fleet()
+    pool = fleet.pool()
+    passed(run(pool, "t1"))
+    assert spawn._held is None  # no follow, nothing held
+    passed(run(pool, "t2", follow="t3"))
+    try:
+        assert spawn._held == [] and fleet.groups[0].log[-1] == "begin t3"  # a kill now waits
+    finally:
+        with spawn.killing_signals_held():
+            pass
+    assert spawn._held is None
 
 
 def test_keep_false_stops_the_group_after_its_test() -> None:

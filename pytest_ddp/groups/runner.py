@@ -19,6 +19,7 @@ from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import consistency, mismatches, watchdog, wording
 from pytest_ddp.diagnose.state import Process, RankState, Snapshot
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
+from pytest_ddp.groups.spawn import hold_killing_signals
 
 POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
@@ -272,7 +273,8 @@ class GroupPool:
         """Run ``command`` on a warm group of ``spec``'s key, or on a fresh one.
 
         ``keep``: a later test will want this group (else it is stopped after).  ``follow``: the
-        next test's command, handed over once this one passed so the ranks start it meanwhile.
+        next test's command, handed over once this one passed so the ranks start it meanwhile;
+        the caller reports this test inside :func:`~pytest_ddp.groups.spawn.killing_signals_held`.
         """
         key = spec.group_key
         stopped: list[StoppedGroupFailure] = []
@@ -314,6 +316,9 @@ class GroupPool:
         if keep and group_is_reusable(run, group):
             # Only after a clean pass: a failure may end the session (-x) with a test begun.
             if follow is not None and run.verdict.kind is None:
+                # The follow may kill this process (a test that SIGTERMs its xdist worker): not
+                # before this test's report is out, at the end of the caller's killing_signals_held.
+                hold_killing_signals()
                 group.begin(follow)
             self._groups[key] = group
         else:

@@ -105,17 +105,26 @@ def fork_context() -> Any:
 _held: list[int] | None = None
 
 
+def hold_killing_signals() -> None:
+    """From now on a kill by KILLING_SIGNALS waits for the end of :func:`killing_signals_held`'s
+    block: called as a passed test's follow is handed to its warm ranks, before the block begins."""
+    global _held
+    if _held is None:
+        _held = []
+
+
 @contextlib.contextmanager
 def killing_signals_held() -> Iterator[None]:
-    """A kill by KILLING_SIGNALS waits for the end of the block: the report of a test that passed is
-    sent before the next test, already handed to the warm ranks, can end this process (as a test
-    that SIGTERMs its xdist worker does); without it, xdist would report the passed test as the crash."""
+    """A kill by KILLING_SIGNALS waits for the end of the block (held since
+    :func:`hold_killing_signals`, if that came first): the report of a test that passed is sent
+    before the next test, already handed to the warm ranks, can end this process (as a test that
+    SIGTERMs its xdist worker does); without it, xdist would report the passed test as the crash."""
     global _held
-    _held = []
+    hold_killing_signals()
     try:
         yield
     finally:
-        held, _held = _held, None
+        held, _held = _held or [], None
         for number in held:
             os.kill(os.getpid(), number)
 
