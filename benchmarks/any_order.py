@@ -8,7 +8,7 @@ whose failures are on purpose: their outcomes too must not move), and the unchan
 files of ``../shared/torch-tests/`` under ``--ddp-adopt`` (two by default, one of each harness
 kind; ``--all`` for all thirteen).  Each run is a fresh pytest in a copy of its folder.
 
-    python benchmarks/any_order.py [--all] [--seeds 1 2 3] [--no-xdist] [--no-file-orders]
+    python benchmarks/any_order.py [FOLDER ... | --all] [--seeds 1 2 3] [--no-xdist] [--no-file-orders]
 
 Minutes (every run starts its rank groups anew).  Not part of ``make test``.
 """
@@ -51,10 +51,10 @@ class Run:
     status: int
 
 
-def suites(everything: bool) -> list[Suite]:
+def suites(everything: bool, folders: list[str]) -> list[Suite]:
     examples = [REPO / "examples" / "test_passing.py", REPO / "examples" / "broken" / "test_broken.py"]
     found = [Suite("examples", examples, [])]
-    names = sorted(p.name for p in TORCH_TESTS.iterdir() if p.is_dir()) if everything else DEFAULT_TORCH_TESTS
+    names = sorted(p.name for p in TORCH_TESTS.iterdir() if p.is_dir()) if everything else folders
     found += [Suite(name, [TORCH_TESTS / name], ["--ddp-adopt"]) for name in names if (TORCH_TESTS / name).is_dir()]
     return found
 
@@ -105,6 +105,7 @@ def run_once(suite: Suite, order: str, workers: int, timeout: float) -> Run:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="*", default=DEFAULT_TORCH_TESTS, help="folders of ../shared/torch-tests")
     parser.add_argument("--all", action="store_true", help="every folder of ../shared/torch-tests")
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3])
     parser.add_argument("--no-xdist", action="store_true", help="alone only, not also under -n 2")
@@ -118,7 +119,7 @@ def main() -> int:
     print("| input | order | workers | tests | same as file order alone | differ | time |")
     print("|---|---|---|---|---|---|---|")
     differing = 0
-    for suite in suites(options.all):
+    for suite in suites(options.all, options.folders):
         reference: dict[str, str] | None = None
         for workers in modes:
             for order in orders:
