@@ -22,7 +22,7 @@ from pytest_ddp.groups.admission import Admission, Launched
 from pytest_ddp.groups.forkserver_guard import Refusals
 from pytest_ddp.groups.group import GroupConfig
 from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.groups.spawn import fork_context, killing_signals_held
+from pytest_ddp.groups.spawn import fork_context, release_killing_signals
 from pytest_ddp.launched.host import GATHER_WAIT
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld
@@ -136,6 +136,10 @@ class Controller:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        # A kill sent by this test while the one before was still being reported (it was handed
+        # to the warm ranks as that one's follow, the killing signals held): this process dies of
+        # it now, within this test, as xdist must see it.
+        release_killing_signals()
         spec = self._resolve(item)
         if spec is None:
             return None
@@ -149,27 +153,24 @@ class Controller:
             reports = [_skip_report(item, skip_reason)]
         else:
             run = self._run(item, spec, nextitem)
-        # The next test may run on the ranks already (a passed test's follow, handed over with the
-        # killing signals held): a kill it sends this process waits until this test's report is out.
-        with killing_signals_held():
-            if run is not None:
-                stopped = run.stopped_groups
-                reports, built = merged_reports(item, run, self.config)
-                if self.settings.report_dir and any(r.failed for r in reports):
-                    write_files(self.settings.report_dir, run, built, reports)
-            # Fixtures this controller set up for ordinary tests before this one.
-            item.session._setupstate.teardown_exact(nextitem)
-            for report in reports:
-                ihook.pytest_runtest_logreport(report=report)
-            if isinstance(run, TestRun):
-                for warning, nodeid in rank_warnings.merged(run.states):
-                    kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid,
-                              "location": None}  # fmt: skip
-                    self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
-            self._warn_of_refusals(item)
-            if self.config.getoption("usepdb", False) and any(report.failed for report in reports):
-                self._cannot_debug(reports)
-            ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if run is not None:
+            stopped = run.stopped_groups
+            reports, built = merged_reports(item, run, self.config)
+            if self.settings.report_dir and any(r.failed for r in reports):
+                write_files(self.settings.report_dir, run, built, reports)
+        # Fixtures this controller set up for ordinary tests before this one.
+        item.session._setupstate.teardown_exact(nextitem)
+        for report in reports:
+            ihook.pytest_runtest_logreport(report=report)
+        if isinstance(run, TestRun):
+            for warning, nodeid in rank_warnings.merged(run.states):
+                kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid,
+                          "location": None}  # fmt: skip
+                self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
+        self._warn_of_refusals(item)
+        if self.config.getoption("usepdb", False) and any(report.failed for report in reports):
+            self._cannot_debug(reports)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         self._report_stopped_groups(stopped)
         if isinstance(run, TestRun):
             _end_session_if_interrupted(run)
@@ -266,6 +267,7 @@ class Controller:
         return result
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        release_killing_signals()  # held for a follow the session did not run
         # Groups still warm when the test loop was cut short (-x, an interrupt).
         failures = self.pool.close()
         self._report_stopped_groups(failures)

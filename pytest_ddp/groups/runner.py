@@ -274,7 +274,7 @@ class GroupPool:
 
         ``keep``: a later test will want this group (else it is stopped after).  ``follow``: the
         next test's command, handed over once this one passed so the ranks start it meanwhile;
-        the caller reports this test inside :func:`~pytest_ddp.groups.spawn.killing_signals_held`.
+        the killing signals are held from then on (:func:`~pytest_ddp.groups.spawn.hold_killing_signals`).
         """
         key = spec.group_key
         stopped: list[StoppedGroupFailure] = []
@@ -316,9 +316,7 @@ class GroupPool:
         if keep and group_is_reusable(run, group):
             # Only after a clean pass: a failure may end the session (-x) with a test begun.
             if follow is not None and run.verdict.kind is None:
-                # The follow may kill this process (a test that SIGTERMs its xdist worker): not
-                # before this test's report is out, at the end of the caller's killing_signals_held.
-                hold_killing_signals()
+                hold_killing_signals()  # the follow may kill this process: not within this test
                 group.begin(follow)
             self._groups[key] = group
         else:

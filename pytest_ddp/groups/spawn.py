@@ -3,7 +3,6 @@ from, a rank's start and files, the fork itself, and the TCPStore the ranks of a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import multiprocessing
@@ -16,7 +15,6 @@ import sys
 import tempfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import reduction
@@ -101,32 +99,27 @@ def fork_context() -> Any:
     return context
 
 
-# The killing signals that came while held (killing_signals_held); None while none is held.
+# The killing signals that came while held (hold_killing_signals); None while none is held.
 _held: list[int] | None = None
 
 
 def hold_killing_signals() -> None:
-    """From now on a kill by KILLING_SIGNALS waits for the end of :func:`killing_signals_held`'s
-    block: called as a passed test's follow is handed to its warm ranks, before the block begins."""
+    """From now on a kill by KILLING_SIGNALS waits for :func:`release_killing_signals`: called as a
+    passed test's follow is handed to its warm ranks.  The follow may kill this process (a test that
+    SIGTERMs its xdist worker); it must die within that test, once xdist has the one that passed
+    whole (its reports, then its protocol complete), else xdist reports that one as the crash."""
     global _held
     if _held is None:
         _held = []
 
 
-@contextlib.contextmanager
-def killing_signals_held() -> Iterator[None]:
-    """A kill by KILLING_SIGNALS waits for the end of the block (held since
-    :func:`hold_killing_signals`, if that came first): the report of a test that passed is sent
-    before the next test, already handed to the warm ranks, can end this process (as a test that
-    SIGTERMs its xdist worker does); without it, xdist would report the passed test as the crash."""
+def release_killing_signals() -> None:
+    """Die of the killing signals that came while held, if any; hold them no longer.  Called as the
+    next test begins (the follow, where one was handed) and at the session's end."""
     global _held
-    hold_killing_signals()
-    try:
-        yield
-    finally:
-        held, _held = _held or [], None
-        for number in held:
-            os.kill(os.getpid(), number)
+    held, _held = _held or [], None
+    for number in held:
+        os.kill(os.getpid(), number)
 
 
 def _die_of_signal(number: int, frame: Any) -> None:

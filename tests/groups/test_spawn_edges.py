@@ -81,17 +81,18 @@ import os, signal
 from pytest_ddp.groups import spawn
 
 signal.signal(signal.SIGTERM, spawn._die_of_signal)
-with spawn.killing_signals_held():
-    os.kill(os.getpid(), signal.SIGTERM)
-    print("the report is out", flush=True)
+spawn.hold_killing_signals()
+os.kill(os.getpid(), signal.SIGTERM)
+print("the report is out", flush=True)
+spawn.release_killing_signals()
 print("lived on", flush=True)
 """
 
 
-def test_a_kill_while_a_passed_tests_report_is_held_waits_for_its_end() -> None:
+def test_a_kill_while_held_waits_for_the_release() -> None:
     """A test already handed to the ranks that SIGTERMs its controller (its xdist worker) ends it
-    only once the report of the test before is out: the controller holds its killing signals
-    meanwhile (benchmarks/chaos.py found that passed test reported as the worker's crash)."""
+    only once the test before is reported whole: the controller holds its killing signals until
+    the next test begins (benchmarks/chaos.py found that passed test reported as the worker's crash)."""
     done = subprocess.run([sys.executable, "-c", HELD_KILL], capture_output=True, text=True, timeout=60)
     assert done.stdout == "the report is out\n", done.stderr
     assert done.returncode == -15
