@@ -9,6 +9,7 @@ is covered end to end in tests/groups/test_warm_groups.py and its neighbours.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -559,6 +560,20 @@ def merge(request: pytest.FixtureRequest) -> Merge:
 
 def outcomes(reports: dict[str, pytest.TestReport]) -> dict[str, str]:
     return {when: rep.outcome for when, rep in reports.items()}
+
+
+def test_a_ranks_report_stays_as_it_was_sent_after_the_merge(merge: Merge) -> None:
+    """pytest turns a serialized report's dicts into its objects in place: the merge turns a copy,
+    and the rank's data is read as sent after it (its raise's line: diagnose.own_lines)."""
+    try:
+        raise AssertionError("boom")
+    except AssertionError:
+        longrepr = pytest.ExceptionInfo.from_current().getrepr()
+    state = RankState(rank=0)
+    play(Ending([TestStart("t"), *merge.whole(merge.report("call", "failed", longrepr))]), state)
+    sent = copy.deepcopy(state.reports["call"]["data"])
+    merged_reports(merge.item, made_run([state]), merge.config)
+    assert isinstance(sent["longrepr"], dict) and state.reports["call"]["data"] == sent
 
 
 def test_an_xfail_on_one_rank_xfails_the_test(merge: Merge) -> None:

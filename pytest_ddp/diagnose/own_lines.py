@@ -22,15 +22,13 @@ _NATIVE = re.compile(r'\s*File "(?P<file>.*)", line (?P<line>\d+)')
 
 def raised_at(reports: dict[str, dict[str, Any]]) -> str | None:
     """``test_x.py:57``: the innermost frame in the test's own file of the first failed report's
-    traceback (its setup's, call's or teardown's); None where none has one there.  The report's
-    ``longrepr`` as serialized, or as pytest's ``pytest_report_from_serializable`` left it (it
-    turns the data's dicts into its objects in place)."""
+    traceback (its setup's, call's or teardown's); None where none has one there."""
     for report in reports.values():
         data = report.get("data")
         if report.get("outcome") != "failed" or not isinstance(data, dict):
             continue
         location, longrepr = data.get("location"), data.get("longrepr")
-        if not isinstance(location, (list, tuple)) or not location or longrepr is None:
+        if not isinstance(location, (list, tuple)) or not location or not isinstance(longrepr, dict):
             continue
         frames = [frame for frame in _frames(longrepr) if _same_file(frame[0], str(location[0]))]
         if frames:
@@ -39,21 +37,17 @@ def raised_at(reports: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-def _get(found: Any, key: str) -> Any:
-    return found.get(key) if isinstance(found, dict) else getattr(found, key, None)
-
-
-def _frames(longrepr: Any) -> list[tuple[str, int]]:
+def _frames(longrepr: dict[str, Any]) -> list[tuple[str, int]]:
     """(file, line) of each entry of the traceback (the last exception's), outermost first."""
+    entries = (longrepr.get("reprtraceback") or {}).get("reprentries") or []
     frames = []
-    for entry in _get(_get(longrepr, "reprtraceback"), "reprentries") or []:
-        data = _get(entry, "data") if isinstance(entry, dict) else entry
-        where = _get(data, "reprfileloc")
-        if where is not None and isinstance(_get(where, "lineno"), int):
-            frames.append((str(_get(where, "path")), _get(where, "lineno")))
-        kind = entry.get("type") if isinstance(entry, dict) else type(entry).__name__
-        if kind == "ReprEntryNative":
-            for text in _get(data, "lines") or []:
+    for entry in entries:
+        data = entry.get("data") or {}
+        where = data.get("reprfileloc")
+        if isinstance(where, dict) and isinstance(where.get("lineno"), int):
+            frames.append((str(where.get("path")), where["lineno"]))
+        if entry.get("type") == "ReprEntryNative":
+            for text in data.get("lines") or []:
                 frames += [(m["file"], int(m["line"])) for m in _NATIVE.finditer(text)]
     return frames
 

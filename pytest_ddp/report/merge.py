@@ -7,6 +7,7 @@ reported only after a passed setup, as pytest does; the first failing phase carr
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -91,11 +92,8 @@ def merged_reports(
     rank_failures: dict[int, str] = {}
     for state in run.states:
         for when, event in state.reports.items():
-            rep: RankReport
-            if "data" in event:
-                rep = config.hook.pytest_report_from_serializable(config=config, data=event["data"])
-            else:  # a plain pass, sent without its report
-                rep = _PlainPass(event["duration"])
+            data = event.get("data")  # None: a plain pass, sent without its report
+            rep: RankReport = _from_serializable(config, data) if data else _PlainPass(event["duration"])
             rank_reports[when][state.rank] = rep
             if rep.failed or rep.outcome == RERUN:
                 label = "" if when == "call" else f" (in {when})"
@@ -219,7 +217,13 @@ def _stop_teardown_report(
         return report
     if end.data is None:  # a pass, sent without its report
         return None
-    return config.hook.pytest_report_from_serializable(config=config, data=end.data)
+    return _from_serializable(config, end.data)
+
+
+def _from_serializable(config: pytest.Config, data: dict[str, Any]) -> pytest.TestReport:
+    """A rank's report as pytest's object, from a copy: pytest turns the data's dicts into its
+    objects in place, and the rank's data is read as sent after (its raise's line, the JSON report)."""
+    return config.hook.pytest_report_from_serializable(config=config, data=copy.deepcopy(data))
 
 
 def _attach_output(reports: list[pytest.TestReport], run: TestRun) -> None:

@@ -18,8 +18,7 @@ from pytest_ddp.diagnose.wording import worded
 
 def entry(path: str, line: int) -> dict[str, Any]:
     where = {"path": path, "lineno": line, "message": ""}
-    data = {"lines": [], "reprfileloc": where, "reprfuncargs": None, "reprlocals": None, "style": "long"}
-    return {"type": "ReprEntry", "data": data}
+    return {"type": "ReprEntry", "data": {"lines": [], "reprfileloc": where}}
 
 
 def failed_report(*entries: dict[str, Any], location: str = "tests/t.py") -> dict[str, Any]:
@@ -179,20 +178,3 @@ def test_an_odd_rank_whose_collective_came_from_another_line_is_said_with_both_l
     assert verdict.summary.endswith(" Rank 0's call came from t.py:9, the others' from t.py:5.")
     same = rank(0, call("all_reduce", 1, ranks=R3, shape=(), site="t.py:5"))
     assert "came from" not in worded(watchdog.judge(snap(same, *others)), [same, *others]).summary
-
-
-def test_a_report_pytest_deserialized_in_place_still_names_its_line() -> None:
-    # The report's merge hands the data to pytest_report_from_serializable, which turns its dicts
-    # into pytest's objects in place; the report's lines are written after.
-    from _pytest.reports import TestReport
-
-    report = failed_report(entry("tests/t.py", 12), entry("tests/t.py", 7))
-    data = report["data"]
-    data.update(nodeid="tests/t.py::test_x", when="call", outcome="failed", keywords={}, sections=[],
-                duration=0.1, user_properties=[])
-    data["longrepr"].update(sections=[], chain=None)
-    data["longrepr"]["reprcrash"].update(path="tests/t.py", lineno=7)
-    data["longrepr"]["reprtraceback"].update(extraline=None, style="long")
-    TestReport._from_json(data)
-    assert not isinstance(data["longrepr"], dict)
-    assert raised_at({"call": report}) == "tests/t.py:7"
