@@ -27,16 +27,15 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from pytest_ddp.common.handshake import CONNECTOR, LISTENER, NONCE, Challenge, HandshakeError, own_user, prove
+from pytest_ddp.common.secret import write_secret
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, store_key
 from pytest_ddp.launched.secret import (
     SECRET_ENV,
     SessionFiles,
-    create_secret,
     found_places,
     given_secret,
     meeting_places,
     own_place,
-    private_folder,
     read_secret,
     remove_files,
 )
@@ -220,15 +219,14 @@ class Listener:
 _T = TypeVar("_T")
 
 
-def _in_private_folder(files: SessionFiles, make: Callable[[], _T]) -> _T:
+def _in_private_folder(files: SessionFiles, env: Mapping[str, str], make: Callable[[], _T]) -> _T:
     """``make()`` in the launch's private folder, made again if another launch, leaving it empty,
     removed it."""
     for _ in range(3):
-        private_folder(files)
         try:
             return make()
         except FileNotFoundError:
-            continue
+            own_place([files], env)
     raise LaunchError(f"{files.folder} keeps disappearing: another process removes it")
 
 
@@ -238,11 +236,11 @@ def listen(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) 
     places, address, given = meeting_places(launch, env), channel_address(launch), given_secret(env)
     files = places[0] if address is not None and given else own_place(places, env)  # none made if not needed
     if address is None:
-        sock = _in_private_folder(files, lambda: _bind_unix(launch, files))
+        sock = _in_private_folder(files, env, lambda: _bind_unix(launch, files))
     else:
         sock = socket.create_server(address)
     try:
-        secret = given or _in_private_folder(files, lambda: create_secret(files))
+        secret = given or _in_private_folder(files, env, lambda: write_secret(files.key))
         sock.listen(launch.world_size)
         sock.setblocking(False)
         if address is not None and address[1] == 0:
@@ -272,17 +270,14 @@ def _bind_unix(launch: Launch, files: SessionFiles) -> socket.socket:
             os.unlink(path)
             sock.bind(path)
         os.chmod(path, 0o600)
-    except OSError as exc:
+        return sock
+    except BaseException as exc:
         sock.close()
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise LaunchError(
-            f"{launch.describe()}: cannot listen at {path} ({exc}); a shorter TMPDIR may help"
-        ) from None
-    except BaseException:
-        sock.close()
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):  # that one: made again
+            raise LaunchError(
+                f"{launch.describe()}: cannot listen at {path} ({exc}); a shorter TMPDIR may help"
+            ) from None
         raise
-    return sock
 
 
 def _answers(path: str) -> bool:
@@ -308,24 +303,20 @@ def connect(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ)
             except HandshakeError as exc:
                 raise HandshakeError(f"is not this user's: {exc}") from None
         answer_challenge(link, given_secret(env) or read_secret(files), deadline)
+        return link
     except HandshakeError as exc:
-        link.close()
-        raise LaunchError(f"rank {launch.rank}: what listens for rank 0's pytest {exc}") from None
+        why = f"what listens for rank 0's pytest {exc}"
     except TimeoutError:  # before OSError, its base
-        link.close()
-        raise LaunchError(
-            f"rank {launch.rank}: rank 0's pytest did not take this rank within {timeout:g} s"
-        ) from None
+        why = f"rank 0's pytest did not take this rank within {timeout:g} s"
     except (EOFError, OSError, LinkError):
-        link.close()
-        raise LaunchError(
-            f"rank {launch.rank}: rank 0's pytest refused this rank's proof of the session's secret "
-            f"(or went away); {SAME_SECRET}"
-        ) from None
+        why = (
+            f"rank 0's pytest refused this rank's proof of the session's secret (or went away); {SAME_SECRET}"
+        )
     except BaseException:
         link.close()
         raise
-    return link
+    link.close()
+    raise LaunchError(f"rank {launch.rank}: {why}")
 
 
 def _reach(

@@ -24,10 +24,9 @@ import hashlib
 import hmac
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from pytest_ddp.common import secret
 from pytest_ddp.groups.spawn import SECRET_ENV
@@ -70,12 +69,6 @@ def _files(folder: Path, name: str) -> SessionFiles:
     return SessionFiles(folder, folder / f"{stem}.key", folder / f"{stem}.sock")
 
 
-def session_files(launch: Launch, env: Mapping[str, str]) -> SessionFiles:
-    """The first of :func:`meeting_places`: where rank 0 puts this launch's files unless another
-    user took that folder."""
-    return meeting_places(launch, env)[0]
-
-
 def given_secret(env: Mapping[str, str]) -> bytes | None:
     """The user's secret, if the environment holds one (an empty value is none)."""
     value = env.get(SECRET_ENV, "")
@@ -104,31 +97,12 @@ def found_places(places: list[SessionFiles]) -> list[SessionFiles]:
     return [files for files in places if secret.is_private_folder(files.folder)]
 
 
-_T = TypeVar("_T")
-
-
-def _private(use: Callable[[], _T]) -> _T:
-    """``use()``, its NotPrivate as the LaunchError that says what to do."""
-    try:
-        return use()
-    except secret.NotPrivate as exc:
-        raise LaunchError(f"{exc}: another user may have made it; {HOW_TO_SET}") from None
-
-
-def private_folder(files: SessionFiles) -> None:
-    """Make the files' folder (mode 0700), or check that the one there is this user's and private."""
-    _private(lambda: secret.private_folder(files.folder))
-
-
-def create_secret(files: SessionFiles) -> bytes:
-    """A new random secret, written whole to ``files.key`` (mode 0600): no reader sees half of it."""
-    return secret.write_secret(files.key)
-
-
 def read_secret(files: SessionFiles) -> bytes:
     """The secret rank 0's pytest wrote (it did, before it listened); LaunchError if it cannot be read."""
     try:
-        return _private(lambda: secret.read_secret(files.key))
+        return secret.read_secret(files.key)
+    except secret.NotPrivate as exc:
+        raise LaunchError(f"{exc}: another user may have made it; {HOW_TO_SET}") from None
     except OSError as exc:
         raise LaunchError(
             f"cannot read the session's secret that rank 0's pytest wrote to {files.key} ({exc.strerror}): "

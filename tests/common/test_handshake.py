@@ -29,7 +29,7 @@ from pytest_ddp.common.handshake import (
 )
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import HEADER, Incoming, Link, LinkError, answer_challenge, connect
-from pytest_ddp.launched.secret import SECRET_ENV, remove_files, session_files
+from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, remove_files
 
 KEY = b"k" * 64
 
@@ -250,7 +250,7 @@ def test_a_host_refuses_a_listener_of_another_user() -> None:
     before it reads or sends anything of the secret."""
     launch = Launch("torchrun", 1, 2, 1, 0, 1, f"test-handshake-{os.getpid()}", None, None)
     env = {SECRET_ENV: "the session's"}
-    files = session_files(launch, env)
+    files = meeting_places(launch, env)[0]
     secret.private_folder(files.folder)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(files.socket))  # bound by this user; the kernel's credentials are listen()'s

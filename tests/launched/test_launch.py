@@ -20,7 +20,7 @@ from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect
 from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.secret import session_files
+from pytest_ddp.launched.secret import meeting_places
 from pytest_ddp.launched.signals import ENDING_SIGNALS
 from pytest_ddp.launched.world import LaunchedWorld
 
@@ -80,10 +80,10 @@ def test_one_node_meets_on_a_unix_socket_in_a_private_folder_named_after_the_lau
     launch = detect(one_node)
     assert launch is not None
     assert channel_address(launch) is None
-    socket_path = session_files(launch, one_node).socket
+    socket_path = meeting_places(launch, one_node)[0].socket
     assert socket_path.parent.name == f"pytest-ddp-{os.getuid()}"
     restarted = detect({**one_node, "TORCHELASTIC_RESTART_COUNT": "1"})
-    assert restarted is not None and session_files(restarted, one_node).socket != socket_path
+    assert restarted is not None and meeting_places(restarted, one_node)[0].socket != socket_path
 
 
 def test_srun_across_nodes_needs_master_addr_and_port() -> None:

@@ -20,7 +20,7 @@ import pytest
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import HEADER, NONCE, Link, connect
-from pytest_ddp.launched.secret import SECRET_ENV, remove_files, session_files
+from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, remove_files
 from pytest_ddp.launched.world import LaunchedWorld
 
 GATHER = 3.0  # seconds the gather waits for a rank that never says hello
@@ -46,7 +46,7 @@ def _proven(launch: Launch, env: Mapping[str, str] = os.environ) -> Link:
 def _raw(launch: Launch) -> socket.socket:
     """A connection to rank 0's pytest from a process that holds no secret."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(session_files(launch, os.environ).socket))
+    sock.connect(str(meeting_places(launch, os.environ)[0].socket))
     return sock
 
 
@@ -110,7 +110,7 @@ def test_a_rank_refuses_a_controller_that_does_not_prove_the_secret() -> None:
     """What listens where rank 0's pytest should challenges as it does, but holds another secret:
     the rank says no hello, and says why."""
     launch = _launch(2)
-    files = session_files(launch, os.environ)
+    files = meeting_places(launch, os.environ)[0]
     files.folder.mkdir(mode=0o700, exist_ok=True)
     fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fake.bind(str(files.socket))
@@ -206,7 +206,7 @@ def test_a_partial_frame_held_by_its_sender_does_not_stall_the_gather() -> None:
 def test_the_link_files_are_private_and_gone_once_every_rank_joined() -> None:
     launch = _launch(2)
     world = LaunchedWorld(launch, WAIT, print)
-    files = session_files(launch, os.environ)
+    files = meeting_places(launch, os.environ)[0]
     modes = {path.name: stat.S_IMODE(os.lstat(path).st_mode) for path in (files.folder, files.key, files.socket)}
     assert modes == {files.folder.name: 0o700, files.key.name: 0o600, files.socket.name: 0o600}
     assert stat.S_ISSOCK(os.lstat(files.socket).st_mode)

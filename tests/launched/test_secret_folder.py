@@ -25,7 +25,7 @@ from conftest import NOBODY, as_nobody
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, session_files
+from pytest_ddp.launched.secret import SECRET_ENV, meeting_places
 from pytest_ddp.launched.world import LaunchedWorld
 
 WAIT = 60.0  # seconds a gather, or a peer, waits for what comes at once (its end is a failure)
@@ -78,7 +78,7 @@ def test_a_folder_another_user_planted_is_passed_over(tmp: Path) -> None:
     it under the launch's name: rank 0 listens in the next place, rank 1 finds it there and never
     connects to theirs, and their folder is left as it was (a user cannot remove it from /tmp)."""
     launch = _launch()
-    planted = session_files(launch, os.environ)
+    planted = meeting_places(launch, os.environ)[0]
     planted.folder.mkdir()
     planted.folder.chmod(0o777)
     os.chown(planted.folder, NOBODY, NOBODY)
@@ -102,7 +102,7 @@ def test_with_no_private_folder_the_error_says_what_works_and_it_does(
     folder cannot be made: the error names both and says to set PYTEST_DDP_SECRET; with it set, the
     launch meets in a folder named after the secret, and leaves nothing behind."""
     launch = _launch()
-    usual = session_files(launch, os.environ).folder
+    usual = meeting_places(launch, os.environ)[0].folder
     usual.mkdir(mode=0o755)
     usual.chmod(0o755)  # whatever the umask
     cache = tmp.parent / "cache"
