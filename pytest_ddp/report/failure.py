@@ -16,6 +16,8 @@ are shown once with their ranks at any size.  The JSON keeps every rank.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from itertools import groupby
 
 from pytest_ddp.diagnose.passed_words import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.diagnose.phrases import rank_list
@@ -57,26 +59,29 @@ def render(report: Report) -> str:
     if report.unreceived_messages:
         lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
         lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
-    lines += _grouped_failures({r.rank: r.failure for r in report.ranks if r.failure is not None})
+    lines += _failed({r.rank: r.failure for r in report.ranks if r.failure is not None})
     lines += _merged_stacks(report)
-    stacks = {r.rank: format_dump(r.stack, report.test_file) for r in report.ranks if r.stack is not None}
-    for ranks, stack in _alike(stacks):
-        lines += ["", _section(f"{rank_list(ranks)}: Python stacks when stopped"), stack]
-    tails = {}
-    for rank in report.ranks:
-        if not rank.state.alive and rank.stderr:
-            tail = stderr_tail(rank.stderr, report.test_file)
-            tails[rank.rank] = f"{exit_text(rank.state.exit_code)}\n{tail}"
-    for ranks, tail in _alike(tails):
-        how, shown = tail.split("\n", 1)
-        lines += ["", _section(f"{rank_list(ranks)}: stderr ({how})"), shown]
+    stacks = {
+        r.rank: ("Python stacks when stopped", format_dump(r.stack, report.test_file))
+        for r in report.ranks
+        if r.stack is not None
+    }
+    lines += _sections(stacks, _without_addresses)
+    tails = {
+        r.rank: (f"stderr ({exit_text(r.state.exit_code)})", stderr_tail(r.stderr, report.test_file))
+        for r in report.ranks
+        if not r.state.alive and r.stderr
+    }
+    lines += _sections(tails, _without_addresses)
     return "\n".join(lines)
 
 
 def headline(lead: str, tag: str = "") -> str:
     """The first line: ``lead`` on one line, cut where it would push ``tag`` past
     ``HEADLINE_LIMIT`` characters (:func:`in_full` then puts the whole lead in the body)."""
-    line = capped(lead, _room(tag))
+    line = " ".join(lead.split())
+    if _cuts(lead, tag):
+        line = line[: _room(tag) - 3].rstrip() + "..."
     return f"{line} {tag}" if tag else line
 
 
@@ -96,12 +101,6 @@ def _cuts(lead: str, tag: str = "") -> bool:
 def _room(tag: str) -> int:
     """The characters of a headline left to its lead."""
     return HEADLINE_LIMIT - (len(tag) + 1 if tag else 0)
-
-
-def capped(text: str, limit: int = HEADLINE_LIMIT) -> str:
-    """``text`` on one line (whitespace runs as one space), cut at ``limit`` with an ellipsis."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -145,15 +144,9 @@ def _memory(states: list[RankState]) -> str:
     return text
 
 
-def _grouped_failures(rank_failures: dict[int, str]) -> list[str]:
+def _failed(rank_failures: dict[int, str]) -> list[str]:
     """Each rank's traceback, ranks with the very same text shown once."""
-    by_text: dict[str, list[int]] = {}
-    for rank, text in sorted(rank_failures.items()):
-        by_text.setdefault(text, []).append(rank)
-    lines: list[str] = []
-    for text, ranks in by_text.items():
-        lines += ["", _section(f"{rank_list(ranks)}: failed"), text.rstrip()]
-    return lines
+    return _sections({rank: ("failed", text.rstrip()) for rank, text in rank_failures.items()}, str)
 
 
 def _merged_stacks(report: Report) -> list[str]:
@@ -169,16 +162,20 @@ def _section(title: str) -> str:
     return f"{'-' * 20} {title} {'-' * 20}"
 
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # faulthandler's thread ids differ from rank to rank
+def _sections(texts: dict[int, tuple[str, str]], same: Callable[[str], str]) -> list[str]:
+    """A section per rank's (title, text); ranks whose titles are equal and texts the ``same``
+    share one, with the lowest rank's text, in the order of the lowest rank."""
+    groups: dict[tuple[str, str], tuple[list[int], str]] = {}
+    for rank, (title, text) in sorted(texts.items()):
+        groups.setdefault((title, same(text)), ([], text))[0].append(rank)
+    lines: list[str] = []
+    for (title, _), (ranks, text) in groups.items():
+        lines += ["", _section(f"{rank_list(ranks)}: {title}"), text]
+    return lines
 
 
-def _alike(texts: dict[int, str]) -> list[tuple[list[int], str]]:
-    """Ranks whose texts are the same but for addresses, each text once (the lowest rank's),
-    in the order of the lowest rank."""
-    groups: dict[str, tuple[list[int], str]] = {}
-    for rank, text in sorted(texts.items()):
-        groups.setdefault(_ADDRESS.sub("0x", text), ([], text))[0].append(rank)
-    return list(groups.values())
+def _without_addresses(text: str) -> str:
+    return re.sub(r"0x[0-9a-fA-F]+", "0x", text)  # faulthandler's thread ids differ from rank to rank
 
 
 def format_dump(dump: str, test_file: str) -> str:
@@ -211,17 +208,11 @@ def format_stack(stack: str, test_file: str) -> str:
     """A faulthandler dump made readable: the test file's lines marked with ``>``,
     the harness frames (pytest, pluggy, pytest-ddp) below the test left out."""
     out = []
-    hidden = 0
-    for line in stack.splitlines():
-        if stack_tree.harness_line(line):
-            hidden += 1
-            continue
-        if hidden:
-            out.append(f"  ({hidden} pytest and pytest-ddp frames hidden)")
-            hidden = 0
-        out.append(("> " + line.lstrip()) if test_file and test_file in line else line)
-    if hidden:
-        out.append(f"  ({hidden} pytest and pytest-ddp frames hidden)")
+    for harness, lines in groupby(stack.splitlines(), stack_tree.harness_line):
+        if harness:
+            out.append(f"  ({len(list(lines))} pytest and pytest-ddp frames hidden)")
+        else:
+            out += [("> " + line.lstrip()) if test_file and test_file in line else line for line in lines]
     return "\n".join(out)
 
 
@@ -277,4 +268,4 @@ def stopped_group_text(failure: StoppedGroupFailure, rank_failures: dict[int, st
         f"ddp: when the rank group ({failure.group}) was stopped after {failure.last_test}, "
         "the teardown of the fixtures its ranks still held failed"
     )
-    return "\n".join([headline(head), *in_full(head), *_grouped_failures(rank_failures)])
+    return "\n".join([headline(head), *in_full(head), *_failed(rank_failures)])
