@@ -54,6 +54,7 @@ class LaunchedWorld:
         self.slots: dict[int, tuple[LaunchedGroup, int]] = {}  # slot -> (its group, its rank there)
         self.groups: weakref.WeakSet[LaunchedGroup] = weakref.WeakSet()
         self._next_slot = 0
+        self.places = {0: (launch.node_rank, launch.local_rank)}  # global rank -> (node rank, local rank)
         self.problem: str | None = None  # what gather found wrong: the session ends, every host is told why
         # Where groups' stores listen: loopback on one node, else the address every node reached.
         self.store_host = "127.0.0.1" if launch.one_node else socket.gethostbyname(launch.master_addr or "")
@@ -81,8 +82,8 @@ class LaunchedWorld:
                     try:
                         frame = incoming.first_frame()
                         if frame is not None:
-                            pending.unregister(incoming.link)
                             self._admit(incoming.link, frame)
+                            pending.unregister(incoming.link)
                     except LinkError as exc:
                         self._drop(incoming, pending, str(exc))
         finally:
@@ -100,25 +101,20 @@ class LaunchedWorld:
         try:
             hello = hp.decode(frame)
         except ProtocolError as exc:
-            link.close()
             raise LinkError(str(exc)) from None
-        problem = None
         if not isinstance(hello, hp.Hello):
-            problem = f"{hello.KIND!r} where its hello was due"
-        elif not 0 < hello.rank < self.launch.world_size:
-            problem = f"a hello from rank {hello.rank}, not a rank of this launch of {self.launch.world_size}"
-        elif hello.rank in self.hosts:
-            problem = f"a second hello from rank {hello.rank}"
-        if problem is not None:
-            link.close()
-            raise LinkError(problem)
-        assert isinstance(hello, hp.Hello)
+            raise LinkError(f"{hello.KIND!r} where its hello was due")
+        if not 0 < hello.rank < self.launch.world_size:
+            size = self.launch.world_size
+            raise LinkError(f"a hello from rank {hello.rank}, not a rank of this launch of {size}")
+        if hello.rank in self.hosts:
+            raise LinkError(f"a second hello from rank {hello.rank}")
         self.hosts[hello.rank] = HostLink(link, hello)
+        self.places[hello.rank] = (hello.node_rank, hello.local_rank)
 
     def _drop(self, incoming: Incoming, pending: selectors.BaseSelector, why: str) -> None:
-        if incoming.link.fileno() >= 0:
-            pending.unregister(incoming.link)
-            incoming.link.close()
+        pending.unregister(incoming.link)
+        incoming.link.close()
         self.log(f"pytest-ddp: dropped a connection to rank 0's pytest: {why}")
 
     def _collection_problem(self, items: list[str], timeout: float) -> str | None:
@@ -159,21 +155,16 @@ class LaunchedWorld:
         except OSError:
             pass  # its end shows when its connection is read
 
-    def receive(self, link: Link) -> None:
+    def receive(self, host: HostLink) -> None:
         """Route every message that has come whole on a host's link to the group of its slot."""
-        try:
-            frames = link.receive()
-        except LinkError as exc:  # none after the handshake: a frame's length is not limited then
-            self.log(f"pytest-ddp: dropped the link of a rank's pytest: {exc}")
-            frames, link.closed = [], True
-        sender = next(rank for rank, host in self.hosts.items() if host.connection is link)
-        for frame in frames:
+        sender = host.hello.rank
+        for frame in host.connection.receive():  # proven: no frame is too long now
             try:
                 self._route(sender, hp.decode(frame))
             except ProtocolError as exc:
                 self.log(f"pytest-ddp: dropped a message from rank {sender}'s pytest: {exc}")
-        if link.closed:
-            self._host_gone(link)
+        if host.connection.closed:
+            self._host_gone(host)
 
     def _route(self, sender: int, message: hp.Message) -> None:
         owner = self.slots.get(getattr(message, "slot", -1))
@@ -194,18 +185,17 @@ class LaunchedWorld:
             group.ended(rank, message.code, message.time)
             self.release(message.slot)
 
-    def _host_gone(self, connection: Link) -> None:
+    def _host_gone(self, host: HostLink) -> None:
         """A host's pytest ended or was killed: its ranks with it."""
-        for rank, link in self.hosts.items():
-            if link.connection is connection and link.alive:
-                link.alive = False
-                for group in list(self.groups):
-                    group.forget(connection)
-                for slot, (group, slot_rank) in list(self.slots.items()):
-                    if slot_rank == rank:
-                        group.ended(rank, -signal.SIGKILL, time.time())
-                        self.release(slot)
-        connection.close()
+        if host.alive:
+            host.alive = False
+            for group in list(self.groups):
+                group.forget(host.connection)
+            for slot, (group, rank) in list(self.slots.items()):
+                if rank == host.hello.rank:
+                    group.ended(rank, -signal.SIGKILL, time.time())
+                    self.release(slot)
+        host.connection.close()
 
     # -- at the end ------------------------------------------------------------------------
 
@@ -233,8 +223,6 @@ class LaunchedWorld:
 # A test of ``world_size=k`` runs on the launch's first k ranks: rank 0 forked here, rank r by
 # global rank r's pytest (its *host*, :mod:`pytest_ddp.launched.host`), whose event log, output,
 # dumps and end arrive into this group's folder.  To the rest it is a RankGroup.
-
-HOSTS = "hosts"  # the selector's mark of a host's connection
 
 
 class RemoteRank(RankHandle):
@@ -279,24 +267,18 @@ class LaunchedGroup(RankGroup):
         self.world = world
         self.store_host = world.store_host
         self.slots: dict[int, int] = {}  # rank -> slot on its host
-        launch = world.launch
-        nodes = {0: launch.node_rank, **{r: link.hello.node_rank for r, link in world.hosts.items()}}
-        local_ranks = {0: launch.local_rank, **{r: link.hello.local_rank for r, link in world.hosts.items()}}
-        self._node_of = {rank: nodes[rank] for rank in range(config.world_size)}
-        self._local_rank_of = {rank: local_ranks[rank] for rank in range(config.world_size)}
-
-    def start(self, deadline: float) -> None:
-        gone = [r for r in range(1, self.config.world_size) if not self.world.hosts[r].alive]
-        if gone:
-            raise GroupStartError(f"the pytest processes of ranks {gone} of the launch are gone")
-        super().start(deadline)
+        self._places = [world.places[rank] for rank in range(config.world_size)]  # (node rank, local rank)
 
     def _start_ranks(self, store_port: int) -> None:
         """Rank 0 forked here; rank r by global rank r's pytest, in a slot of its own there."""
         cfg = self.config
+        hosts = [self.world.hosts[rank] for rank in range(1, cfg.world_size)]
+        gone = [host.hello.rank for host in hosts if not host.alive]
+        if gone:
+            raise GroupStartError(f"the pytest processes of ranks {gone} of the launch are gone")
         assert self._news is not None
-        for rank in range(1, cfg.world_size):
-            self._news.register(self.world.hosts[rank].connection, selectors.EVENT_READ, HOSTS)
+        for host in hosts:
+            self._news.register(host.connection, selectors.EVENT_READ, host)
         self.ranks.append(self._spawn(0, store_port))
         self.slots = self.world.attach(self, range(1, cfg.world_size))
         for rank, slot in self.slots.items():
@@ -308,17 +290,17 @@ class LaunchedGroup(RankGroup):
 
     def local_rank(self, rank: int) -> int:
         """The rank's rank on its node, as its launcher gave it to the process that forks it."""
-        return self._local_rank_of[rank]
+        return self._places[rank][1]
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
         """torchrun's environment for this group's ranks: their share of the launch's nodes."""
         env = super().torchrun_environment(rank, port)
-        nodes = list(dict.fromkeys(self._node_of.values()))
-        here = self._node_of[rank]
+        nodes = [node for node, _ in self._places]
+        here = nodes[rank]
         env.update(
-            LOCAL_WORLD_SIZE=str(sum(1 for node in self._node_of.values() if node == here)),
-            GROUP_RANK=str(nodes.index(here)),
-            GROUP_WORLD_SIZE=str(len(nodes)),
+            LOCAL_WORLD_SIZE=str(nodes.count(here)),
+            GROUP_RANK=str(list(dict.fromkeys(nodes)).index(here)),
+            GROUP_WORLD_SIZE=str(len(set(nodes))),
         )
         return env
 
@@ -331,8 +313,8 @@ class LaunchedGroup(RankGroup):
     # -- what the group does with them ------------------------------------------------
 
     def _news_of(self, key: selectors.SelectorKey) -> None:
-        if key.data == HOSTS:
-            self.world.receive(key.fileobj)  # type: ignore[arg-type]
+        if isinstance(key.data, HostLink):
+            self.world.receive(key.data)
         else:
             super()._news_of(key)
 
