@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import selectors
-import signal
 import socket
 import sys
 import time
@@ -20,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import _pytest.config
 import pytest
@@ -30,6 +28,7 @@ from pytest_ddp.config.settings import rank_pytest_args
 from pytest_ddp.groups.group import STACK_DUMP_WAIT
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
+    ForkedRank,
     dump_complete,
     file_size,
     fork_context,
@@ -56,8 +55,7 @@ class Slot:
     """One rank process this host holds for the controller."""
 
     number: int
-    proc: Any  # multiprocessing.Process from the forkserver
-    commands: Connection
+    rank: ForkedRank
     notify: Connection
     files: dict[str, Path]
     sent: dict[str, int] = field(default_factory=dict)  # bytes forwarded, by file
@@ -97,19 +95,14 @@ class Host:
                     self._check_dump(slot)
         finally:
             for slot in list(self.slots.values()):
-                slot.proc.kill()
-                slot.proc.join()
+                slot.rank.kill()
+                slot.rank.join()
                 self._close(slot)
             self.selector.close()
 
     def _orders(self) -> hp.End | None:
         """Obey what the controller sent: its End, or one of this host's if it went away."""
-        try:
-            frames = self.connection.receive()
-        except LinkError as exc:  # none after the handshake: a frame's length is not limited then
-            self.log(f"ddp: dropped the link to rank 0's pytest: {exc}")
-            frames, self.connection.closed = [], True
-        for frame in frames:
+        for frame in self.connection.receive():  # proven: no frame is too long now
             try:
                 message = hp.decode(frame)
             except ProtocolError as exc:
@@ -130,19 +123,17 @@ class Host:
         if slot is None:  # ended already; its exit is on its way
             return
         if isinstance(message, hp.Command):
+            assert slot.rank.commands is not None  # closed as the slot goes
             try:
-                slot.commands.send_bytes(message.payload)
+                slot.rank.commands.send_bytes(message.payload)
             except OSError:
                 pass  # the rank is gone; its exit is told
         elif isinstance(message, hp.Dump):
             slot.dump_asked, slot.dump_seen = time.monotonic(), None
             slot.dump_offset = file_size(slot.files["dump"])
-            try:
-                os.kill(slot.proc.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+            slot.rank.request_dump()
         elif isinstance(message, hp.Kill):
-            slot.proc.kill()
+            slot.rank.kill()
 
     def _start(self, message: hp.Start) -> None:
         rank = message.role.rank
@@ -153,10 +144,10 @@ class Host:
             env.pop(name, None)
         start = rank_start(message.role, env, folder, self.pytest_args(message.items), list(sys.path))
         proc, commands, notify = fork_rank(write_start_file(folder, start), rank)
-        slot = Slot(message.slot, proc, commands, notify, rank_files(folder, rank))
+        slot = Slot(message.slot, ForkedRank(proc, commands), notify, rank_files(folder, rank))
         self.slots[slot.number] = slot
         self.selector.register(notify, selectors.EVENT_READ, slot)
-        self.selector.register(proc.sentinel, selectors.EVENT_READ, slot)
+        self.selector.register(slot.rank.sentinel, selectors.EVENT_READ, slot)
 
     def _rank_news(self, key: selectors.SelectorKey) -> None:
         slot: Slot = key.data
@@ -168,9 +159,10 @@ class Host:
                 return
             self._forward(slot)  # its Data wakes the controller
             return
-        slot.proc.join()  # its sentinel: it ended
+        slot.rank.join()  # its sentinel: it ended
         self._forward(slot)
-        self._send(hp.Exited(slot.number, slot.proc.exitcode, time.time()))
+        assert slot.rank.exitcode is not None
+        self._send(hp.Exited(slot.number, slot.rank.exitcode, time.time()))
         self._close(slot)
 
     def _forward(self, slot: Slot) -> None:
@@ -193,12 +185,11 @@ class Host:
         slot.dump_seen = text
 
     def _close(self, slot: Slot) -> None:
-        for fileobj in (slot.notify, slot.proc.sentinel):
+        for fileobj in (slot.notify, slot.rank.sentinel):
             try:
                 self.selector.unregister(fileobj)
             except (KeyError, ValueError):
                 pass
-        slot.commands.close()
         slot.notify.close()
         del self.slots[slot.number]
 

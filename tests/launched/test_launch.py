@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ddp.common.protocol import RankRole
-from pytest_ddp.groups.spawn import rank_files
+from pytest_ddp.groups.spawn import ForkedRank, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect
@@ -192,7 +192,8 @@ def test_a_host_tells_a_second_dump_whole_only_once_it_is_written(tmp_path: Path
     host = Host(to_controller, tmp_path, lambda node_ids: [])
     files = rank_files(tmp_path, 1)
     files["dump"].write_text(FIRST_DUMP)
-    slot = Slot(0, ignores_sigusr1, *multiprocessing.Pipe(), files)
+    commands, notify = multiprocessing.Pipe()
+    slot = Slot(0, ForkedRank(ignores_sigusr1, commands), notify, files)
     host.slots[0] = slot
     try:
         host._forward(slot)  # the first dump went to the controller with the first hang
