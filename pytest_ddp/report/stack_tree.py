@@ -58,7 +58,7 @@ class Node:
 class Tree:
     roots: list[Node]
     ranks: list[int]  # those whose main thread is in it
-    unfound: list[int] = field(default_factory=list)  # those with a dump but no main thread's frames in it
+    unfound: list[int]  # those with a dump but no main thread's frames in it
 
     def differs(self) -> bool:
         """Whether the ranks' main threads are not all the very same stack."""
@@ -82,10 +82,6 @@ class Thread:
     header: str
     lines: list[str]
 
-    @property
-    def current(self) -> bool:
-        return self.header.startswith("Current thread")
-
 
 def threads(dump: str) -> tuple[list[Thread], bool]:
     """The threads of a faulthandler dump in its order (newest first), and whether it stopped at
@@ -106,7 +102,7 @@ def main_index(found: list[Thread], threads_cut: bool) -> int | None:
     """Which of a dump's threads is the main one: the last (CPython lists threads newest first);
     past 100 threads the ``Current thread`` stands in, if written."""
     if threads_cut:
-        return next((i for i, thread in enumerate(found) if thread.current), None)
+        return next((i for i, thread in enumerate(found) if thread.header.startswith("Current thread")), None)
     return len(found) - 1 if found else None
 
 
@@ -189,9 +185,10 @@ def _frames(lines: list[str]) -> list[Frame]:
     return frames
 
 
-def merge(stacks: dict[int, list[Frame]]) -> Tree:
-    """The prefix tree of the ranks' stacks (outermost frame first); children in the order of
-    their lowest rank."""
+def merged(dumps: dict[int, str]) -> Tree:
+    """The prefix tree of the main threads of the ranks' faulthandler dumps (outermost frame
+    first); children in the order of their lowest rank."""
+    stacks = {rank: main_thread(dump) for rank, dump in dumps.items()}
     roots: list[Node] = []
     index: dict[tuple[int, Frame], Node] = {}  # (id of the parent, 0 for none; frame) -> its node
     for rank, frames in sorted(stacks.items()):
@@ -203,15 +200,8 @@ def merge(stacks: dict[int, list[Frame]]) -> Tree:
                 level.append(node)
             node.ranks.append(rank)
             level, parent = node.children, id(node)
-    return Tree(roots, sorted(rank for rank, frames in stacks.items() if frames))
-
-
-def merged(dumps: dict[int, str]) -> Tree:
-    """The tree of the main threads of the ranks' faulthandler dumps."""
-    stacks = {rank: main_thread(dump) for rank, dump in dumps.items()}
-    tree = merge(stacks)
-    tree.unfound = sorted(rank for rank, frames in stacks.items() if not frames)
-    return tree
+    found = sorted(rank for rank, frames in stacks.items() if frames)
+    return Tree(roots, found, sorted(rank for rank, frames in stacks.items() if not frames))
 
 
 def ends_here(node: Node) -> list[int]:
