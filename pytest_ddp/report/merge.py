@@ -49,19 +49,13 @@ class _PlainPass:
 RankReport = pytest.TestReport | _PlainPass
 
 
-def _expected_phases(state: RankState) -> list[str]:
-    """The phases a rank would report: call only after a passed setup."""
-    setup = state.reports.get("setup")
-    if setup is not None and setup["outcome"] != "passed":
-        return ["setup", "teardown"]
-    return list(PHASES)
-
-
 def _stuck_phase(state: RankState) -> str | None:
-    """The phase this rank was stopped or died in: the first it did not report, or, if it never
-    said it was done, the phase it was in (pytest-rerunfailures reports every phase of an attempt
-    as "rerun" before the one it was stopped in)."""
-    for when in _expected_phases(state):
+    """The phase this rank was stopped or died in: the first it did not report (call only after a
+    passed setup), or, if it never said it was done, the phase it was in (pytest-rerunfailures
+    reports every phase of an attempt as "rerun" before the one it was stopped in)."""
+    setup = state.reports.get("setup")
+    expected = ("setup", "teardown") if setup is not None and setup["outcome"] != "passed" else PHASES
+    for when in expected:
         if when not in state.reports:
             return when
     if state.finished_at is None and state.phase in PHASES:
@@ -102,9 +96,10 @@ def merged_reports(
                         " (then the rank ran the test again, alone: a plugin's rerun, e.g. the flaky mark's)"
                     )
                 rank_failures.setdefault(state.rank, rep.longreprtext + label)
-    for state in run.states:  # a line of its event log was lost: what it did cannot be known
-        if state.fatal is not None and state.alive:
-            rank_failures.setdefault(state.rank, f"ddp: {state.fatal}")
+    # A line of its event log was lost: what it did cannot be known.
+    lost = [state for state in run.states if state.fatal is not None and state.alive]
+    for state in lost:
+        rank_failures.setdefault(state.rank, f"ddp: {state.fatal}")
     # The group was stopped right after this test: a failed teardown then is this test's.
     for rank, end in run.stop_teardown.items():
         teardown = rank_reports["teardown"].get(rank)
@@ -130,7 +125,6 @@ def merged_reports(
         if when == "call" and reports[-1].outcome != "passed":
             continue
         outcome, wasxfail = _merge_outcome(list(per_rank.values()), bool(stuck_here))
-        lost = any(state.fatal is not None and state.alive for state in run.states)
         if outcome == "passed" and when == "call" and (run.collectives_wrong or run.faults_not_fired or lost):
             outcome = "failed"
         longrepr: Any = None
