@@ -37,10 +37,6 @@ class RankSequence:
         ordered = all(map(lt, seqs, seqs[1:]))
         return cls(calls, seqs, None if ordered else dict(zip(seqs, calls)))
 
-    @property
-    def ordered(self) -> bool:
-        return self.latest is None
-
     def at(self, seq: int) -> Call | None:
         """The call numbered ``seq``; the latest such if the numbers started over."""
         if self.latest is not None:
@@ -58,10 +54,6 @@ class GroupSequences:
     by_rank: dict[int, RankSequence]
     last: int  # the highest number any member reached
     diverges: int | None  # the first number where the members' calls differ
-
-    @property
-    def label(self) -> str:
-        return f"group {self.name}" + ("" if self.name == "WORLD" else f" {list(self.members)}")
 
 
 def group_sequences(states: list[RankState]) -> list[GroupSequences]:
@@ -92,7 +84,7 @@ def _first_divergence(by_rank: dict[int, RankSequence], last: int) -> int | None
     """The first number where the members' calls differ by signature, or only some made it."""
     sequences = list(by_rank.values())
     start = 1
-    if all(s.ordered for s in sequences):
+    if all(s.latest is None for s in sequences):
         # Skip the prefix the ranks share call for call (same numbers and signatures there).
         shared = shared_prefix([s.calls for s in sequences])
         start = sequences[0].seqs[shared - 1] + 1 if shared else 1
@@ -142,7 +134,8 @@ def table(groups: list[GroupSequences]) -> list[str]:
         rows = [["#"] + [head for head, _ in shown]]
         rows += [[str(seq)] + [column[i] for _, column in shown] for i, seq in enumerate(numbers)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines.append(f"collectives on {group.label}:")
+        members = "" if group.name == "WORLD" else f" {list(group.members)}"
+        lines.append(f"collectives on group {group.name}{members}:")
         for row, row_seq in zip(rows, [None, *numbers]):
             text = "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
             mark = "  <-- ranks differ" if row_seq is not None and row_seq == group.diverges else ""
