@@ -30,9 +30,8 @@ class Slice:
 
     @property
     def label(self) -> str:
-        """``all_reduce #3`` (the report's label; op and number for a report without one)."""
-        call = self.call
-        return str(call.get("label") or (f"{call['op']} #{call['seq']}" if call.get("seq") else call["op"]))
+        """``all_reduce #3``: the report's label of the call."""
+        return str(self.call["label"])
 
     @property
     def kind(self) -> str:
@@ -95,13 +94,10 @@ def verdict_name(report: dict[str, Any]) -> str:
 
 
 def headline(report: dict[str, Any]) -> str:
-    """The report's headline, or one made of its verdict and summary for a report without it."""
-    if report.get("headline"):
-        return str(report["headline"])
-    if report.get("start_error"):
+    """The report's headline; of a test no rank ran (whose report has none), its error's first line."""
+    if "start_error" in report:
         return f"ddp: not started: {report['start_error'].splitlines()[0]}"
-    summary = report.get("summary") or ""
-    return f"ddp: {verdict_name(report)}" + (f": {summary}" if summary else "")
+    return str(report["headline"])
 
 
 # -- the Chrome trace ------------------------------------------------------------------------------

@@ -118,12 +118,6 @@ def test_a_call_its_rank_died_in_ends_at_the_death_and_is_not_stuck() -> None:
     assert (event["name"], event["cname"], event["args"]["state"]) == ("all_reduce #1", "bad", state)
 
 
-def test_a_report_without_a_headline_gets_one_of_its_verdict_and_summary() -> None:
-    old = report([rank(0, [call(0, "barrier", 1, 0.2, 0.3)])])
-    del old["headline"]
-    assert timeline.headline(old) == f"ddp: deadlock (partial): {old['summary']}"
-
-
 def test_a_test_that_never_started_has_a_trace_and_a_page_of_its_error() -> None:
     failed = {"test": "t.py::test_x", "world_size": 2, "backend": "gloo", "timeout": 60.0, "status": "not_started",
               "start_error": "the ranks could not start: <boom>", "elapsed": 1.0, "ranks": []}
