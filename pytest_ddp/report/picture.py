@@ -322,15 +322,15 @@ def _details(report: dict[str, Any], readable: Reader, readable_dump: Reader) ->
             out += [f"<h2>{title}</h2>", _pre("\n".join(str(d.get("text", d)) for d in report[key]))]
     out += _stack_tree(report)
     for rank in report["ranks"]:
-        sections = [("failed", rank.get("failure")), ("Python stacks when stopped", rank.get("stack"))]
-        sections.append(("stderr", (rank.get("output") or {}).get("stderr")))
-        for what, text in sections:
+        sections: list[tuple[str, Any, Reader, str]] = [
+            ("failed", rank.get("failure"), str, " open"),
+            ("Python stacks when stopped", rank.get("stack"), readable_dump, " open"),
+            ("stderr", (rank.get("output") or {}).get("stderr"), readable, ""),
+        ]
+        for what, text, reader, opened in sections:
             if text and str(text).strip():
-                readers: dict[str, Reader] = {"failed": str, "stderr": readable}
-                shown = readers.get(what, readable_dump)(str(text))
-                opened = " open" if what != "stderr" else ""
                 summary = f"<summary>rank {rank['rank']}: {_esc(what)}</summary>"
-                out.append(f"<details{opened}>{summary}{_pre(shown)}</details>")
+                out.append(f"<details{opened}>{summary}{_pre(reader(str(text)))}</details>")
     return out
 
 
