@@ -28,24 +28,21 @@ def _category(name: str) -> type[Warning]:
 def merged(states: list[RankState]) -> list[tuple[warnings.WarningMessage, str]]:
     """One ``(warning, node id)`` per distinct warning of the test, its message ending with
     the ranks that raised it: ``boom [ranks 0, 1]``."""
-    ranks: dict[tuple[str, str, str, int, str], list[int]] = {}
-    lines: dict[tuple[str, str, str, int, str], str | None] = {}
+    # (message, category, file, line number, node id) -> (the ranks that raised it, its source line)
+    seen: dict[tuple[str, str, str, int, str], tuple[list[int], str | None]] = {}
     for state in states:
         for event in state.warnings:
             w = event.warning
             key = (w["message"], w["category"], w["filename"], w["lineno"], event.id)
-            ranks.setdefault(key, []).append(state.rank)
-            lines[key] = w.get("line")
+            seen.setdefault(key, ([], w.get("line")))[0].append(state.rank)
     found = []
-    for key, raised_by in ranks.items():
-        text, category_name, filename, lineno, nodeid = key
+    for (text, category_name, filename, lineno, nodeid), (raised_by, line) in seen.items():
         category = _category(category_name)
         labelled = printable(f"{text} [{rank_list(raised_by)}]")
         try:
             message: Warning = category(labelled)
         except Exception:  # a category that does not take one message argument
             message = UserWarning(labelled)
-        line = lines[key]
         shown = None if line is None else printable(line)
         warning = warnings.WarningMessage(message, type(message), printable(filename), lineno, line=shown)
         found.append((warning, printable(nodeid)))
