@@ -51,7 +51,7 @@ class LaunchedWorld:
         self.log = log  # what was dropped, and why
         self.listener: Listener | None = listen(launch, timeout)
         self.hosts: dict[int, HostLink] = {}
-        self.slots: dict[int, tuple[LaunchedGroup, int]] = {}  # slot -> (its group, its rank there)
+        self.slots: dict[int, RemoteRank] = {}  # by slot: the ranks the hosts hold for this world's groups
         self.groups: weakref.WeakSet[LaunchedGroup] = weakref.WeakSet()
         self._next_slot = 0
         self.places = {0: (launch.node_rank, launch.local_rank)}  # global rank -> (node rank, local rank)
@@ -132,18 +132,15 @@ class LaunchedWorld:
 
     # -- while the tests run ------------------------------------------------------------
 
-    def attach(self, group: LaunchedGroup, ranks: range) -> dict[int, int]:
-        """Slots on the hosts of ``ranks`` for ``group``: {rank: slot}."""
-        self.groups.add(group)
-        slots = {}
-        for rank in ranks:
-            slots[rank] = self._next_slot
-            self.slots[self._next_slot] = (group, rank)
-            self._next_slot += 1
-        return slots
+    def attach(self, remote: RemoteRank) -> int:
+        """A new slot on ``remote``'s host for it."""
+        self.groups.add(remote.group)
+        slot, self._next_slot = self._next_slot, self._next_slot + 1
+        self.slots[slot] = remote
+        return slot
 
     def release(self, slot: int) -> None:
-        """The slot's group is gone: what its host still sends of it is dropped."""
+        """The slot's rank is gone: what its host still sends of it is dropped."""
         self.slots.pop(slot, None)
 
     def send(self, rank: int, message: hp.Message) -> None:
@@ -167,23 +164,21 @@ class LaunchedWorld:
             self._host_gone(host)
 
     def _route(self, sender: int, message: hp.Message) -> None:
-        owner = self.slots.get(getattr(message, "slot", -1))
-        if owner is None:
+        remote = self.slots.get(getattr(message, "slot", -1))
+        if remote is None:
             return
-        group, rank = owner
-        if rank != sender:
-            raise ProtocolError(f"a {message.KIND} message for a slot of rank {rank}")
+        if remote.rank != sender:
+            raise ProtocolError(f"a {message.KIND} message for a slot of rank {remote.rank}")
         if isinstance(message, hp.Data):
-            path = rank_files(group.workdir, rank).get(message.file)
+            path = rank_files(remote.group.workdir, remote.rank).get(message.file)
             if path is None:
                 raise ProtocolError(f"data for a file a rank does not have: {message.file[:80]!r}")
             with open(path, "ab") as f:
                 f.write(message.payload)
         elif isinstance(message, hp.Dumped):
-            group.remote(rank).dumped = True
+            remote.dumped = True
         elif isinstance(message, hp.Exited):
-            group.ended(rank, message.code, message.time)
-            self.release(message.slot)
+            remote.ended(message.code, message.time)
 
     def _host_gone(self, host: HostLink) -> None:
         """A host's pytest ended or was killed: its ranks with it."""
@@ -191,10 +186,9 @@ class LaunchedWorld:
             host.alive = False
             for group in list(self.groups):
                 group.forget(host.connection)
-            for slot, (group, rank) in list(self.slots.items()):
-                if rank == host.hello.rank:
-                    group.ended(rank, -signal.SIGKILL, time.time())
-                    self.release(slot)
+            for remote in list(self.slots.values()):
+                if remote.rank == host.hello.rank:
+                    remote.ended(-signal.SIGKILL, time.time())
         host.connection.close()
 
     # -- at the end ------------------------------------------------------------------------
@@ -226,10 +220,11 @@ class LaunchedWorld:
 
 
 class RemoteRank(RankHandle):
-    """A rank another host forked, in slot ``slot`` there: what the group does to it goes to its host."""
+    """A rank another host forked, in a slot of its own there: what the group does to it goes to its host."""
 
-    def __init__(self, world: LaunchedWorld, rank: int, slot: int) -> None:
-        self.world, self.rank, self.slot = world, rank, slot
+    def __init__(self, group: LaunchedGroup, rank: int) -> None:
+        self.group, self.world, self.rank = group, group.world, rank
+        self.slot = self.world.attach(self)
         self.code: int | None = None  # how it ended, told by its host
         self.dumped = False  # its host says the stack dump asked for last is whole
 
@@ -256,7 +251,15 @@ class RemoteRank(RankHandle):
         self.world.send(self.rank, hp.Kill(self.slot))
 
     def join(self) -> None:
-        """Nothing to wait for here: its host reaps it."""
+        """Its host reaps it: what the host still sends of it is dropped."""
+        self.world.release(self.slot)
+
+    def ended(self, code: int, when: float) -> None:
+        """Its host says it ended (or the host itself did)."""
+        self.world.release(self.slot)
+        self.code = code
+        rp = self.group.ranks[self.rank]
+        rp.exit_code, rp.died_at = code, when
 
 
 class LaunchedGroup(RankGroup):
@@ -266,7 +269,6 @@ class LaunchedGroup(RankGroup):
         super().__init__(config)
         self.world = world
         self.store_host = world.store_host
-        self.slots: dict[int, int] = {}  # rank -> slot on its host
         self._places = [world.places[rank] for rank in range(config.world_size)]  # (node rank, local rank)
 
     def _start_ranks(self, store_port: int) -> None:
@@ -280,11 +282,11 @@ class LaunchedGroup(RankGroup):
         for host in hosts:
             self._news.register(host.connection, selectors.EVENT_READ, host)
         self.ranks.append(self._spawn(0, store_port))
-        self.slots = self.world.attach(self, range(1, cfg.world_size))
-        for rank, slot in self.slots.items():
+        for rank in range(1, cfg.world_size):
+            remote = RemoteRank(self, rank)
+            self.ranks.append(self.rank_process(rank, remote))  # before its host is told: kill() releases it
             env = {**self.torchrun_environment(rank, store_port), **self.rank_environment()}
-            self.world.send(rank, hp.Start(slot, self.role(rank, store_port), env, cfg.items))
-            self.ranks.append(self.rank_process(rank, RemoteRank(self.world, rank, slot)))
+            self.world.send(rank, hp.Start(remote.slot, self.role(rank, store_port), env, cfg.items))
 
     # -- what each rank is told -----------------------------------------------------
 
@@ -318,26 +320,7 @@ class LaunchedGroup(RankGroup):
         else:
             super()._news_of(key)
 
-    def remote(self, rank: int) -> RemoteRank:
-        """The handle of rank ``rank`` (> 0), which another host forked."""
-        handle = self.ranks[rank].proc
-        assert isinstance(handle, RemoteRank)
-        return handle
-
-    def ended(self, rank: int, code: int, when: float) -> None:
-        """Its host says rank ``rank`` ended (or the host itself did)."""
-        rp = self.ranks[rank] if rank < len(self.ranks) else None
-        if rp is None or rp.exit_code is not None:
-            return
-        rp.exit_code = self.remote(rank).code = code
-        rp.died_at = when
-
     def forget(self, connection: Any) -> None:
         """A host's connection ended: stop waiting on it."""
         if self._news is not None and connection in self._news.get_map():
             self._news.unregister(connection)
-
-    def kill(self) -> None:
-        super().kill()
-        for slot in self.slots.values():
-            self.world.release(slot)
