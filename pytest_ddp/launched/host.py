@@ -41,7 +41,7 @@ from pytest_ddp.groups.spawn import (
 )
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
-from pytest_ddp.launched.link import Link, LinkError, connect
+from pytest_ddp.launched.link import Link, connect
 from pytest_ddp.launched.signals import exit_on_signal, interrupt_on_signals
 from pytest_ddp.launched.world import log_line
 
@@ -153,11 +153,9 @@ class Host:
         slot: Slot = key.data
         if key.fileobj is slot.notify:
             try:
-                slot.notify.recv_bytes()
+                slot.notify.recv_bytes()  # what it wrote is forwarded next: its Data wakes the controller
             except (EOFError, OSError):
                 self.selector.unregister(slot.notify)
-                return
-            self._forward(slot)  # its Data wakes the controller
             return
         slot.rank.join()  # its sentinel: it ended
         self._forward(slot)
@@ -283,6 +281,6 @@ def _wait_for_end_of(connection: Link, timeout: float) -> None:
     try:
         while True:
             connection.recv_frame(deadline)
-    except (EOFError, OSError, LinkError):  # TimeoutError is an OSError
+    except (EOFError, OSError):  # TimeoutError is an OSError; a proven link's frames have no limit
         pass
     connection.close()
