@@ -43,22 +43,22 @@ def render(report: Report) -> str:
     lines = [headline(report.lead, report.tag), ""]
     if len(report.ranks) > GROUP_ABOVE and report.divergence is not None:
         lines += [divergence_line(report.divergence), ""]
-    lines += injected_lines(report.states)
+    lines += injected_lines(report.run.states)
     lines += rank_lines(report.ranks)
     lines += in_full(report.lead, report.tag)
     if report.sequences:
         lines += ["", *table(report.sequences)]
     if report.p2p:
         lines += ["", *report.p2p]
-    if report.sequence_differences:
+    if report.run.sequence_differences:
         lines += ["", "the ranks' collective sequences differ:"]
-        lines += ["  " + difference_line(d) for d in report.sequence_differences]
-    if report.unfinished_work:
+        lines += ["  " + difference_line(d) for d in report.run.sequence_differences]
+    if report.run.unfinished_work:
         lines += ["", "asynchronous work still in flight after the test:"]
-        lines += ["  " + unfinished_line(w) for w in report.unfinished_work]
-    if report.unreceived_messages:
+        lines += ["  " + unfinished_line(w) for w in report.run.unfinished_work]
+    if report.run.unreceived_messages:
         lines += ["", "messages sent and never received (MPI drops them silently when the program ends):"]
-        lines += ["  " + unreceived_line(m) for m in report.unreceived_messages]
+        lines += ["  " + unreceived_line(m) for m in report.run.unreceived_messages]
     lines += _failed({r.rank: r.failure for r in report.ranks if r.failure is not None})
     lines += _merged_stacks(report)
     stacks = {
@@ -155,7 +155,7 @@ def _merged_stacks(report: Report) -> list[str]:
     if not tree.differs():
         return []
     title = _section(f"{rank_list(tree.ranks)}: Python stacks merged (main thread, outermost frame first)")
-    return ["", title, *stack_tree.render(tree, report.test_id.split("::")[0])]
+    return ["", title, *stack_tree.render(tree, report.run.test_id.split("::")[0])]
 
 
 def _section(title: str) -> str:

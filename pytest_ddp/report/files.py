@@ -17,7 +17,8 @@ from pytest_ddp.report.writable import file_name, folder, printable_data, write_
 def write(directory: str, report: Report | StartFailure) -> Path:
     """Every file of ``report`` (a test no rank ran has no Flight Recorder dumps), each in place of
     any of its name, never through a link (:mod:`pytest_ddp.report.writable`); the JSON's path."""
-    name = file_name(report.test_id)
+    run = report.run if isinstance(report, Report) else report
+    name = file_name(run.test_id)
     # As a reader gets it, every string in it one that UTF-8 can encode.
     data = printable_data(json.loads(json.dumps(to_json(report), default=str)))
     test_file = data["test"].split("::")[0]
@@ -29,5 +30,5 @@ def write(directory: str, report: Report | StartFailure) -> Path:
         write_file(parent, f"{name}.trace.json", timeline.trace_json(data).encode())
         write_file(parent, f"{name}.html", page.encode())
     if isinstance(report, Report):
-        flight_recorder.write(directory, report.test_id, report.states, report.backend, report.timeout)
+        flight_recorder.write(directory, run.test_id, report.run.states, run.spec.backend, run.spec.timeout)
     return Path(directory) / f"{name}.json"

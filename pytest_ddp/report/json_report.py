@@ -28,12 +28,13 @@ def to_json(report: Report | StartFailure) -> dict[str, Any]:
             "elapsed": round(report.elapsed, 3),
             "ranks": [],
         }
-    verdict = report.verdict
+    run = report.run
+    verdict = run.verdict
     return {
-        "test": report.test_id,
-        "world_size": report.world_size,
-        "backend": report.backend,
-        "timeout": report.timeout,
+        "test": run.test_id,
+        "world_size": run.spec.world_size,
+        "backend": run.spec.backend,
+        "timeout": run.spec.timeout,
         "status": verdict.status,
         "kind": verdict.kind,
         "culprits": verdict.culprits,
@@ -42,24 +43,24 @@ def to_json(report: Report | StartFailure) -> dict[str, Any]:
         "call": verdict.call,
         "summary": verdict.summary,
         "headline": report.headline,
-        "elapsed": round(report.elapsed, 3),
+        "elapsed": round(run.elapsed, 3),
         "started": report.started,  # time.time() of the hand-over, the timeline's origin
-        "ended": report.ended,
+        "ended": run.ended,
         "injected": [
             {"rank": s.rank, "text": e.text, "action": e.action, "op": e.op, "call": e.call, "site": e.site}
-            for s in report.states
+            for s in run.states
             for e in s.injected
         ],
-        "faults_not_fired": report.faults_not_fired,
+        "faults_not_fired": run.faults_not_fired,
         "sequence_differences": [
-            {**dataclasses.asdict(d), "text": difference_line(d)} for d in report.sequence_differences
+            {**dataclasses.asdict(d), "text": difference_line(d)} for d in run.sequence_differences
         ],
         "unfinished_work": [
-            {**dataclasses.asdict(w), "text": unfinished_line(w)} for w in report.unfinished_work
+            {**dataclasses.asdict(w), "text": unfinished_line(w)} for w in run.unfinished_work
         ],
         "unreceived_messages": [
             {"rank": m.rank, "dest": m.dest, "call": m.call.index, "text": unreceived_line(m)}
-            for m in report.unreceived_messages
+            for m in run.unreceived_messages
         ],
         "divergence": _divergence(report.divergence),
         "stack_tree": stack_tree.to_json(report.tree) if report.tree.ranks else None,

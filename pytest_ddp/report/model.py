@@ -1,9 +1,5 @@
-"""A failed test's report as data, built once by :func:`build`, in the order the text reads.
-
-Each format renders this one model: the failure text (:mod:`pytest_ddp.report.failure`), the
-JSON report (:mod:`pytest_ddp.report.json_report`), whose data the Chrome trace
-(:mod:`pytest_ddp.report.timeline`) and the HTML page (:mod:`pytest_ddp.report.picture`) draw,
-and torch's Flight Recorder dumps (:mod:`pytest_ddp.report.flight_recorder`).
+"""A failed test's report as data, built once by :func:`build`, in the order the text reads;
+each format renders this one model (the list is the package's docstring).
 """
 
 from __future__ import annotations
@@ -11,10 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pytest_ddp.diagnose.consistency import SequenceDifference, UnfinishedWork, UnreceivedMessage
 from pytest_ddp.diagnose.rank_words import not_entered, rank_doing
 from pytest_ddp.diagnose.state import RankState
-from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import lead, tag
 from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report import stack_tree
@@ -42,17 +36,13 @@ class RankFacts:
 
 @dataclass(frozen=True)
 class Report:
-    """Everything a failed test's report says, in the order the text says it."""
+    """A failed test's run and everything its report says of it, in the order the text says it."""
 
-    test_id: str
+    # What happened: the test, its spec and times, the verdict, the ranks' states, and what failed
+    # a test whose ranks all passed (faults not fired, sequences that differ, work left unfinished).
+    run: TestRun
     test_file: str  # whose lines are marked in the ranks' stacks ("" for none)
-    world_size: int
-    backend: str
-    timeout: float
-    elapsed: float  # seconds from the hand-over to the verdict
-    ended: float  # time.time() of the verdict
-    # What happened and to whom.
-    verdict: Verdict
+    # What happened and to whom, in words.
     lead: str  # the verdict's summary, or what failed a test whose ranks all passed
     tag: str  # "[ddp deadlock, partial, 0.41 s]"
     # Each rank.
@@ -61,11 +51,6 @@ class Report:
     sequences: list[GroupSequences]
     divergence: Divergence | None
     p2p: list[str]
-    # What failed a test whose ranks all passed.
-    faults_not_fired: list[str]
-    sequence_differences: list[SequenceDifference]
-    unfinished_work: list[UnfinishedWork]
-    unreceived_messages: list[UnreceivedMessage]
     # The stopped ranks' main threads, merged.
     tree: stack_tree.Tree
 
@@ -77,20 +62,15 @@ class Report:
     @property
     def started(self) -> float:
         """time.time() of the hand-over: the timeline's origin."""
-        return self.ended - self.elapsed
-
-    @property
-    def states(self) -> list[RankState]:
-        return [rank.state for rank in self.ranks]
+        return self.run.ended - self.run.elapsed
 
 
 def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report:
     """The report of ``run``; ``rank_failures`` each failing rank's text, ``test_file`` the path
     whose lines the stacks mark."""
     states = run.states
-    verdict = run.verdict
     words = lead(
-        verdict,
+        run.verdict,
         unfinished=bool(run.unfinished_work),
         unreceived=bool(run.unreceived_messages),
         differ=bool(run.sequence_differences),
@@ -109,24 +89,14 @@ def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report
     ]
     sequences = group_sequences(states)
     return Report(
-        test_id=run.test_id,
+        run=run,
         test_file=test_file,
-        world_size=run.spec.world_size,
-        backend=run.spec.backend,
-        timeout=run.spec.timeout,
-        elapsed=run.elapsed,
-        ended=run.ended,
-        verdict=verdict,
         lead=words,
-        tag=tag(verdict, run.elapsed),
+        tag=tag(run.verdict, run.elapsed),
         ranks=ranks,
         sequences=sequences,
         divergence=divergence(sequences, {s.rank: not_entered(s) for s in states}),
         p2p=p2p_table(states),
-        faults_not_fired=run.faults_not_fired,
-        sequence_differences=run.sequence_differences,
-        unfinished_work=run.unfinished_work,
-        unreceived_messages=run.unreceived_messages,
         tree=stack_tree.merged(run.stacks),
     )
 
