@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from pytest_ddp.common.protocol import ProtocolError, RankRole, fields_from_json
 
@@ -90,9 +90,7 @@ class End:
 
 
 Message = Hello | Data | Dumped | Exited | Start | Command | Dump | Kill | End
-_TYPES: dict[str, type[Any]] = {
-    t.KIND: t for t in (Hello, Data, Dumped, Exited, Start, Command, Dump, Kill, End)
-}
+_TYPES: dict[str, type[Any]] = {t.KIND: t for t in get_args(Message)}
 _RAW = (Data, Command)  # their payload travels raw after the header
 
 
