@@ -79,8 +79,8 @@ def merged_reports(
     keywords = {name: 1 for name in item.keywords}
     if isinstance(run, StartFailure):  # no rank ran it: its setup failed
         text = start_failure_text(run)
-        setup = _report(item, keywords, "setup", "failed", text)
-        return [setup, _report(item, keywords, "teardown", "passed", None)], None
+        setup = _report(item.nodeid, item.location, keywords, "setup", "failed", text)
+        return [setup, _report(item.nodeid, item.location, keywords, "teardown", "passed", None)], None
 
     rank_reports: dict[str, dict[int, RankReport]] = {when: {} for when in PHASES}
     rank_failures: dict[int, str] = {}
@@ -138,7 +138,7 @@ def merged_reports(
                 )
         elif outcome == "skipped":
             longrepr = _skip_longrepr(item, per_rank)
-        report = _report(item, keywords, when, outcome, longrepr)
+        report = _report(item.nodeid, item.location, keywords, when, outcome, longrepr)
         if wasxfail is not None:
             report.wasxfail = wasxfail
         # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
@@ -185,16 +185,8 @@ def stopped_group_report(
     reps = {rank: _stop_teardown_report(end, test_file, config) for rank, end in failure.failures.items()}
     texts = {rank: rep.longreprtext for rank, rep in reps.items() if rep is not None}
     nodeid, (path, _, _) = last_item
-    report = pytest.TestReport(
-        nodeid=nodeid,
-        location=(path, None, f"ddp group {failure.group} (stopped after {test})"),
-        keywords={},
-        outcome="failed",
-        longrepr=stopped_group_text(failure, texts),
-        when="teardown",
-        sections=[],
-        user_properties=[],
-    )
+    location = (path, None, f"ddp group {failure.group} (stopped after {test})")
+    report = _report(nodeid, location, {}, "teardown", "failed", stopped_group_text(failure, texts))
     report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
     return _printable(report)
 
@@ -206,7 +198,7 @@ def _stop_teardown_report(
     controller's of a rank that sent none (it died in that teardown, or was killed in it)."""
     if isinstance(end, UnfinishedTeardown):
         text = unfinished_teardown_text(end, test_file)
-        report = pytest.TestReport("", (test_file, None, ""), {}, "failed", text, "teardown", [])
+        report = _report("", (test_file, None, ""), {}, "teardown", "failed", text)
         report.duration = end.duration
         return report
     if end.data is None:  # a pass, sent without its report
@@ -276,13 +268,18 @@ def _skip_longrepr(item: pytest.Item, per_rank: dict[int, RankReport]) -> Any:
 
 
 def _report(
-    item: pytest.Item, keywords: Mapping[str, Any], when: str, outcome: str, longrepr: Any
+    nodeid: str,
+    location: tuple[str, int | None, str],
+    keywords: Mapping[str, Any],
+    when: str,
+    outcome: str,
+    longrepr: Any,
 ) -> pytest.TestReport:
-    """The controller's report of one phase; ``keywords``, the item's, are copied (walking the item's
+    """The controller's report of one phase; ``keywords``, an item's, are copied (walking the item's
     and its parents' keywords once for all phases)."""
     return pytest.TestReport(
-        nodeid=item.nodeid,
-        location=item.location,
+        nodeid=nodeid,
+        location=location,
         keywords=dict(keywords),
         outcome=outcome,  # type: ignore[arg-type]
         longrepr=longrepr,
