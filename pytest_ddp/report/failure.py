@@ -1,16 +1,11 @@
 """The failure text: a report (:mod:`pytest_ddp.report.model`) as pytest shows it, and the texts
 of a test no rank ran and of a stopped group's failed teardown.
 
-One order, so that people learn where to look: the headline (what happened and to whom, then
-the verdict's status and kind in brackets, kept by pytest's cut one-line summary; one line of at
-most ``HEADLINE_LIMIT`` characters); a line per rank, then the lead in full if the headline cut
-it; the collective sequences side by side; the failing ranks' tracebacks, the stopped ranks'
-main threads merged (:mod:`pytest_ddp.report.stack_tree`) and their stacks (:func:`format_dump`);
-the stderr of ranks that died.
-
-Above ``GROUP_ABOVE`` ranks, so that a 64-rank report fits on a screen, ranks in the same state
-share a line and alike sequence columns a column; identical tracebacks, stacks and stderr tails
-are shown once with their ranks at any size.  The JSON keeps every rank.
+One order, so that people learn where to look (:func:`render` writes it; docs/guide.md's
+"Reading a hang report" tells it).  Above ``GROUP_ABOVE`` ranks, so that a 64-rank report fits
+on a screen, ranks in the same state share a line and alike sequence columns a column;
+identical tracebacks, stacks and stderr tails are shown once with their ranks at any size.  The
+JSON keeps every rank.
 """
 
 from __future__ import annotations
