@@ -34,20 +34,10 @@ def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> li
     statement calling by name the op recorded at its line (``made``: line -> op), the lines of
     those calls met (those that alone would have led there, else all); ``[]`` where a way passes
     none; None where the code cannot tell."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    found = _flow_of(source, start, end)
+    if found is None:
         return None
-    function = _function_at(tree, start)
-    if function is None or function is not _function_at(tree, end):
-        return None
-    try:
-        flow = _Flow(function)
-    except _Unknown:
-        return None
-    first, last = flow.statement_at(start), flow.statement_at(end)
-    if first is None or last is None:
-        return None
+    flow, first, last = found
     blocking = {s for s in flow.statements if s is not last and _calls_by_name(s, made)}
     reached, met = _walk(flow, first, last, blocking)
     if reached:
@@ -70,9 +60,8 @@ def one_rank_branch(source: str, line: int) -> int | None:
     0``, ``is_global_zero``, either of them ``and`` more) and whose body holds the statement at
     ``line``: it runs on that rank only, at whatever world size; None where none does, or the
     code cannot tell."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = _parsed(source)
+    if tree is None:
         return None
     found = None
     for node in ast.walk(tree):
@@ -92,9 +81,8 @@ def syncs_inside(source: str, line: int, op: str) -> bool:
     """The simple statement at ``line`` made the recorded ``op`` inside a function it calls (a
     checkpoint's save, a metric's compute, accelerate's ``gather_object``), neither by the op's
     name nor through ``backward()``: the call's sync is not in sight where it is made."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = _parsed(source)
+    if tree is None:
         return False
     holding = [
         node for node in ast.walk(tree)
@@ -143,20 +131,10 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     code may reach from the statement at line ``start`` before any statement calling the op
     recorded at its line (``made``, as :func:`calls_between`'s): where a process that ended
     outside any call may have left; None where the code cannot tell."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    found = _flow_of(source, start, start)
+    if found is None:
         return None
-    function = _function_at(tree, start)
-    if function is None:
-        return None
-    try:
-        flow = _Flow(function)
-    except _Unknown:
-        return None
-    first = flow.statement_at(start)
-    if first is None:
-        return None
+    flow, first, _ = found
     blocking = {s for s in flow.statements if _calls_by_name(s, made)}
     exits = {s for s in flow.statements if not isinstance(s, _COMPOUND)
              and any(_named(call) in _EXITS for call in _unconditional_calls(s))}
@@ -196,6 +174,28 @@ def _walk(
             continue
         todo.extend(flow.after(node))
     return False, met
+
+
+def _parsed(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _flow_of(source: str, start: int, end: int) -> tuple[_Flow, ast.stmt, ast.stmt] | None:
+    """The flow of the one function holding lines ``start`` and ``end``, and its statements at
+    each; None where the code cannot tell."""
+    tree = _parsed(source)
+    function = None if tree is None else _function_at(tree, start)
+    if tree is None or function is None or function is not _function_at(tree, end):
+        return None
+    try:
+        flow = _Flow(function)
+    except _Unknown:
+        return None
+    first, last = flow.statement_at(start), flow.statement_at(end)
+    return None if first is None or last is None else (flow, first, last)
 
 
 def _function_at(tree: ast.Module, line: int) -> ast.FunctionDef | None:
