@@ -13,11 +13,10 @@ from collections.abc import Callable
 
 from pytest_ddp.common.dtypes import ELEMENT_SIZES
 from pytest_ddp.common.ops import COLLECTIVES
-from pytest_ddp.diagnose import majority
+from pytest_ddp.diagnose import majority, waits
 from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Disagreement, Verdict
-from pytest_ddp.diagnose.waits import collective_at, group_members
 
 # What two calls are compared by: equal keys agree.
 Key = Callable[[Call], tuple[object, ...]]
@@ -61,21 +60,11 @@ def inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
             continue
         position = (call.group, call.seq, call.group_ranks)
         if position not in entered:
-            entered[position] = _completion_keys(call, ranks)
+            entered[position] = {m: _completion_key(c) for m, c in waits.entered(call, ranks).items()}
         own = _completion_key(call)
         if any(key != own for member, key in entered[position].items() if member != rank):
             return mismatch_verdict("deadlock", ranks, call, _completion_key)
     return None
-
-
-def _completion_keys(call: Call, ranks: dict[int, RankState]) -> dict[int, tuple[object, ...]]:
-    """Each member of ``call``'s group that entered its collective -> the completion key of its call there."""
-    keys = {}
-    for member in group_members(call, ranks) or []:
-        theirs = collective_at(ranks[member], call.group, call.seq)
-        if theirs is not None:
-            keys[member] = _completion_key(theirs)
-    return keys
 
 
 def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
@@ -152,12 +141,7 @@ def mismatch_verdict(status: str, ranks: dict[int, RankState], call: Call, key: 
     """The verdict on the members that entered ``call``'s collective: those whose call differs
     by ``key`` from most are named; in a tie every one is, with what tells its likely culprits
     (:func:`pytest_ddp.diagnose.majority.likely`)."""
-    members = sorted(set(call.group_ranks or ranks) & set(ranks))
-    entered = {}
-    for r in members:
-        theirs = collective_at(ranks[r], call.group, call.seq)
-        if theirs is not None:
-            entered[r] = theirs
+    entered = waits.entered(call, ranks)
     culprits, agreeing = majority.minority(entered, key)
     likely: dict[int, Call] = {}
     after: dict[int, tuple[Call, Call]] = {}

@@ -65,10 +65,14 @@ def group_members(call: Call, ranks: dict[int, RankState]) -> list[int] | None:
     return [m for m in listed if m in ranks]
 
 
-def _members(rank: int, call: Call, ranks: dict[int, RankState]) -> list[int] | None:
-    """The other ranks of the call's group; None when the group's members are unknown."""
-    listed = group_members(call, ranks)
-    return None if listed is None else [m for m in listed if m != rank]
+def entered(call: Call, ranks: dict[int, RankState]) -> dict[int, Call]:
+    """Each member of the call's group that entered its collective -> its call there."""
+    found = {}
+    for member in group_members(call, ranks) or []:
+        theirs = collective_at(ranks[member], call.group, call.seq)
+        if theirs is not None:
+            found[member] = theirs
+    return found
 
 
 class _Seen:
@@ -129,17 +133,13 @@ def waits_of(ranks: dict[int, RankState]) -> dict[int, Wait]:
         elif call.is_p2p:
             wait = _p2p_wait(rank, call, ranks, seen)
         elif call.is_collective:
-            wait = _collective_wait(rank, call, seen)
+            absent = seen.absent(call)  # the rank itself took part: it is in the call
+            wait = None if absent is None else Wait(call, [m for m in absent if m != rank])
         else:  # new_group, destroy_process_group, batch_isend_irecv
             wait = None
         if wait is not None:
             waits[rank] = wait
     return waits
-
-
-def _collective_wait(rank: int, call: Call, seen: _Seen) -> Wait | None:
-    absent = seen.absent(call)  # the rank itself took part: it is in the call
-    return None if absent is None else Wait(call, [m for m in absent if m != rank])
 
 
 def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _Seen) -> Wait | None:
@@ -158,7 +158,8 @@ def _p2p_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _Seen) -
 
 def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _Seen) -> Wait | None:
     """A receive from any source is stuck only if no member can still send: OR semantics."""
-    members = _members(rank, call, ranks)
+    listed = group_members(call, ranks)
+    members = None if listed is None else [m for m in listed if m != rank]
     mine = [c for c in ranks[rank].calls if c.is_p2p and c.group == call.group and c.is_recv]
     # An earlier irecv may still be unmatched, so a send cannot be told to be this one's.
     if members is None or any(c.is_async for c in mine):
