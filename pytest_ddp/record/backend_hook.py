@@ -19,6 +19,7 @@ Every private torch name the plugin relies on is used here alone; where this tor
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType, FunctionType
@@ -31,6 +32,8 @@ import torch.distributed._functional_collectives as _functional_collectives
 from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
+# handle(arguments by name, run): what a kernel does with a call, ``run()`` handing it on
+Handle = Callable[["dict[str, Any]", Callable[[], Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
@@ -119,14 +122,15 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
         if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
             continue
         overload = getattr(torch.ops.c10d, name).default
-        collectives.impl(name, _kernel(overload, spec, record, recording), "BackendSelect", with_keyset=True)
+        kernel = _kernel(overload, functools.partial(record, spec), recording)
+        collectives.impl(name, kernel, "BackendSelect", with_keyset=True)
     return collectives
 
 
 def _waits_across_threads() -> bool:
     """Whether a wait_tensor in one thread finds the work that a functional collective of another
     thread registered (not in torch 2.8).  Where not, the recorder needs each one's Work, which
-    only the c10d operation it issues has (see :func:`_arming_kernel`)."""
+    only the c10d operation it issues has (see :func:`_issuing`)."""
     c10d_c: Any = torch._C._distributed_c10d
     tensor = torch.empty(1)
     done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
@@ -146,7 +150,8 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
     """Their kernels and wait_tensor's (``record`` None: each arms the c10d kernels instead)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-    functional.impl("wait_tensor", _wait_kernel(wait_tensor, wait), "BackendSelect", with_keyset=True)
+    waiting = _kernel(wait_tensor, lambda arguments, run: wait(arguments["tensor"], run))
+    functional.impl("wait_tensor", waiting, "BackendSelect", with_keyset=True)
     for qualified in torch._C._dispatch_get_all_op_names():
         namespace, _, name = qualified.partition("::")
         if namespace != "_c10d_functional" or name in _NOT_FUNCTIONAL_COLLECTIVES:
@@ -157,9 +162,9 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
             registered = name if overload == "default" else f"{name}.{overload}"
             operation = getattr(packet, overload)
             if spec is not None and record is not None:
-                kernel = _kernel(operation, spec, record, recording)
+                kernel = _kernel(operation, functools.partial(record, spec), recording)
             else:
-                kernel = _arming_kernel(operation, spec.op if spec else "")
+                kernel = _kernel(operation, _issuing(spec.op if spec else ""))
             functional.impl(registered, kernel, "BackendSelect", with_keyset=True)
     return functional
 
@@ -229,51 +234,36 @@ def tracing() -> bool:
     return _dispatch_mode(_FAKE_MODE) is not None
 
 
-def _kernel(overload: Any, spec: BackendOp, record: Record, recording: Recording) -> Callable[..., Any]:
+def _kernel(overload: Any, handle: Handle, recording: Recording = lambda: True) -> Callable[..., Any]:
+    """``overload``'s kernel: a call that runs (not traced) while ``recording()`` goes to ``handle``."""
     names = [argument.name for argument in overload._schema.arguments]
     redispatch = overload._handle.redispatch_boxed  # what overload.redispatch calls, a frame less
 
     def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
         keys = keys & _PAST_BACKEND_SELECT
         # A c10d operation's usual case: the torch.distributed function recorded it.
-        if not recording() or keys.has(_META):
+        if keys.has(_META) or not recording():
             return redispatch(keys, *args, **kwargs)
         bound = dict(zip(names, args))
         bound.update(kwargs)
-        return record(spec, bound, lambda: redispatch(keys, *args, **kwargs))
+        return handle(bound, lambda: redispatch(keys, *args, **kwargs))
 
     return out_of_compile(kernel)
 
 
-def _arming_kernel(overload: Any, name: str) -> Callable[..., Any]:
+def _issuing(name: str) -> Handle:
     """A functional collective recorded at the c10d operation it issues (``name`` "": not in
     FUNCTIONAL_OPS)."""
-    redispatch = overload._handle.redispatch_boxed
 
-    def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
-        keys = keys & _PAST_BACKEND_SELECT
-        if keys.has(_META):
-            return redispatch(keys, *args, **kwargs)
+    def issue(arguments: dict[str, Any], run: Callable[[], Any]) -> Any:
         arm()
         outer, _functional.running = _functional.running, name
         try:
-            return redispatch(keys, *args, **kwargs)
+            return run()
         finally:
             _functional.running = outer
 
-    return out_of_compile(kernel)
-
-
-def _wait_kernel(overload: Any, wait: Wait) -> Callable[..., Any]:
-    redispatch = overload._handle.redispatch_boxed
-
-    def kernel(keys: Any, tensor: torch.Tensor) -> Any:
-        keys = keys & _PAST_BACKEND_SELECT
-        if keys.has(_META):
-            return redispatch(keys, tensor)
-        return wait(tensor, lambda: redispatch(keys, tensor))
-
-    return out_of_compile(kernel)
+    return issue
 
 
 def wait_tensor(tensor: torch.Tensor) -> None:
