@@ -110,11 +110,8 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
     finally:
         _local.depth = 0
     _unwaited[index] = result
-    if isinstance(result, torch.Tensor):
-        _backend_tensors[result.data_ptr()] = index
-    else:
-        for tensor in backend_hook.tensors_in(result):
-            _backend_tensors[tensor.data_ptr()] = index
+    for tensor in backend_hook.tensors_in((result,)):
+        _backend_tensors[tensor.data_ptr()] = index
     return result
 
 
@@ -131,57 +128,48 @@ def _write_call(
     if _armed:
         injector.on_call(spec.op, sys._getframe(2))
     try:
-        head, tail, key = _call_parts(spec, describe.group_of(group_in(args)), args, issued_async)
-        body = f'{head}{describe.site(sys._getframe(2))},"t":{time.time()!r}{tail}'
+        op = OPS[spec.op]
+        group = describe.group_of(group_in(args))
+        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
+        key: tuple[Any, ...] = (group.name,)
+        peer = None  # a receive from any source
+        if spec.rank is not None:
+            given = args[spec.rank]
+            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
+            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
+        if op.pairs:
+            key = (group.name, op.direction, peer)
+        if issued_async:
+            fields += ',"async":true'
+        fields += describe.backend_extra(op, args)
+        body = f'"op":"{spec.op}",{group.text},{describe.site(sys._getframe(2))},"t":{time.time()!r}{fields}'
     except Exception:  # describing must never break the call
         return None
     index, _ = state.numbering.write_call(log, body, key)
     return index
 
 
-def _call_parts(
-    spec: BackendOp, group: describe.Group, args: dict[str, Any], issued_async: bool
-) -> tuple[str, str, tuple[Any, ...]]:
-    """The call event's parts before and after its site and time, and its numbering key."""
-    op = OPS[spec.op]
-    fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
-    key: tuple[Any, ...] = (group.name,)
-    peer = None
-    if spec.rank is not None:
-        given = args[spec.rank]
-        peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
-        fields += f',"{"peer" if op.pairs else "root"}":{peer}'
-    if op.pairs:
-        key = (group.name, op.direction, peer)
-    if issued_async:
-        fields += ',"async":true'
-    return f'"op":"{spec.op}",{group.text},', f'{fields}{describe.backend_extra(op, args)}', key
-
-
 # -- waits -----------------------------------------------------------------------
 
 
 def waited(index: int | None, wait: Callable[[], Any]) -> Any:
-    """A wait event, the wait for asynchronous call ``index`` (None: not recorded), then its ret."""
+    """A wait event, the wait for asynchronous call ``index`` (None: not recorded), then its ret,
+    if not written yet."""
     log = state.log
     if log is None or index is None:
         return wait()
     write_wait(log, index)
+    error = None
     try:
-        result = wait()
+        return wait()
     except BaseException as exc:
-        _returned(log, index, exc)
+        error = exc
         raise
-    _returned(log, index, None)
-    return result
-
-
-def _returned(log: EventLog, index: int, error: BaseException | None) -> None:
-    """The caller's wait for asynchronous call ``index`` returned: its ret, if not written yet."""
-    if _unwaited.pop(index, None) is None:
-        _pending.sweep(index, error)
-    else:
-        write_ret(log, index, error)
+    finally:
+        if _unwaited.pop(index, None) is None:
+            _pending.sweep(index, error)
+        else:
+            write_ret(log, index, error)
 
 
 def _record_wait_tensor(tensor: torch.Tensor, wait: Callable[[], Any]) -> Any:
