@@ -26,7 +26,7 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import OPS, BackendOp
 from pytest_ddp.record import backend_hook, describe, injector, state
 from pytest_ddp.record.injector import armed as _armed
-from pytest_ddp.record.numbering import first_line, run_call, write_ret, write_wait
+from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret, write_wait
 
 _local = state.local
 _pending = state.pending
@@ -145,8 +145,7 @@ def _write_call(
         body = f'"op":"{spec.op}",{group.text},{describe.site(sys._getframe(2))},"t":{time.time()!r}{fields}'
     except Exception:  # describing must never break the call
         return None
-    index, _ = state.numbering.write_call(log, body, key)
-    return index
+    return numbers.write_call(log, body, key)
 
 
 # -- waits -----------------------------------------------------------------------

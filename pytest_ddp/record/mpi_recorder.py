@@ -38,7 +38,6 @@ from pytest_ddp.record.mpi_describe import (
 WORLD = "WORLD"
 
 _log: EventLog | None = None
-_numbers = numbering.numbers()
 _originals: dict[str, Any] = {}  # "COMM_WORLD", "Request": what install replaced in the MPI module
 _test = 0  # which test: a communicator made by an earlier test is named "before-..."
 _comms_made = 0  # communicators made in the current test, for their names
@@ -46,14 +45,15 @@ _world_group: MPI.Group | None = None
 
 
 class _Pending(NamedTuple):
-    """A request of the current test whose call has no ret yet."""
+    """A request whose call has no ret yet."""
 
     call: int  # its index
-    generation: int  # the numbering's, when the call was made: a later test drops it
     ranks: list[int] | None  # a receive that left its source or tag open: its communicator's world ranks
 
 
-_pending: dict[int, Any] = {}  # call index -> its RecordingRequest, until it completes
+# call index -> its RecordingRequest, until it completes: the current test's (one of an earlier test
+# is not there, or another is there in its place)
+_pending: dict[int, Any] = {}
 
 
 # -- what a call looks like --------------------------------------------------------
@@ -162,11 +162,12 @@ def _finish(
     request: Any, pending: _Pending, error: BaseException | None, status: MPI.Status | None = None
 ) -> None:
     """A request completed (or failed): its call's ret, unless its test is over."""
-    request._ddp = None
-    _pending.pop(pending.call, None)
     log = _log
-    with _numbers.lock:
-        if log is None or pending.generation != _numbers.generation:
+    with numbering.numbers.lock:
+        if _pending.get(pending.call) is not request:
+            return
+        del _pending[pending.call]
+        if log is None:
             return
         if error is None:
             _write_ret(log, pending.call, status, pending.ranks)
@@ -177,7 +178,7 @@ def _finish(
 def _recorded(request: Any) -> _Pending | None:
     """The request's pending call, if it is one of the current test's."""
     pending: _Pending | None = getattr(request, "_ddp", None)
-    return pending if pending is not None and pending.generation == _numbers.generation else None
+    return pending if pending is not None and _pending.get(pending.call) is request else None
 
 
 _Request: Any = MPI.Request  # mpi4py's own, whatever install makes of MPI.Request
@@ -316,15 +317,11 @@ def _wrap(spec: Op) -> Callable[..., Any]:
             status = bound.get("status")
             if status is None:
                 status = kwargs["status"] = MPI.Status()
-        index, generation = _numbers.write_call(log, body, key)
-        try:
-            result = original(self, *args, **kwargs)
-        except BaseException as exc:
-            numbering.write_ret(log, index, exc)
-            raise
+        index = numbering.numbers.write_call(log, body, key)
+        result = numbering.run_call(log, index, lambda: original(self, *args, **kwargs))
         if returns_request:
             request = RecordingRequest(result)
-            request._ddp = _Pending(index, generation, comm.ranks if open_ended else None)
+            request._ddp = _Pending(index, comm.ranks if open_ended else None)
             _pending[index] = request
             return request
         if spec.makes_comm:
@@ -343,7 +340,7 @@ def _abort(self: Any, errorcode: int = 0) -> NoReturn:
         with contextlib.suppress(Exception):  # describing must never break the user's call
             where = f'{_comm(self).text},{describe.site(sys._getframe(1))},"t":{time.time()!r}'
             body = f'"op":"{MPI_ABORT}",{where},"extra":{{"errorcode":{int(errorcode)}}}'
-            index, _ = _numbers.write_call(log, body, None)
+            index = numbering.numbers.write_call(log, body, None)
     try:
         MPI.Intracomm.Abort(self, errorcode)
     except BaseException as exc:  # it did not abort (an errorcode that is no C int): the rank goes on
@@ -402,10 +399,11 @@ def uninstall() -> None:
 def start_test() -> None:
     """A new test begins: call numbers start again, the last test's requests are forgotten."""
     global _test, _comms_made
-    _numbers.reset()
+    numbering.numbers.reset()
     _test += 1
     _comms_made = 0
-    _pending.clear()
+    with numbering.numbers.lock:
+        _pending.clear()
 
 
 def unfinished_work(wait: float) -> list[dict[str, Any]]:
@@ -421,7 +419,5 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
         time.sleep(0.001)  # polling MPI, not waiting for another process's event
     why = f"request not complete {wait:g} s after the test"
     unfinished = [{"i": index, "err": why} for index in sorted(_pending)]
-    for request in _pending.values():
-        request._ddp = None  # forgotten: a later wait on it is not this test's
-    _pending.clear()
+    _pending.clear()  # a later wait on one is not this test's
     return unfinished

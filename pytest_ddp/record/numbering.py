@@ -20,18 +20,16 @@ class Numbers:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.generation = 0  # which test: a late ret of an earlier test is dropped
         self.index = 0
         self.seq: dict[tuple[Any, ...], int] = {}
 
     def reset(self) -> None:
         with self.lock:
-            self.generation += 1
             self.index = 0
             self.seq = {}
 
-    def write_call(self, log: EventLog, body: str, key: tuple[Any, ...] | None) -> tuple[int, int]:
-        """Number the call (seq 0 without a key), write it; returns (index, generation)."""
+    def write_call(self, log: EventLog, body: str, key: tuple[Any, ...] | None) -> int:
+        """Number the call (seq 0 without a key), write it; returns its index."""
         with self.lock:
             index = self.index
             self.index += 1
@@ -39,15 +37,10 @@ class Numbers:
             if key is not None:
                 seq = self.seq[key] = self.seq.get(key, 0) + 1
             log.write_line(f'{{"e":"call","i":{index},"seq":{seq},{body}}}')
-            return index, self.generation
+            return index
 
 
-_numbers = Numbers()
-
-
-def numbers() -> Numbers:
-    """This rank's call numbering: one sequence of call indexes for torch's and MPI's calls."""
-    return _numbers
+numbers = Numbers()  # this rank's: one sequence of call indexes for torch's and MPI's calls
 
 
 def first_line(error: BaseException) -> str:
@@ -107,7 +100,7 @@ class Pending:
             future = work.get_future()
         except Exception:
             return False
-        with _numbers.lock:
+        with numbers.lock:
             self.works[index] = (work, future)
         if not self._wake.is_set():  # setting it takes a lock and wakes the thread
             self._wake.set()
@@ -115,13 +108,13 @@ class Pending:
 
     def owe(self, index: int) -> bool:
         """Leave the ret of point-to-point call ``index`` to its wait, or the test's end (:meth:`settle`)."""
-        with _numbers.lock:
+        with numbers.lock:
             self.owed.add(index)
         return True
 
     def settle(self, index: int, error: BaseException | None = None) -> None:
         """The wait for call ``index`` returned (with ``error`` if it raised): its ret, if owed."""
-        with _numbers.lock:
+        with numbers.lock:
             if index in self.owed:
                 self.owed.discard(index)
                 if self.log is not None:
@@ -132,7 +125,7 @@ class Pending:
         if waited is not None:
             self.settle(waited, error)
         log = self.log
-        with _numbers.lock:
+        with numbers.lock:
             for index, (work, future) in list(self.works.items()):
                 if index == waited:
                     failure = error
@@ -153,7 +146,7 @@ class Pending:
 
     def clear(self) -> None:
         """Forget the pending calls (their test is over)."""
-        with _numbers.lock:
+        with numbers.lock:
             self.works.clear()
             self.owed.clear()
 

@@ -33,10 +33,9 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import DESTROY, OPS, Op
 from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, state
 from pytest_ddp.record.injector import armed as _armed
-from pytest_ddp.record.numbering import first_line, run_call, write_ret
+from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret
 
 _local = state.local
-_numbers = state.numbering
 _pending = state.pending
 # id(work) -> (call index, work) of the current test's asynchronous calls, checked when it ends.
 _works: dict[int, tuple[int, Any]] = {}
@@ -47,7 +46,7 @@ def start_test() -> None:
     _pending.clear()  # first: a ret swept now belongs to the test that ended
     _pending.start_looking()
     backend_hook.disarm()  # the test arms the hook again if it needs it
-    _numbers.reset()
+    numbers.reset()
     describe.start_test()
     _works.clear()
     backend_recorder.start_test()
@@ -77,7 +76,7 @@ def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: i
         body = f'"op":"{op}","group":"harness","ranks":[{ranks}],{site},"t":{time.time()!r}'
         if root is not None:
             body += f',"root":{root}'
-        index, _ = _numbers.write_call(log, body, ("harness",))
+        index = numbers.write_call(log, body, ("harness",))
         result = run_call(log, index, run)
         write_ret(log, index)
         return result
@@ -145,7 +144,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 body = f'{prefix}{group.text},{site},"t":{time.time()!r}{fields}'
             except Exception:  # describing must never break the user's call
                 return original(*args, **kwargs)
-            index, _ = _numbers.write_call(log, body, key)
+            index = numbers.write_call(log, body, key)
             handed = None
             if spec.is_collective:
                 handed = backend_hook.collectives_handed(bound.get("group"))

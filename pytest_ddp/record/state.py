@@ -11,7 +11,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.record import backend_hook
-from pytest_ddp.record.numbering import Pending, numbers
+from pytest_ddp.record.numbering import Pending
 
 
 class _Depth(threading.local):
@@ -20,7 +20,6 @@ class _Depth(threading.local):
 
 log: EventLog | None = None  # where the calls are recorded; None: they are not
 local = _Depth()
-numbering = numbers()
 pending = Pending()
 originals: dict[tuple[Any, str], Any] = {}  # (owner, name) -> what the recorder replaced there
 
