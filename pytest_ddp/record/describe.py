@@ -33,7 +33,7 @@ _INTERNAL_DIRS = tuple(
     for module in (torch, sys.modules["pytest_ddp"], __import__("pluggy"), __import__("_pytest"))
 )
 
-_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
+json_text = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _UNSEEN = object()
 _site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal
 
@@ -71,7 +71,7 @@ def _site_file(filename: str) -> str | None:
         relative = os.path.relpath(filename)
         if not relative.startswith(".."):
             filename = relative
-    return _json(filename)[1:-1]
+    return json_text(filename)[1:-1]
 
 
 def _shown(filename: str) -> str | None:
@@ -177,9 +177,13 @@ def group_of(group: Any) -> Group:
         ranks = dist.get_process_group_ranks(group)
     except Exception:  # not a member (NON_GROUP_MEMBER), or destroyed
         return Group("?", [], '"group":"?"')
-    described = Group(name, ranks, f'"group":{_json(name)},"ranks":{_json(ranks)}')
+    described = Group(name, ranks, group_text(name, ranks))
     _groups[id(group)] = (weakref.ref(group), described)
     return described
+
+
+def group_text(name: str, ranks: list[int]) -> str:
+    return f'"group":{json_text(name)},"ranks":{json_text(ranks)}'
 
 
 @functools.lru_cache(maxsize=64)
@@ -286,7 +290,7 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
 
 def optional_fields(fields: dict[str, Any]) -> str:
     """``,"key":value`` for each field that is not None or empty."""
-    return "".join(f',"{k}":{_json(v)}' for k, v in fields.items() if v not in (None, [], {}))
+    return "".join(f',"{k}":{json_text(v)}' for k, v in fields.items() if v not in (None, [], {}))
 
 
 def _root(spec: Op, args: dict[str, Any], group: Group) -> int | None:

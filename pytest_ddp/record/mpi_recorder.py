@@ -24,16 +24,8 @@ from mpi4py import MPI
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import MPI_ABORT, MPI_OPS, Op
-from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.record import describe, numbering
-from pytest_ddp.record.mpi_describe import (
-    buffer_fields,
-    encode,
-    extra_text,
-    object_fields,
-    reduction,
-    reductions,
-)
+from pytest_ddp.record.mpi_describe import Comm, collective, p2p, reductions
 
 WORLD = "WORLD"
 
@@ -56,26 +48,10 @@ class _Pending(NamedTuple):
 _pending: dict[int, Any] = {}
 
 
-# -- what a call looks like --------------------------------------------------------
+# -- what a communicator looks like ------------------------------------------------------
 
 
-class _Comm(NamedTuple):
-    """A communicator as the event log shows it."""
-
-    name: str  # "WORLD", or by creation order in the test: "1", "2.2" (a Split's part from world rank 2)
-    ranks: list[int]  # the world rank of each of its ranks
-    rank: int  # this process's rank in it
-    text: str  # '"group":"1","ranks":[0,1]'
-    test: int  # the test that named it
-
-    def world(self, rank: int) -> int:
-        """A communicator's rank as a world rank; MPI.PROC_NULL as NULL_PEER."""
-        if rank == MPI.PROC_NULL:
-            return NULL_PEER
-        return self.ranks[rank] if 0 <= rank < len(self.ranks) else rank
-
-
-def _describe_comm(comm: MPI.Intracomm, name: str) -> _Comm:
+def _describe_comm(comm: MPI.Intracomm, name: str) -> Comm:
     size = comm.Get_size()
     if name == WORLD or _world_group is None:
         ranks = list(range(size))
@@ -83,66 +59,18 @@ def _describe_comm(comm: MPI.Intracomm, name: str) -> _Comm:
         group = comm.Get_group()
         ranks = [int(r) for r in group.Translate_ranks(list(range(size)), _world_group)]
         group.Free()
-    return _Comm(name, ranks, comm.Get_rank(), _group_text(name, ranks), _test)
+    return Comm(name, ranks, comm.Get_rank(), describe.group_text(name, ranks), _test)
 
 
-def _group_text(name: str, ranks: list[int]) -> str:
-    return f'"group":{encode(name)},"ranks":{encode(ranks)}'
-
-
-def _comm(comm: Any) -> _Comm:
+def _comm(comm: Any) -> Comm:
     """The description of a recording communicator (cached on it)."""
-    described: _Comm | None = getattr(comm, "_ddp", None)
+    described: Comm | None = getattr(comm, "_ddp", None)
     if described is None:  # made by a method that is not recorded (Idup, Create_group, ...)
         described = comm._ddp = _describe_comm(comm, "?")
     elif described.test != _test and described.name != WORLD:
         name = described.name if described.name.startswith("before-") else f"before-{described.name}"
         described = comm._ddp = _describe_comm(comm, name)
     return described
-
-
-# (the event's fields after "t", its sequence counter's key, whether it is an open receive)
-Described = tuple[str, tuple[Any, ...], bool]
-
-
-def _describe_collective(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
-    extra: list[str] = []
-    fields = ""
-    root = None
-    if spec.rank:
-        root = args[spec.rank]
-        fields += f',"root":{comm.world(root)}'
-    if spec.tensors:
-        fields += buffer_fields(spec, args, extra)
-    if spec.obj and (not spec.obj_from_root or root == comm.rank):
-        fields += object_fields(args[spec.obj])
-    if spec.reduction:
-        extra.append(f'"op":{reduction(args[spec.reduction])}')
-    return fields + extra_text(extra), (comm.name,), False
-
-
-def _describe_p2p(spec: Op, args: dict[str, Any], comm: _Comm) -> Described:
-    assert spec.rank is not None and spec.tag is not None
-    extra: list[str] = []
-    fields = buffer_fields(spec, args, extra) if spec.tensors else ""
-    if spec.obj:
-        fields += object_fields(args[spec.obj])
-    given = args[spec.rank]
-    peer = None if given == MPI.ANY_SOURCE else comm.world(given)
-    if peer is not None:
-        fields += f',"peer":{peer}'
-    tag = args[spec.tag]
-    if tag != MPI.ANY_TAG:
-        fields += f',"tag":{tag}'
-    open_ended = spec.direction == "recv" and not spec.probe and (peer is None or tag == MPI.ANY_TAG)
-    if spec.recv_from and spec.recv_tag:  # Sendrecv: its receiving end
-        source, recv_tag = args[spec.recv_from], args[spec.recv_tag]
-        if source != MPI.ANY_SOURCE:
-            extra.append(f'"recv_from":{comm.world(source)}')
-        if recv_tag != MPI.ANY_TAG:
-            extra.append(f'"recv_tag":{int(recv_tag)}')
-        open_ended = source == MPI.ANY_SOURCE or recv_tag == MPI.ANY_TAG
-    return fields + extra_text(extra), (comm.name, spec.direction or spec.name, peer), open_ended
 
 
 # -- rets and waits --------------------------------------------------------------------
@@ -271,7 +199,7 @@ class _ModuleRequest(RecordingRequest, metaclass=_AnyRequest):
 # -- the communicator ----------------------------------------------------------------
 
 
-def _made(result: Any, parent: _Comm) -> Any:
+def _made(result: Any, parent: Comm) -> Any:
     """A communicator a recorded call made, recording too: named by creation order, a Split's part
     also by its lowest world rank."""
     global _comms_made
@@ -282,7 +210,7 @@ def _made(result: Any, parent: _Comm) -> Any:
     described = _describe_comm(comm, str(_comms_made))
     if len(described.ranks) < len(parent.ranks):
         name = f"{_comms_made}.{min(described.ranks)}"
-        described = described._replace(name=name, text=_group_text(name, described.ranks))
+        described = described._replace(name=name, text=describe.group_text(name, described.ranks))
     comm._ddp = described
     return comm
 
@@ -292,7 +220,7 @@ def _wrap(spec: Op) -> Callable[..., Any]:
     parameters = list(inspect.signature(original).parameters.values())[1:]  # after self
     names = tuple(p.name for p in parameters)
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-    describer = _describe_p2p if spec.pairs else _describe_collective
+    describer = p2p if spec.pairs else collective
     prefix = f'"op":"{spec.name}",'
     takes_status = "status" in names
     returns_request = not spec.blocks and not spec.probe
@@ -354,7 +282,7 @@ class RecordingComm(MPI.Intracomm):
     """An intracommunicator whose communication (:data:`pytest_ddp.common.ops.MPI_OPS`) is recorded."""
 
     __slots__ = ("_ddp",)
-    _ddp: _Comm
+    _ddp: Comm
 
 
 for _spec in MPI_OPS.values():
@@ -374,7 +302,7 @@ def install(log: EventLog) -> None:
     describe.add_internal(mpi4py)
     for name, op in vars(MPI).items():
         if isinstance(op, MPI.Op) and op != MPI.OP_NULL:
-            reductions[op.handle] = f'"{name}"'
+            reductions[op.handle] = name
     world = MPI.COMM_WORLD
     _originals.update(COMM_WORLD=world, Request=MPI.Request)
     _world_group = world.Get_group()
