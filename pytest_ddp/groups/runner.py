@@ -162,23 +162,22 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
         )
         verdict = watch.verdict(snapshot)
     ended = time.time()
-    for state in group.states:  # a stopped rank is named so, not "running"
-        if verdict.status != "done" and not state.finished:
-            state.process = group.process(state.rank)
+    # The ranks stopped while busy: named so, not "running" (finished ones reported theirs).
+    busy = [s for s in group.states if not s.finished] if verdict.status != "done" else []
+    for state in busy:
+        state.process = group.process(state.rank)
+        state.peak_rss = group.peak_rss(state.rank)
     verdict = wording.worded(verdict, group.states)
     run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
     group.current = None
-    if verdict.status != "done":
-        busy = [s for s in group.states if not s.finished]
-        for state in busy:  # finished ranks reported theirs
-            state.peak_rss = group.peak_rss(state.rank)
-        run.stacks = group.dump_stacks([s.rank for s in busy])
-        for state in busy:
-            state.stack_missing = state.rank not in run.stacks
+    run.stacks = group.dump_stacks([s.rank for s in busy])
+    for state in busy:
+        state.stack_missing = state.rank not in run.stacks
     run.outputs = {state.rank: group.test_output(state.rank) for state in group.states}
     if verdict.status != "done":
         group.kill()
-    if verdict.status == "done" and verdict.kind is None:
+        return run
+    if verdict.kind is None:
         # A rank an injected fault ended made fewer calls on purpose: the survivors are compared.
         survivors = [s for s in group.states if not s.died_as_injected]
         if spec.check_collectives:
@@ -191,7 +190,7 @@ def supervise(group: Group, spec: RankSpec) -> TestRun:
                 run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)
         run.faults_not_fired = not_fired(spec, group.states)
-    if verdict.status == "done" and spec.check_collectives:
+    if spec.check_collectives:
         # Also after a failure: a message left behind would be the next test's on a warm MPI world.
         run.unreceived_messages = consistency.unreceived_messages(group.states)
     return run
@@ -235,13 +234,6 @@ def group_is_reusable(run: TestRun, group: Group) -> bool:
             if (call.state != "ok" and not untouched) or (call.op == DESTROY and not renewable):
                 return False
     return True
-
-
-def _not_collected(test_id: str, collect_errors: list[str]) -> str:
-    text = f"the ranks did not collect {test_id}"
-    if collect_errors:
-        text += "; their collection errors:\n\n" + "\n\n".join(collect_errors)
-    return text
 
 
 def new_group(config: GroupConfig) -> Group:
@@ -296,7 +288,10 @@ class GroupPool:
                 group.start(deadline=begin + spec.timeout + START_ALLOWANCE)
                 if not group.can_run(command.id):
                     group.stop()
-                    raise GroupStartError(_not_collected(command.id, group.collect_errors))
+                    error = f"the ranks did not collect {command.id}"
+                    if group.collect_errors:
+                        error += "; their collection errors:\n\n" + "\n\n".join(group.collect_errors)
+                    raise GroupStartError(error)
             except GroupStartError as exc:
                 return StartFailure(command.id, spec, str(exc), time.monotonic() - begin, stopped)
             except OSError as exc:
@@ -335,4 +330,4 @@ class GroupPool:
         while self._groups:
             _, group = self._groups.popitem()
             stopped += _stop(group)
-        return [s for s in stopped if s]
+        return stopped
