@@ -19,10 +19,9 @@ from pytest_ddp.common.protocol import RunItem
 from pytest_ddp.config.settings import Settings, rank_pytest_args
 from pytest_ddp.config.spec import WORLD_SIZE_PARAM, RankSpec, SpecError, parse_mark, parse_timeout_mark
 from pytest_ddp.groups.admission import Admission, Launched
-from pytest_ddp.groups.forkserver_guard import Refusals
 from pytest_ddp.groups.group import GroupConfig
 from pytest_ddp.groups.runner import GroupPool, StartFailure, StoppedGroupFailure, TestRun
-from pytest_ddp.groups.spawn import fork_context, release_killing_signals
+from pytest_ddp.groups.spawn import Refusals, fork_context, release_killing_signals
 from pytest_ddp.launched.host import GATHER_WAIT
 from pytest_ddp.launched.launch import Launch, LaunchError
 from pytest_ddp.launched.world import LaunchedGroup, LaunchedWorld

@@ -5,15 +5,16 @@ it cannot parse (its loop lets only ``ECONNABORTED`` pass), killing every rank i
 another process of the user wrote there failed the running test as ``ranks 0, 1 died``.  The
 session's one client is the process that started the forkserver, its parent: any other peer (as the
 kernel names it) is refused before a byte is read, written down in the forkserver's folder, and the
-session warns of it (:class:`Refusals`); but a process forked from here (a rank, or what its test
-started: ranks are subreapers, so orphans stay in the tree) is the session's too, and is served.
+session warns of it (:class:`pytest_ddp.groups.spawn.Refusals`); but a process forked from here (a
+rank, or what its test started: ranks are subreapers, so orphans stay in the tree) is the session's
+too, and is served.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from multiprocessing import forkserver, reduction
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
@@ -53,33 +54,3 @@ def _refuse_strangers(sock: Any) -> None:
         pass  # unsaid, but refused all the same: any other error would end the forkserver
     # The forkserver's loop closes the connection and serves the next one.
     raise ConnectionAbortedError(errno.ECONNABORTED, f"refused {line.strip()}: not this forkserver's parent")
-
-
-class Refusals:
-    """What the running forkserver refused since this session's last look."""
-
-    def __init__(self) -> None:
-        self._offset = _size(_refused_file())
-
-    def new(self) -> list[str]:
-        path = _refused_file()
-        if path is None or _size(path) <= self._offset:
-            return []
-        with open(path, "rb") as f:
-            f.seek(self._offset)
-            text = f.read().decode(errors="replace")
-            self._offset = f.tell()
-        return text.splitlines()
-
-
-def _refused_file() -> Path | None:
-    """The running forkserver's file of refusals; None while none runs."""
-    address = forkserver._forkserver._forkserver_address  # type: ignore[attr-defined]
-    return None if address is None else Path(address).parent / REFUSED
-
-
-def _size(path: Path | None) -> int:
-    try:
-        return 0 if path is None else path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -3,6 +3,7 @@ from, a rank's start and files, the fork itself, and the TCPStore the ranks of a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import multiprocessing
@@ -17,7 +18,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from pytest_ddp.common.event_log import EventReader
 from pytest_ddp.common.protocol import PRELOAD_ENV, Command, RankRole, RankStart, encode
 from pytest_ddp.diagnose.state import RankState
+from pytest_ddp.groups.forkserver_guard import REFUSED
 
 # The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
 SECRET_ENV = "PYTEST_DDP_SECRET"
@@ -81,8 +83,6 @@ def fork_context() -> Any:
     """The forkserver context ranks are started from; starts the server, in the background."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([*PRELOAD, *_entry_point_plugins(), "pytest_ddp.groups.preload"])
-    from multiprocessing import forkserver
-
     if forkserver._forkserver._forkserver_pid is None:  # type: ignore[attr-defined]  # it starts now
         os.environ[PRELOAD_ENV] = _listed(torch_modules_imported())
     # The forkserver ignores SIGINT only after its imports; else Ctrl-C prints a traceback.
@@ -97,6 +97,23 @@ def fork_context() -> Any:
             if signal.getsignal(number) is signal.SIG_DFL:
                 signal.signal(number, _die_of_signal)
     return context
+
+
+class Refusals:
+    """What the running forkserver refused (:mod:`pytest_ddp.groups.forkserver_guard`) since this
+    session's last look."""
+
+    def __init__(self) -> None:
+        self._offset = 0
+        self.new()  # what it refused before this session's first look is not this session's
+
+    def new(self) -> list[str]:
+        address = forkserver._forkserver._forkserver_address  # type: ignore[attr-defined]
+        if address is None:  # none runs
+            return []
+        refused = read_bytes_from(Path(address).parent / REFUSED, self._offset)
+        self._offset += len(refused)
+        return refused.decode(errors="replace").splitlines()
 
 
 # The killing signals that came while held (hold_killing_signals); None while none is held.
@@ -142,13 +159,9 @@ def rank_start(
     role: RankRole, env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
 ) -> RankStart:
     """A rank's whole start: its role, and what only its machine knows (files, cwd, import path)."""
-    files = rank_files(folder, role.rank)
     return RankStart(
         role=role,
-        events=str(files["events"]),
-        stdout=str(files["stdout"]),
-        stderr=str(files["stderr"]),
-        dump=str(files["dump"]),
+        **{name: str(path) for name, path in rank_files(folder, role.rank).items()},
         env=env,
         cwd=os.getcwd(),
         pytest_args=pytest_args,
@@ -270,18 +283,13 @@ class ForkedRank(RankHandle):
         return int(self.process.sentinel)
 
     def send(self, command: Command) -> None:
-        if self.commands is None:
-            return
-        try:
-            self.commands.send_bytes(encode(command))
-        except OSError:
-            pass  # the rank is gone; its sentinel says so
+        if self.commands is not None:
+            with contextlib.suppress(OSError):  # the rank is gone; its sentinel says so
+                self.commands.send_bytes(encode(command))
 
     def request_dump(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
 
     def dump_complete(self, text: str, before: str | None) -> bool:
         return dump_complete(text, before)
