@@ -15,17 +15,15 @@ from operator import attrgetter, ne
 from pytest_ddp.diagnose.state import Call
 
 # Calls equal in these are the same call (Call.signature reads a subset of them).
-SAME_CALL = ("group", "seq", "op", "shapes", "dtypes", "root", "reduction")
+_SAME_CALL = attrgetter("group", "seq", "op", "shapes", "dtypes", "root", "reduction")
 
 
-def shared_prefix(sequences: Sequence[Sequence[Call]], fields: Sequence[str] = SAME_CALL) -> int:
-    """The number of leading positions at which every sequence's call equals the first
-    sequence's in every one of ``fields``."""
+def shared_prefix(sequences: Sequence[Sequence[Call]]) -> int:
+    """The number of leading positions at which every sequence's call is the first sequence's."""
     if not sequences:
         return 0
-    key = attrgetter(*fields)
     shared = min(len(s) for s in sequences)
-    reference = list(map(key, islice(sequences[0], shared)))
+    reference = list(map(_SAME_CALL, islice(sequences[0], shared)))
     for other in sequences[1:]:
-        shared = next(compress(count(), map(ne, map(key, islice(other, shared)), reference)), shared)
+        shared = next(compress(count(), map(ne, map(_SAME_CALL, islice(other, shared)), reference)), shared)
     return shared

@@ -212,14 +212,12 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
         ]
         if others:
             text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
-        if f.waiting:
-            text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-        return text + "." + _new_paths(f.after) + _skipped(f.skipped)
-    finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
-    likely = sorted(set(f.after) | set(f.skipped))  # what tells is said after; the rank leads
-    if likely:
-        finding = f"{rank_list(likely)} likely {verb(likely, 'departs', 'depart')}: {finding}"
-    text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
+    else:
+        finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
+        likely = sorted(set(f.after) | set(f.skipped))  # what tells is said after; the rank leads
+        if likely:
+            finding = f"{rank_list(likely)} likely {verb(likely, 'departs', 'depart')}: {finding}"
+        text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
     return text + "." + _new_paths(f.after) + _skipped(f.skipped)
