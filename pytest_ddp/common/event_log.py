@@ -12,12 +12,10 @@ import os
 
 from pytest_ddp.common.protocol import (
     COMMAND_TYPES,
-    CallWire,
     Event,
     Fatal,
     ProtocolError,
     Record,
-    RetWire,
     decode,
     encode,
     from_wire,
@@ -60,7 +58,7 @@ class EventLog:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    def write(self, event: Event | CallWire | RetWire) -> None:
+    def write(self, event: Event) -> None:
         os.write(self._fd, encode(event))
 
     def write_line(self, line: str) -> None:

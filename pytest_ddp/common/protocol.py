@@ -20,14 +20,15 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``done``    the test is over on this rank (:class:`Done`)
 ``warning`` a warning pytest recorded during a test (:class:`WarningRecorded`)
 ``session_end``  after "stop": the teardown of the fixtures the rank still held (:class:`SessionEnd`)
-``call``    a torch.distributed or MPI call was entered (:class:`CallWire`)
-``ret``     call ``i`` returned or raised (:class:`RetWire`)
+``call``    a torch.distributed or MPI call was entered (:class:`CallEvent`)
+``ret``     call ``i`` returned or raised (:class:`RetEvent`)
 ``wait``    the rank is blocked in asynchronous call ``i``
 ``fault``   an injected fault fires now (:class:`Injected`), written before it acts
 ``setting`` a value every rank must give alike (:class:`Setting`)
 
 ``call``, ``ret`` and ``wait`` are written as hand-built JSON strings on the recorder's hot path
-(:mod:`pytest_ddp.record.numbering`): their keys are defined here and must not change without it.
+(:mod:`pytest_ddp.record.numbering`): their keys (``WIRE_NAMES``) are defined here and must not
+change without it.
 
 A rank's start travels once, before any command, as one JSON object (:class:`RankStart`).
 """
@@ -42,7 +43,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NotRequired, TypedDict
+from typing import Any, ClassVar, Literal, get_args
 
 # The torch modules the forkserver imports for the session's collection (pytest_ddp.groups.preload):
 # to the forkserver, the file that names them; then the names of those it imported, in the
@@ -52,10 +53,6 @@ PRELOAD_ENV = "PYTEST_DDP_PRELOAD"
 
 class ProtocolError(ValueError):
     """A message that is not a known command or event, or not the one expected here."""
-
-
-def _now() -> float:
-    return time.time()
 
 
 # -- commands (controller -> rank) ---------------------------------------------------
@@ -109,47 +106,47 @@ Command = RunItem | CallFunction | Stop
 
 
 @dataclass(slots=True)
-class Ready:
+class _Event:
+    time: float = field(default_factory=time.time, kw_only=True)  # the rank's, when it wrote the event
+
+
+@dataclass(slots=True)
+class Ready(_Event):
     KIND: ClassVar[Literal["ready"]] = "ready"
     items: list[str] = field(default_factory=list)  # node ids collected (pytest mode)
     errors: list[str] = field(default_factory=list)  # "nodeid: text" per collection error
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class Fatal:
+class Fatal(_Event):
     KIND: ClassVar[Literal["fatal"]] = "fatal"
     error: str
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class TestStart:
+class TestStart(_Event):
     __test__ = False  # not a pytest test class
     KIND: ClassVar[Literal["test"]] = "test"
     id: str
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class PhaseStart:
+class PhaseStart(_Event):
     KIND: ClassVar[Literal["phase"]] = "phase"
     when: str
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class Report:
+class Report(_Event):
     KIND: ClassVar[Literal["report"]] = "report"
     when: str
     outcome: str  # passed, failed, skipped
     duration: float = 0.0
     data: dict[str, Any] | None = None  # None: a plain pass, sent without its report
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class Done:
+class Done(_Event):
     KIND: ClassVar[Literal["done"]] = "done"
     # The default group outlived the test (init=False: the test left none of its own).
     group_intact: bool = True
@@ -162,15 +159,13 @@ class Done:
     interrupted: dict[str, Any] | None = None
     peak_rss: int | None = None  # bytes
     peak_cuda: int | None = None
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class WarningRecorded:
+class WarningRecorded(_Event):
     KIND: ClassVar[Literal["warning"]] = "warning"
     warning: dict[str, Any]  # message, category, filename, lineno, line
     id: str  # the node id pytest recorded it for
-    time: float = field(default_factory=_now, kw_only=True)
 
     @classmethod
     def of(cls, message: warnings.WarningMessage, nodeid: str) -> WarningRecorded:
@@ -187,119 +182,73 @@ class WarningRecorded:
 
 
 @dataclass(slots=True)
-class SessionEnd:
+class SessionEnd(_Event):
     """After "stop": the teardown of the fixtures the rank still held, as pytest reports it."""
 
     KIND: ClassVar[Literal["session_end"]] = "session_end"
     outcome: str  # passed, failed
     duration: float = 0.0
     data: dict[str, Any] | None = None  # the serialized teardown report; None for a pass
-    time: float = field(default_factory=_now, kw_only=True)
-
-
-class CallWire(TypedDict):
-    """The ``call`` event as the recorder writes it (its keys are the wire format)."""
-
-    e: Literal["call"]
-    i: int  # per-rank call number in this test, from 0
-    seq: int  # 1-based; per group for collectives, per (group, direction, peer) for p2p; 0: none
-    op: str
-    group: str  # group name, "WORLD" for the default group
-    ranks: NotRequired[list[int]]  # global ranks of the group
-    site: str  # "file.py:12"
-    # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
-    caller: NotRequired[str]
-    t: float
-    shapes: NotRequired[list[list[int]]]
-    dtypes: NotRequired[list[str]]
-    devices: NotRequired[list[str]]
-    peer: NotRequired[int]  # p2p: the other rank; absent for a receive from any source; -1: MPI.PROC_NULL
-    tag: NotRequired[int]  # MPI p2p: the message's tag; absent for a receive of any tag
-    root: NotRequired[int]  # rooted collectives
-    # "async" is a Python keyword: the TypedDict can only say it in a comment.
-    # async: NotRequired[bool]  (async_op=True)
-    obj_type: NotRequired[str]  # *_object calls
-    obj_size: NotRequired[int]
-    # init: rank, world_size, init_method; "via": "backend"; "op": a reducing collective's reduce
-    # op (torch: "SUM", "MAX", ...; MPI: the MPI.Op's name); MPI: "bytes",
-    # Sendrecv's receiving end ("recv_from", absent: any source; "recv_tag", absent: any tag)
-    extra: NotRequired[dict[str, Any]]
-
-
-class RetWire(TypedDict):
-    """The ``ret`` event as the recorder writes it."""
-
-    e: Literal["ret"]
-    i: int
-    t: float
-    ok: bool
-    err: NotRequired[str]  # "TypeError: cannot pickle ..." when ok is false
-    before_backend: NotRequired[bool]  # it raised before its group's backend was handed it
-    src: NotRequired[int]  # an MPI receive from any source: the rank whose message it got
-    tag: NotRequired[int]  # an MPI receive of any tag: the tag of the message it got
 
 
 # MPI's peer for MPI.PROC_NULL: a send or receive that completes at once, with nobody.
 NULL_PEER = -1
 
-# Every key a call event may carry, "async" included.
-CALL_KEYS = frozenset(CallWire.__annotations__) | {"async"}
-RET_KEYS = frozenset(RetWire.__annotations__)
-
 
 @dataclass(slots=True)
-class CallEvent:
-    """A torch.distributed call entered: :class:`CallWire` with names that say what things are."""
+class CallEvent(_Event):
+    """A torch.distributed or MPI call entered; the recorder writes it by hand, under the wire names."""
 
     KIND: ClassVar[Literal["call"]] = "call"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "group_ranks": "ranks", "is_async": "async"}
-    index: int
+    index: int  # per-rank call number in this test, from 0
     op: str
-    group: str = "WORLD"
-    group_ranks: list[int] = field(default_factory=list)
-    seq: int = 0
-    site: str = "?"
+    group: str = "WORLD"  # group name, "WORLD" for the default group
+    group_ranks: list[int] = field(default_factory=list)  # global ranks of the group
+    seq: int = 0  # 1-based; per group for collectives, per (group, direction, peer) for p2p; 0: none
+    site: str = "?"  # "file.py:12"
+    # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
     caller: str | None = None
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
-    peer: int | None = None
-    root: int | None = None
-    tag: int | None = None
-    is_async: bool = False
-    obj_type: str | None = None
+    peer: int | None = None  # p2p: the other rank; None for a receive from any source; NULL_PEER
+    root: int | None = None  # rooted collectives
+    tag: int | None = None  # MPI p2p: the message's tag; None for a receive of any tag
+    is_async: bool = False  # async_op=True
+    obj_type: str | None = None  # *_object calls
     obj_size: int | None = None
+    # init: rank, world_size, init_method; "via": "backend"; "op": a reducing collective's reduce
+    # op (torch: "SUM", "MAX", ...; MPI: the MPI.Op's name); MPI: "bytes",
+    # Sendrecv's receiving end ("recv_from", absent: any source; "recv_tag", absent: any tag)
     extra: dict[str, Any] = field(default_factory=dict)
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class RetEvent:
-    """Call ``index`` returned or raised: :class:`RetWire` with names that say what things are."""
+class RetEvent(_Event):
+    """Call ``index`` returned or raised."""
 
     KIND: ClassVar[Literal["ret"]] = "ret"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
     index: int
     ok: bool = True
-    error: str | None = None
-    before_backend: bool = False
-    source: int | None = None
-    tag: int | None = None
-    time: float = field(default_factory=_now, kw_only=True)
+    error: str | None = None  # "TypeError: cannot pickle ..." when not ok
+    before_backend: bool = False  # it raised before its group's backend was handed it
+    source: int | None = None  # an MPI receive from any source: the rank whose message it got
+    tag: int | None = None  # an MPI receive of any tag: the tag of the message it got
 
 
 @dataclass(slots=True)
-class WaitEvent:
+class WaitEvent(_Event):
     """The rank is blocked in call ``index`` (``work.wait()``, ``wait_tensor``) until its ``ret``."""
 
     KIND: ClassVar[Literal["wait"]] = "wait"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i"}
     index: int
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class Injected:
+class Injected(_Event):
     """An injected fault fires on this rank (see :mod:`pytest_ddp.faults`)."""
 
     KIND: ClassVar[Literal["fault"]] = "fault"
@@ -308,11 +257,10 @@ class Injected:
     op: str
     call: int
     site: str = "?"  # where the test made that call
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 @dataclass(slots=True)
-class Setting:
+class Setting(_Event):
     """A value every rank must give alike, as a library took it here (:mod:`pytest_ddp.record.schedules`)."""
 
     KIND: ClassVar[Literal["setting"]] = "setting"
@@ -320,7 +268,6 @@ class Setting:
     value: int | str
     site: str = "?"  # where the test gave it
     group: str = "WORLD"  # the process group whose ranks must give it alike
-    time: float = field(default_factory=_now, kw_only=True)
 
 
 Event = (
@@ -332,15 +279,13 @@ Record = Command | Event
 
 # -- the codec -----------------------------------------------------------------------
 
-_COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in (RunItem, CallFunction, Stop)}
-COMMAND_TYPES = (RunItem, CallFunction, Stop)
-_EVENTS: dict[str, type[Any]] = {
-    cls.KIND: cls
-    for cls in (
-        Ready, Fatal, TestStart, PhaseStart, Report, Done, WarningRecorded, SessionEnd, CallEvent, RetEvent,
-        WaitEvent, Injected, Setting,
-    )
-}
+COMMAND_TYPES = get_args(Command)
+_COMMANDS: dict[str, type[Any]] = {cls.KIND: cls for cls in COMMAND_TYPES}
+_EVENTS: dict[str, type[Any]] = {cls.KIND: cls for cls in get_args(Event)}
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 @dataclass(frozen=True)
@@ -357,17 +302,15 @@ def _codec(cls: type[Any]) -> _Codec:
     fields = dataclasses.fields(cls)
     return _Codec(
         fields=tuple((f.name, renames.get(f.name, f.name)) for f in fields),
-        required=frozenset(
-            renames.get(f.name, f.name)
-            for f in fields
-            if f.name == "time"
-            or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        ),
+        required=frozenset(renames.get(f.name, f.name) for f in fields if f.name == "time" or _required(f)),
         omitted_when_none=frozenset(f.name for f in fields if f.default is None),
     )
 
 
 _CODECS = {cls: _codec(cls) for cls in (*_COMMANDS.values(), *_EVENTS.values())}
+# Every key a call or ret event may carry: the recorder's hand-built lines must keep to them.
+CALL_KEYS = frozenset({"e", *(key for _, key in _CODECS[CallEvent].fields)})
+RET_KEYS = frozenset({"e", *(key for _, key in _CODECS[RetEvent].fields)})
 _encoder = json.JSONEncoder(separators=(",", ":"), default=str)  # built once: dumps() builds one per call
 
 
@@ -399,10 +342,9 @@ def from_wire(wire: dict[str, Any]) -> Record:
     return cls(**{name: wire[key] for name, key in codec.fields if key in wire})
 
 
-def encode(record: Record | CallWire | RetWire) -> bytes:
-    """One line of the wire format, newline included; a wire dict is written as it is."""
-    wire = record if isinstance(record, dict) else to_wire(record)
-    return (_encoder.encode(wire) + "\n").encode()
+def encode(record: Record) -> bytes:
+    """One line of the wire format, newline included."""
+    return (_encoder.encode(to_wire(record)) + "\n").encode()
 
 
 def decode(line: bytes | str) -> Record:
@@ -418,7 +360,7 @@ def decode(line: bytes | str) -> Record:
 
 def decode_command(line: bytes | str) -> Command:
     record = decode(line)
-    if not isinstance(record, COMMAND_TYPES):
+    if not isinstance(record, Command):
         raise ProtocolError(f"not a command: {record.KIND}")
     return record
 
@@ -445,10 +387,7 @@ def fields_from_json(cls: type[Any], data: Any, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProtocolError(f"{what}: not a JSON object: {data!r:.80}")
     declared = {f.name: f for f in dataclasses.fields(cls)}
-    required = {
-        name for name, f in declared.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
+    required = {name for name, f in declared.items() if _required(f)}
     if missing := sorted(required - data.keys()):
         raise ProtocolError(f"{what} without {missing}")
     if unknown := sorted(data.keys() - declared.keys()):
@@ -479,14 +418,6 @@ class RankRole:
     store_port: int | None  # the store's port; None: no store (an MPI world)
     local_rank: int  # its rank on its node (LOCAL_RANK, an NCCL rank's GPU)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> RankRole:
-        """The role :meth:`to_dict` wrote; ProtocolError for a key missing, unknown or of another type."""
-        return cls(**fields_from_json(cls, data, "a rank's role"))
-
 
 @dataclass(frozen=True)
 class RankStart:
@@ -504,25 +435,20 @@ class RankStart:
     sys_path: list[str]  # its import path; empty: the forkserver's
     basetemp: str  # its pytest session's --basetemp
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> RankStart:
-        """The start :meth:`to_dict` wrote; ProtocolError for a key missing, unknown or of another type."""
-        return cls(**fields_from_json(cls, data, "a rank's start"))
-
     def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> RankStart:
+        """The start :meth:`to_json` wrote; ProtocolError for a key missing, unknown or of another type."""
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ProtocolError(f"a rank's start: not JSON: {text!r:.80}") from exc
-        return cls.from_dict(data)
+        return cls(**fields_from_json(cls, data, "a rank's start"))
 
 
 # Fields whose JSON value is a dataclass's dict, by their annotation: how each is decoded.
-_NESTED: dict[str, Callable[[Any], Any]] = {"RankRole": RankRole.from_dict}
+_NESTED: dict[str, Callable[[Any], Any]] = {
+    "RankRole": lambda data: RankRole(**fields_from_json(RankRole, data, "a rank's role")),
+}

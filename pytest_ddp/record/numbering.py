@@ -1,5 +1,5 @@
 """A rank's one sequence of call numbers, the one writer of each event line of a call (``call``,
-``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallWire`), and its asynchronous calls' rets.
+``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallEvent`), and its asynchronous calls' rets.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_ddp.common.event_log import EventLog
-from pytest_ddp.common.protocol import RetWire
+from pytest_ddp.common.protocol import RetEvent
 
 
 class Numbers:
@@ -58,10 +58,7 @@ def write_ret(
     """Call ``index`` returned, or raised ``error``; ``source`` and ``tag``: an MPI receive's message."""
     if error is not None:
         err = f"{type(error).__name__}: {error}"
-        ret: RetWire = {"e": "ret", "i": index, "t": time.time(), "ok": False, "err": err}
-        if before_backend:
-            ret["before_backend"] = True
-        log.write(ret)
+        log.write(RetEvent(index, ok=False, error=err, before_backend=before_backend))
         return
     got = ""
     if source is not None:

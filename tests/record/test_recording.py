@@ -14,7 +14,7 @@ import torch.distributed as dist
 import pytest_ddp
 from conftest import line_of
 from pytest_ddp.common.event_log import EventLog, EventReader
-from pytest_ddp.common.protocol import RetEvent, WaitEvent
+from pytest_ddp.common.protocol import Event, RetEvent, WaitEvent, encode
 from pytest_ddp.record import numbering, recorder, state
 
 
@@ -115,8 +115,8 @@ class Lines:
         self.events.append(json.loads(line))
         self.written.set()
 
-    def write(self, event: dict) -> None:
-        self.write_line(json.dumps(event))
+    def write(self, event: Event) -> None:
+        self.write_line(encode(event).decode())
 
 
 @pytest.fixture
