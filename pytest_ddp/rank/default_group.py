@@ -69,15 +69,9 @@ def test_starts() -> None:
     _not_the_tests[:] = [] if current is None else [weakref.ref(current)]
 
 
-def setup_ended(wider_scope: bool) -> None:
-    """The test's setup ended; ``wider_scope``: a wider fixture owns a default group made meanwhile."""
-    current = _current()
-    if wider_scope and current is not None:
-        _not_the_tests.append(weakref.ref(current))
-
-
 def outlives_test() -> None:
-    """The default group just made belongs to a scope wider than the test's (an adopted class's)."""
+    """The default group now, if any, belongs to a scope wider than the test's (a wider fixture's, an
+    adopted class's)."""
     current = _current()
     if current is not None:
         _not_the_tests.append(weakref.ref(current))

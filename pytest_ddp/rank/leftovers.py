@@ -16,12 +16,17 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from types import FrameType
+
+import pytest
 
 from pytest_ddp.common import prctl, procfs
 
 KEEPER_SIGNAL = signal.SIGUSR2  # the keeper's "your rank is gone"
+
+
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """A test left processes running in its rank; the rank ended them."""
 
 
 # -- threads --------------------------------------------------------------------------
@@ -136,21 +141,14 @@ def end_processes(pids: list[int]) -> None:
             pass  # reaped by its own parent, or not ours
 
 
-@dataclass
 class ProcessLedger:
-    """The processes the rank's tests started, and when each may be ended: with its test, or one
-    born during setup (a module or session fixture's) once every node of that setup is torn down."""
+    """The rank's processes, made at its first test: those alive then are not a test's."""
 
-    kept: set[int] = field(default_factory=set)  # alive before any test: not a test's
-    # pid -> the pytest nodes set up in the setup that saw it born
-    from_setup: dict[int, frozenset[object]] = field(default_factory=dict)
-    # The last scan, and forks_made() just before it (None: every look scans).
-    _scanned: list[int] = field(default_factory=list)
-    _scanned_at: int | None = None
-    _counting: bool = False
-
-    def start(self) -> None:
+    def __init__(self) -> None:
         self._counting = _forks_are_counted()
+        # The last scan, and forks_made() just before it (None: every look scans).
+        self._scanned: list[int] = []
+        self._scanned_at: int | None = None
         self.kept = set(self.alive())
 
     def alive(self) -> list[int]:
@@ -161,27 +159,13 @@ class ProcessLedger:
             self._scanned, self._scanned_at = descendants(), made
         return self._scanned
 
-    def after_setup(self, known_before: set[int], new_nodes: frozenset[object]) -> None:
-        for pid in self.alive():
-            if pid not in known_before and pid not in self.kept:
-                self.from_setup.setdefault(pid, new_nodes)
-
-    def to_end(self, set_up: set[object]) -> list[int]:
-        """The processes to end now that a test is over and ``set_up`` nodes are still set up."""
-        ending = self._ending(self.alive(), set_up)
+    def to_end(self, owned: set[int]) -> list[int]:
+        """The processes to end now that a test is over: not kept, nor ``owned`` by a wider fixture."""
+        known = self.kept | owned
+        ending = [pid for pid in self.alive() if pid not in known]
         if ending and self._scanned_at is not None:  # the last scan may list one that ended since
             self._scanned_at = None
-            ending = self._ending(self.alive(), set_up)
-        for pid in ending:
-            self.from_setup.pop(pid, None)
-        return ending
-
-    def _ending(self, alive: list[int], set_up: set[object]) -> list[int]:
-        ending = []
-        for pid in alive:
-            started_by_live_setup = set_up & self.from_setup.get(pid, frozenset())
-            if pid not in self.kept and not started_by_live_setup:
-                ending.append(pid)
+            ending = [pid for pid in self.alive() if pid not in known]
         return ending
 
 

@@ -1,16 +1,12 @@
-"""What a test changes in its rank's process and leaves: put back after its teardown, so that the
-next test on the warm rank sees what a fresh rank would, in any order.
+"""What a test leaves in its rank's process: put back or ended after its teardown, so that the next
+test on the warm rank sees what a fresh rank would, in any order (docs/design.md, "What a test leaves
+in a warm rank", lists each piece of state and what is done about it).
 
-Taken before a test's setup, put back after its teardown: torch's default dtype, grad and anomaly
-modes, deterministic and backend flags, its thread count, the RNGs (torch's, ``random``'s,
-numpy's), the working directory, ``sys.path``, modules a test planted in ``sys.modules`` or
-imported from pytest's temporary folder, logging's levels and handlers, ``torch.distributed``'s
-functions and registered backends.  Each is compared (or, the RNGs, set) in microseconds; only what
-differs is put back, so a test that undoes its own change costs nothing more.  A wider fixture
-(a module's, a class's) set up in a test's setup owns what that setup changed, until it is torn
-down.  os.environ: :class:`pytest_ddp.rank.session.SavedEnvironment`; a default process group a
-test ended or made: :mod:`pytest_ddp.rank.default_group`.  Subgroups and store keys stay, as in
-one pytest process: libraries cache their groups across tests (docs/design.md says why).
+Each piece is compared (or, the RNGs, set) in microseconds; only what differs is put back, so a test
+that undoes its own change costs nothing more.  A wider fixture (a module's, a class's, the
+session's) set up in a test's setup owns what that setup changed, the processes it started and the
+default group it made, until it is torn down.  os.environ is put back before each test instead
+(:func:`environment`).
 """
 
 from __future__ import annotations
@@ -18,23 +14,38 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from pytest_ddp.rank import default_group, leftovers
 
-def _flags() -> list[tuple[Callable[[], Any], Callable[[Any], Any]]]:
-    """(read, write) of each of torch's process-wide modes and flags a test may set."""
+Setting = tuple[Callable[[], Any], Callable[[Any], Any]]  # (read, write)
+# (owner, its names, which of the names a test adds are dropped)
+Namespace = tuple[Any, dict[str, Any], Callable[[Any], bool]]
+
+
+def _settings() -> list[Setting]:
+    """Each process-wide setting a test may change: the working directory, sys.path,
+    ``logging.disable``, and torch's modes and flags where torch is imported."""
+    settings: list[Setting] = [
+        (os.getcwd, os.chdir),
+        (lambda: list(sys.path), _set_path),
+        (lambda: logging.root.manager.disable, logging.disable),
+    ]
+    if "torch" not in sys.modules:
+        return settings
     import torch
 
     backends = torch.backends
 
-    def attribute(owner: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    def attribute(owner: Any, name: str) -> Setting:
         return lambda: getattr(owner, name), lambda value: setattr(owner, name, value)
 
-    return [
+    settings += [
         (torch.get_default_dtype, torch.set_default_dtype),
         (torch.is_grad_enabled, torch.set_grad_enabled),
         (
@@ -57,6 +68,11 @@ def _flags() -> list[tuple[Callable[[], Any], Callable[[Any], Any]]]:
         attribute(backends.mkldnn, "enabled"),
         attribute(backends.cuda.matmul, "allow_tf32"),
     ]
+    return settings
+
+
+def _set_path(value: list[str]) -> None:
+    sys.path[:] = value
 
 
 # What Backend.register_backend fills in, besides an attribute of Backend named after the backend.
@@ -69,25 +85,31 @@ _BACKEND_TABLES = (
 class Snapshot:
     """A rank's process-wide state at one moment (torch's, where torch is imported)."""
 
-    flags: list[Any]
+    settings: list[Any]
     rngs: list[tuple[Callable[[Any], Any], Any]]  # (setter, state)
-    cwd: str
-    path: list[str]
     modules: dict[str, Any]
     loggers: list[tuple[logging.Logger, int, list[logging.Handler], bool, bool]]
-    logging_disabled: int
-    functions: list[tuple[Any, dict[str, Any]]]  # (module, its callables)
-    backends: list[tuple[str, Any]]  # (name, copy) of Backend's tables, and its attribute names
+    namespaces: list[Namespace]
+    backend_tables: list[tuple[Any, Any]]
+
+
+@dataclass
+class _Scope:
+    """A wider node a test's setup set a fixture up in, and what it owns until it is torn down."""
+
+    before: Snapshot  # the state before that setup
+    processes: set[int] = field(default_factory=set)  # started in that setup
 
 
 class Restorer:
-    """The rank session's plugin that takes a :class:`Snapshot` around each test and puts it back."""
+    """The rank session's plugin that puts back what each test changed and ends what it started."""
 
     def __init__(self, written_under: str | None = None) -> None:
-        self.flags: list[tuple[Callable[[], Any], Callable[[Any], Any]]] | None = None  # at the first test
+        self.settings: list[Setting] | None = None  # at the first test
+        self.processes: leftovers.ProcessLedger | None = None  # at the first test: the rest are not a test's
         self.test: Snapshot | None = None  # the state the running test must leave
         self.clean: Snapshot | None = None  # the state the last test's end put back
-        self.wider: dict[Any, Snapshot] = {}  # a wider node -> the state before its setup
+        self.wider: dict[Any, _Scope] = {}  # in the order first grown: the earliest state first
         # pytest's temporary folder (tmp_path, tmp_path_factory): a module imported from there was
         # written by a test, and a later test that writes one of the same name must import its own.
         # Not the system's temporary folder: a venv may live there (a CI runner's /tmp).
@@ -99,74 +121,103 @@ class Restorer:
         if self.written_under is None:
             factory = getattr(item.config, "_tmp_path_factory", None)
             self.written_under = os.path.realpath(factory.getbasetemp()) + os.sep if factory else ""
-        before = set(item.session._setupstate.stack)
+        if self.processes is None:
+            self.processes = leftovers.ProcessLedger()
+        processes = self.processes
+        before = _finalizers(item)
+        running = set(processes.alive())
         # What the last test's end put back is still there: renewing a process group between
         # tests (rank/default_group.py) changes nothing taken here.
         snapshot = self.clean or self.take()
         try:
             return (yield)
         finally:
-            stack = item.session._setupstate.stack
-            grown = [node for node in stack if node not in before and node is not item]
-            for node in grown:
-                self.wider[node] = snapshot
-            self.test = self.take() if grown else snapshot
+            # A fixture set up adds a finalizer to its scope's node (a node set up, its own).
+            after = _finalizers(item)
+            wider = [node for node in after if node is not item and after[node] > before.get(node, -1)]
+            started = set(processes.alive()) - running - processes.kept
+            for node in wider:
+                self.wider.setdefault(node, _Scope(snapshot)).processes.update(started)
+            if wider:
+                default_group.outlives_test()
+            self.test = self.take() if wider else snapshot
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: Any) -> Any:
         try:
             return (yield)
         finally:
+            self._end_processes(item)
             if not self._torn_down(item) and self.test is not None:
                 self.restore(self.test)
             self.test = None
 
+    def _end_processes(self, item: Any) -> None:
+        """End the processes the test left, but those a wider node still set up owns, and name them."""
+        stack = item.session._setupstate.stack
+        owned = {pid for node, scope in self.wider.items() if node in stack for pid in scope.processes}
+        ending = self.processes.to_end(owned) if self.processes is not None else []
+        if ending:
+            described = ", ".join(leftovers.describe(pid) for pid in ending)
+            leftovers.end_processes(ending)
+            message = f"processes the test left running were ended: {described}"
+            category = leftovers.LeftoverProcessWarning
+            warnings.warn_explicit(category(message), category, str(item.path), item.location[1] + 1)
+
     def _torn_down(self, item: Any) -> bool:
-        """Put back what was there before the outermost wider node torn down since; whether any was."""
+        """Put back what was there before the first of the wider nodes torn down since; whether any was."""
         stack = item.session._setupstate.stack
         gone = [node for node in self.wider if node not in stack]
         if gone:
-            self.restore(self.wider[gone[0]])  # the first set up: the outermost
+            self.restore(self.wider[gone[0]].before)
         for node in gone:
             del self.wider[node]
         return bool(gone)
 
     def take(self) -> Snapshot:
-        if self.flags is None:
-            self.flags = _flags() if "torch" in sys.modules else []
+        if self.settings is None:
+            self.settings = _settings()
         loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
         return Snapshot(
-            flags=[read() for read, _ in self.flags],
+            settings=[read() for read, _ in self.settings],
             rngs=_rngs(),
-            cwd=os.getcwd(),
-            path=list(sys.path),
             modules=dict(sys.modules),
             loggers=[
                 (logger, logger.level, list(logger.handlers), logger.propagate, logger.disabled)
                 for logger in loggers
                 if isinstance(logger, logging.Logger)  # not a PlaceHolder
             ],
-            logging_disabled=logging.root.manager.disable,
-            functions=[(module, _callables(module)) for module in _distributed()],
-            backends=_backends(),
+            namespaces=_namespaces(),
+            backend_tables=_backend_tables(),
         )
 
     def restore(self, saved: Snapshot) -> None:
         self.clean = saved
-        for (read, write), value in zip(self.flags or [], saved.flags, strict=True):
+        for (read, write), value in zip(self.settings or [], saved.settings, strict=True):
             if read() != value:
                 write(value)
         for write, state in saved.rngs:
             write(state)
-        if os.getcwd() != saved.cwd:
-            os.chdir(saved.cwd)
-        if sys.path != saved.path:
-            sys.path[:] = saved.path
         _restore_modules(saved.modules, self.written_under or "")
-        _restore_logging(saved)
-        for module, callables in saved.functions:
-            _restore_callables(module, callables)
-        _restore_backends(saved.backends)
+        _restore_loggers(saved)
+        for owner, names, added in saved.namespaces:
+            _restore_names(owner, names, added)
+        for table, copy in saved.backend_tables:
+            _restore_table(table, copy)
+
+
+def environment(saved: dict[str, str]) -> None:
+    """Put os.environ back as ``saved``."""
+    for key in [key for key in os.environ if key not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _finalizers(item: Any) -> dict[Any, int]:
+    """How many finalizers each node set up holds."""
+    return {node: len(finalizers) for node, (finalizers, _) in item.session._setupstate.stack.items()}
 
 
 def _rngs() -> list[tuple[Callable[[Any], Any], Any]]:
@@ -211,12 +262,9 @@ def _written_by_a_test(module: Any, written_under: str) -> bool:
     return bool(written_under) and os.path.realpath(origin).startswith(written_under)
 
 
-def _restore_logging(saved: Snapshot) -> None:
+def _restore_loggers(saved: Snapshot) -> None:
     """Loggers that were there get their level, handlers and flags back; one a test made keeps
     what it was given (a module imported meanwhile may have made it, and stays)."""
-    manager = logging.Logger.manager
-    if manager.disable != saved.logging_disabled:
-        logging.disable(saved.logging_disabled)
     for logger, level, handlers, propagate, disabled in saved.loggers:
         if logger.level != level:
             logger.setLevel(level)
@@ -225,48 +273,45 @@ def _restore_logging(saved: Snapshot) -> None:
         logger.propagate, logger.disabled = propagate, disabled
 
 
-def _distributed() -> list[Any]:
-    return [sys.modules[name] for name in ("torch.distributed", "torch.distributed.distributed_c10d")
-            if name in sys.modules]  # fmt: skip
+def _namespaces() -> list[Namespace]:
+    """torch.distributed's and distributed_c10d's functions and classes (torch rebinds its other
+    globals itself: a group count), and Backend's attributes (register_backend adds one per backend)."""
+    found: list[Namespace] = []
+    for name in ("torch.distributed", "torch.distributed.distributed_c10d"):
+        module = sys.modules.get(name)
+        if module is not None:
+            functions = {key: value for key, value in vars(module).items() if callable(value)}
+            found.append((module, functions, callable))
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is not None:
+        found.append((c10d.Backend, dict(vars(c10d.Backend)), lambda value: True))
+    return found
 
 
-def _callables(module: Any) -> dict[str, Any]:
-    """A module's functions and classes: torch rebinds its other globals itself (a group count)."""
-    return {name: value for name, value in vars(module).items() if callable(value)}
-
-
-def _restore_callables(module: Any, saved: dict[str, Any]) -> None:
-    """Put back a function or class a test replaced or deleted; drop one it added (not a
-    submodule: importing one adds it)."""
-    namespace = vars(module)
+def _restore_names(owner: Any, saved: dict[str, Any], added: Callable[[Any], bool]) -> None:
+    """Put back a name a test replaced or deleted; drop one it added (not a submodule: importing one
+    adds it)."""
+    namespace = vars(owner)
     for name, value in saved.items():
         if namespace.get(name) is not value:
-            setattr(module, name, value)
-    for name in [name for name, value in namespace.items() if name not in saved and callable(value)]:
-        del namespace[name]
+            setattr(owner, name, value)
+    for name in [name for name, value in namespace.items() if name not in saved and added(value)]:
+        delattr(owner, name)
 
 
-def _backends() -> list[tuple[str, Any]]:
+def _backend_tables() -> list[tuple[Any, Any]]:
+    """(table, its copy) of each table Backend.register_backend fills in."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None:
         return []
-    backend = c10d.Backend
-    tables = [(name, getattr(backend, name).copy()) for name in _BACKEND_TABLES]
-    return [*tables, ("", set(vars(backend)))]
+    return [(table, table.copy()) for table in (getattr(c10d.Backend, name) for name in _BACKEND_TABLES)]
 
 
-def _restore_backends(saved: list[tuple[str, Any]]) -> None:
-    """Forget a backend a test registered (Backend.register_backend fills these tables)."""
-    if not saved:
-        return
-    backend = sys.modules["torch.distributed.distributed_c10d"].Backend
-    for name, table in saved[:-1]:
-        current = getattr(backend, name)
-        if current != table:  # emptied and filled in place: torch's functions hold these objects
-            current.clear()
-            if isinstance(current, dict):
-                current.update(table)
-            else:
-                current.extend(table)
-    for name in set(vars(backend)) - saved[-1][1]:
-        delattr(backend, name)
+def _restore_table(table: Any, saved: Any) -> None:
+    """Emptied and filled in place: torch's functions hold these objects."""
+    if table != saved:
+        table.clear()
+        if isinstance(table, dict):
+            table.update(saved)
+        else:
+            table.extend(saved)

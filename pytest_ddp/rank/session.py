@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import _pytest.config
@@ -36,28 +35,6 @@ if TYPE_CHECKING:
     from pytest_ddp.common.protocol import RankStart
 
 
-class LeftoverProcessWarning(pytest.PytestWarning):
-    """A test left processes running in its rank; the rank ended them."""
-
-
-class SavedEnvironment:
-    """os.environ as it was when the rank was ready, put back before each test."""
-
-    def __init__(self) -> None:
-        self.values = dict(os.environ)
-
-    def set(self, key: str, value: str) -> None:
-        """From now on ``key`` is ``value`` in the environment put back."""
-        self.values[key] = value
-
-    def restore(self) -> None:
-        for key in [key for key in os.environ if key not in self.values]:
-            del os.environ[key]
-        for key, value in self.values.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
-
-
 class RankSession:
     """The pytest plugin of a rank's session: runs the items its controller names."""
 
@@ -65,11 +42,8 @@ class RankSession:
         self.channel = channel
         self.collect_errors: list[str] = []
         self.ready = False  # the session reached its run loop and said so
-        self.processes = leftovers.ProcessLedger()
-        # Per test: what was there before it, and what it left.
+        # Per test: the threads there before it, and those it left.
         self.threads_before: set[threading.Thread] = set()
-        self.processes_before: set[int] = set()
-        self.finalizers_before: dict[Any, int] = {}
         self.threads_left: list[dict[str, str]] = []
         self.interrupted: dict[str, Any] | None = None
 
@@ -97,15 +71,14 @@ class RankSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: Any) -> bool:
         items = {item.nodeid: item for item in session.items}
-        environment = SavedEnvironment()  # os.environ when the rank was ready
-        self.processes.start()
+        environment = dict(os.environ)  # as the rank was ready: put back before each test
         self.channel.event(Ready(list(items), self.collect_errors), wake=True)
         self.ready = True
         last = None
         for command in self.channel.commands(RunItem):
             if command.store_port is not None:  # the last test ended or made a default group
                 default_group.renew(command.store_port)
-                environment.set("MASTER_PORT", os.environ["MASTER_PORT"])
+                environment["MASTER_PORT"] = os.environ["MASTER_PORT"]
             self._run(items, environment, command.id, command.next)
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
@@ -123,12 +96,12 @@ class RankSession:
     def _run(
         self,
         items: dict[str, Any],
-        environment: SavedEnvironment,
+        environment: dict[str, str],
         nodeid: str,
         next_nodeid: str | None,
     ) -> None:
         start_test()
-        environment.restore()
+        restore.environment(environment)
         self.channel.event(TestStart(nodeid))
         item = items[nodeid]
         marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
@@ -137,7 +110,6 @@ class RankSession:
         # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
-        self.processes_before = set(self.processes.alive())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
@@ -147,22 +119,10 @@ class RankSession:
     def _phase(self, when: str) -> None:
         self.channel.event(PhaseStart(when))
 
-    def _finalizers(self, item: Any) -> dict[Any, int]:
-        """How many finalizers each node set up holds: a fixture set up adds one to its scope's node."""
-        return {node: len(finalizers) for node, (finalizers, _) in item.session._setupstate.stack.items()}
-
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:
         self._phase("setup")
-        self.finalizers_before = self._finalizers(item)
-        try:
-            return (yield from self._interruptible())
-        finally:
-            grown = frozenset(
-                node for node, n in self._finalizers(item).items() if n > self.finalizers_before.get(node, -1)
-            )
-            self.processes.after_setup(self.processes_before, grown | {item})
-            default_group.setup_ended(wider_scope=bool(grown - {item}))
+        return (yield from self._interruptible())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: Any) -> Any:
@@ -174,8 +134,8 @@ class RankSession:
         self._phase("teardown")
         try:
             result = yield from self._interruptible()
-        finally:
-            self._end_leftovers(item)
+        finally:  # the processes it left are ended after (rank/restore.py)
+            self.threads_left = leftovers.threads_left(self.threads_before, THREAD_JOIN_WAIT)
         if self.threads_left:
             pytest.fail(leftovers.threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
         return result
@@ -192,16 +152,6 @@ class RankSession:
             reason = "KeyboardInterrupt"
             self.interrupted = {"kind": reason, "reason": reason, "returncode": None}
             pytest.fail(reason, pytrace=False)
-
-    def _end_leftovers(self, item: Any) -> None:
-        """After the test's teardown: wait for its threads a little, and end the processes it left."""
-        self.threads_left = leftovers.threads_left(self.threads_before, THREAD_JOIN_WAIT)
-        ending = self.processes.to_end(set(item.session._setupstate.stack))
-        if ending:
-            described = ", ".join(leftovers.describe(pid) for pid in ending)
-            leftovers.end_processes(ending)
-            message = LeftoverProcessWarning(f"processes the test left running were ended: {described}")
-            warnings.warn_explicit(message, LeftoverProcessWarning, str(item.path), item.location[1] + 1)
 
     def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
         if when == "runtest":  # collection and configuration warnings: the controller has its own

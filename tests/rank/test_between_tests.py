@@ -1,7 +1,7 @@
-"""What a warm rank does between tests: the process ledger finds each process a test started and
-ends it when its test (or the wider fixture that started it) is over, its scan of /proc reused while
-the kernel made no task (rank/leftovers.py), the environment is put back whatever a test did to
-it (rank/session.py), and so is the rest of the process's state (rank/restore.py).
+"""What a warm rank does between tests: the process ledger finds each process a test started, its
+scan of /proc reused while the kernel made no task (rank/leftovers.py); the environment is put back
+whatever a test did to it, and so is the rest of the process's state, until a wider fixture that
+changed it or started a process is torn down (rank/restore.py).
 
 Real processes, the real /proc, the real os.environ; no ranks.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import types
 
 import pytest
 
 from pytest_ddp.rank import leftovers, restore
-from pytest_ddp.rank.session import SavedEnvironment
 
 
 def test_the_kernels_count_of_tasks_grows_with_each_thread_and_process() -> None:
@@ -36,7 +36,6 @@ def test_the_kernels_count_of_tasks_grows_with_each_thread_and_process() -> None
 @pytest.fixture
 def ledger():
     ledger = leftovers.ProcessLedger()
-    ledger.start()
     started: list[subprocess.Popen[bytes]] = []
     yield ledger, started
     for process in started:
@@ -57,9 +56,8 @@ def test_a_process_that_ended_since_the_last_look_is_not_ended_or_named(
     ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ledger, started = ledger
-    before = set(ledger.alive())
     started.append(subprocess.Popen(["sleep", "600"]))
-    ledger.after_setup(before, frozenset({"module"}))
+    assert started[0].pid in ledger.alive()
     started[0].kill()
     started[0].wait()
     # No task made since, as far as the ledger can tell (another process's fork would hide the
@@ -69,38 +67,28 @@ def test_a_process_that_ended_since_the_last_look_is_not_ended_or_named(
     assert ledger.to_end(set()) == []
 
 
-def test_a_process_a_wider_fixture_started_is_kept_until_its_node_is_torn_down(ledger) -> None:
-    ledger, started = ledger
-    before = set(ledger.alive())
-    started.append(subprocess.Popen(["sleep", "600"]))
-    ledger.after_setup(before, frozenset({"module", "item"}))
-    assert ledger.to_end({"module"}) == []  # the next test of the module: still set up
-    assert ledger.to_end({"module"}) == []
-    assert ledger.to_end(set()) == [started[0].pid]  # the module was torn down
-
-
 def test_the_environment_is_put_back_whatever_a_test_did_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DDP_KEPT", "1")
     monkeypatch.setenv("PYTEST_DDP_REMOVED", "2")
     monkeypatch.delenv("PYTEST_DDP_ADDED", raising=False)
     monkeypatch.setenv("PYTEST_DDP_SET", "0")
-    saved = SavedEnvironment()
-    saved.restore()  # nothing changed
+    saved = dict(os.environ)
+    restore.environment(saved)  # nothing changed
     assert os.environ["PYTEST_DDP_KEPT"] == "1"
     os.environ["PYTEST_DDP_KEPT"] = "changed"
     del os.environ["PYTEST_DDP_REMOVED"]
     os.environ["PYTEST_DDP_ADDED"] = "3"
-    saved.restore()
+    restore.environment(saved)
     assert (os.environ["PYTEST_DDP_KEPT"], os.environ["PYTEST_DDP_REMOVED"]) == ("1", "2")
     assert "PYTEST_DDP_ADDED" not in os.environ
     os.environ["PYTEST_DDP_KEPT"] = "changed"  # and back: nothing to do
     os.environ["PYTEST_DDP_KEPT"] = "1"
-    saved.restore()
+    restore.environment(saved)
     assert os.environ["PYTEST_DDP_KEPT"] == "1"
     os.environ["PYTEST_DDP_SET"] = "4"  # what the rank sets for later tests (a fresh store's port)
-    saved.set("PYTEST_DDP_SET", "4")
+    saved["PYTEST_DDP_SET"] = "4"
     os.environ["PYTEST_DDP_SET"] = "5"
-    saved.restore()
+    restore.environment(saved)
     assert os.environ["PYTEST_DDP_SET"] == "4"
 
 
@@ -109,7 +97,6 @@ def test_what_a_test_changed_in_its_process_is_put_back(tmp_path, monkeypatch: p
     # change a rank (whose pairs prove it on real ranks), and put back.
     import logging
     import random
-    import sys
 
     import torch
     import torch.distributed as dist
@@ -131,45 +118,92 @@ def test_what_a_test_changed_in_its_process_is_put_back(tmp_path, monkeypatch: p
     dist.all_reduce = print  # type: ignore[assignment]
     dist.Backend.register_backend("ddpunit", lambda *args: None, devices=["cpu"])
     restorer.restore(saved)
-    assert torch.get_default_dtype() == torch.float32 and restorer.take().flags == saved.flags
+    assert torch.get_default_dtype() == torch.float32 and str(tmp_path) not in sys.path
+    assert restorer.take().settings == saved.settings  # the working directory too, and torch's flags
     random.seed(7)
     assert random.random() == draw  # as the seed left it: put back
-    assert os.getcwd() == saved.cwd and sys.path == saved.path
     assert "ddp_written" not in sys.modules and "ddp_planted" not in sys.modules
     assert not any(type(h) is logging.NullHandler for h in logging.getLogger().handlers)
     assert dist.all_reduce is not print
     assert "ddpunit" not in dist.Backend.backend_list and not hasattr(dist.Backend, "DDPUNIT")
 
 
+class _Item:
+    """A test item as the restorer reads it: a node (hashable), its session's set-up nodes (pytest's
+    ``SetupState.stack``: a node's finalizers, one added by each fixture set up in its scope)."""
+
+    path, location = "test_x.py", ("test_x.py", 0, "test_x")
+
+    def __init__(self) -> None:
+        self.stack: dict[object, tuple[list[object], None]] = {}
+        self.session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(stack=self.stack))
+
+    def set_up(self, node: object) -> None:
+        """A fixture of ``node``'s scope set up (``node`` set up first where it is not)."""
+        self.stack.setdefault(node, ([], None))[0].append(print)
+
+
+def _run(restorer: restore.Restorer, item: _Item, setup, call, teardown) -> None:
+    """A test's setup, call and teardown, each phase inside the restorer's hooks as in a rank."""
+    for hook, body in ((restorer.pytest_runtest_setup, setup), (restorer.pytest_runtest_teardown, teardown)):
+        phase = hook(item)
+        next(phase)
+        body()
+        with pytest.raises(StopIteration):
+            phase.send(None)
+        if hook is restorer.pytest_runtest_setup:
+            call()
+
+
 def test_a_wider_fixtures_changes_stay_until_it_is_torn_down(tmp_path) -> None:
     import torch
 
-    stack: dict[object, object] = {}
-    session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(stack=stack))
-    item = type("Item", (), {"session": session})()  # a node: hashable, as pytest's
+    item = _Item()
     restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
 
-    def run(setup: object, call: object, teardown: object) -> None:
-        for hook, body in ((restorer.pytest_runtest_setup, setup), (restorer.pytest_runtest_teardown, teardown)):
-            phase = hook(item)
-            next(phase)
-            body()
-            with pytest.raises(StopIteration):
-                phase.send(None)
-            if hook is restorer.pytest_runtest_setup:
-                call()
-
     def module_setup() -> None:
-        stack.update({"module": None, item: None})
+        item.set_up("module")
+        item.set_up(item)
         torch.set_default_dtype(torch.float64)
 
+    def second_setup() -> None:  # a module fixture first set up by the module's second test
+        item.set_up(item)
+        item.set_up("module")
+        sys.path.append("/module-fixture")
+
     try:
-        run(module_setup, lambda: torch.set_default_dtype(torch.float16), lambda: stack.pop(item))
+        test_changes = lambda: torch.set_default_dtype(torch.float16)
+        _run(restorer, item, module_setup, test_changes, lambda: item.stack.pop(item))
         assert torch.get_default_dtype() == torch.float64  # the module's, not the test's
-        run(lambda: stack.update({item: None}), lambda: None, lambda: stack.clear())
+        _run(restorer, item, second_setup, lambda: None, lambda: item.stack.pop(item))
+        assert "/module-fixture" in sys.path and torch.get_default_dtype() == torch.float64
+        _run(restorer, item, lambda: item.set_up(item), lambda: None, item.stack.clear)
         assert torch.get_default_dtype() == torch.float32  # the module is torn down: as before it
+        assert "/module-fixture" not in sys.path
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_path) -> None:
+    item = _Item()
+    restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def module_setup() -> None:
+        item.set_up("module")
+        started.append(subprocess.Popen(["sleep", "600"]))
+
+    try:
+        _run(restorer, item, module_setup, lambda: None, lambda: None)
+        assert started[0].poll() is None  # the next test of the module: still set up
+        ended = rf"ended: pid {started[0].pid} \(sleep 600\)$"
+        with pytest.warns(leftovers.LeftoverProcessWarning, match=ended):
+            _run(restorer, item, lambda: None, lambda: None, item.stack.clear)
+        assert started[0].poll() is not None  # ended with its module, and reaped
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
 
 
 def test_only_a_module_from_pytests_temporary_folder_counts_as_written_by_a_test(tmp_path) -> None:
