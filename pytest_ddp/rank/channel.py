@@ -22,19 +22,18 @@ from pytest_ddp.common.protocol import (
     RunItem,
     SessionEnd,
     Stop,
+    TestStart,
     WarningRecorded,
     decode_command,
 )
-from pytest_ddp.rank.context import RankContext, current, set_current
+from pytest_ddp.faults import Fault
+from pytest_ddp.rank import default_group
+from pytest_ddp.rank.context import rank_context
+from pytest_ddp.record import injector
 
 # Seconds a test's asynchronous work nobody waited for gets to complete once the test is over.
 IN_FLIGHT_WAIT = 1.0
-# Seconds in all that threads a test started get to end once the test is over.
-THREAD_JOIN_WAIT = 1.0
 
-
-# The recorders whose per-test bookkeeping this rank drives: torch's, and mpi4py's in an MPI group.
-_recorders: list[Any] = []
 WorkCommand = TypeVar("WorkCommand", RunItem, CallFunction)
 
 
@@ -45,6 +44,7 @@ class Channel:
         self.log = EventLog(events_path)
         self._commands = commands
         self._notify = notify
+        self.recorders: list[ModuleType] = []  # torch's, and mpi4py's in an MPI group
 
     def event(self, event: Event, wake: bool = False) -> None:
         self.log.write(bounded(event))
@@ -68,6 +68,38 @@ class Channel:
             if not isinstance(command, accepted):
                 raise ProtocolError(f"a rank that runs {accepted.KIND!r} commands was sent {command.KIND!r}")
             yield command
+
+    def start_test(self, test_id: str, faults: tuple[Fault, ...] | list[Fault]) -> None:
+        """A test begins on this rank: the recorders count its calls from 0, its faults on this rank
+        are armed, and the controller is told."""
+        for recorder in self.recorders:
+            recorder.start_test()
+        injector.arm(faults, rank_context().rank, self.log)
+        self.event(TestStart(test_id))
+
+    def test_done(
+        self, threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None
+    ) -> None:
+        """The test is over on this rank: tell the controller the state it leaves the rank in."""
+        # The test's asynchronous work still not done IN_FLIGHT_WAIT seconds after it ended.
+        in_flight = [work for each in self.recorders for work in each.unfinished_work(IN_FLIGHT_WAIT)]
+        peak_cuda = None
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak_cuda = int(torch.cuda.max_memory_allocated())
+        # ru_maxrss is in KiB on Linux.
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        intact, alive = _group_state()
+        done = Done(
+            group_intact=intact,
+            group_alive=alive,
+            in_flight=in_flight,
+            threads_left=threads_left,
+            interrupted=interrupted,
+            peak_rss=peak_rss,
+            peak_cuda=peak_cuda,
+        )
+        self.event(done, wake=True)
 
 
 def _bounded_data(value: Any) -> Any:
@@ -100,55 +132,13 @@ def bounded(event: Event) -> Event:
     return event
 
 
-def enter(context: RankContext, recorders: list[ModuleType]) -> None:
-    """This process is now the rank ``context`` says, recording with ``recorders``."""
-    set_current(context)
-    _recorders[:] = recorders
-
-
-def start_test() -> None:
-    for recorder in _recorders:
-        recorder.start_test()
-
-
-def _unfinished_work() -> list[dict[str, Any]]:
-    """The test's asynchronous work still not done IN_FLIGHT_WAIT seconds after it ended."""
-    return [work for recorder in _recorders for work in recorder.unfinished_work(IN_FLIGHT_WAIT)]
-
-
 def _group_state() -> tuple[bool, bool]:
     """(intact, alive) of the rank's default process group, as :class:`Done` reports them."""
-    context = current()
-    if context is None:
-        return True, False
-    if context.backend == "mpi":  # the world the launcher made, until MPI_Finalize
+    if rank_context().backend == "mpi":  # the world the launcher made, until MPI_Finalize
         from mpi4py import MPI
 
         return not MPI.Is_finalized(), False
-    from pytest_ddp.rank import default_group
-
     return default_group.test_ended()
-
-
-def done_event(threads_left: list[dict[str, str]], interrupted: dict[str, Any] | None = None) -> Done:
-    """The test is over on this rank: the state it leaves the rank in."""
-    in_flight = _unfinished_work()
-    peak_cuda = None
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        peak_cuda = int(torch.cuda.max_memory_allocated())
-    # ru_maxrss is in KiB on Linux.
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    intact, alive = _group_state()
-    return Done(
-        group_intact=intact,
-        group_alive=alive,
-        in_flight=in_flight,
-        threads_left=threads_left,
-        interrupted=interrupted,
-        peak_rss=peak_rss,
-        peak_cuda=peak_cuda,
-    )
 
 
 def fatal(channel: Channel, error: str) -> None:

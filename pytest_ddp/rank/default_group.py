@@ -30,7 +30,7 @@ def start(role: RankRole) -> None:
     assert role.store_port is not None  # a group of torch.distributed ranks has a store
     _role, _store_port = role, role.store_port
     if role.init:
-        _join(role.store_port)
+        _join()
 
 
 def _kept() -> RankRole:
@@ -38,19 +38,18 @@ def _kept() -> RankRole:
     return _role
 
 
-def _join(store_port: int) -> None:
+def _join() -> None:
     import torch
     import torch.distributed as dist
 
     role = _kept()
-    timeout = timedelta(seconds=role.pg_timeout)
-    store = dist.TCPStore(role.store_host, store_port, role.world_size, is_master=False, timeout=timeout)
     kwargs: dict[str, Any] = {}
     if role.backend == "nccl":
         torch.cuda.set_device(role.local_rank)
         kwargs["device_id"] = torch.device("cuda", role.local_rank)
+    timeout = timedelta(seconds=role.pg_timeout)
     dist.init_process_group(
-        role.backend, store=store, rank=role.rank, world_size=role.world_size, timeout=timeout, **kwargs
+        role.backend, store=store(), rank=role.rank, world_size=role.world_size, timeout=timeout, **kwargs
     )
     global _joined
     _joined = weakref.ref(dist.distributed_c10d._get_default_group())
@@ -89,7 +88,7 @@ def test_ended() -> tuple[bool, bool]:
 
 
 def store() -> Any:
-    """A client of the rank group's current store (for a harness's exchanges), kept while it stays."""
+    """A client of the rank group's current store (for its default group, a harness's exchanges)."""
     global _client
     if _client is None or _client[0] != _store_port:
         import torch.distributed as dist
@@ -120,4 +119,4 @@ def renew(store_port: int) -> None:
         if dist.is_initialized() and (init or _left_own):
             dist.destroy_process_group()
         if init:
-            _join(store_port)
+            _join()

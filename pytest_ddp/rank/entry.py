@@ -23,17 +23,10 @@ from typing import NoReturn
 from pytest_ddp.common import prctl
 from pytest_ddp.common.protocol import PRELOAD_ENV, RankRole, RankStart
 from pytest_ddp.rank import default_group, leftovers
-from pytest_ddp.rank.channel import Channel, enter, fatal
-from pytest_ddp.rank.context import RankContext
+from pytest_ddp.rank.channel import Channel, fatal
+from pytest_ddp.rank.context import RankContext, set_current
 from pytest_ddp.rank.functions import serve_functions
 from pytest_ddp.rank.session import run_pytest
-
-
-def _become_rank(rank: int, parent_pid: int) -> None:
-    """Name this process ``ddp-rank<N>`` and have the kernel SIGKILL it when its parent dies."""
-    prctl.name(f"ddp-rank{rank}")
-    if not prctl.die_with_parent(parent_pid):
-        os._exit(1)
 
 
 def _release_forkserver() -> None:
@@ -107,7 +100,9 @@ def forked_main(
 def serve(start: RankStart, channel: Channel, parent: int) -> NoReturn:
     """The rest of a rank's life: join the group, run what the controller hands over, exit."""
     role = start.role
-    _become_rank(role.rank, parent)
+    prctl.name(f"ddp-rank{role.rank}")
+    if not prctl.die_with_parent(parent):  # the kernel SIGKILLs the rank when its parent dies
+        os._exit(1)  # it died before we asked
     prctl.become_subreaper()
     keeper = leftovers.start_keeper(role.rank)
     preloaded = os.environ.get(PRELOAD_ENV, "").split(",")
@@ -133,7 +128,8 @@ def serve(start: RankStart, channel: Channel, parent: int) -> NoReturn:
             role.rank, role.world_size, role.backend, role.init, role.local_rank,
             group_dir=os.path.dirname(start.events),
         )
-        enter(context, recorders)
+        set_current(context)
+        channel.recorders = recorders
         run = run_pytest if role.mode == "pytest" else serve_functions
         code = run(start, channel)
     except BaseException:

@@ -13,24 +13,19 @@ from pytest_ddp.common.protocol import (
     RankStart,
     Ready,
     Report,
-    TestStart,
     decode_value,
     encode_value,
 )
 from pytest_ddp.rank import leftovers
-from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, start_test
-from pytest_ddp.record import injector
+from pytest_ddp.rank.channel import Channel
 
 
 def serve_functions(start: RankStart, channel: Channel) -> int:
     """Function mode: call ``module.qualname(rank, *args, **kwargs)`` per command."""
     channel.event(Ready(), wake=True)
     for command in channel.commands(CallFunction):
-        start_test()
-        armed = decode_value(command.faults) if command.faults else ()
-        injector.arm(armed, start.role.rank, channel.log)
+        channel.start_test(command.id, decode_value(command.faults) if command.faults else ())
         threads_before = set(threading.enumerate())
-        channel.event(TestStart(command.id))
         channel.event(PhaseStart("call"))
         data: dict[str, Any]
         try:
@@ -50,11 +45,10 @@ def serve_functions(start: RankStart, channel: Channel) -> int:
                 "exception": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(),
             }
-        threads_left = leftovers.threads_left(threads_before, THREAD_JOIN_WAIT)
+        threads_left = leftovers.threads_left(threads_before)
         if threads_left and outcome == "passed":
-            text = leftovers.threads_left_text(threads_left, THREAD_JOIN_WAIT)
+            text = leftovers.threads_left_text(threads_left)
             outcome, data = "failed", {"exception": text}
         channel.event(Report("call", outcome, data=data), wake=True)
-        channel.event(done_event(threads_left), wake=True)
+        channel.test_done(threads_left)
     return 0
-

@@ -7,6 +7,7 @@ with ``nextitem`` the group's next item so module and session fixtures live acro
 from __future__ import annotations
 
 import os
+import sysconfig
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +21,10 @@ from pytest_ddp.common.protocol import (
     Report,
     RunItem,
     SessionEnd,
-    TestStart,
     WarningRecorded,
 )
 from pytest_ddp.rank import default_group, leftovers, restore
-from pytest_ddp.rank.channel import THREAD_JOIN_WAIT, Channel, done_event, fatal, start_test
-from pytest_ddp.rank.context import rank_context
-from pytest_ddp.rank.tracebacks import shorten_library_frames
-from pytest_ddp.record import injector
+from pytest_ddp.rank.channel import Channel, fatal
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -36,8 +33,6 @@ if TYPE_CHECKING:
 
 
 class RankSession:
-    """The pytest plugin of a rank's session: runs the items its controller names."""
-
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.collect_errors: list[str] = []
@@ -100,13 +95,11 @@ class RankSession:
         nodeid: str,
         next_nodeid: str | None,
     ) -> None:
-        start_test()
         restore.environment(environment)
-        self.channel.event(TestStart(nodeid))
         item = items[nodeid]
         marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
         declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
-        injector.arm(declared, rank_context().rank, self.channel.log)
+        self.channel.start_test(nodeid, declared)
         # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
         item.session._setupstate.teardown_exact(item)
         self.threads_before = set(threading.enumerate())
@@ -114,30 +107,27 @@ class RankSession:
         default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-        self.channel.event(done_event(self.threads_left, self.interrupted), wake=True)
-
-    def _phase(self, when: str) -> None:
-        self.channel.event(PhaseStart(when))
+        self.channel.test_done(self.threads_left, self.interrupted)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:
-        self._phase("setup")
+        self.channel.event(PhaseStart("setup"))
         return (yield from self._interruptible())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: Any) -> Any:
-        self._phase("call")
+        self.channel.event(PhaseStart("call"))
         return (yield from self._interruptible())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: Any) -> Any:
-        self._phase("teardown")
+        self.channel.event(PhaseStart("teardown"))
         try:
             result = yield from self._interruptible()
         finally:  # the processes it left are ended after (rank/restore.py)
-            self.threads_left = leftovers.threads_left(self.threads_before, THREAD_JOIN_WAIT)
+            self.threads_left = leftovers.threads_left(self.threads_before)
         if self.threads_left:
-            pytest.fail(leftovers.threads_left_text(self.threads_left, THREAD_JOIN_WAIT), pytrace=False)
+            pytest.fail(leftovers.threads_left_text(self.threads_left), pytrace=False)
         return result
 
     def _interruptible(self) -> Generator[None, Any, Any]:
@@ -174,6 +164,32 @@ class RankSession:
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_timeout_cancel_timer(self, item: Any) -> bool:
         return True
+
+
+# Where installed packages and the standard library live (the venv's and the base Python's).
+_LIBRARY_KEYS = ("purelib", "platlib", "stdlib", "platstdlib")
+LIBRARY_ROOTS = tuple(sorted({path for key in _LIBRARY_KEYS if (path := sysconfig.get_paths().get(key))}))
+
+
+def shorten_library_frames(item: Any) -> None:
+    """Under ``--tb=auto``, ``item``'s failures show library frames in one line each, as ``--tb=short``
+    does, after pytest's filter: ``auto`` shows the last frame of a failure in full, and inside torch
+    a whole torch function, docstring and all, stands between the test's line and the error."""
+    original = getattr(item, "_traceback_filter", None)
+    if original is None or item.config.getoption("tbstyle", "auto") != "auto":
+        return
+
+    def filtered(excinfo: Any) -> Any:
+        traceback = original(excinfo)
+        return type(traceback)(
+            entry.with_repr_style("short") if is_library(str(entry.path)) else entry for entry in traceback
+        )
+
+    item._traceback_filter = filtered
+
+
+def is_library(path: str) -> bool:
+    return path.startswith(LIBRARY_ROOTS)
 
 
 def run_pytest(start: RankStart, channel: Channel) -> int:

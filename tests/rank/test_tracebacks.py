@@ -1,10 +1,10 @@
-"""A rank's failure shows library frames short (rank/tracebacks.py), on a real pytest item."""
+"""A rank's failure shows library frames short (rank/session.py), on a real pytest item."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_ddp.rank.tracebacks import is_library, shorten_library_frames
+from pytest_ddp.rank.session import is_library, shorten_library_frames
 
 TEST = """
 import torch
