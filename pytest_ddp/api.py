@@ -33,8 +33,14 @@ from pytest_ddp.common.protocol import CallFunction, decode_value, encode_value
 from pytest_ddp.config.machine import GpuShortage
 from pytest_ddp.config.settings import current as current_settings
 from pytest_ddp.config.spec import SpecError, parse_mark, parse_timeout
-from pytest_ddp.diagnose.consistency import compare_sequences, unfinished_work, unreceived_messages
-from pytest_ddp.diagnose.passed_words import difference_line, unfinished_line, unreceived_line
+from pytest_ddp.diagnose.consistency import (
+    compare_sequences,
+    difference_line,
+    unfinished_line,
+    unfinished_work,
+    unreceived_line,
+    unreceived_messages,
+)
 from pytest_ddp.diagnose.state import Call
 from pytest_ddp.faults import Fault
 from pytest_ddp.groups.admission import Admission

@@ -1,12 +1,13 @@
 """The after-test check of a passing test: do the ranks' collective sequences agree,
-did every rank's asynchronous work complete, was every MPI message sent received?
-Pure: data in, data out."""
+did every rank's asynchronous work complete, was every MPI message sent received?  Its findings,
+and each one's line for the report, the JSON and ``run()``.  Pure: data in, data out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pytest_ddp.diagnose import mpi_matching
+from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, signature_text
 from pytest_ddp.diagnose.state import Call, RankState
 
 
@@ -103,3 +104,32 @@ def _compare_group(group: str, sequences: dict[int, list[Call]]) -> list[Sequenc
                 differences.append(CallDifference(group, position, reference, expected, rank, theirs))
                 break
     return differences
+
+
+def unfinished_line(work: UnfinishedWork) -> str:
+    """``rank 1: irecv #1 from 0 (test_x.py:12): Timed out waiting ...``."""
+    what = describe_call(work.call) if work.call is not None else f"call {work.index}"
+    return f"rank {work.rank}: {what}: {work.error}"
+
+
+def unreceived_line(message: UnreceivedMessage) -> str:
+    """``rank 2: Send #1 to 0 (tag 0) (test_x.py:12): sent, never received``."""
+    return f"rank {message.rank}: {describe_call(message.call)}: sent, never received"
+
+
+def difference_line(difference: SequenceDifference) -> str:
+    """``group WORLD: rank 0 made 2 collectives, rank 1 made 1 collective``, or the first
+    collective where a rank's call differs from the lowest member's."""
+    d = difference
+    if isinstance(d, CallDifference):
+        reductions = d.reference.reduction != d.theirs.reduction
+        return (
+            f"group {d.group}, collective #{d.position}: rank {d.reference_rank} "
+            f"{signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
+            f"{signature_text(d.theirs, reductions)} ({d.theirs.site})"
+        )
+    made = [
+        f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
+        for n, group_ranks in grouped(d.counts, d.counts.get)
+    ]
+    return f"group {d.group}: " + ", ".join(made)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from itertools import groupby
 
-from pytest_ddp.diagnose.passed_words import difference_line, unfinished_line, unreceived_line
+from pytest_ddp.diagnose.consistency import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.diagnose.phrases import rank_list
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.group import UnfinishedTeardown

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_ddp.diagnose.passed_words import difference_line, unfinished_line, unreceived_line
+from pytest_ddp.diagnose.consistency import difference_line, unfinished_line, unreceived_line
 from pytest_ddp.groups.runner import StartFailure
 from pytest_ddp.report import stack_tree
 from pytest_ddp.report.failure import rank_line

@@ -9,8 +9,7 @@ from snapshots import NOW, R2, R4, done, judge, mpi, outline, rank, snap
 
 from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.diagnose import watchdog
-from pytest_ddp.diagnose.consistency import unreceived_messages
-from pytest_ddp.diagnose.passed_words import unreceived_line
+from pytest_ddp.diagnose.consistency import unreceived_line, unreceived_messages
 
 # -- the seed article's scenarios -------------------------------------------------------
 

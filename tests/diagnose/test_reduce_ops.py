@@ -13,8 +13,7 @@ from snapshots import R4, judge, ok, outline, rank, snap
 from snapshots import done as mpi_done
 
 from pytest_ddp.diagnose import mismatches
-from pytest_ddp.diagnose.consistency import compare_sequences
-from pytest_ddp.diagnose.passed_words import difference_line
+from pytest_ddp.diagnose.consistency import compare_sequences, difference_line
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.record.describe import reduction

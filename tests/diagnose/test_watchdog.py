@@ -7,7 +7,7 @@ from typing import Any
 from snapshots import NOW, R3, R4, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
-from pytest_ddp.diagnose.passed_words import difference_line
+from pytest_ddp.diagnose.consistency import difference_line
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import describe_call, rank_list
