@@ -3,7 +3,7 @@
 Each group's collectives around the first number where the ranks' calls differ (op, shape,
 dtype, root, or a rank that did not make it); the *divergence* names that collective, the ranks
 on each side and the minority, as the Flight Recorder analyzer does.  The shared prefix is
-compared in C (:mod:`pytest_ddp.diagnose.prefix`), so a long run costs one pass.
+compared in C (:func:`pytest_ddp.diagnose.mismatches.shared_prefix`), so a long run costs one pass.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from operator import attrgetter, lt
 
 from pytest_ddp.common.ops import COLLECTIVES, TORCH_P2P
+from pytest_ddp.diagnose.mismatches import shared_prefix
 from pytest_ddp.diagnose.phrases import rank_list
-from pytest_ddp.diagnose.prefix import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 
 GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a stack section

@@ -9,7 +9,7 @@ from snapshots import NOW, R3, call, ok, rank, snap
 
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import mismatches, watchdog
-from pytest_ddp.diagnose.prefix import shared_prefix
+from pytest_ddp.diagnose.mismatches import shared_prefix
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import rank_list, worded
