@@ -35,67 +35,52 @@ settings_key = pytest.StashKey[Settings]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ddp", "distributed tests (pytest-ddp)")
-    group.addoption(
-        "--ddp-backend",
-        default=None,
-        help=f"backend of ddp tests whose mark names none: gloo, nccl or mpi (default {DEFAULT_BACKEND})",
+
+    def option(name: str, text: str, ini: bool = True, **kwargs: Any) -> None:
+        """``--ddp-<name>``, and (``ini``) the ini value ``ddp_<name>``, read where it is not given."""
+        kwargs.setdefault("default", None)
+        group.addoption(f"--ddp-{name.replace('_', '-')}", help=text, **kwargs)
+        if ini:
+            parser.addini(f"ddp_{name}", text)
+
+    option(
+        "backend",
+        f"backend of ddp tests whose mark names none: gloo, nccl or mpi (default {DEFAULT_BACKEND})",
     )
-    group.addoption(
-        "--ddp-mpi-launcher",
-        default=None,
-        metavar="COMMAND",
-        help="the MPI launcher of backend='mpi' tests, before its '-n N', e.g. 'mpirun --oversubscribe' "
+    option(
+        "mpi_launcher",
+        "the MPI launcher of backend='mpi' tests, before its '-n N', e.g. 'mpirun --oversubscribe' "
         "(default: MPICH's mpiexec.gforker, else mpiexec)",
+        metavar="COMMAND",
     )
-    group.addoption(
-        "--ddp-timeout",
-        default=None,
-        help=f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})",
+    option(
+        "timeout", f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})"
     )
-    group.addoption(
-        "--ddp-grace",
-        default=None,
-        help=f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})",
+    option("grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
+    option(
+        "isolate", "give every ddp test fresh rank processes", ini=False, action="store_true", default=False
     )
-    group.addoption(
-        "--ddp-isolate", action="store_true", default=False, help="give every ddp test fresh rank processes"
-    )
-    group.addoption(
-        "--ddp-max-groups", default=None, help=f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})"
-    )
-    group.addoption(
-        "--ddp-report-dir",
-        default=None,
-        metavar="DIR",
-        help="write a JSON report of each failing ddp test into DIR",
-    )
-    group.addoption(
-        "--ddp-max-world-size",
-        default=None,
+    option("max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
+    option("report_dir", "write a JSON report of each failing ddp test into DIR", ini=False, metavar="DIR")
+    option(
+        "max_world_size",
+        "largest world size accepted (default: what this machine's memory and process limit hold)",
+        ini=False,
         metavar="N",
-        help="largest world size accepted (default: what this machine's memory and process limit hold)",
     )
-    parser.addini("ddp_backend", f"default backend of ddp tests (default {DEFAULT_BACKEND})")
-    parser.addini("ddp_timeout", f"default timeout of ddp tests, in seconds (default {DEFAULT_TIMEOUT:g})")
-    parser.addini(
-        "ddp_grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})"
-    )
-    parser.addini("ddp_max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
-    parser.addini("ddp_mpi_launcher", "the MPI launcher of backend='mpi' tests (see --ddp-mpi-launcher)")
-    group.addoption(
-        "--ddp-launcher",
-        default=None,
-        choices=LAUNCHER_CHOICES,
-        help="how this pytest was started: auto (default: torchrun, srun or mpiexec, from their "
+    option(
+        "launcher",
+        "how this pytest was started: auto (default: torchrun, srun or mpiexec, from their "
         "environment), local (fork every test's ranks here, even under a launcher), or torchrun, slurm, mpi",
+        choices=LAUNCHER_CHOICES,
     )
-    parser.addini("ddp_launcher", "how this pytest was started (see --ddp-launcher)")
-    group.addoption(
-        "--ddp-adopt",
+    option(
+        "adopt",
+        "run torch's distributed test classes (MultiProcessTestCase and its children, "
+        "MultiProcContinuousTest) on warm ranks, as they are (docs/adopt.md)",
+        ini=False,
         action="store_true",
         default=False,
-        help="run torch's distributed test classes (MultiProcessTestCase and its children, "
-        "MultiProcContinuousTest) on warm ranks, as they are (docs/adopt.md)",
     )
     parser.addini("ddp_adopt", "see --ddp-adopt", type="bool", default=False)
 
