@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pytest_ddp.groups.runner import StartFailure
 from pytest_ddp.report import flight_recorder, picture, timeline
-from pytest_ddp.report.failure import format_dump, format_stack
 from pytest_ddp.report.json_report import to_json
 from pytest_ddp.report.model import Report
 from pytest_ddp.report.writable import file_name, folder, printable_data, write_file
@@ -21,14 +20,10 @@ def write(directory: str, report: Report | StartFailure) -> Path:
     name = file_name(run.test_id)
     # As a reader gets it, every string in it one that UTF-8 can encode.
     data = printable_data(json.loads(json.dumps(to_json(report), default=str)))
-    test_file = data["test"].split("::")[0]
-    page = picture.page(
-        data, lambda text: format_stack(text, test_file), lambda dump: format_dump(dump, test_file)
-    )
     with folder(directory) as parent:
         write_file(parent, f"{name}.json", json.dumps(data, indent=2).encode())
         write_file(parent, f"{name}.trace.json", timeline.trace_json(data).encode())
-        write_file(parent, f"{name}.html", page.encode())
+        write_file(parent, f"{name}.html", picture.page(data).encode())
     if isinstance(report, Report):
         flight_recorder.write(directory, run.test_id, report.run.states, run.spec.backend, run.spec.timeout)
     return Path(directory) / f"{name}.json"

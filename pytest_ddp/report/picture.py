@@ -20,6 +20,7 @@ from pytest_ddp.common.ops import INIT, NEW_GROUP, OPS
 from pytest_ddp.diagnose.state import exit_text
 from pytest_ddp.diagnose.wording import rank_list
 from pytest_ddp.report import stack_tree
+from pytest_ddp.report.failure import format_dump, format_stack
 from pytest_ddp.report.timeline import Slice, Timeline, headline, timeline, verdict_name
 
 WIDTH = 1240  # the SVG, in CSS pixels
@@ -305,11 +306,10 @@ def _pre(text: str) -> str:
     return f"<pre>{'(earlier text left out)' + chr(10) if cut else ''}{_esc(shown.rstrip())}</pre>"
 
 
-Reader = Callable[[str], str]
-
-
-def _details(report: dict[str, Any], readable: Reader, readable_dump: Reader) -> list[str]:
-    """What the page shows below the timeline: each rank's state, then what went wrong."""
+def _details(report: dict[str, Any]) -> list[str]:
+    """What the page shows below the timeline: each rank's state, then what went wrong, the ranks'
+    stacks and stderr made readable as the failure text makes them."""
+    test_path = str(report["test"]).split("::")[0]
     out: list[str] = []
     if report.get("start_error"):
         out += ["<h2>No rank ran the test</h2>", _pre(report["start_error"])]
@@ -320,21 +320,21 @@ def _details(report: dict[str, Any], readable: Reader, readable_dump: Reader) ->
                        ("unfinished_work", "Asynchronous work still in flight after the test")):
         if report.get(key):
             out += [f"<h2>{title}</h2>", _pre("\n".join(str(d.get("text", d)) for d in report[key]))]
-    out += _stack_tree(report)
+    out += _stack_tree(report, test_path)
     for rank in report["ranks"]:
-        sections: list[tuple[str, Any, Reader, str]] = [
-            ("failed", rank.get("failure"), str, " open"),
-            ("Python stacks when stopped", rank.get("stack"), readable_dump, " open"),
-            ("stderr", (rank.get("output") or {}).get("stderr"), readable, ""),
+        sections: list[tuple[str, Any, Callable[[str, str], str], str]] = [
+            ("failed", rank.get("failure"), lambda text, _: text, " open"),
+            ("Python stacks when stopped", rank.get("stack"), format_dump, " open"),
+            ("stderr", (rank.get("output") or {}).get("stderr"), format_stack, ""),
         ]
-        for what, text, reader, opened in sections:
+        for what, text, readable, opened in sections:
             if text and str(text).strip():
                 summary = f"<summary>rank {rank['rank']}: {_esc(what)}</summary>"
-                out.append(f"<details{opened}>{summary}{_pre(reader(str(text)))}</details>")
+                out.append(f"<details{opened}>{summary}{_pre(readable(str(text), test_path))}</details>")
     return out
 
 
-def _stack_tree(report: dict[str, Any]) -> list[str]:
+def _stack_tree(report: dict[str, Any], test_path: str) -> list[str]:
     """The merged main threads as nested ``<details>``, a branch's ranks in red where not all;
     nothing under two ranks' stacks."""
     if not report.get("stack_tree"):
@@ -342,7 +342,7 @@ def _stack_tree(report: dict[str, Any]) -> list[str]:
     tree = stack_tree.from_json(report["stack_tree"])
     if len(tree.ranks) < 2:
         return []
-    paths = stack_tree.Paths(str(report["test"]).split("::")[0], tree)
+    paths = stack_tree.Paths(test_path, tree)
 
     def frame(node: stack_tree.Node) -> str:
         label = _esc(paths.label(node.frame))
@@ -364,10 +364,8 @@ def _stack_tree(report: dict[str, Any]) -> list[str]:
     return [f"<h2>{title}</h2>", f'<div class="tree">{"".join(branch(root) for root in tree.roots)}</div>']
 
 
-def page(report: dict[str, Any], readable: Reader = str, readable_dump: Reader = str) -> str:
-    """The whole HTML page of one failing test's report; ``readable`` rewrites a rank's stderr for
-    reading, ``readable_dump`` its stacks (the report's :func:`~pytest_ddp.report.failure.format_stack`
-    and :func:`~pytest_ddp.report.failure.format_dump`)."""
+def page(report: dict[str, Any]) -> str:
+    """The whole HTML page of one failing test's report."""
     line = timeline(report)
     culprits = rank_list(report.get("culprits") or []) if report.get("culprits") else "none"
     waiting = rank_list(report.get("waiting") or []) if report.get("waiting") else "none"
@@ -383,7 +381,7 @@ def page(report: dict[str, Any], readable: Reader = str, readable_dump: Reader =
     ]
     if report["ranks"]:
         body += [svg(report, line), legend()]
-    body += _details(report, readable, readable_dump)
+    body += _details(report)
     return "\n".join(
         [
             "<!DOCTYPE html>",
