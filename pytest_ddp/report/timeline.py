@@ -56,10 +56,6 @@ def timeline(report: dict[str, Any]) -> Timeline:
     # A test no rank ran has neither time, and no calls to place.
     origin = float(report.get("started", 0.0))
     verdict = float(report.get("ended", origin)) - origin
-    ranks = report["ranks"]
-    times = [t - origin for r in ranks for c in r["calls"] for t in (c["enter"], c["exit"]) if t is not None]
-    times += [r[key] - origin for r in ranks for key in ("finished_at", "died_at") if r.get(key) is not None]
-    end = max([verdict, *times])
     slices: list[Slice] = []
     lanes: dict[int, int] = {}
     rank_ends: dict[int, tuple[str, float]] = {}
@@ -83,6 +79,7 @@ def timeline(report: dict[str, Any]) -> Timeline:
             stuck, died_in = running and alive, running and not alive
             slices.append(Slice(rank["rank"], lane, start, finish, call, stuck, died_in))
         lanes[rank["rank"]] = max(1, len(lane_ends))
+    end = max([verdict, *(piece.end for piece in slices), *(when for _, when in rank_ends.values())])
     return Timeline(verdict, end, slices, lanes, rank_ends)
 
 
