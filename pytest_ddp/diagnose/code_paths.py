@@ -102,7 +102,7 @@ def _singles_out(test: ast.expr) -> bool:
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_singles_out(value) for value in test.values)
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
-        sides = [_names_rank_number(side) for side in (test.left, test.comparators[0])]
+        sides = [_named(side) in RANK_NUMBERS for side in (test.left, test.comparators[0])]
         return sides.count(True) == 1
     return False
 
@@ -117,10 +117,6 @@ def _named(node: ast.expr) -> str | None:
     if isinstance(node, ast.Attribute):
         return node.attr
     return None
-
-
-def _names_rank_number(expression: ast.expr) -> bool:
-    return _named(expression) in RANK_NUMBERS
 
 
 _EXITS = frozenset({"_exit", "exit", "quit"})  # os._exit, sys.exit, the site module's exit and quit

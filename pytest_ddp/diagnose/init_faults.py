@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pytest_ddp.common.ops import INIT
+from pytest_ddp.diagnose.majority import minority
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Duplicate, InitFault, Verdict
 
@@ -136,12 +137,8 @@ def _init_address(inits: _Inits) -> InitFault | None:
     if store in dialled.values():
         culprits = sorted(r for r, address in dialled.items() if address != store)
         return InitFault("address", culprits, inits.blocked, store=inits.store)
-    counts = Counter(dialled.values())
-    best = max(counts.values())
-    common = [address for address, n in counts.items() if n == best]
-    if len(common) > 1:
-        return None
-    return InitFault("address", sorted(r for r, a in dialled.items() if a != common[0]), inits.blocked)
+    culprits, others = minority(dialled, lambda address: (address,))
+    return InitFault("address", culprits, inits.blocked) if others else None  # none: a tie
 
 
 def _loopback_as_one(address: str) -> str:

@@ -100,11 +100,13 @@ def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int
     return "; ".join(parts)
 
 
-def _failures(failed: list[int], ranks: dict[int, RankState]) -> str:
-    """``rank 1 died (exit code 1); ranks 2, 3 failed (ValueError: boom)``."""
-    return "; ".join(
+def _failures(failed: list[int], ranks: dict[int, RankState], woken: list[int] | None = None) -> str:
+    """``rank 1 died (exit code 1); ranks 2, 3 failed (ValueError: boom)``; then how the ranks its
+    failures woke failed."""
+    text = "; ".join(
         f"{rank_list(group)} {how}" for how, group in grouped(failed, lambda r: how_it_failed(ranks[r]))
     )
+    return f"{text}; then {_failures(woken, ranks)}" if woken else text
 
 
 # -- one function per finding -------------------------------------------------
@@ -376,16 +378,12 @@ def _timed_out(f: TimedOut, ranks: dict[int, RankState]) -> str:
 
 
 def _grace_over(f: GraceOver, ranks: dict[int, RankState]) -> str:
-    woken = f"; then {_failures(f.woken, ranks)}" if f.woken else ""
     later = _activity(f.unfinished, ranks, f.waits)
-    return f"{_failures(f.failed, ranks)}{woken}; {f.grace:g} s later {later}."
+    return f"{_failures(f.failed, ranks, f.woken)}; {f.grace:g} s later {later}."
 
 
 def _failures_text(f: Failures, ranks: dict[int, RankState]) -> str:
-    text = _failures(f.failed, ranks)
-    if f.woken:
-        text += f"; then {_failures(f.woken, ranks)}"
-    return text + "."
+    return _failures(f.failed, ranks, f.woken) + "."
 
 
 def _none_finished(f: NoneFinished, ranks: dict[int, RankState]) -> str:
