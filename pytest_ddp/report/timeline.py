@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_ddp.common.ops import OPS
+from pytest_ddp.common.ops import op
 
 RUNNING = "running"
 
@@ -35,9 +35,8 @@ class Slice:
 
     @property
     def kind(self) -> str:
-        """The operation's kind (collective, p2p, batch, group), ``other`` for a name not in the table."""
-        known = OPS.get(self.call["op"])
-        return known.kind if known is not None else "other"
+        """The operation's kind: collective, p2p, batch or group."""
+        return op(self.call["op"]).kind
 
 
 @dataclass(frozen=True)
