@@ -34,10 +34,10 @@ def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> li
     statement calling by name the op recorded at its line (``made``: line -> op), the lines of
     those calls met (those that alone would have led there, else all); ``[]`` where a way passes
     none; None where the code cannot tell."""
-    found = _flow_of(source, start, end)
-    if found is None:
+    walk = _flow_of(source, start, end)
+    if walk is None:
         return None
-    flow, first, last = found
+    flow, first, last = walk
     blocking = {s for s in flow.statements if s is not last and _calls_by_name(s, made)}
     reached, met = _walk(flow, first, last, blocking)
     if reached:
@@ -127,10 +127,10 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     code may reach from the statement at line ``start`` before any statement calling the op
     recorded at its line (``made``, as :func:`calls_between`'s): where a process that ended
     outside any call may have left; None where the code cannot tell."""
-    found = _flow_of(source, start, start)
-    if found is None:
+    walk = _flow_of(source, start, start)
+    if walk is None:
         return None
-    flow, first, _ = found
+    flow, first, _ = walk
     blocking = {s for s in flow.statements if _calls_by_name(s, made)}
     exits = {s for s in flow.statements if not isinstance(s, _COMPOUND)
              and any(_named(call) in _EXITS for call in _unconditional_calls(s))}
