@@ -17,20 +17,13 @@ from pytest_ddp.rank.context import rank_context
 _patched: set[type] = set()
 
 
-def launcher_class(cls: type) -> type | None:
-    """The class of DeepSpeed's harness (``DistributedExec``) that ``cls`` launches with, if it is one."""
-    if not getattr(cls, "is_dist_test", False):
-        return None
-    return next((base for base in cls.__mro__ if "_launch_daemonic_procs" in base.__dict__), None)
-
-
-def install(cls: type) -> None:
-    """Run the class's tests in the rank instead of in processes of their own (once per launcher class)."""
-    base = launcher_class(cls)
-    if base is None or base in _patched:
+def install(base: Any) -> None:
+    """Run the tests of the classes that launch with ``base`` (DeepSpeed's ``DistributedExec``) in the
+    rank instead of in processes of their own."""
+    if base in _patched:
         return
-    base._launch_daemonic_procs = _launch_in_rank  # type: ignore[attr-defined]
-    base._launch_non_daemonic_procs = _launch_in_rank  # type: ignore[attr-defined]
+    base._launch_daemonic_procs = _launch_in_rank
+    base._launch_non_daemonic_procs = _launch_in_rank
     _patched.add(base)
 
 

@@ -3,27 +3,32 @@ happens in the ranks instead, and what its main process does, in each rank toget
 
 ``MultiProcessTestCase``: ``_spawn_processes`` makes this process the one torch would spawn for its
 rank, ``_join_processes`` runs what the child runs (``cls._run``, so a class's own ``_run`` holds),
-then every rank draws the main process's verdict (:mod:`pytest_ddp.adopt.verdict`).
+then every rank draws the main process's verdict (:func:`process_test`).
 
 ``MultiProcContinuousTest``: the class's ``_init_pg`` makes its group as its first test sets up,
 until the class is torn down; its queues are the rank's own :class:`_Worker`.  No poison pill: a
 failed test does not skip the rest of its class.
+
+A rank's end, as the verdicts read it: ``{"end": "ok" | "error" | "skip" | "exit", "code": exit
+code, "reason": first line}``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import multiprocessing
 import os
 import tempfile
 import unittest
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_ddp.adopt import verdict
 from pytest_ddp.adopt.exchange import exchange
-from pytest_ddp.adopt.spawned_logging import as_in_a_spawned_process
 from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
 from pytest_ddp.rank import default_group
 from pytest_ddp.rank.context import rank_context
@@ -56,7 +61,7 @@ def install() -> None:
 
     process: Any = common_distributed.MultiProcessTestCase
     process._spawn_processes = _spawn
-    process._start_processes = _start
+    process._start_processes = _spawn
     process._join_processes = _join
     continuous: Any = common_distributed.MultiProcContinuousTest
     continuous._spawn_processes = classmethod(_join_class_group)
@@ -96,7 +101,45 @@ def _expects_failure(test: Any, fn: Any) -> bool:
     return bool(getattr(fn, expecting, False) or getattr(test, expecting, False))
 
 
-def _abide(found: verdict.Verdict, error: BaseException | None, expects_failure: bool) -> None:
+@dataclass(frozen=True)
+class Verdict:
+    """What torch's harness makes of a test from how each of its processes ended."""
+
+    outcome: str  # "passed", "skipped", "failed"
+    reason: str = ""
+    culprits: tuple[int, ...] = ()  # where it failed, the ranks at fault
+
+
+def process_test(ends: list[dict[str, Any]], any_exit_code: bool = False) -> Verdict:
+    """``MultiProcessTestCase``'s main process (``_check_return_codes``): a rank that raised fails the
+    test; else rank 0's exit code decides, and no other's: a skip code skips the test, a code other
+    than 0 fails it (unless the test may end with any code, ``skip_return_code_checks``)."""
+    errored = tuple(rank for rank, end in enumerate(ends) if end["end"] == "error")
+    if errored:
+        return Verdict("failed", ends[errored[0]]["reason"], errored)
+    first = ends[0]
+    if any_exit_code:
+        return Verdict("passed")
+    if first["end"] == "skip":
+        return Verdict("skipped", first["reason"])
+    if first["end"] == "exit":
+        return Verdict("failed", f"rank 0 exited with code {first['code']}; torch's harness expects 0", (0,))
+    return Verdict("passed")
+
+
+def continuous_test(ends: list[dict[str, Any]]) -> Verdict:
+    """``MultiProcContinuousTest``'s main process (``_worker_run_main_wait``): the first rank, in rank
+    order, whose test did not pass decides: its skip skips the test, its error fails it."""
+    for end in ends:
+        if end["end"] == "skip":
+            return Verdict("skipped", end["reason"])
+        if end["end"] != "ok":
+            culprits = tuple(rank for rank, other in enumerate(ends) if other["end"] in ("error", "exit"))
+            return Verdict("failed", end["reason"], culprits)
+    return Verdict("passed")
+
+
+def _abide(found: Verdict, error: BaseException | None, expects_failure: bool) -> None:
     """This rank's part of torch's verdict: the ranks at fault fail with their own error, the others
     too where a failure is expected; a skip skips every rank."""
     if found.outcome == "skipped":
@@ -111,11 +154,36 @@ def _abide(found: verdict.Verdict, error: BaseException | None, expects_failure:
         raise AdoptedFailure(f"rank {found.culprits[0]} failed: {found.reason}")
 
 
+@contextlib.contextmanager
+def as_in_a_spawned_process() -> Iterator[None]:
+    """The loggers as a process torch's harness spawns has them, until the block ends: each that does
+    not propagate without the root logger's handlers, which pytest's logging plugin (9.1 on) puts on it
+    too (torch's ``test_get_or_create_logger`` asserts ``c10d``'s holds only its own).  The root logger
+    keeps them, so the test's log still reaches the rank's report."""
+    root = logging.getLogger()
+    shared = list(root.handlers)
+    taken: list[tuple[logging.Logger, list[logging.Handler]]] = []
+    for logger in list(root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and not logger.propagate:
+            handlers = [handler for handler in logger.handlers if handler in shared]
+            for handler in handlers:
+                logger.removeHandler(handler)
+            if handlers:
+                taken.append((logger, handlers))
+    try:
+        yield
+    finally:
+        for logger, handlers in taken:
+            for handler in handlers:
+                logger.addHandler(handler)
+
+
 # -- MultiProcessTestCase ----------------------------------------------------------
 
 
-def _spawn(self: Any) -> None:
-    """Instead of spawning: be one of the processes, with rank 0's environment and rendezvous file."""
+def _spawn(self: Any, proc: Any = None) -> None:
+    """Instead of spawning (or starting ``proc``, a class's own ``_spawn_processes``): be one of the
+    processes, with rank 0's environment and rendezvous file."""
     _check_world_size(type(self), int(self.world_size))
     made = getattr(self, "file_name", None) or ""  # setUp's temporary file, made on every rank here
     in_tmp = os.path.dirname(made) == tempfile.gettempdir() and os.path.isfile(made)
@@ -130,10 +198,6 @@ def _spawn(self: Any) -> None:
         del os.environ[name]
     os.environ.update(main["env"])
     self.file_name = main["file"]
-
-
-def _start(self: Any, proc: Any) -> None:
-    _spawn(self)
 
 
 def _join(self: Any, fn: Any) -> None:
@@ -160,7 +224,7 @@ def _join(self: Any, fn: Any) -> None:
         ours.close()
         theirs.close()
     ends = exchange(GATHER_OBJECTS, end)
-    _abide(verdict.process_test(ends, fn in self.skip_return_code_checks), error, _expects_failure(self, fn))
+    _abide(process_test(ends, fn in self.skip_return_code_checks), error, _expects_failure(self, fn))
     if end["end"] == "exit" and rank != 0:
         text = f"rank {rank} exited with code {end['code']}, which torch's harness does not read"
         warnings.warn(AdoptedExitWarning(text), stacklevel=1)
@@ -259,7 +323,7 @@ def _run_continuous(cls: Any, test_id: str, init_skip: str | None) -> Any:
             text = f"the test raised SkipTest({exc}), which torch's worker loop sends as an error"
             error = AdoptedFailure(text)
             error.__cause__ = exc
-    found = verdict.continuous_test(exchange(GATHER_OBJECTS, end))
+    found = continuous_test(exchange(GATHER_OBJECTS, end))
     test = getattr(cls, test_id.rsplit(".", 1)[-1], None)
     try:
         _abide(found, error, _expects_failure(cls, test))

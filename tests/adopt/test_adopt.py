@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Session, failure_section, line_of, sessions_together
-from pytest_ddp.adopt.spawned_logging import as_in_a_spawned_process
-from pytest_ddp.adopt.verdict import Verdict, continuous_test, process_test
+from pytest_ddp.adopt.torch_classes import Verdict, as_in_a_spawned_process, continuous_test, process_test
 
 PROCESS_CLASSES = """
 import logging

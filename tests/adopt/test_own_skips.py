@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_ddp.adopt.own_skips import deepspeed_skips
+from pytest_ddp.adopt.collect import deepspeed_skips
 
 
 def accelerators(available: bool, devices: int) -> Callable[[], SimpleNamespace]:
