@@ -88,11 +88,5 @@ def _divergence(found: Divergence | None) -> dict[str, Any] | None:
     """Where the ranks part ways (see :func:`pytest_ddp.report.sequences.divergence`), at any world size."""
     if found is None:
         return None
-    return {
-        "group": found.group,
-        "seq": found.seq,
-        "call": found.call,
-        "minority": found.minority,
-        "sides": [{"ranks": ranks, "did": did} for did, ranks in found.sides],
-        "text": divergence_line(found),
-    }
+    sides = [{"ranks": ranks, "did": did} for did, ranks in found.sides]
+    return {**dataclasses.asdict(found), "sides": sides, "text": divergence_line(found)}
