@@ -65,8 +65,9 @@ def unfinished_work(ranks: list[RankState]) -> list[UnfinishedWork]:
 
 
 def unreceived_messages(ranks: list[RankState]) -> list[UnreceivedMessage]:
-    """The MPI messages sent and never received, in rank order."""
-    messages = mpi_matching.unreceived({s.rank: s for s in ranks})
+    """The MPI messages whose send returned and that no receive took, in rank order."""
+    left = mpi_matching.match({s.rank: s for s in ranks}).left
+    messages = [m for m in left if m.call.state == "ok"]
     return [UnreceivedMessage(m.sender, m.call, m.dest) for m in sorted(messages, key=lambda m: m.sender)]
 
 

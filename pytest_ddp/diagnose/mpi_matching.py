@@ -162,8 +162,3 @@ def unreceived_from(ranks: dict[int, RankState], sender: int, dest: int, group: 
     """The messages from ``sender`` to ``dest`` on ``group`` that no receive took (sent with a
     tag the receives do not want, say)."""
     return [m for m in match(ranks).left if (m.sender, m.dest, m.call.group) == (sender, dest, group)]
-
-
-def unreceived(ranks: dict[int, RankState]) -> list[Message]:
-    """Messages whose send returned and that no receive took."""
-    return [m for m in match(ranks).left if m.call.state == "ok"]
