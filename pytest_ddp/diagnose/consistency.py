@@ -55,7 +55,6 @@ SequenceDifference = CountDifference | CallDifference
 
 
 def unfinished_work(ranks: list[RankState]) -> list[UnfinishedWork]:
-    """The asynchronous calls whose work a rank left unfinished."""
     found = []
     for state in sorted(ranks, key=lambda s: s.rank):
         for work in state.in_flight:

@@ -17,7 +17,6 @@ from pytest_ddp.diagnose.verdicts import Duplicate, InitFault, Verdict
 
 
 def latest_init(state: RankState) -> Call | None:
-    """The process's latest init_process_group call."""
     return next((c for c in reversed(state.calls) if c.op == INIT), None)
 
 

@@ -92,7 +92,6 @@ def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
 
 
 def _p2p_index(state: RankState) -> dict[tuple[str, bool, int | None, int], Call]:
-    """The rank's sends and receives by (group, direction, other end, number)."""
     return {(c.group, c.is_recv, c.peer, c.seq): c for c in state.calls if c.is_p2p}
 
 

@@ -89,14 +89,12 @@ class Call:
 
     @property
     def state(self) -> str:
-        """"running" while inside the call, then "ok" or "raised"."""
         if self.exit is None:
             return "running"
         return "raised" if self.error is not None else "ok"
 
     @property
     def kind(self) -> Op:
-        """What the operation is (see :mod:`pytest_ddp.common.ops`)."""
         return op(self.op)
 
     @property
@@ -208,7 +206,6 @@ class Process:
 
     @classmethod
     def read(cls, state: str, status: dict[str, str]) -> Process:
-        """From the stat's state letter and the status file's fields."""
         bit = 1 << (signal.SIGUSR1 - 1)
 
         def has(name: str) -> bool:
@@ -324,7 +321,6 @@ class RankState:
 
     @property
     def last_raised(self) -> Call | None:
-        """Its last call, where that raised."""
         if self.calls and self.calls[-1].state == "raised":
             return self.calls[-1]
         return None

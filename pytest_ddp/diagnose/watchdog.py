@@ -286,7 +286,6 @@ def judge(snap: Snapshot) -> Verdict:
 
 
 def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> bool:
-    """Every culprit is a rank that an injected fault ended (see :mod:`pytest_ddp.faults`)."""
     return bool(culprits) and all(ranks[r].died_as_injected for r in culprits)
 
 
