@@ -4,10 +4,6 @@ Per group: a private folder, a TCPStore on 127.0.0.1 only, and per rank a comman
 notify pipe (a wake-up byte per event worth it; end of file when the rank dies); all else goes
 through the rank's event log (:mod:`pytest_ddp.common.protocol`).  Ranks fork from a forkserver
 that imported torch once, so a fresh group costs no ``import torch``.
-
-No orphans: ranks run in their own session (Ctrl-C reaches only the controller, which kills
-them) and get SIGKILL when the forkserver dies (PR_SET_PDEATHSIG); the forkserver exits when the
-controller dies, however it dies.
 """
 
 from __future__ import annotations
@@ -201,9 +197,6 @@ class RankGroup:
             env["GLOO_SOCKET_IFNAME"] = "lo"
         return env
 
-    def _paths(self, rank: int) -> dict[str, Path]:
-        return rank_files(self.workdir, rank)
-
     def local_rank(self, rank: int) -> int:
         """The rank's rank on its node: every rank is on this one."""
         return rank
@@ -231,7 +224,7 @@ class RankGroup:
         return write_start_file(self.workdir, start)
 
     def rank_process(self, rank: int, proc: RankHandle, notify: Connection | None = None) -> RankProcess:
-        paths = self._paths(rank)
+        paths = rank_files(self.workdir, rank)
         return RankProcess(
             rank=rank,
             proc=proc,
@@ -253,9 +246,10 @@ class RankGroup:
                     elif isinstance(ev, Fatal):
                         raise GroupStartError(f"rank {rp.rank} could not start:\n{ev.error}")
                 if rp.rank not in ready and rp.exit_code is not None:
+                    tail = read_bounded(rp.stderr, 0).splitlines()[-30:]
                     raise GroupStartError(
                         f"rank {rp.rank} exited while starting ({exit_text(rp.exit_code)}):\n"
-                        + self.stderr_tail(rp.rank)
+                        + "\n".join(tail)
                     )
             if time.monotonic() > deadline:
                 missing = sorted(set(range(len(self.ranks))) - set(ready))
@@ -447,10 +441,6 @@ class RankGroup:
             "stdout": read_bounded(rp.stdout, rp.stdout_offset),
             "stderr": read_bounded(rp.stderr, rp.stderr_offset),
         }
-
-    def stderr_tail(self, rank: int, lines: int = 30) -> str:
-        text = read_bounded(self.ranks[rank].stderr, 0)
-        return "\n".join(text.splitlines()[-lines:])
 
     def exit_codes(self) -> dict[int, int | None]:
         """Each rank's exit code (negative: the signal), None while it runs."""

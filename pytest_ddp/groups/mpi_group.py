@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 from pytest_ddp.common import prctl, procfs
 from pytest_ddp.common.handshake import NONCE
@@ -53,7 +52,7 @@ from pytest_ddp.common.mpi_world import (
 )
 from pytest_ddp.common.procfs import descends_from, environment_of, parent_of, peer_credentials
 from pytest_ddp.common.protocol import Command
-from pytest_ddp.groups.group import GroupStartError, RankGroup
+from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import (
     Descriptor,
     ForkedRank,
@@ -261,8 +260,8 @@ def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
 class MpiGroup(RankGroup):
     """The ranks of one MPI world, started by an MPI launcher (see the module's docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: GroupConfig) -> None:
+        super().__init__(config)
         self._launcher: subprocess.Popen[bytes] | None = None
         self._listener: socket.socket | None = None
         self._secret = b""
@@ -299,20 +298,14 @@ class MpiGroup(RankGroup):
                 )
             finally:
                 os.close(output)
-            self._wait_ready_saying_refusals(deadline)
+            try:
+                self._wait_ready(deadline)
+            except GroupStartError as exc:  # a world that did not start says which connections were refused
+                raise GroupStartError("\n".join([str(exc), *self.refused])) from None
             self._note_shared_memory(there_before)
         except BaseException:
             self.kill()
             raise
-
-    def _wait_ready_saying_refusals(self, deadline: float) -> None:
-        """As for forked ranks; a world that did not start says which connections were refused."""
-        try:
-            self._wait_ready(deadline)
-        except GroupStartError as exc:
-            if not self.refused:
-                raise
-            raise GroupStartError("\n".join([str(exc), *self.refused])) from None
 
     def _note_shared_memory(self, there_before: set[str]) -> None:
         """The world's files in /dev/shm (new, and mapped by its ranks), listed for the stand-ins."""
@@ -340,23 +333,31 @@ class MpiGroup(RankGroup):
         return super().alive and self._launcher is not None and self._launcher.poll() is None
 
     def _wait(self, timeout: float) -> None:
-        """As for forked ranks, and: accept connections, read hellos, and hear of ends."""
+        """As for forked ranks, and: drop a connection whose hello is late; a launcher that ended
+        while the world starts failed."""
+        super()._wait(timeout)
         if self._news is None:  # killed
             return
-        for key, _ in self._news.select(timeout):
-            if key.fileobj is self._listener:
-                self._accept()
-            elif isinstance(key.data, _Greeting):
-                self._read_hello(key.data)
-            elif isinstance(key.data, _StandIn):
-                self._stand_in_news(key.data)
-            else:
-                self._news_of(key)
         now = time.monotonic()
         for key in list(self._news.get_map().values()):
             if isinstance(key.data, _Greeting) and now > key.data.deadline:
                 self._refuse(key.data, f"process {key.data.peer} sent no hello in {HELLO_WAIT:g} s")
         self._check_launcher()
+
+    def _news_of(self, key: selectors.SelectorKey) -> None:
+        """As for forked ranks, and: a connection to the socket, a hello, a stand-in's end; a rank
+        killed by SIGBUS is told in its stderr how full /dev/shm is."""
+        if key.fileobj is self._listener:
+            return self._accept()
+        if isinstance(key.data, _Greeting):
+            return self._read_hello(key.data)
+        if isinstance(key.data, _StandIn):
+            return self._stand_in_news(key.data)
+        rp: RankProcess = key.data
+        ended = rp.exit_code is not None
+        super()._news_of(key)
+        if not ended and rp.exit_code == -signal.SIGBUS:
+            _say_how_full_shared_memory_is(rp.stderr, rp.rank)
 
     def _accept(self) -> None:
         """Challenge a connection from this user's process that the launcher started; close others."""
@@ -447,14 +448,6 @@ class MpiGroup(RankGroup):
         stand_in.close()
         if stand_in.rp.proc.exitcode is None:
             stand_in.rp.proc.kill()
-
-    def _news_of(self, key: selectors.SelectorKey) -> None:
-        """As for forked ranks; a rank killed by SIGBUS is told in its stderr how full /dev/shm is."""
-        rp: RankProcess = key.data
-        ended = rp.exit_code is not None
-        super()._news_of(key)
-        if not ended and rp.exit_code == -signal.SIGBUS:
-            _say_how_full_shared_memory_is(self._paths(rp.rank)["stderr"], rp.rank)
 
     def _check_launcher(self) -> None:
         """While the group starts: a launcher that ended before every rank said hello failed."""
