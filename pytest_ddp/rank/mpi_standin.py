@@ -139,11 +139,6 @@ def _challenge(sock: socket.socket) -> bytes:
     return _receive(sock, length)
 
 
-def _launcher_descriptors() -> list[int]:
-    """The descriptors the launcher named in this process's environment, in FD_VARIABLES' order."""
-    return [int(os.environ[name]) for name in FD_VARIABLES if name in os.environ]
-
-
 def main(folder: str) -> None:
     launcher = os.getppid()
     rank = launched_rank()
@@ -153,8 +148,10 @@ def main(folder: str) -> None:
     sock, unattended.controller = _connect(folder)
     challenge = _challenge(sock)
     hello = mpi_world.hello(secret, challenge, rank, os.getpid())
-    # Handed over as copies, kept open here: to the launcher, its process ends when the stand-in does.
-    socket.send_fds(sock, [frame(hello)], _launcher_descriptors())
+    # The descriptors the launcher named, handed over as copies and kept open here: to the launcher,
+    # its process ends when the stand-in does.
+    descriptors = [int(os.environ[name]) for name in FD_VARIABLES if name in os.environ]
+    socket.send_fds(sock, [frame(hello)], descriptors)
     sock.settimeout(None)
     connection = unattended.link = Connection(sock.detach())
     try:
