@@ -32,17 +32,19 @@ DEFAULT_LAUNCHER = "auto"
 
 @dataclass(frozen=True)
 class Settings:
-    """The controller's settings, checked."""
+    """The controller's settings, checked; each at its default before (and outside) a pytest session."""
 
-    backend: str  # of marks that name none
-    timeout: float  # of tests whose marks set none: --ddp-timeout, lowered to pytest-timeout's global one
-    grace: float
-    isolate_all: bool
-    max_groups: int
-    report_dir: str | None  # exists and is writable
-    max_world_size: int | None  # None: as many ranks as the machine holds
-    mpi_launcher: str | None  # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
-    launcher: str  # --ddp-launcher: one of spec.LAUNCHER_CHOICES
+    backend: str = DEFAULT_BACKEND  # of marks that name none
+    # of tests whose marks set none: --ddp-timeout, lowered to pytest-timeout's global one
+    timeout: float = DEFAULT_TIMEOUT
+    grace: float = DEFAULT_GRACE
+    isolate_all: bool = False
+    max_groups: int = DEFAULT_MAX_GROUPS
+    report_dir: str | None = None  # exists and is writable
+    max_world_size: int | None = None  # None: as many ranks as the machine holds
+    # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
+    mpi_launcher: str | None = None
+    launcher: str = DEFAULT_LAUNCHER  # --ddp-launcher: one of spec.LAUNCHER_CHOICES
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -59,23 +61,11 @@ class Settings:
         )
 
 
-# Before (and outside) a pytest session: every setting at its default.
-DEFAULTS = Settings(
-    backend=DEFAULT_BACKEND,
-    timeout=DEFAULT_TIMEOUT,
-    grace=DEFAULT_GRACE,
-    isolate_all=False,
-    max_groups=DEFAULT_MAX_GROUPS,
-    report_dir=None,
-    max_world_size=None,
-    mpi_launcher=None,
-    launcher=DEFAULT_LAUNCHER,
-)
-_current = DEFAULTS
+_current = Settings()
 
 
 def current() -> Settings:
-    """The settings of this process's pytest session, or :data:`DEFAULTS` outside one."""
+    """The settings of this process's pytest session, or the defaults outside one."""
     return _current
 
 
