@@ -64,26 +64,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _world_size(value: Any) -> int:
-    if not _is_int(value) or value < 1:
-        raise SpecError(f"world_size={value!r}: must be an int >= 1")
-    return value
-
-
 def parse_world_sizes(value: Any) -> tuple[tuple[int, ...], bool]:
     """An int, or a non-empty list/tuple of ints: (sizes, parametrized)."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise SpecError("world_size=[]: the list of world sizes is empty")
-        sizes = []
-        for item in value:
-            if not _is_int(item) or item < 1:
-                raise SpecError(f"world_size={value!r}: {item!r} is not an int >= 1")
-            sizes.append(item)
-        if len(set(sizes)) != len(sizes):
-            raise SpecError(f"world_size={value!r}: a world size is listed twice")
-        return tuple(sizes), True
-    return (_world_size(value),), False
+    if not isinstance(value, (list, tuple)):
+        if not _is_int(value) or value < 1:
+            raise SpecError(f"world_size={value!r}: must be an int >= 1")
+        return (value,), False
+    if not value:
+        raise SpecError("world_size=[]: the list of world sizes is empty")
+    for item in value:
+        if not _is_int(item) or item < 1:
+            raise SpecError(f"world_size={value!r}: {item!r} is not an int >= 1")
+    if len(set(value)) != len(value):
+        raise SpecError(f"world_size={value!r}: a world size is listed twice")
+    return tuple(value), True
 
 
 def parse_backend(value: Any, name: str = "backend") -> str:
