@@ -95,11 +95,10 @@ def nproc_enforced(limit: int, real_uid: int, effective_caps: int, uid_map: str)
     return not (kernel_uid == 0 or (initial and effective_caps & exempt_caps))
 
 
-def user_tasks(statuses: Iterable[str], real_uid: int) -> int:
-    """The threads of ``real_uid`` (what RLIMIT_NPROC counts) in these /proc/PID/status texts."""
+def user_tasks(statuses: Iterable[dict[str, str]], real_uid: int) -> int:
+    """The threads of ``real_uid`` (what RLIMIT_NPROC counts) in these /proc/PID/status fields."""
     count = 0
-    for status in statuses:
-        fields = procfs.parse_fields(status)
+    for fields in statuses:
         if int(fields["Uid"].split()[0]) == real_uid:
             count += int(fields["Threads"])
     return count
@@ -115,13 +114,13 @@ def machine_rank_capacity() -> tuple[int, str]:
     real_uid = os.getuid()
     if not nproc_enforced(soft, real_uid, int(status["CapEff"], 16), uid_map):
         return rank_capacity(mem_available, -1, 0)
-    return rank_capacity(mem_available, soft, user_tasks(_statuses(), real_uid))
+    return rank_capacity(mem_available, soft, user_tasks(statuses(), real_uid))
 
 
-def _statuses() -> Iterator[str]:
+def statuses() -> Iterator[dict[str, str]]:
+    """The /proc/PID/status fields of every process now."""
     for pid in procfs.pids():
         try:
-            with open(f"/proc/{pid}/status") as f:
-                yield f.read()
+            yield procfs.status(pid)
         except OSError:  # gone since listed
             continue

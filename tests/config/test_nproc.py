@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-from pathlib import Path
 
 import pytest
 
 from conftest import Session, sessions_together
+from pytest_ddp.common import procfs
 from pytest_ddp.config.machine import (
     CAP_SYS_ADMIN,
     CAP_SYS_RESOURCE,
@@ -19,6 +19,7 @@ from pytest_ddp.config.machine import (
     SESSION_TASKS,
     nproc_enforced,
     rank_capacity,
+    statuses,
     user_tasks,
 )
 
@@ -46,8 +47,9 @@ def test_the_kernel_holds_to_rlimit_nproc_no_root_and_no_process_with_sys_admin_
     assert not nproc_enforced(40, 0, 0, "0 0 1\n1 100000 65535\n")  # its uid 0 is the host's root
 
 
-def status(real_uid: int, effective_uid: int, threads: int) -> str:
-    return f"Name:\tpython\nUid:\t{real_uid}\t{effective_uid}\t{effective_uid}\t{effective_uid}\nThreads:\t{threads}\n"
+def status(real_uid: int, effective_uid: int, threads: int) -> dict[str, str]:
+    text = f"Name:\tpython\nUid:\t{real_uid}\t{effective_uid}\t{effective_uid}\t{effective_uid}\nThreads:\t{threads}\n"
+    return procfs.parse_fields(text)
 
 
 def test_rlimit_nproc_counts_the_threads_of_the_real_uid() -> None:
@@ -85,17 +87,6 @@ WHO = ["root", "a user"]
 UID = 54321  # the other user's: a uid no process runs as
 
 
-def _statuses() -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                found.append(Path(f"/proc/{entry}/status").read_text())
-            except OSError:
-                continue
-    return found
-
-
 def nproc_prefix(who: str) -> tuple[str, ...] | str:
     """What runs a session as ``who`` under ``ulimit -u 25``, or why it cannot run here."""
     if not ROOT:
@@ -107,7 +98,7 @@ def nproc_prefix(who: str) -> tuple[str, ...] | str:
         return prefix
     if shutil.which("setpriv") is None:
         return "no setpriv to run a session as another real uid"
-    if user_tasks(_statuses(), UID):
+    if user_tasks(statuses(), UID):
         return f"uid {UID} runs processes here"
     # Another real uid (RLIMIT_NPROC counts the real uid's threads), still euid 0 to read this
     # checkout and the venv, with no capability (either would exempt it).
