@@ -33,6 +33,12 @@ DEADLY: frozenset[str] = frozenset({"kill", "exit"})
 # wrapper of a torch.distributed function carries them out, so a call reaching the backend
 # without one (DDP's reducer, a functional collective) cannot take them.
 REPLACING: frozenset[str] = frozenset({"skip", "extra", "change"})
+# What each fault does, as the report says it (Fault.what; oom's and change's words are built there).
+_WHAT = {
+    "kill": "SIGKILL", "exit": "exit({code})", "raise": "raise {exc!r}", "delay": "delay of {seconds:g} s",
+    "disconnect": "connections to its peers broken", "skip": "call skipped", "extra": "call made twice",
+    "hang": "hang",
+}
 # torch.distributed.ReduceOp's members, by name (change(reduce_op=...)).
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
@@ -62,22 +68,8 @@ class Fault:
     @property
     def what(self) -> str:
         """``SIGKILL``, ``exit(1)``, ``raise RuntimeError('boom')``, ``delay of 3 s``, ..."""
-        if self.action == "kill":
-            return "SIGKILL"
-        if self.action == "exit":
-            return f"exit({self.code})"
-        if self.action == "raise":
-            return f"raise {self.exc!r}"
-        if self.action == "delay":
-            return f"delay of {self.seconds:g} s"
         if self.action == "oom":
             return "out of memory" + ("" if self.size is None else f" after {self.size} bytes")
-        if self.action == "disconnect":
-            return "connections to its peers broken"
-        if self.action == "skip":
-            return "call skipped"
-        if self.action == "extra":
-            return "call made twice"
         if self.action == "change":
             return "call changed to " + ", ".join(
                 f"{name} {value if name != 'shape' else list(value)}"
@@ -85,7 +77,7 @@ class Fault:
                                     ("reduce op", self.reduce_op))
                 if value is not None
             )
-        return "hang"
+        return _WHAT.get(self.action, "hang").format(code=self.code, exc=self.exc, seconds=self.seconds)
 
     def __str__(self) -> str:
         """``SIGKILL on rank 1 at all_reduce call 3``: how the report names an injected fault."""
