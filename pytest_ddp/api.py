@@ -190,10 +190,8 @@ def _result(test_run: TestRun | StartFailure) -> Result:
     ranks = [_rank_result(test_run, state.rank) for state in test_run.states]
     if verdict.status == "done":
         outcome = "failed" if verdict.kind is not None or test_run.faults_not_fired else "passed"
-    elif verdict.status == "timeout":
-        outcome = "timeout"
-    elif verdict.status == "deadlock":
-        outcome = "deadlock"
+    elif verdict.status in ("timeout", "deadlock"):
+        outcome = verdict.status
     else:  # "stopped": a rank failed and the others were stopped after the grace
         outcome = "failed"
     diagnosis: Diagnosis | None = None
@@ -212,7 +210,6 @@ def _result(test_run: TestRun | StartFailure) -> Result:
     injected = [event.text for state in test_run.states for event in state.injected]
     unreceived = [unreceived_line(m) for m in unreceived_messages(test_run.states)]
     return Result(outcome, diagnosis, ranks, test_run.elapsed, differences, unfinished, injected, unreceived)
-
 
 
 def _rank_result(test_run: TestRun, rank: int) -> RankResult:
