@@ -183,8 +183,6 @@ class WarningRecorded(_Event):
 
 @dataclass(slots=True)
 class SessionEnd(_Event):
-    """After "stop": the teardown of the fixtures the rank still held, as pytest reports it."""
-
     KIND: ClassVar[Literal["session_end"]] = "session_end"
     outcome: str  # passed, failed
     duration: float = 0.0
@@ -226,8 +224,6 @@ class CallEvent(_Event):
 
 @dataclass(slots=True)
 class RetEvent(_Event):
-    """Call ``index`` returned or raised."""
-
     KIND: ClassVar[Literal["ret"]] = "ret"
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
     index: int
