@@ -19,13 +19,9 @@ if TYPE_CHECKING:
 __all__ = ["Diagnosis", "RankResult", "Result", "faults", "run"]
 __version__ = "0.1.0"
 
-# Where each public name is defined.
-_PUBLIC = {"Diagnosis": "pytest_ddp.api", "RankResult": "pytest_ddp.api", "Result": "pytest_ddp.api",
-           "run": "pytest_ddp.api", "faults": "pytest_ddp.faults"}
-
-
 def __getattr__(name: str) -> Any:
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'pytest_ddp' has no attribute {name!r}")
-    module = importlib.import_module(_PUBLIC[name])
-    return module if name == "faults" else getattr(module, name)
+    if name == "faults":
+        return importlib.import_module("pytest_ddp.faults")
+    if name in __all__:  # the others are pytest_ddp.api's
+        return getattr(importlib.import_module("pytest_ddp.api"), name)
+    raise AttributeError(f"module 'pytest_ddp' has no attribute {name!r}")
