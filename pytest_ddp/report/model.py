@@ -59,11 +59,6 @@ class Report:
         """What happened and who (several lines when a rank's exception message is), then the tag."""
         return f"{self.lead} {self.tag}"
 
-    @property
-    def started(self) -> float:
-        """time.time() of the hand-over: the timeline's origin."""
-        return self.run.ended - self.run.elapsed
-
 
 def build(run: TestRun, rank_failures: dict[int, str], test_file: str) -> Report:
     """The report of ``run``; ``rank_failures`` each failing rank's text, ``test_file`` the path
