@@ -140,7 +140,8 @@ def _exhaust_memory(fault: Fault) -> None:
     size under a lowered address-space limit, so the machine's memory is not used up."""
     limits = resource.getrlimit(resource.RLIMIT_AS)
     if fault.size is None:
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + OOM_HEADROOM, limits[1]))
+        address_space = procfs.size(procfs.status()["VmSize"])
+        resource.setrlimit(resource.RLIMIT_AS, (address_space + OOM_HEADROOM, limits[1]))
     held: list[bytes] = []
     allocated = 0
     try:
@@ -156,36 +157,11 @@ def _exhaust_memory(fault: Fault) -> None:
     raise MemoryError(f"injected by pytest-ddp: {fault} ({allocated / 2**20:.0f} MiB allocated)")
 
 
-def _address_space() -> int:
-    """This process's virtual memory size, in bytes."""
-    try:
-        return procfs.size(procfs.status()["VmSize"])
-    except (KeyError, ValueError):
-        raise OSError("no VmSize in /proc/self/status") from None
-
-
-def _established_tcp() -> dict[int, int]:
-    """Socket inode -> remote port of this machine's established TCP connections."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except FileNotFoundError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "01":  # ESTABLISHED
-                found[int(fields[9])] = int(fields[2].rsplit(":", 1)[1], 16)
-    return found
-
-
 def disconnect_peers() -> list[int]:
     """Shut down (both ways) this process's TCP connections to its peers, not those to the
     rendezvous store (``MASTER_PORT``); returns their descriptors, which stay open, so the backend
     meets the broken connection on its next use."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
-    connections = _established_tcp()
     shut = []
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -194,13 +170,12 @@ def disconnect_peers() -> list[int]:
             continue
         if not target.startswith("socket:["):
             continue
-        remote = connections.get(int(target[8:-1]))
-        if remote is None or remote == store_port:
-            continue
-        sock = socket.socket(fileno=int(name))
+        sock = socket.socket(fileno=int(name))  # its family and type asked of the kernel
         try:
-            sock.shutdown(socket.SHUT_RDWR)
-            shut.append(int(name))
+            # getpeername raises for a socket that is not connected (a listening one)
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] != store_port:
+                sock.shutdown(socket.SHUT_RDWR)
+                shut.append(int(name))
         except OSError:
             pass
         finally:
