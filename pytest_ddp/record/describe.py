@@ -12,7 +12,7 @@ import re
 import sys
 import weakref
 from collections.abc import Callable
-from types import CodeType, FrameType, ModuleType
+from types import FrameType, ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -45,7 +45,6 @@ def add_internal(module: ModuleType) -> None:
         return
     _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
     _site_files.clear()
-    _sites.clear()
 
 
 # Not call sites either: frozen modules, and inductor's generated code (its caller is the compiled
@@ -84,54 +83,36 @@ def _shown(filename: str) -> str | None:
 
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
-_SITE = '"site":"'
-# (id(code), f_lasti) -> (code, site, whether the site is in a library)
-_sites: dict[tuple[int, int], tuple[CodeType, str, bool]] = {}
 
 
 def site(frame: FrameType | None) -> str:
     """``"site":"tests/test_x.py:12"``: the user's innermost frame outside torch, pytest, this plugin
     and libraries; for a call made inside a library, also ``"caller":"accelerate/accelerator.py:2861"``
-    (the library's frame is the site where no user frame led there).  Cached per instruction, as
-    ``f_lineno`` scans the line table; the cache holds the code, so its id is not reused."""
+    (the library's frame is the site where no user frame led there)."""
     while frame is not None:
-        code = frame.f_code
-        if _site_files.get(code.co_filename, _UNSEEN) is None:  # internal, seen before: the usual case
-            frame = frame.f_back
-            continue
-        key = (id(code), frame.f_lasti)
-        cached = _sites.get(key)
-        if cached is None or cached[0] is not code:
-            described = _frame_site(frame)
-            if described is None:
-                frame = frame.f_back
-                continue
-            if len(_sites) > 10000:
-                _sites.clear()
-            cached = _sites[key] = (code, *described)
-        return _through_library(cached[1], frame.f_back) if cached[2] else cached[1]
+        found = _frame_site(frame)
+        if found is not None:
+            place, in_library = found
+            user = _user_line(frame.f_back) if in_library else None
+            return f'"site":"{place}"' if user is None else f'"site":"{user}","caller":"{place}"'
+        frame = frame.f_back
     return '"site":"?"'
 
 
 def _frame_site(frame: FrameType) -> tuple[str, bool] | None:
-    """``("\"site\":\"tests/test_x.py:12\"", in a library)`` for a frame that can be a call site;
+    """``("tests/test_x.py:12", in a library)`` for a frame that can be a call site (an FX graph
+    module's: the innermost line outside torch, pytest and this plugin in its node's stack trace);
     None for a frame of torch, pytest or this plugin."""
-    code = frame.f_code
-    shown = _shown(code.co_filename)
+    filename = frame.f_code.co_filename
+    shown = _shown(filename)
+    if shown:
+        return f"{shown}:{frame.f_lineno}", _in_library(filename)
     if shown is None:
         return None
-    if not shown:
-        return _graph_site(frame)
-    return f'"site":"{shown}:{frame.f_lineno}"', _in_library(code.co_filename)
-
-
-def _graph_site(frame: FrameType) -> tuple[str, bool] | None:
-    """:func:`_frame_site` of an FX graph module's frame: the innermost line outside torch, pytest
-    and this plugin in its node's stack trace; None (not a site) where there is none."""
     for filename, line in reversed(_TRACE_LINE.findall(backend_hook.graph_node_trace(frame) or "")):
         shown = _shown(filename)
         if shown:
-            return f'"site":"{shown}:{line}"', _in_library(filename)
+            return f"{shown}:{line}", _in_library(filename)
     return None
 
 
@@ -140,16 +121,15 @@ def _in_library(filename: str) -> bool:
     return filename.startswith(_STDLIB) or any(part in filename for part in _LIBRARY_DIRS)
 
 
-def _through_library(library_site: str, frame: FrameType | None) -> str:
-    """``"site":"t.py:30","caller":"accelerate/accelerator.py:2861"``: the first user frame from
-    ``frame`` up, with the library's site as its caller; the library's site alone where none is."""
+def _user_line(frame: FrameType | None) -> str | None:
+    """``t.py:30``: the first user frame from ``frame`` up, outside libraries; None where none is."""
     while frame is not None:
         filename = frame.f_code.co_filename
         shown = _shown(filename)
         if shown and not _in_library(filename):
-            return f'{_SITE}{shown}:{frame.f_lineno}","caller":"{library_site[len(_SITE) : -1]}"'
+            return f"{shown}:{frame.f_lineno}"
         frame = frame.f_back
-    return library_site
+    return None
 
 
 class Group(NamedTuple):
