@@ -172,33 +172,16 @@ def _type_name(thing: Any) -> str:
     return '"' + str(thing).replace("torch.", "") + '"'
 
 
-def _describe_tensors(tensors: list[torch.Tensor]) -> str:
+def tensors(value: Any) -> str:
+    """``,"shapes":...,"dtypes":...,"devices":...`` for a tensor or a list of them, else ""."""
+    listed = value if isinstance(value, (list, tuple)) else [value]
+    tensors = [v for v in listed if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return ""
     shapes = ",".join(f"[{','.join(map(str, t.shape))}]" for t in tensors)
     dtypes = ",".join(_type_name(t.dtype) for t in tensors)
     devices = ",".join(_type_name(t.device) for t in tensors)
     return f',"shapes":[{shapes}],"dtypes":[{dtypes}],"devices":[{devices}]'
-
-
-_single_tensors: dict[tuple[Any, ...], str] = {}  # (shape, dtype, device) -> description
-
-
-def tensors(value: Any) -> str:
-    """``,"shapes":...,"dtypes":...,"devices":...`` for a tensor or a list of them, else ""."""
-    if isinstance(value, (list, tuple)) and len(value) == 1:  # described as the tensor alone
-        value = value[0]
-    if isinstance(value, torch.Tensor):  # the usual case: cached
-        key = (value.shape, value.dtype, value.device)
-        text = _single_tensors.get(key)
-        if text is None:
-            if len(_single_tensors) > 4096:
-                _single_tensors.clear()
-            text = _single_tensors[key] = _describe_tensors([value])
-        return text
-    if isinstance(value, (list, tuple)):
-        tensors = [v for v in value if isinstance(v, torch.Tensor)]
-        if tensors:
-            return _describe_tensors(tensors)
-    return ""
 
 
 class _ByteCounter:
