@@ -205,15 +205,6 @@ def _pickled_size(objects: list[Any]) -> int | None:
     return counter.size
 
 
-def _objects(value: Any, is_list: bool) -> str:
-    """``,"obj_type":...,"obj_size":...`` of what a *_object call sends."""
-    objects = list(value) if is_list else [value]
-    name = type(value).__name__
-    if is_list:
-        name = "list[" + ",".join(dict.fromkeys(type(v).__name__ for v in objects)) + "]"
-    return optional_fields({"obj_type": name, "obj_size": _pickled_size(objects)})
-
-
 def _given_or_env(value: Any, env: str) -> int | None:
     if value is not None and value != -1:
         return int(value)
@@ -266,10 +257,17 @@ def _root(spec: Op, args: dict[str, Any], group: Group) -> int | None:
 
 
 def _object_fields(spec: Op, args: dict[str, Any], root: int | None) -> str:
-    obj = args.get(spec.obj) if spec.obj else None
-    if obj is None or (spec.obj_from_root and root != dist.get_rank()):
+    """``,"obj_type":...,"obj_size":...`` of what a *_object call sends."""
+    assert spec.obj is not None
+    value = args.get(spec.obj)
+    if value is None or (spec.obj_from_root and root != dist.get_rank()):
         return ""
-    return _objects(obj, spec.obj.endswith("_list"))  # type: ignore[union-attr]
+    objects = [value]
+    name = type(value).__name__
+    if spec.obj.endswith("_list"):
+        objects = list(value)
+        name = "list[" + ",".join(dict.fromkeys(type(v).__name__ for v in objects)) + "]"
+    return optional_fields({"obj_type": name, "obj_size": _pickled_size(objects)})
 
 
 # (group, the event's fields after "t", the key of the sequence counter the call advances, or None)
@@ -304,51 +302,43 @@ def backend_extra(spec: Op, args: dict[str, Any]) -> str:
     return _extra_field(True, None if given is None else reduction(given))
 
 
-def _describe_collective(op: str, spec: Op, args: dict[str, Any]) -> Described:
+def _describe_call(spec: Op, args: dict[str, Any]) -> Described:
+    """A collective, or a send or receive (numbered per direction and peer)."""
     group = group_of(args.get("group"))
     fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
     if spec.reduction:
         given = args.get(spec.reduction)
         fields += _extra_field(False, DEFAULT_REDUCTION if given is None else reduction(given))
-    root = None
-    if spec.rank:
-        root = _root(spec, args, group)
+    root = _root(spec, args, group)
+    if spec.pairs:
+        if root is not None:  # None: a receive from any source
+            fields += f',"peer":{root}'
+    elif spec.rank:
         root = 0 if root is None else root  # torch's default root
         fields += f',"root":{root}'
     if spec.obj:
         fields += _object_fields(spec, args, root)
     if args.get("async_op"):
         fields += ',"async":true'
-    return group, fields, (group.name,)
+    return group, fields, (group.name, spec.direction, root) if spec.pairs else (group.name,)
 
 
-def _describe_p2p(op: str, spec: Op, args: dict[str, Any]) -> Described:
-    group = group_of(args.get("group"))
-    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
-    peer = _root(spec, args, group)  # None: a receive from any source
-    if peer is not None:
-        fields += f',"peer":{peer}'
-    if spec.obj:
-        fields += _object_fields(spec, args, peer)
-    return group, fields, (group.name, spec.direction, peer)
-
-
-def _describe_batch(op: str, spec: Op, args: dict[str, Any]) -> Described:
+def _describe_batch(spec: Op, args: dict[str, Any]) -> Described:
     """batch_isend_irecv: many peers at once, so a count of its own and no peer."""
     ops = args.get("p2p_op_list") or []
     group = group_of(ops[0].group if ops else None)
     return group, tensors([p.tensor for p in ops]), (group.name, "batch")
 
 
-def _describe_group_op(op: str, spec: Op, args: dict[str, Any]) -> Described:
+def _describe_group_op(spec: Op, args: dict[str, Any]) -> Described:
     """init_process_group, new_group, destroy_process_group: set up or tear down, in no sequence."""
-    group = NO_GROUP if op == INIT else group_of(None)
-    return group, optional_fields({"extra": _extra(op, args)}), None
+    group = NO_GROUP if spec.name == INIT else group_of(None)
+    return group, optional_fields({"extra": _extra(spec.name, args)}), None
 
 
-DESCRIBERS: dict[str, Callable[[str, Op, dict[str, Any]], Described]] = {
-    "collective": _describe_collective,
-    "p2p": _describe_p2p,
+DESCRIBERS: dict[str, Callable[[Op, dict[str, Any]], Described]] = {
+    "collective": _describe_call,
+    "p2p": _describe_call,
     "batch": _describe_batch,
     "group": _describe_group_op,
 }
@@ -371,9 +361,4 @@ def start_test() -> None:
     """A new test begins: groups are named from here on (see :func:`_name_in_test`)."""
     global _groups_before_test
     _groups_before_test = backend_hook.groups_made()
-    _groups.clear()
-
-
-def forget_groups() -> None:
-    """Drop the cached group descriptions (for tests that install the recorder again)."""
     _groups.clear()

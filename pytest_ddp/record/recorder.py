@@ -139,7 +139,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 bound = dict(zip(names, args))
                 bound.update(kwargs)
-                group, fields, key = describer(op, spec, bound)
+                group, fields, key = describer(spec, bound)
                 site = describe.site(sys._getframe(1))
                 body = f'{prefix}{group.text},{site},"t":{time.time()!r}{fields}'
             except Exception:  # describing must never break the user's call
@@ -242,5 +242,5 @@ def uninstall() -> None:
     """Put torch.distributed back as it was (for tests)."""
     state.unpatch()
     backend_hook.uninstall()
-    describe.forget_groups()
+    describe.start_test()  # the groups described are forgotten
     state.set_log(None)
