@@ -76,10 +76,13 @@ def _comm(comm: Any) -> Comm:
 # -- rets and waits --------------------------------------------------------------------
 
 
-def _write_ret(log: EventLog, index: int, status: MPI.Status | None, ranks: list[int] | None) -> None:
-    """Call ``index`` returned; an open receive (``ranks``: its communicator's) with its message."""
-    if status is None or ranks is None:
-        numbering.write_ret(log, index)
+def _write_ret(
+    log: EventLog, index: int, error: BaseException | None, status: MPI.Status | None, ranks: list[int] | None
+) -> None:
+    """Call ``index`` returned (or raised ``error``); an open receive (``ranks``: its communicator's)
+    with the message it got."""
+    if error is not None or status is None or ranks is None:
+        numbering.write_ret(log, index, error)
         return
     source = status.Get_source()
     world_source = ranks[source] if 0 <= source < len(ranks) else None
@@ -95,12 +98,8 @@ def _finish(
         if _pending.get(pending.call) is not request:
             return
         del _pending[pending.call]
-        if log is None:
-            return
-        if error is None:
-            _write_ret(log, pending.call, status, pending.ranks)
-        else:
-            numbering.write_ret(log, pending.call, error)
+        if log is not None:
+            _write_ret(log, pending.call, error, status, pending.ranks)
 
 
 def _recorded(request: Any) -> _Pending | None:
@@ -254,7 +253,7 @@ def _wrap(spec: Op) -> Callable[..., Any]:
             return request
         if spec.makes_comm:
             result = _made(result, comm)
-        _write_ret(log, index, status, comm.ranks)
+        _write_ret(log, index, None, status, comm.ranks)
         return result
 
     return recorded
