@@ -287,8 +287,7 @@ class RankGroup:
         for rp in stopping:
             self._mark_output(rp)  # what each writes from now on is its teardown's
             rp.proc.send(Stop())
-        waited, stopped_at = STOP_WAIT, time.time()
-        end = time.monotonic() + waited
+        stopped_at, end = time.time(), time.monotonic() + STOP_WAIT
         # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
         while self._news is not None and any(rp.proc.exitcode is None for rp in stopping):
             if (left := end - time.monotonic()) <= 0:
@@ -302,23 +301,23 @@ class RankGroup:
         # Only a pytest session that ran a test has fixtures to tear down, and reports it.
         if self.config.mode == "pytest" and self.tests_run:
             silent = [rp for rp in stopping if rp.rank not in ends]
-            ends.update(self._unfinished_teardowns(silent, waited, stopped_at))
+            ends.update(self._unfinished_teardowns(silent, stopped_at))
         self.kill()
         return ends
 
     def _unfinished_teardowns(
-        self, silent: list[RankProcess], waited: float, stopped_at: float
+        self, silent: list[RankProcess], stopped_at: float
     ) -> dict[int, UnfinishedTeardown]:
         """How each rank that sent no teardown report ended, or its stacks if still in it after
-        ``waited`` seconds (it is killed next).  One that exited 0 is left out: a session reports
+        STOP_WAIT (it is killed next).  One that exited 0 is left out: a session reports
         before it exits, so its own code ended it (``os._exit(0)``), and nothing says that failed."""
         codes = {rp.rank: rp.proc.exitcode for rp in silent}
         stacks = self.dump_stacks([rank for rank, code in codes.items() if code is None])
         return {
             rp.rank: UnfinishedTeardown(
                 exit_code=codes[rp.rank],
-                waited=waited,
-                duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else waited,
+                waited=STOP_WAIT,
+                duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else STOP_WAIT,
                 stderr=read_bounded(rp.stderr, rp.stderr_offset),
                 stacks=stacks.get(rp.rank, ""),
             )

@@ -274,8 +274,7 @@ class ForkedRank(RankHandle):
 
     @property
     def exitcode(self) -> int | None:
-        code: int | None = self.process.exitcode
-        return code
+        return self.process.exitcode
 
     @property
     def sentinel(self) -> int:
