@@ -1,15 +1,10 @@
-"""An MPI group: N ranks of one ``MPI.COMM_WORLD``, started by an MPI launcher.
+"""An MPI group: N ranks of one ``MPI.COMM_WORLD``, started by an MPI launcher (its own session,
+killed with the controller) through stand-ins (:mod:`pytest_ddp.rank.mpi_standin`): each hands over
+what ``MPI_Init`` needs, and the controller forks the rank from its forkserver, as any rank.  How
+each side knows the other is its own: :mod:`pytest_ddp.common.mpi_world`.
 
-Only the MPI launcher can start a rank (it hands ``MPI_Init`` its ``PMI_FD``, ``PMI_RANK``), so
-the controller runs the launcher (its own session, killed with the controller) and each process
-it starts is a *stand-in* (:mod:`pytest_ddp.rank.mpi_standin`) that hands over its environment
-and ``PMI_FD``; the controller forks the rank from its forkserver, as any rank.
-
-- Stand-ins connect through a Unix socket (0600, in the 0700 group folder; no network address)
-  and must sign their hello with the world's secret (:mod:`pytest_ddp.common.mpi_world`); others
-  are logged and closed.  The connection's end (``MPI_Abort`` killed the stand-in) is the rank's.
-- The default launcher, MPICH's ``mpiexec.gforker``, listens on no socket (hydra listens on every
-  interface); ``--ddp-mpi-launcher`` picks another.
+The default launcher, MPICH's ``mpiexec.gforker``, listens on no socket (hydra listens on every
+interface); ``--ddp-mpi-launcher`` picks another.
 """
 
 from __future__ import annotations
