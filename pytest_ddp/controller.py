@@ -73,7 +73,7 @@ class Controller:
         # The ddp items each warm group may serve, in session order, and where each stands.
         self.shared = {}
         self.position = {}
-        specs = [(item, spec) for item in session.items if (spec := self.spec(item)) is not None]
+        specs = [(item, spec) for item in session.items if isinstance(spec := self._resolve(item), RankSpec)]
         for item, spec in specs:
             if not spec.isolated:
                 queue = self.shared.setdefault(spec.group_key, [])
@@ -87,11 +87,6 @@ class Controller:
             difference = self.world.gather([item.nodeid for item in session.items], GATHER_WAIT)
             if difference is not None:
                 pytest.exit(f"pytest-ddp: {difference}", returncode=pytest.ExitCode.USAGE_ERROR)
-
-    def spec(self, item: pytest.Item) -> RankSpec | None:
-        """The spec of a ddp item that can run; None for an ordinary item or a bad one."""
-        resolved = self._resolve(item)
-        return resolved if isinstance(resolved, RankSpec) else None
 
     def _resolve(self, item: pytest.Item) -> RankSpec | SpecError | None:
         """A ddp item's spec, or why it cannot run; None for an ordinary item."""
@@ -241,7 +236,7 @@ class Controller:
         items = [item, *later]
         return self.admission.group_config(
             spec,
-            max(self.spec(i).timeout for i in items),  # type: ignore[union-attr]
+            max(self._resolve(i).timeout for i in items),  # type: ignore[union-attr]
             pytest_args=rank_pytest_args(self.config, items),
             items=[i.nodeid for i in items],
             # pytest's own basetemp (tmp_path's root); it has no public accessor.
