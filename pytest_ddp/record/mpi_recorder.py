@@ -116,8 +116,19 @@ def _tested(result: Any) -> bool:
     return bool(result[0] if isinstance(result, tuple) else result)
 
 
-class RecordingRequest(MPI.Request):
-    """A request of a recorded call: its completion is the call's ret."""
+class _AnyRequest(type):
+    """``isinstance(r, MPI.Request)`` stays true of every request once MPI.Request is ours."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _Request)
+
+    def __subclasscheck__(cls, other: type) -> bool:
+        return issubclass(other, _Request)
+
+
+class RecordingRequest(MPI.Request, metaclass=_AnyRequest):
+    """A request of a recorded call: its completion is the call's ret.  Once installed, it is
+    ``MPI.Request`` too, so that its Waitall and waitall are recorded."""
 
     __slots__ = ("_ddp",)
     _ddp: _Pending | None
@@ -177,22 +188,6 @@ def _statuses(count: int, statuses: list[MPI.Status] | None) -> list[MPI.Status 
         return [None] * count
     statuses.extend(MPI.Status() for _ in range(count - len(statuses)))
     return list(statuses[:count])
-
-
-class _AnyRequest(type):
-    """``isinstance(r, MPI.Request)`` stays true of every request once MPI.Request is ours."""
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, _Request)
-
-    def __subclasscheck__(cls, other: type) -> bool:
-        return issubclass(other, _Request)
-
-
-class _ModuleRequest(RecordingRequest, metaclass=_AnyRequest):
-    """What ``MPI.Request`` is once installed: its Waitall and waitall are recorded."""
-
-    __slots__ = ()
 
 
 # -- the communicator ----------------------------------------------------------------
@@ -308,7 +303,7 @@ def install(log: EventLog) -> None:
     recording = RecordingComm(world)
     recording._ddp = _describe_comm(recording, WORLD)
     setattr(MPI, "COMM_WORLD", recording)  # noqa: B010 - mpi4py's stubs call it final
-    setattr(MPI, "Request", _ModuleRequest)  # noqa: B010
+    setattr(MPI, "Request", RecordingRequest)  # noqa: B010
 
 
 def uninstall() -> None:
