@@ -25,7 +25,7 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import OPS
 from pytest_ddp.common.protocol import Injected
 from pytest_ddp.faults import REPLACING, Fault, FaultError
-from pytest_ddp.record import describe
+from pytest_ddp.record import describe, state
 
 # op -> the faults armed on this rank at that op; empty when none (the recorder's hot path tests it).
 armed: dict[str, list[Fault]] = {}
@@ -67,11 +67,12 @@ def on_call(op: str, frame: FrameType | None, replaceable: bool = False) -> Faul
     return None
 
 
-def replaced(fault: Fault, recorded: Callable[..., Any], local: Any, args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
-    """What the call replaced by ``fault`` returns (skip, extra or changed); ``local``'s depth is
+def replaced(
+    fault: Fault, recorded: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """What the call replaced by ``fault`` returns (skip, extra or changed); the recorder's depth is
     cleared, so that these calls are recorded."""
-    local.depth = 0
+    state.local.depth = 0
     _replacing.active = True
     try:
         if fault.action == "skip":

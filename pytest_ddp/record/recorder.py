@@ -135,7 +135,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if _armed:
                 fault = injector.on_call(op, sys._getframe(1), True)  # fires before the call
                 if fault:
-                    return injector.replaced(fault, recorded, _local, args, kwargs)  # skip, extra, change
+                    return injector.replaced(fault, recorded, args, kwargs)  # skip, extra, change
             try:
                 bound = dict(zip(names, args))
                 bound.update(kwargs)
