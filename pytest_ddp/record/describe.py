@@ -34,8 +34,6 @@ _INTERNAL_DIRS = tuple(
 )
 
 json_text = json.JSONEncoder(separators=(",", ":"), default=str).encode
-_UNSEEN = object()
-_site_files: dict[str, str | None] = {}  # co_filename -> how a site shows it (escaped), None if internal
 
 
 def add_internal(module: ModuleType) -> None:
@@ -44,7 +42,7 @@ def add_internal(module: ModuleType) -> None:
     if _package_dir(module) in _INTERNAL_DIRS:
         return
     _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
-    _site_files.clear()
+    _shown.cache_clear()
 
 
 # Not call sites either: frozen modules, and inductor's generated code (its caller is the compiled
@@ -55,8 +53,10 @@ _FX_GRAPH = "<eval_with_key>"  # how an FX graph module's code file is named; sh
 _TRACE_LINE = re.compile(r'File "(.+)", line (\d+), in ')
 
 
-def _site_file(filename: str) -> str | None:
-    """How a site shows a file (JSON-escaped), shortest where it is known; None if internal."""
+@functools.cache
+def _shown(filename: str) -> str | None:
+    """How a call site shows a frame's file (JSON-escaped), shortest where it is known; None for
+    internal files."""
     if filename.startswith(_INTERNAL_DIRS) or filename.startswith(_GENERATED) or _INDUCTOR_CACHE in filename:
         return None
     if filename.startswith(_FX_GRAPH):
@@ -71,14 +71,6 @@ def _site_file(filename: str) -> str | None:
         if not relative.startswith(".."):
             filename = relative
     return json_text(filename)[1:-1]
-
-
-def _shown(filename: str) -> str | None:
-    """How a call site shows a frame's file (JSON-escaped); None for internal files (cached)."""
-    shown = _site_files.get(filename, _UNSEEN)
-    if shown is _UNSEEN:
-        shown = _site_files[filename] = _site_file(filename)
-    return shown  # type: ignore[return-value]
 
 
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
