@@ -12,7 +12,6 @@ from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.record.describe import optional_fields
 
 _DTYPE_KINDS = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
-_dtype_names: dict[Any, str] = {}  # numpy's or torch's dtype, or an MPI datatype's handle -> "float64"
 _FORMATS = {
     "b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32", "l": "int64",
     "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64", "?": "bool",
@@ -21,18 +20,12 @@ _FORMATS = {
 
 def _datatype_name(datatype: MPI.Datatype) -> str:
     """``float64`` for MPI.DOUBLE (named as numpy and torch name it), else MPI's name."""
-    name = _dtype_names.get(datatype.handle)
-    if name is None:
-        typestr = datatype.typestr
-        kind, size = typestr[:1], typestr[1:]
-        if kind == "b":
-            name = "bool"
-        elif kind in _DTYPE_KINDS and size.isdigit():
-            name = f"{_DTYPE_KINDS[kind]}{int(size) * 8}"
-        else:
-            name = datatype.Get_name() or "derived"
-        _dtype_names[datatype.handle] = name
-    return name
+    kind, size = datatype.typestr[:1], datatype.typestr[1:]
+    if kind == "b":
+        return "bool"
+    if kind in _DTYPE_KINDS and size.isdigit():
+        return f"{_DTYPE_KINDS[kind]}{int(size) * 8}"
+    return datatype.Get_name() or "derived"
 
 
 def _data(value: Any) -> tuple[int, str, int] | None:
@@ -49,11 +42,8 @@ def _data(value: Any) -> tuple[int, str, int] | None:
         return count, _datatype_name(datatype), count * size
     dtype = getattr(value, "dtype", None)
     if dtype is not None:  # numpy, torch, cupy, ...
-        name = _dtype_names.get(dtype)
-        if name is None:
-            name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
         nbytes = int(value.nbytes)
-        return nbytes // max(int(value.itemsize), 1), name, nbytes
+        return nbytes // max(int(value.itemsize), 1), str(dtype).removeprefix("torch."), nbytes
     view = memoryview(value)
     return view.nbytes // max(view.itemsize, 1), _FORMATS.get(view.format, view.format), view.nbytes
 
