@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
@@ -51,10 +50,9 @@ def install() -> bool:
     # earlier test, or a module fixture, arms the hook again in this one); its module compiles.
     state.patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__), False)
     state.patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward), False)
-    if hasattr(c10d, "_coalescing_manager"):  # else not in this torch
-        state.patch_function("_coalescing_manager", _arming, False)
-    if hasattr(dist, "_broadcast_coalesced"):  # DDP's and FSDP's syncs of module state, in C++
-        state.patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
+    state.patch_function("_coalescing_manager", _arming, False)
+    # DDP's and FSDP's syncs of module state, in C++
+    state.patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
     return True
 
 
