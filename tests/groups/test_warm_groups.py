@@ -332,7 +332,7 @@ def test_a_tests_subgroups_are_named_the_same_whatever_ran_before(ddp_pytester, 
         @pytest.mark.ddp(world_size=2, timeout=30)
         def test_makes_another_and_hangs(rank):
             subgroup = dist.new_group([0, 1])
-            if rank == 0:
+            if rank != 1:
                 dist.all_reduce(torch.ones(1), group=subgroup)
         """,
         f"--ddp-report-dir={report_dir}",

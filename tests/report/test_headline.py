@@ -148,14 +148,14 @@ import pytest, torch, torch.distributed as dist
 @pytest.mark.ddp(world_size=2)
 def test_partial(rank):
     dist.all_reduce(torch.ones(1))
-    if rank == 0:
+    if rank != 1:  # rank 1 skips it
         dist.all_reduce(torch.ones(1))  # partial
 
 
 @pytest.mark.ddp(world_size=2)
 def test_in_flight(rank):
     dist.all_reduce(torch.ones(1))
-    if rank == 0:
+    if rank != 1:  # rank 1 skips them
         dist.all_reduce(torch.ones(1), async_op=True)  # issued, never completed
         dist.all_reduce(torch.ones(1))  # waited in
 
