@@ -3,10 +3,10 @@ not make?  Pure: the source text in, an answer out.
 
 Breaks a two-rank tie history cannot: in ``for ...: dist.all_reduce(g); dist.broadcast(g, 0)`` no
 path goes from the broadcast back to it without the all_reduce, so a rank whose broadcast came
-right after its broadcast departed from its code.  Two more questions of the same text: is a call
-made in a branch for one rank only (``if rank == 0:``, :func:`one_rank_branch`), and which exits
-could a process that ended between calls have taken (:func:`exits_after`)?  (And is a call's sync
-out of sight where it is made: :func:`syncs_inside`.)
+right after its broadcast departed from its code.  More questions of the same text: is a call
+made in a branch for one rank only (``if rank == 0:``, :func:`one_rank_branch`), or on some ranks
+only (:func:`under_rank_test`), and which exits could a process that ended between calls have
+taken (:func:`exits_after`)?
 
 Sound, or silent: a statement makes a call only where it calls the recorded op by name, not under
 a condition (``if``-expression, ``and``/``or``, lambda, comprehension), and the flow is
@@ -72,28 +72,21 @@ def one_rank_branch(source: str, line: int) -> int | None:
     return found
 
 
-# A call through which a rank takes the step every rank takes (DDP's backward syncs gradients): a
-# rank that skips it departs, whatever branch the others' call is in.
-_STEP_CALLS = frozenset({"backward"})
-
-
-def syncs_inside(source: str, line: int, op: str) -> bool:
-    """The simple statement at ``line`` made the recorded ``op`` inside a function it calls (a
-    checkpoint's save, a metric's compute, accelerate's ``gather_object``), neither by the op's
-    name nor through ``backward()``: the call's sync is not in sight where it is made."""
+def under_rank_test(source: str, line: int) -> bool | None:
+    """Whether the statement at ``line`` is in the body or the ``else`` of an ``if`` or ``while``
+    whose test reads a rank's number or a one-rank flag (``rank``, ``is_main_process``): code that
+    runs on some ranks only; None where the code cannot tell."""
     tree = _parsed(source)
     if tree is None:
-        return False
-    holding = [
-        node for node in ast.walk(tree)
-        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND)
-        and node.lineno <= line <= (node.end_lineno or node.lineno)
-    ]
-    if not holding:
-        return False
-    names = {_named(call) for call in ast.walk(max(holding, key=lambda node: node.lineno))
-             if isinstance(call, ast.Call)}
-    return bool(names) and op not in names and not names & _STEP_CALLS
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.While)):
+            continue
+        held = node.lineno < line <= (node.end_lineno or 0)
+        if held and any(_named(part) in RANK_NUMBERS | ONE_RANK_FLAGS
+                        for part in ast.walk(node.test) if isinstance(part, ast.expr)):
+            return True
+    return False
 
 
 def _singles_out(test: ast.expr) -> bool:

@@ -320,11 +320,12 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
                          ) -> Verdict | None:
     """As many ranks wait in one collective as returned without it (no majority: the returned
     are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.code_paths.
-    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``) through a function that
-    syncs inside (:func:`~pytest_ddp.diagnose.code_paths.syncs_inside`: rank 0 saves a checkpoint,
-    computes a metric): that rank is at fault, in a call its peers never make, as the majority would
-    say with a rank more (:func:`extra_call`).  A collective called by name, or ``backward()``, under
-    such a branch reads as a call the returned rank skipped: it stays named."""
+    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in a
+    call its peers never make, as the majority would say with a rank more (:func:`extra_call`).  The
+    field's reports of such code (a collective by name under ``if rank == 0:``, a metric's compute or
+    a checkpoint's save under ``is_global_zero``) all end with the call taken out of the branch
+    (docs/field.md).  A call every rank but one makes (``if rank != 1:``) stays the skip of the one
+    that returned."""
     finding = verdict.finding
     if not isinstance(finding, Departed) or verdict.kind != "partial" or finding.victims or finding.broken:
         return None
@@ -338,14 +339,48 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
         return None  # the callers are not all in the one call
     file, line = site_parts(call.site)
     text = source(file)
-    if text is None or line is None or not code_paths.syncs_inside(text, line, call.op):
-        return None  # a collective called by name under the branch: the rank that returned skipped it
+    if text is None or line is None:
+        return None
     condition = code_paths.one_rank_branch(text, line)
     if condition is None:
         return None
     waits = {r: finding.waits[r] for r in callers}
     extra = ExtraCall(callers, finding.culprits, waits, f"{file}:{condition}")
     return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+
+
+def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
+                        ) -> Verdict | None:
+    """Two ranks entered one collective in ways that differ, a tie nothing recorded breaks, and one's
+    call is made in a branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
+    one_rank_branch`) while the other's is under no test of the rank (:func:`~pytest_ddp.diagnose.
+    code_paths.under_rank_test`): the first made a call its peer's code never makes there, and is at
+    fault, as :func:`one_rank_call` says where the peer returned (accelerate#2785: gather_for_metrics
+    under ``is_main_process`` meets the others' ``wait_for_everyone``).  An ``if``/``else`` on the rank
+    stays a tie: each side's code is its own."""
+    finding = verdict.finding
+    if not isinstance(finding, Disagreement) or len(finding.entered) != 2:
+        return None
+    if finding.odd or finding.likely or finding.after or finding.skipped:
+        return None
+    branches: dict[int, str] = {}
+    for rank, call in finding.entered.items():
+        file, line = site_parts(call.site)
+        text = source(file)
+        if text is None or line is None:
+            return None
+        branch = code_paths.one_rank_branch(text, line)
+        if branch is not None:
+            branches[rank] = f"{file}:{branch}"
+        elif code_paths.under_rank_test(text, line) is not False:
+            return None  # on some ranks only, or the code cannot tell
+    if len(branches) != 1:
+        return None
+    [(culprit, where)] = branches.items()
+    [other] = [r for r in finding.entered if r != culprit]
+    call = finding.entered[culprit]
+    odd = dataclasses.replace(finding, odd=[culprit], condition=where)
+    return Verdict(verdict.status, verdict.kind, [culprit], [other], call.op, call.label, odd)
 
 
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]

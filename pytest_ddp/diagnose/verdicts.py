@@ -116,6 +116,9 @@ class Disagreement:
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
     # The few whose call departs from most (majority.minority); empty in a tie.
     odd: list[int] = field(default_factory=list)
+    # Where two tied and one's call is in a branch of the code for one rank, the other's on no rank
+    # test (majority.one_rank_branch_tie): that branch's line; the first is then the odd rank.
+    condition: str | None = None
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]

@@ -284,6 +284,8 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         departs = verb(named, "departs", "depart")
         text = f"{rank_list(named)} {how}{departs} from {rank_list(rest)} on {what}: {details}."
         text += _odd_line(f, rest)
+        if f.condition:
+            text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
     else:
         text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):

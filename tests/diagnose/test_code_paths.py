@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp.diagnose.code_paths import calls_between, exits_after, one_rank_branch, syncs_inside
+from pytest_ddp.diagnose.code_paths import calls_between, exits_after, one_rank_branch
 from pytest_ddp.groups import runner
 
 
@@ -184,10 +184,3 @@ def test_the_exits_reachable_from_a_call_before_the_next_call_are_found() -> Non
     assert exits_after(EXITING, EXIT["reduce"], made) == [EXIT["exit"], EXIT["after"]]
     # Past the barrier's call, only the function's end: it returned, no exit of the process.
     assert exits_after(EXITING, EXIT["barrier"], made) == []
-
-
-def test_a_sync_out_of_sight_is_a_call_to_another_function_than_the_op_or_backward() -> None:
-    source = "def f():\n    x = metric.compute()\n    dist.all_reduce(x)\n    loss.backward()\n"
-    assert syncs_inside(source, 2, "all_gather")
-    assert not syncs_inside(source, 3, "all_reduce")
-    assert not syncs_inside(source, 4, "all_reduce")

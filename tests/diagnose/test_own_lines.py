@@ -1,5 +1,6 @@
 """The culprit's own line (diagnose/own_lines.py and the verdicts' words of it), and the call only
-one rank's branch makes (majority.one_rank_call), on hand-made rank states and sources."""
+one rank's branch makes (majority.one_rank_call, one_rank_branch_tie), on hand-made rank states and
+sources."""
 
 from __future__ import annotations
 
@@ -133,13 +134,47 @@ def test_a_branch_of_several_ranks_or_no_source_leaves_the_rank_that_returned_na
     assert watchdog.judge(snap(waiting, rank(1, finished=True))).culprits == [1]
 
 
-def test_a_collective_by_name_or_backward_in_one_ranks_branch_leaves_the_returned_rank_named() -> None:
-    # The suite's "rank 1 skips an all_reduce": a call written for every rank, skipped by one.
+def test_a_collective_by_name_or_backward_in_one_ranks_branch_names_that_rank_too() -> None:
+    # Lightning#16541 (all_gather under is_global_zero), abacus-develop#2557 (an all-reduce under
+    # rank 0), pytorch#101294 (summon_full_params on rank 0): the fix takes the call out of the branch.
     waiting = rank(0, call("all_gather", 1, site="t.py:5"))
     for made in ("dist.all_gather(gathered, outputs)", "loss.backward()"):
         source = ONE_RANK.format(condition="rank == 0").replace("metric.compute()", made)
         verdict = watched(snap(waiting, rank(1, finished=True)), source)
-        assert outline(verdict) == ("deadlock", "partial", [1], [0]), made
+        assert outline(verdict) == ("deadlock", "partial", [0], []), made
+
+
+TIE = """
+    def test_x(rank):
+        dist.all_reduce(t)
+        if {condition}:
+            dist.all_gather(out, t)
+        {after}dist.barrier()
+"""
+
+
+def _tie(condition: str, after: str = "") -> Verdict:
+    """Rank 0 in the all_gather of the branch, rank 1 in the barrier: both call #2 of the group."""
+    zero = rank(0, ok("all_reduce", 1, site="t.py:3"), call("all_gather", 2, site="t.py:5"))
+    one = rank(1, ok("all_reduce", 1, site="t.py:3"), call("barrier", 2, site=f"t.py:{6 + bool(after)}"))
+    return watched(snap(zero, one), TIE.format(condition=condition, after=after))
+
+
+def test_a_tie_where_one_ranks_call_is_in_its_own_branch_names_that_rank() -> None:
+    # accelerate#2785: gather_for_metrics under is_main_process meets the others' wait_for_everyone.
+    for condition in ("rank == 0", "accelerator.is_main_process"):
+        verdict = _tie(condition)
+        assert outline(verdict) == ("deadlock", "mismatch", [0], [1]), condition
+        assert verdict.summary.startswith("rank 0 departs from rank 1 on collective #2: "), verdict.summary
+        assert "Rank 0's call is in a branch of the code for one rank (t.py:4)." in verdict.summary
+
+
+def test_a_tie_whose_other_call_is_under_a_rank_test_too_stays_a_tie() -> None:
+    # if rank == 0: all_gather / else: barrier: each side's code is its own.
+    verdict = _tie("rank == 0", after="else:\n            ")
+    assert outline(verdict)[:3] == ("deadlock", "mismatch", [0, 1])
+    # A branch of several ranks (rank != 1) singles none out.
+    assert outline(_tie("rank != 1"))[:3] == ("deadlock", "mismatch", [0, 1])
 
 
 def test_four_ranks_half_of_which_call_keep_the_ranks_that_returned_named() -> None:
