@@ -105,6 +105,11 @@ class TestRun:
     faults_not_fired: list[str] = field(default_factory=list)  # declared faults whose call never came
 
     @property
+    def started(self) -> float:
+        """time.time() of the hand-over: the report's and the timeline's origin."""
+        return self.ended - self.elapsed
+
+    @property
     def collectives_wrong(self) -> bool:
         """Fails a test that passed on every rank: the ranks' collective sequences
         differ, asynchronous work was left in flight, or MPI messages were never received."""

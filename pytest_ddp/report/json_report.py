@@ -44,7 +44,7 @@ def to_json(report: Report | StartFailure) -> dict[str, Any]:
         "summary": verdict.summary,
         "headline": report.headline,
         "elapsed": round(run.elapsed, 3),
-        "started": run.ended - run.elapsed,  # time.time() of the hand-over, the timeline's origin
+        "started": run.started,
         "ended": run.ended,
         "injected": [
             {"rank": s.rank, "text": e.text, "action": e.action, "op": e.op, "call": e.call, "site": e.site}

@@ -66,8 +66,7 @@ def _stuck_phase(state: RankState) -> str | None:
 def _stuck_duration(state: RankState, when: str, run: TestRun) -> float:
     """Seconds a rank spent in the phase it was stopped or died in, up to its death or the verdict."""
     earlier = PHASES[: PHASES.index(when)]
-    handed_over = run.ended - run.elapsed
-    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=handed_over)
+    began = max((state.reports[w]["t"] for w in earlier if w in state.reports), default=run.started)
     return max(0.0, (state.died_at or run.ended) - began)
 
 
