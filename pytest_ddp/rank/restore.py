@@ -147,10 +147,12 @@ class Restorer:
         try:
             return (yield)
         finally:
-            self._end_processes(item)
-            if not self._torn_down(item) and self.test is not None:
-                self.restore(self.test)
-            self.test = None
+            try:
+                self._end_processes(item)  # its warning raises where the user's filters make it an error
+            finally:
+                if not self._torn_down(item) and self.test is not None:
+                    self.restore(self.test)
+                self.test = None
 
     def _end_processes(self, item: Any) -> None:
         """End the processes the test left, but those a wider node still set up owns, and name them."""

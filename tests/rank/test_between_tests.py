@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import types
+import warnings
 
 import pytest
 
@@ -201,6 +202,40 @@ def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_pat
             _run(restorer, item, lambda: None, lambda: None, item.stack.clear)
         assert started[0].poll() is not None  # ended with its module, and reaped
     finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
+def test_the_rank_is_put_back_when_the_users_filters_make_the_leftover_warning_an_error(tmp_path) -> None:
+    import torch
+
+    item = _Item()
+    restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def call() -> None:
+        started.append(subprocess.Popen(["sleep", "600"]))
+        torch.set_default_dtype(torch.float16)
+
+    setup = restorer.pytest_runtest_setup(item)
+    next(setup)
+    item.set_up(item)
+    with pytest.raises(StopIteration):
+        setup.send(None)
+    try:
+        call()
+        teardown = restorer.pytest_runtest_teardown(item)
+        next(teardown)
+        item.stack.pop(item)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # filterwarnings = error, -W error
+            with pytest.raises(leftovers.LeftoverProcessWarning):
+                teardown.send(None)
+        assert torch.get_default_dtype() == torch.float32  # put back all the same
+        assert restorer.test is None
+    finally:
+        torch.set_default_dtype(torch.float32)
         for process in started:
             process.kill()
             process.wait()
