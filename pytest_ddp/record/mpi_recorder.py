@@ -340,6 +340,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
             break
         time.sleep(0.001)  # polling MPI, not waiting for another process's event
     why = f"request not complete {wait:g} s after the test"
-    unfinished = [{"i": index, "err": why} for index in sorted(_pending)]
-    _pending.clear()  # a later wait on one is not this test's
-    return unfinished
+    with numbering.numbers.lock:  # a thread the test left may complete one meanwhile
+        left = sorted(_pending)
+        _pending.clear()  # a later wait on one is not this test's
+    return [{"i": index, "err": why} for index in left]
