@@ -220,13 +220,14 @@ _T = TypeVar("_T")
 
 
 def _in_private_folder(files: SessionFiles, env: Mapping[str, str], make: Callable[[], _T]) -> _T:
-    """``make()`` in the launch's private folder, made again if another launch, leaving it empty,
-    removed it."""
+    """``make()`` in the launch's private folder, checked private (or made again, if another launch,
+    leaving it empty, removed it) right before: another user may have made one of its name since."""
     for _ in range(3):
+        own_place([files], env)
         try:
             return make()
         except FileNotFoundError:
-            own_place([files], env)
+            continue
     raise LaunchError(f"{files.folder} keeps disappearing: another process removes it")
 
 
