@@ -19,7 +19,6 @@ Every private torch name the plugin relies on is used here alone; where this tor
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType, FunctionType
@@ -32,8 +31,8 @@ import torch.distributed._functional_collectives as _functional_collectives
 from pytest_ddp.common.ops import BACKEND_OPS, FUNCTIONAL_OPS, BackendOp
 
 Record = Callable[[BackendOp, "dict[str, Any]", Callable[[], Any]], Any]
-# handle(arguments by name, run): what a kernel does with a call, ``run()`` handing it on
-Handle = Callable[["dict[str, Any]", Callable[[], Any]], Any]
+# handle(args, kwargs, run): what a kernel does with a call, ``run()`` handing it on
+Handle = Callable[["tuple[Any, ...]", "dict[str, Any]", Callable[[], Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 # Whether a call should be handed to ``record`` now (False inside a recorded function's call)
 Recording = Callable[[], bool]
@@ -122,7 +121,7 @@ def _collective_kernels(record: Record, recording: Recording) -> Any:
         if not torch._C._dispatch_has_kernel(f"c10d::{name}"):  # not in this torch
             continue
         overload = getattr(torch.ops.c10d, name).default
-        kernel = _kernel(overload, functools.partial(record, spec), recording)
+        kernel = _kernel(overload, _by_name(overload, record, spec), recording)
         collectives.impl(name, kernel, "BackendSelect", with_keyset=True)
     return collectives
 
@@ -150,7 +149,7 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
     """Their kernels and wait_tensor's (``record`` None: each arms the c10d kernels instead)."""
     functional = torch.library.Library("_c10d_functional", "IMPL")
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
-    waiting = _kernel(wait_tensor, lambda arguments, run: wait(arguments["tensor"], run))
+    waiting = _kernel(wait_tensor, lambda args, kwargs, run: wait(args[0], run))  # wait_tensor(tensor)
     functional.impl("wait_tensor", waiting, "BackendSelect", with_keyset=True)
     for qualified in torch._C._dispatch_get_all_op_names():
         namespace, _, name = qualified.partition("::")
@@ -162,7 +161,7 @@ def _functional_kernels(record: Record | None, wait: Wait, recording: Recording)
             registered = name if overload == "default" else f"{name}.{overload}"
             operation = getattr(packet, overload)
             if spec is not None and record is not None:
-                kernel = _kernel(operation, functools.partial(record, spec), recording)
+                kernel = _kernel(operation, _by_name(operation, record, spec), recording)
             else:
                 kernel = _kernel(operation, _issuing(spec.op if spec else ""))
             functional.impl(registered, kernel, "BackendSelect", with_keyset=True)
@@ -236,7 +235,6 @@ def tracing() -> bool:
 
 def _kernel(overload: Any, handle: Handle, recording: Recording = lambda: True) -> Callable[..., Any]:
     """``overload``'s kernel: a call that runs (not traced) while ``recording()`` goes to ``handle``."""
-    names = [argument.name for argument in overload._schema.arguments]
     redispatch = overload._handle.redispatch_boxed  # what overload.redispatch calls, a frame less
 
     def kernel(keys: Any, *args: Any, **kwargs: Any) -> Any:
@@ -244,18 +242,28 @@ def _kernel(overload: Any, handle: Handle, recording: Recording = lambda: True) 
         # A c10d operation's usual case: the torch.distributed function recorded it.
         if keys.has(_META) or not recording():
             return redispatch(keys, *args, **kwargs)
-        bound = dict(zip(names, args))
-        bound.update(kwargs)
-        return handle(bound, lambda: redispatch(keys, *args, **kwargs))
+        return handle(args, kwargs, lambda: redispatch(keys, *args, **kwargs))
 
     return out_of_compile(kernel)
+
+
+def _by_name(overload: Any, record: Record, spec: BackendOp) -> Handle:
+    """``record(spec, arguments by name, run)``: the handle of a recorded operation."""
+    names = [argument.name for argument in overload._schema.arguments]
+
+    def handle(args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]) -> Any:
+        arguments = dict(zip(names, args))
+        arguments.update(kwargs)
+        return record(spec, arguments, run)
+
+    return handle
 
 
 def _issuing(name: str) -> Handle:
     """A functional collective recorded at the c10d operation it issues (``name`` "": not in
     FUNCTIONAL_OPS)."""
 
-    def issue(arguments: dict[str, Any], run: Callable[[], Any]) -> Any:
+    def issue(args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]) -> Any:
         arm()
         outer, _functional.running = _functional.running, name
         try:

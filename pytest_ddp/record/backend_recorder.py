@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
-from pytest_ddp.common.ops import OPS, BackendOp
+from pytest_ddp.common.ops import BackendOp
 from pytest_ddp.record import backend_hook, describe, injector, state
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret, write_wait
@@ -126,20 +126,7 @@ def _write_call(
     if _armed:
         injector.on_call(spec.op, sys._getframe(2))
     try:
-        op = OPS[spec.op]
-        group = describe.group_of(group_in(args))
-        fields = describe.tensors(args.get(spec.tensors)) if spec.tensors else ""
-        key: tuple[Any, ...] = (group.name,)
-        peer = None  # a receive from any source
-        if spec.rank is not None:
-            given = args[spec.rank]
-            peer = group.ranks[given] if 0 <= given < len(group.ranks) else given
-            fields += f',"{"peer" if op.pairs else "root"}":{peer}'
-        if op.pairs:
-            key = (group.name, op.direction, peer)
-        if issued_async:
-            fields += ',"async":true'
-        fields += describe.backend_extra(op, args)
+        group, fields, key = describe.backend_call(spec, args, group_in(args), issued_async)
         body = f'"op":"{spec.op}",{group.text},{describe.site(sys._getframe(2))},"t":{time.time()!r}{fields}'
     except Exception:  # describing must never break the call
         return None

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from pytest_ddp.common.ops import BACKEND_REDUCTION, DEFAULT_REDUCTION, INIT, NEW_GROUP, Op
+from pytest_ddp.common.ops import BACKEND_REDUCTION, DEFAULT_REDUCTION, INIT, NEW_GROUP, OPS, BackendOp, Op
 from pytest_ddp.record import backend_hook
 
 
@@ -288,31 +288,51 @@ def _extra_field(via_backend: bool, reduce_op: str | None) -> str:
     return optional_fields({"extra": {k: v for k, v in extra.items() if v is not None}})
 
 
-def backend_extra(spec: Op, args: dict[str, Any]) -> str:
-    """The ``extra`` of a call recorded at the dispatcher: marked as such, with its reduce op."""
-    given = args.get(BACKEND_REDUCTION) if spec.reduction else None
-    return _extra_field(True, None if given is None else reduction(given))
+def _call_fields(
+    spec: Op, group: Group, described: Any, root: int | None, extra: str, asynchronous: bool
+) -> Described:
+    """A collective, or a send or receive (numbered per direction and peer), however it was called:
+    ``described`` its tensors, ``root`` its root or peer as a global rank (None: it has none, or a
+    receive from any source), ``extra`` its ``extra`` field."""
+    fields = tensors(described) + extra
+    if root is not None:
+        fields += f',"{"peer" if spec.pairs else "root"}":{root}'
+    if asynchronous:
+        fields += ',"async":true'
+    return group, fields, (group.name, spec.direction, root) if spec.pairs else (group.name,)
 
 
 def _describe_call(spec: Op, args: dict[str, Any]) -> Described:
-    """A collective, or a send or receive (numbered per direction and peer)."""
+    """A torch.distributed function's collective, send or receive."""
     group = group_of(args.get("group"))
-    fields = tensors(args.get(spec.tensors)) if spec.tensors else ""
+    extra = ""
     if spec.reduction:
         given = args.get(spec.reduction)
-        fields += _extra_field(False, DEFAULT_REDUCTION if given is None else reduction(given))
+        extra = _extra_field(False, DEFAULT_REDUCTION if given is None else reduction(given))
     root = _root(spec, args, group)
-    if spec.pairs:
-        if root is not None:  # None: a receive from any source
-            fields += f',"peer":{root}'
-    elif spec.rank:
-        root = 0 if root is None else root  # torch's default root
-        fields += f',"root":{root}'
+    if root is None and spec.rank and not spec.pairs:
+        root = 0  # torch's default root
+    described = args.get(spec.tensors) if spec.tensors else None
+    group, fields, key = _call_fields(spec, group, described, root, extra, bool(args.get("async_op")))
     if spec.obj:
         fields += _object_fields(spec, args, root)
-    if args.get("async_op"):
-        fields += ',"async":true'
-    return group, fields, (group.name, spec.direction, root) if spec.pairs else (group.name,)
+    return group, fields, key
+
+
+def backend_call(spec: BackendOp, args: dict[str, Any], group: Any, asynchronous: bool) -> Described:
+    """A call recorded at the dispatcher (its parameters named as in its schema, its root or peer a
+    rank in ``group``): marked as such, with its reduce op."""
+    op = OPS[spec.op]
+    described_group = group_of(group)
+    root = None
+    if spec.rank is not None:
+        given = args[spec.rank]
+        ranks = described_group.ranks
+        root = ranks[given] if 0 <= given < len(ranks) else given
+    given = args.get(BACKEND_REDUCTION) if op.reduction else None
+    extra = _extra_field(True, None if given is None else reduction(given))
+    described = args.get(spec.tensors) if spec.tensors else None
+    return _call_fields(op, described_group, described, root, extra, asynchronous)
 
 
 def _describe_batch(spec: Op, args: dict[str, Any]) -> Described:
