@@ -59,7 +59,7 @@ def _idle_library_thread(thread: threading.Thread, frame: FrameType | None) -> b
 _POOL_WORKER = concurrent.futures.thread._worker.__code__
 
 
-def threads_left(before: set[threading.Thread], wait: float = THREAD_JOIN_WAIT) -> list[dict[str, str]]:
+def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
     """The test's threads, but idle library ones, still running after ``wait`` s, with their stacks."""
     deadline = time.monotonic() + wait
     frames = sys._current_frames()
@@ -76,12 +76,13 @@ def threads_left(before: set[threading.Thread], wait: float = THREAD_JOIN_WAIT) 
     return left
 
 
-def threads_left_text(threads: list[dict[str, str]]) -> str:
-    """The failure of a test that left threads running: what to fix first, then each stack."""
+def threads_left_text(threads: list[dict[str, str]], wait: float) -> str:
+    """The failure of a test that left threads running ``wait`` s after it: what to fix first, then
+    each stack."""
     names = ", ".join(repr(t["name"]) for t in threads)
     noun = "thread" if len(threads) == 1 else "threads"
     lines = [
-        f"{noun} {names} started by the test still running {THREAD_JOIN_WAIT:g} s after it ended "
+        f"{noun} {names} started by the test still running {wait:g} s after it ended "
         f"(it could take part in a later test's collectives; join it before the test returns)"
     ]
     for thread in threads:

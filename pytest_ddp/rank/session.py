@@ -125,9 +125,10 @@ class RankSession:
         try:
             result = yield from self._interruptible()
         finally:  # the processes it left are ended after (rank/restore.py)
-            self.threads_left = leftovers.threads_left(self.threads_before)
+            self.threads_left = leftovers.threads_left(self.threads_before, leftovers.THREAD_JOIN_WAIT)
         if self.threads_left:
-            pytest.fail(leftovers.threads_left_text(self.threads_left), pytrace=False)
+            text = leftovers.threads_left_text(self.threads_left, leftovers.THREAD_JOIN_WAIT)
+            pytest.fail(text, pytrace=False)
         return result
 
     def _interruptible(self) -> Generator[None, Any, Any]:

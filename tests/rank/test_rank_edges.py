@@ -161,6 +161,8 @@ def test_threads_left_lists_only_the_tests_threads_with_their_stacks():
     assert [t["name"] for t in left] == ["lingering"]
     assert "release.wait" in left[0]["stack"] or "wait" in left[0]["stack"]
     assert leftovers.threads_left(before, wait=0.0) == []
+    text = leftovers.threads_left_text(left, 0.25)  # the wait it was given, not THREAD_JOIN_WAIT
+    assert "'lingering' started by the test still running 0.25 s after it ended" in text
 
 
 @pytest.mark.parametrize("name", STOPS)

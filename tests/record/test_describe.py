@@ -15,25 +15,34 @@ def fields(described: describe.Described) -> dict[str, Any]:
     return json.loads("{" + described[1].removeprefix(",") + "}")
 
 
+def describe_call(op: str, args: dict[str, Any]) -> describe.Described:
+    """As the recorder's wrapper of torch.distributed's ``op`` describes a call of it."""
+    return describe.DESCRIBERS[OPS[op].kind](OPS[op], args)
+
+
 def test_a_call_at_the_backend_is_described_as_at_its_function_but_marked() -> None:
     # One describer: the dispatcher's call (its root a rank in the group, its reduce op as c10d
     # gives it) reads as the function's, its extra field marking where it was recorded.
     tensor = torch.ones(2, 3)
-    at_function = describe.DESCRIBERS["collective"](OPS["broadcast"], {"tensor": tensor, "src": 1, "async_op": True})
-    at_backend = describe.backend_call(BACKEND_OPS["broadcast_"], {"tensors": [tensor], "root_rank": 1}, None, True)
+    at_function = describe_call("broadcast", {"tensor": tensor, "src": 1, "async_op": True})
+    at_c10d = {"tensors": [tensor], "root_rank": 1}
+    at_backend = describe.backend_call(BACKEND_OPS["broadcast_"], at_c10d, None, True)
     assert fields(at_backend) == {**fields(at_function), "extra": {"via": "backend"}}
     assert fields(at_function) == {
         "shapes": [[2, 3]], "dtypes": ["float32"], "devices": ["cpu"], "root": 1, "async": True
     }
     assert at_backend[2] == at_function[2] == ("WORLD",)
-    reduced = describe.backend_call(FUNCTIONAL_OPS["all_reduce"], {"input": tensor, "reduce_op": "max"}, None, True)
-    assert fields(reduced)["extra"] == {"via": "backend", "op": "MAX"}
-    assert fields(describe.DESCRIBERS["collective"](OPS["all_reduce"], {"tensor": tensor}))["extra"] == {"op": "SUM"}
+    reduced = {"input": tensor, "reduce_op": "max"}
+    assert fields(describe.backend_call(FUNCTIONAL_OPS["all_reduce"], reduced, None, True))["extra"] == {
+        "via": "backend", "op": "MAX"
+    }
+    # torch's default reduce op, written out
+    assert fields(describe_call("all_reduce", {"tensor": tensor}))["extra"] == {"op": "SUM"}
 
 
 def test_a_send_is_numbered_per_peer_wherever_it_is_recorded() -> None:
     tensor = torch.ones(1)
-    at_function = describe.DESCRIBERS["p2p"](OPS["send"], {"tensor": tensor, "dst": 1})
+    at_function = describe_call("send", {"tensor": tensor, "dst": 1})
     at_backend = describe.backend_call(BACKEND_OPS["send"], {"tensors": [tensor], "dst": 1}, None, False)
     assert fields(at_function)["peer"] == fields(at_backend)["peer"] == 1
     assert at_function[2] == at_backend[2] == ("WORLD", "send", 1)
