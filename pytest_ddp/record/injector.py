@@ -141,10 +141,10 @@ def _exhaust_memory(fault: Fault) -> None:
     size under a lowered address-space limit, so the machine's memory is not used up."""
     limits = resource.getrlimit(resource.RLIMIT_AS)
     if fault.size is None:
-        size = procfs.status().get("VmSize")
-        if size is None:
+        vm_size = procfs.status().get("VmSize")
+        if vm_size is None:
             raise OSError("no VmSize in /proc/self/status: the address space to limit is not known")
-        address_space = procfs.size(size)
+        address_space = procfs.size(vm_size)
         resource.setrlimit(resource.RLIMIT_AS, (address_space + OOM_HEADROOM, limits[1]))
     held: list[bytes] = []
     allocated = 0
