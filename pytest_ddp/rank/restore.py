@@ -117,7 +117,6 @@ class Restorer:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's log capture, which adds handlers
     def pytest_runtest_setup(self, item: Any) -> Any:
-        self._torn_down(item)  # kept for a next test that went elsewhere (rank/session.py)
         if self.written_under is None:
             factory = getattr(item.config, "_tmp_path_factory", None)
             self.written_under = os.path.realpath(factory.getbasetemp()) + os.sep if factory else ""
@@ -147,12 +146,24 @@ class Restorer:
         try:
             return (yield)
         finally:
-            try:
-                self._end_processes(item)  # its warning raises where the user's filters make it an error
-            finally:
-                if not self._torn_down(item) and self.test is not None:
-                    self.restore(self.test)
-                self.test = None
+            self._put_back(item)
+
+    def teardown_exact(self, item: Any, nextitem: Any) -> None:
+        """pytest's teardown of the nodes set up that ``nextitem`` does not need (None: every one),
+        outside a test's (rank/session.py), ending and putting back what they left as a test's."""
+        try:
+            item.session._setupstate.teardown_exact(nextitem)
+        finally:
+            self._put_back(item)
+
+    def _put_back(self, item: Any) -> None:
+        """After a teardown: end the processes left, put back what the test or the nodes torn down changed."""
+        try:
+            self._end_processes(item)  # its warning raises where the user's filters make it an error
+        finally:
+            if not self._torn_down(item) and self.test is not None:
+                self.restore(self.test)
+            self.test = None
 
     def _end_processes(self, item: Any) -> None:
         """End the processes the test left, but those a wider node still set up owns, and name them."""

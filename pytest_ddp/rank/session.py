@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 
 
 class RankSession:
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, restorer: restore.Restorer) -> None:
         self.channel = channel
+        self.restorer = restorer  # every teardown goes through it: it ends what a fixture left
         self.collect_errors: list[str] = []
         self.ready = False  # the session reached its run loop and said so
         # Per test: the threads there before it, and those it left.
@@ -77,7 +78,7 @@ class RankSession:
             self._run(items, environment, command.id, command.next)
             last = items[command.id]
         if last is not None:  # "stop": tear down what the last item left set up, and say how it went
-            call = pytest.CallInfo.from_call(lambda: session._setupstate.teardown_exact(None), "teardown")
+            call = pytest.CallInfo.from_call(lambda: self.restorer.teardown_exact(last, None), "teardown")
             # pytest's own report, past other plugins' makereport hooks: some (pytest-benchmark)
             # read the torn-down item's funcargs, and raise.
             report = pytest.TestReport.from_item_and_call(last, call)
@@ -100,14 +101,18 @@ class RankSession:
         marker = item.get_closest_marker("ddp")  # its faults were checked by the controller
         declared = faults.check_all(marker.kwargs.get("faults", ()), init=False) if marker is not None else ()
         self.channel.start_test(nodeid, declared)
-        # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
-        item.session._setupstate.teardown_exact(item)
-        self.threads_before = set(threading.enumerate())
-        self.threads_left, self.interrupted = [], None
-        default_group.test_starts()
         nextitem = None if next_nodeid is None else items.get(next_nodeid)
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self.channel.test_done(self.threads_left, self.interrupted)
+
+    @pytest.hookimpl(wrapper=True)  # inside the warnings plugin's: what the teardown warns of is the test's
+    def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
+        # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
+        self.restorer.teardown_exact(item, item)
+        self.threads_before = set(threading.enumerate())
+        self.threads_left, self.interrupted = [], None
+        default_group.test_starts()
+        return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:
@@ -194,9 +199,10 @@ def is_library(path: str) -> bool:
 
 
 def run_pytest(start: RankStart, channel: Channel) -> int:
-    session = RankSession(channel)
+    restorer = restore.Restorer()
+    session = RankSession(channel, restorer)
     args = [*start.pytest_args, "--basetemp", start.basetemp]
-    code = int(pytest.main(args, plugins=[session, restore.Restorer()]))
+    code = int(pytest.main(args, plugins=[session, restorer]))
     if not session.ready:
         # Ended before running anything (an import failed, a bad option); its terminal output went nowhere.
         errors = "".join(f"\n\n{error}" for error in session.collect_errors)

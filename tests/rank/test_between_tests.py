@@ -137,7 +137,12 @@ class _Item:
 
     def __init__(self) -> None:
         self.stack: dict[object, tuple[list[object], None]] = {}
-        self.session = types.SimpleNamespace(_setupstate=types.SimpleNamespace(stack=self.stack))
+        setupstate = types.SimpleNamespace(stack=self.stack, teardown_exact=self.teardown_exact)
+        self.session = types.SimpleNamespace(_setupstate=setupstate)
+
+    def teardown_exact(self, nextitem: None) -> None:
+        """Every node torn down, as pytest's SetupState does after the last item."""
+        self.stack.clear()
 
     def set_up(self, node: object) -> None:
         """A fixture of ``node``'s scope set up (``node`` set up first where it is not)."""
@@ -201,6 +206,31 @@ def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_pat
         with pytest.warns(leftovers.LeftoverProcessWarning, match=ended):
             _run(restorer, item, lambda: None, lambda: None, item.stack.clear)
         assert started[0].poll() is not None  # ended with its module, and reaped
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
+def test_a_process_a_wider_fixture_started_is_ended_when_the_rank_tears_it_down(tmp_path) -> None:
+    # The rank's own teardowns (its next item went elsewhere, or the group stops: rank/session.py)
+    # go through the restorer, which ends the fixture's process then, not after a later test.
+    item = _Item()
+    restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def module_setup() -> None:
+        item.set_up("module")
+        item.set_up(item)
+        started.append(subprocess.Popen(["sleep", "600"]))
+
+    try:
+        _run(restorer, item, module_setup, lambda: None, lambda: item.stack.pop(item))
+        assert started[0].poll() is None and "module" in item.stack
+        ended = rf"ended: pid {started[0].pid} \(sleep 600\)$"
+        with pytest.warns(leftovers.LeftoverProcessWarning, match=ended):
+            restorer.teardown_exact(item, None)
+        assert item.stack == {} and started[0].poll() is not None  # ended, and reaped
     finally:
         for process in started:
             process.kill()
