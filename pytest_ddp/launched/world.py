@@ -54,7 +54,6 @@ class LaunchedWorld:
         self.slots: dict[int, RemoteRank] = {}  # by slot: the ranks the hosts hold for this world's groups
         self.groups: weakref.WeakSet[LaunchedGroup] = weakref.WeakSet()
         self._next_slot = 0
-        self.places = {0: (launch.node_rank, launch.local_rank)}  # global rank -> (node rank, local rank)
         self.problem: str | None = None  # what gather found wrong: the session ends, every host is told why
         # Where groups' stores listen: loopback on one node, else the address every node reached.
         self.store_host = "127.0.0.1" if launch.one_node else socket.gethostbyname(launch.master_addr or "")
@@ -110,7 +109,13 @@ class LaunchedWorld:
         if hello.rank in self.hosts:
             raise LinkError(f"a second hello from rank {hello.rank}")
         self.hosts[hello.rank] = HostLink(link, hello)
-        self.places[hello.rank] = (hello.node_rank, hello.local_rank)
+
+    def place(self, rank: int) -> tuple[int, int]:
+        """Global rank ``rank``'s (node rank, local rank): rank 0's from its launcher, the others' hellos."""
+        if rank == 0:
+            return self.launch.node_rank, self.launch.local_rank
+        hello = self.hosts[rank].hello
+        return hello.node_rank, hello.local_rank
 
     def _drop(self, incoming: Incoming, pending: selectors.BaseSelector, why: str) -> None:
         pending.unregister(incoming.link)
@@ -269,7 +274,6 @@ class LaunchedGroup(RankGroup):
         super().__init__(config)
         self.world = world
         self.store_host = world.store_host
-        self._places = [world.places[rank] for rank in range(config.world_size)]  # (node rank, local rank)
 
     def _start_ranks(self, store_port: int) -> None:
         """Rank 0 forked here; rank r by global rank r's pytest, in a slot of its own there."""
@@ -292,12 +296,12 @@ class LaunchedGroup(RankGroup):
 
     def local_rank(self, rank: int) -> int:
         """The rank's rank on its node, as its launcher gave it to the process that forks it."""
-        return self._places[rank][1]
+        return self.world.place(rank)[1]
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
         """torchrun's environment for this group's ranks: their share of the launch's nodes."""
         env = super().torchrun_environment(rank, port)
-        nodes = [node for node, _ in self._places]
+        nodes = [self.world.place(other)[0] for other in range(self.config.world_size)]
         here = nodes[rank]
         env.update(
             LOCAL_WORLD_SIZE=str(nodes.count(here)),
