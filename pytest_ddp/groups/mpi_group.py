@@ -9,7 +9,6 @@ interface); ``--ddp-mpi-launcher`` picks another.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import logging
@@ -155,8 +154,10 @@ class _StandIn:
 
     def close(self) -> None:
         """Tell the stand-in that the controller ends the world (else it does), and let it end."""
-        with contextlib.suppress(OSError):
+        try:
             self.link.send_bytes(b"end")
+        except OSError:
+            pass
         self.link.close()
 
 
@@ -209,8 +210,10 @@ def _wait_gone(pids: list[int], timeout: float | None = None) -> None:
     fds = []
     try:
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                pass
         deadline = None if timeout is None else time.monotonic() + timeout
         while fds:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -241,7 +244,7 @@ def _launched(greeting: _Greeting) -> tuple[dict[str, str], dict[str, Descriptor
 
 def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
     """Say in the rank's stderr how much of /dev/shm is free (a full one is the usual cause of SIGBUS)."""
-    with contextlib.suppress(OSError):
+    try:
         room = os.statvfs(SHARED_MEMORY)
         free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
         with open(stderr, "a") as out:
@@ -250,6 +253,8 @@ def _say_how_full_shared_memory_is(stderr: Path, rank: int) -> None:
                 f"shared memory of one machine's ranks, has {free / 2**20:.1f} MiB free "
                 f"of {size / 2**20:.1f} MiB\n"
             )
+    except OSError:
+        pass
 
 
 class MpiGroup(RankGroup):
@@ -307,10 +312,12 @@ class MpiGroup(RankGroup):
         for rp in self.ranks:
             assert rp.proc.pid is not None
             for path in _shared_memory_of(rp.proc.pid):
-                with contextlib.suppress(OSError):
+                try:
                     found = os.stat(path, follow_symlinks=False)
                     if os.path.basename(path) not in there_before and found.st_uid == os.geteuid():
                         self._shared_memory[path] = (found.st_dev, found.st_ino)
+                except OSError:
+                    pass
         write_shared_memory(self.workdir, self._shared_memory)
 
     def _listen(self) -> None:
@@ -413,8 +420,10 @@ class MpiGroup(RankGroup):
         greeting.close()  # the rank's now, not ours
         self.watch(rp)
         self._news.register(link, selectors.EVENT_READ, _StandIn(link, rp))
-        with contextlib.suppress(OSError):  # gone: its end is heard of next
+        try:
             link.send_bytes(str(rp.proc.pid).encode())
+        except OSError:  # gone: its end is heard of next
+            pass
 
     def _rank_of(self, hello: Hello, peer: int) -> RankProcess:
         """The rank a signed hello names, from the stand-in that connected; ValueError saying why not."""
@@ -472,8 +481,10 @@ class MpiGroup(RankGroup):
             # /tmp/hydra_hwloc_xmlfile_*, which SIGKILL leaves); not the launcher: gforker waits ~2 s.
             _wait_gone(helpers, HELPERS_GRACE)
             for pid in [self._launcher.pid, *helpers]:
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self._launcher.wait()
             self._launcher = None
             _wait_gone(helpers)

@@ -5,7 +5,6 @@ collection imported (the file ``PRELOAD_ENV`` names), guard its socket, and free
 objects in a full collection nor copy the pages the collector would have touched.
 """
 
-import contextlib
 import gc
 import importlib
 import os
@@ -21,9 +20,11 @@ def _import_listed() -> list[str]:
     names: list[str] = []
     if PRELOAD_ENV in os.environ:
         listed = Path(os.environ[PRELOAD_ENV])
-        with contextlib.suppress(OSError):
+        try:
             names = listed.read_text().split()
             listed.unlink()
+        except OSError:
+            pass
     before = set(sys.modules)
     for name in (name for name in names if name.startswith("torch.")):
         try:

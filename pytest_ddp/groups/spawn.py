@@ -3,7 +3,6 @@ from, a rank's start and files, the fork itself, and the TCPStore the ranks of a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import multiprocessing
@@ -283,12 +282,16 @@ class ForkedRank(RankHandle):
 
     def send(self, command: Command) -> None:
         if self.commands is not None:
-            with contextlib.suppress(OSError):  # the rank is gone; its sentinel says so
+            try:
                 self.commands.send_bytes(encode(command))
+            except OSError:  # the rank is gone; its sentinel says so
+                pass
 
     def request_dump(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
 
     def dump_complete(self, text: str, before: str | None) -> bool:
         return dump_complete(text, before)

@@ -19,7 +19,6 @@ folder that is private, in the same order.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
@@ -113,7 +112,11 @@ def read_secret(files: SessionFiles) -> bytes:
 def remove_files(files: SessionFiles) -> None:
     """Rank 0's key and socket, and the folder if that leaves it empty (another launch may still use it)."""
     for path in (files.key, files.socket):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             path.unlink()
-    with contextlib.suppress(OSError):
+        except FileNotFoundError:
+            pass
+    try:
         files.folder.rmdir()
+    except OSError:
+        pass

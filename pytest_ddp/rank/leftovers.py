@@ -9,7 +9,6 @@ session.  Neither catches a process that left the session (``setsid``) of a kill
 from __future__ import annotations
 
 import concurrent.futures.thread
-import contextlib
 import os
 import signal
 import sys
@@ -134,8 +133,10 @@ def describe(pid: int) -> str:
 def end_processes(pids: list[int]) -> None:
     """SIGKILL these descendants and reap them, parents first (their children then become ours)."""
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for pid in pids:
         try:
             os.waitpid(pid, 0)
@@ -223,5 +224,7 @@ def _kill_session(session: int) -> None:
     for pid in procfs.pids():
         found = procfs.stat(pid) if pid != me else None
         if found is not None and found.session == session:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -17,7 +17,6 @@ launcher had started it, and torch's import is paid once a session, not once a r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import shutil
@@ -73,8 +72,10 @@ class _Unattended:
         self.ending = True
         try:
             if self.rank is not None:  # ended first: the world's files are in use till then
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     signal.pidfd_send_signal(self.rank, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 select.select([self.rank], [], [])
             remove_shared_memory(read_shared_memory(self.folder))
             if (
@@ -91,9 +92,11 @@ def _ended_by(link: Connection, controller: int) -> bool:
     """Whether the controller says it ends the world; if not, it has ended (waited for: it ends the
     connection, by its word or by its death, once it hears that the rank died)."""
     if link.fileno() in select.select([link.fileno(), controller], [], [])[0]:
-        with contextlib.suppress(EOFError, OSError):
+        try:
             link.recv_bytes(MAX_MESSAGE)
             return True
+        except (EOFError, OSError):
+            pass
     select.select([controller], [], [])
     return False
 

@@ -10,7 +10,6 @@ that left its source or tag open says in its ``ret`` which message it got, for
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
@@ -259,10 +258,12 @@ def _abort(self: Any, errorcode: int = 0) -> NoReturn:
     MPICH's Abort returns once it has asked its launcher to end the world, and the test went on."""
     log, index = _log, None
     if log is not None:
-        with contextlib.suppress(Exception):  # describing must never break the user's call
+        try:
             where = f'{_comm(self).text},{describe.site(sys._getframe(1))},"t":{time.time()!r}'
             body = f'"op":"{MPI_ABORT}",{where},"extra":{{"errorcode":{int(errorcode)}}}'
             index = numbering.numbers.write_call(log, body, None)
+        except Exception:  # describing must never break the user's call
+            pass
     try:
         MPI.Intracomm.Abort(self, errorcode)
     except BaseException as exc:  # it did not abort (an errorcode that is no C int): the rank goes on

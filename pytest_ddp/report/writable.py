@@ -61,8 +61,10 @@ def folder(path: str | Path, parent: int | None = None) -> Iterator[int]:
     if parent is None:
         os.makedirs(path, exist_ok=True)  # the folder the user named, a link to one included
     else:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path, dir_fd=parent)  # mkdir makes no folder where a link points
+        except FileExistsError:
+            pass
     follow = 0 if parent is None else os.O_NOFOLLOW
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | follow, dir_fd=parent)
@@ -89,6 +91,8 @@ def write_file(parent: int, name: str, data: bytes) -> None:
             file.write(data)
         os.replace(partial, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(partial, dir_fd=parent)
+        except FileNotFoundError:
+            pass
         raise
