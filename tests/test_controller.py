@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +31,9 @@ from pytest_ddp.common.protocol import (
     RunItem,
     TestStart,
 )
-from pytest_ddp.config.settings import ALREADY_IMPORTED, rank_pytest_args
+from pytest_ddp.config.settings import ALREADY_IMPORTED, Settings, rank_pytest_args
 from pytest_ddp.config.spec import RankSpec
+from pytest_ddp.controller import Controller
 from pytest_ddp.diagnose import watchdog, wording
 from pytest_ddp.diagnose.consistency import CountDifference, UnfinishedWork
 from pytest_ddp.diagnose.state import RankState, Snapshot
@@ -282,6 +284,19 @@ def test_a_follow_is_handed_to_the_ranks_with_the_killing_signals_held() -> None
     finally:
         spawn.release_killing_signals()
     assert spawn._held is None
+
+
+def test_the_next_test_releases_the_killing_signals_as_it_begins() -> None:
+    """The hold ends as the next test begins, whatever it is (here an ordinary test's item): a kill
+    its follow sent while held kills this process within that test, as xdist must see it."""
+    controller = Controller(None, Settings(), None)  # type: ignore[arg-type]  # no config read here
+    item = types.SimpleNamespace(stash=pytest.Stash(), get_closest_marker=lambda name: None)
+    spawn.hold_killing_signals()
+    try:
+        assert controller.pytest_runtest_protocol(item, None) is None  # not a ddp item: pytest runs it
+        assert spawn._held is None
+    finally:
+        spawn.release_killing_signals()
 
 
 def test_keep_false_stops_the_group_after_its_test() -> None:
