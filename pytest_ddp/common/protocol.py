@@ -207,6 +207,8 @@ class CallEvent(_Event):
     site: str = "?"  # "file.py:12"
     # made inside a library: its frame that made the call ("accelerate/accelerator.py:2861")
     caller: str | None = None
+    # the user's lines that led to ``site``, innermost first: where the user's functions were called
+    outer: list[str] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)

@@ -337,15 +337,11 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
     if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same
                                      for w in (finding.waits[r] for r in callers)):
         return None  # the callers are not all in the one call
-    file, line = site_parts(call.site)
-    text = source(file)
-    if text is None or line is None:
-        return None
-    condition = code_paths.one_rank_branch(text, line)
+    condition = _one_rank_branch(call, source)
     if condition is None:
         return None
     waits = {r: finding.waits[r] for r in callers}
-    extra = ExtraCall(callers, finding.culprits, waits, f"{file}:{condition}")
+    extra = ExtraCall(callers, finding.culprits, waits, condition)
     return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
 
 
@@ -365,14 +361,10 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
         return None
     branches: dict[int, str] = {}
     for rank, call in finding.entered.items():
-        file, line = site_parts(call.site)
-        text = source(file)
-        if text is None or line is None:
-            return None
-        branch = code_paths.one_rank_branch(text, line)
+        branch = _one_rank_branch(call, source)
         if branch is not None:
-            branches[rank] = f"{file}:{branch}"
-        elif code_paths.under_rank_test(text, line) is not False:
+            branches[rank] = branch
+        elif _under_rank_test(call, source) is not False:
             return None  # on some ranks only, or the code cannot tell
     if len(branches) != 1:
         return None
@@ -381,6 +373,36 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
     call = finding.entered[culprit]
     odd = dataclasses.replace(finding, odd=[culprit], condition=where)
     return Verdict(verdict.status, verdict.kind, [culprit], [other], call.op, call.label, odd)
+
+
+def _one_rank_branch(call: Call, source: Callable[[str], str | None]) -> str | None:
+    """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
+    one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
+    function called under ``if rank == 0:``, speechbrain#2401); None where none does, as far as the
+    code tells."""
+    for place in (call.site, *call.outer):
+        file, line = site_parts(place)
+        text = source(file)
+        branch = None if text is None or line is None else code_paths.one_rank_branch(text, line)
+        if branch is not None:
+            return f"{file}:{branch}"
+    return None
+
+
+def _under_rank_test(call: Call, source: Callable[[str], str | None]) -> bool | None:
+    """Whether the call's line, or a line of the user's code that led to it, is under a test of
+    the rank (:func:`pytest_ddp.diagnose.code_paths.under_rank_test`); None where the code of one
+    cannot tell."""
+    found: bool | None = False
+    for place in (call.site, *call.outer):
+        file, line = site_parts(place)
+        text = source(file)
+        under = None if text is None or line is None else code_paths.under_rank_test(text, line)
+        if under:
+            return True
+        if under is None:
+            found = None
+    return found
 
 
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]

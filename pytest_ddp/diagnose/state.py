@@ -80,6 +80,8 @@ class Call:
     extra: dict[str, Any] = field(default_factory=dict)  # init: rank, world_size, init_method
     # Made inside a library: its frame (``site`` is then the user's line that led there).
     caller: str | None = None
+    # The user's lines that led to ``site``, innermost first (the calls of the user's functions).
+    outer: tuple[str, ...] = ()
     exit: float | None = None
     error: str | None = None  # "TypeError: cannot pickle '_thread.lock' object"
     before_backend: bool = False  # raised before its group's backend was handed it: the group is as it was
@@ -164,6 +166,7 @@ class Call:
             obj_size=ev.obj_size,
             extra=ev.extra,
             caller=ev.caller,
+            outer=tuple(ev.outer),
             tag=ev.tag,
         )
 

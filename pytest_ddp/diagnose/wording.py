@@ -135,21 +135,22 @@ def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
     return text
 
 
-def _matched_elsewhere(returned: list[int], doomed: list[int], ranks: dict[int, RankState]) -> str:
+def _matched_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankState]) -> str:
     """``; its barrier #1 (t.py:22) matched ranks 0-2's from t.py:21``: the first collective in
-    which ranks that returned from their test alike met the waiting ranks' calls of one other line
-    (the call they skipped, which their later one stood in for); "" where none did."""
-    if any(not ranks[r].alive or ranks[r].failed for r in returned):
+    which the ``few`` (the ranks that returned, or those alone in a call more), each from one line,
+    met the others' calls of one other line: the call the few skipped, which their later one stood
+    in for, or made more, which the others' later one met; "" where none did."""
+    if any(not ranks[r].alive or ranks[r].failed for r in few):
         return ""
-    for call in (c for c in ranks[returned[0]].calls if c.is_collective and c.site):
-        theirs = [collective_at(ranks[r], call.group, call.seq) for r in returned]
-        others = [collective_at(ranks[r], call.group, call.seq) for r in doomed]
-        if any(c is None or c.site != call.site for c in theirs) or any(c is None for c in others):
+    for call in (c for c in ranks[few[0]].calls if c.is_collective and c.site):
+        theirs = [collective_at(ranks[r], call.group, call.seq) for r in few]
+        met = [collective_at(ranks[r], call.group, call.seq) for r in others]
+        if any(c is None or c.site != call.site for c in theirs) or any(c is None for c in met):
             continue
-        sites = {c.site for c in others if c is not None}
+        sites = {c.site for c in met if c is not None}
         if len(sites) == 1 and call.site not in sites:
-            whose = f"{rank_list(doomed)}'s" if len(doomed) > 1 else f"rank {doomed[0]}'s"
-            its = "its" if len(returned) == 1 else "their"
+            whose = f"{rank_list(others)}'s" if len(others) > 1 else f"rank {others[0]}'s"
+            its = "its" if len(few) == 1 else "their"
             return f"; {its} {describe_call(call)} matched {whose} from {sites.pop()}"
     return ""
 
@@ -203,7 +204,8 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
     alone = "alone " if len(f.callers) == 1 else ""
     returned = f"{rank_list(f.returned)} returned from {test} without it"
     under = f", in a branch of the code for one rank ({f.condition})" if f.condition else ""
-    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}{under}; {returned}."
+    matched = _matched_elsewhere(f.callers, f.returned, ranks)
+    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}{under}{matched}; {returned}."
 
 
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:

@@ -80,15 +80,41 @@ _STDLIB = os.path.dirname(os.__file__) + os.sep
 def site(frame: FrameType | None) -> str:
     """``"site":"tests/test_x.py:12"``: the user's innermost frame outside torch, pytest, this plugin
     and libraries; for a call made inside a library, also ``"caller":"accelerate/accelerator.py:2861"``
-    (the library's frame is the site where no user frame led there)."""
+    (the library's frame is the site where no user frame led there); and the user's lines that led
+    to the site, ``"outer":["tests/test_x.py:30"]`` (a function of theirs called in a branch for one
+    rank: majority.one_rank_call)."""
     while frame is not None:
         found = _frame_site(frame)
         if found is not None:
             place, in_library = found
-            user = _user_line(frame.f_back) if in_library else None
-            return f'"site":"{place}"' if user is None else f'"site":"{user}","caller":"{place}"'
+            if not in_library:
+                return f'"site":"{place}"{_outer(frame.f_back)}'
+            user = _user_frame(frame.f_back)
+            if user is None:
+                return f'"site":"{place}"'
+            line = f"{_shown(user.f_code.co_filename)}:{user.f_lineno}"
+            return f'"site":"{line}","caller":"{place}"{_outer(user.f_back)}'
         frame = frame.f_back
     return '"site":"?"'
+
+
+# The most outer lines a call keeps: a test's helpers calling helpers; the walk stops sooner, at
+# the first frame that is not the user's (pytest's, which called the test).
+_OUTER_DEPTH = 8
+
+
+def _outer(frame: FrameType | None) -> str:
+    """``,"outer":["t.py:30"]``: the user's frames from ``frame`` up, to the first that is not;
+    "" where there is none."""
+    lines: list[str] = []
+    while frame is not None and len(lines) < _OUTER_DEPTH:
+        filename = frame.f_code.co_filename
+        shown = _shown(filename)
+        if not shown or _in_library(filename):
+            break
+        lines.append(f'"{shown}:{frame.f_lineno}"')
+        frame = frame.f_back
+    return f',"outer":[{",".join(lines)}]' if lines else ""
 
 
 def _frame_site(frame: FrameType) -> tuple[str, bool] | None:
@@ -113,13 +139,12 @@ def _in_library(filename: str) -> bool:
     return filename.startswith(_STDLIB) or any(part in filename for part in _LIBRARY_DIRS)
 
 
-def _user_line(frame: FrameType | None) -> str | None:
-    """``t.py:30``: the first user frame from ``frame`` up, outside libraries; None where none is."""
+def _user_frame(frame: FrameType | None) -> FrameType | None:
+    """The first user frame from ``frame`` up, outside libraries; None where none is."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        shown = _shown(filename)
-        if shown and not _in_library(filename):
-            return f"{shown}:{frame.f_lineno}"
+        if _shown(filename) and not _in_library(filename):
+            return frame
         frame = frame.f_back
     return None
 

@@ -177,6 +177,49 @@ def test_a_tie_whose_other_call_is_under_a_rank_test_too_stays_a_tie() -> None:
     assert outline(_tie("rank != 1"))[:3] == ("deadlock", "mismatch", [0, 1])
 
 
+HELPER = """
+    def save_checkpoint(name):
+        dist.broadcast_object_list(name, src=0)
+
+
+    def test_x(rank):
+        for epoch in range(2):
+            dist.all_reduce(t)
+            if {condition}:
+                save_checkpoint(epoch)
+"""
+
+
+def test_a_call_in_a_function_called_in_one_ranks_branch_names_that_rank() -> None:
+    # speechbrain#2401: a checkpoint's broadcast_object_list, in a hook run on the main process only,
+    # meets the other rank's gradient all_reduce; the branch is in the caller's frame, not the call's.
+    zero = rank(0, ok("all_reduce", 1, site="t.py:8"), call("broadcast_object_list", 2, site="t.py:3"))
+    zero.calls[-1].outer = ("t.py:10",)
+    one = rank(1, ok("all_reduce", 1, site="t.py:8"), call("all_reduce", 2, site="t.py:8"))
+    verdict = watched(snap(zero, one), HELPER.format(condition="rank == 0"))
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1])
+    assert "Rank 0's call is in a branch of the code for one rank (t.py:9)." in verdict.summary
+    # Its peer's call under a test of the rank in the caller's frame: each side's code is its own.
+    one.calls[-1].outer = ("t.py:10",)
+    assert outline(watched(snap(zero, one), HELPER.format(condition="rank == 0")))[2] == [0, 1]
+    # Called under a branch of several ranks: a tie, as before.
+    one.calls[-1].outer = ()
+    assert outline(watched(snap(zero, one), HELPER.format(condition="rank != 1")))[2] == [0, 1]
+
+
+def test_a_call_more_says_which_of_its_calls_met_the_others_from_another_line() -> None:
+    # transformers-bloom-inference#40: rank 0's barrier inside its download block met the others'
+    # barrier after it; its own barrier after it then waits alone.
+    zero = rank(0, ok("barrier", 1, ranks=R3, site="t.py:3"), call("barrier", 2, ranks=R3, site="t.py:4"))
+    returned = [rank(r, ok("barrier", 1, ranks=R3, site="t.py:4"), finished=True) for r in (1, 2)]
+    verdict = worded(watchdog.judge(snap(zero, *returned)), [zero, *returned])
+    assert outline(verdict) == ("deadlock", "partial", [0], [])
+    assert verdict.summary == (
+        "rank 0 alone called barrier #2 (t.py:4); its barrier #1 (t.py:3) matched ranks 1, 2's from t.py:4; "
+        "ranks 1, 2 returned from their test without it."
+    )
+
+
 def test_four_ranks_half_of_which_call_keep_the_ranks_that_returned_named() -> None:
     waiting = [rank(r, call("all_reduce", 1, ranks=R4, site="t.py:5")) for r in (0, 1)]
     returned = [rank(r, finished=True) for r in (2, 3)]

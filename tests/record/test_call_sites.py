@@ -47,6 +47,27 @@ def test_a_plain_call_is_sited_at_its_own_line_with_no_caller() -> None:
     assert _sited(sys._getframe()) == {"site": f"{HERE}:{_line('# plain')}"}  # plain
 
 
+def _helper_that_calls() -> dict[str, Any]:
+    return _sited(sys._getframe())  # in the helper
+
+
+def test_a_call_in_the_users_function_keeps_the_users_lines_that_led_there() -> None:
+    # Where that function was called (under ``if rank == 0:``, majority.one_rank_call), up to the
+    # first frame not the user's (pytest's, which called this test).
+    assert _helper_that_calls() == {  # the helper called
+        "site": f"{HERE}:{_line('# in the helper')}", "outer": [f"{HERE}:{_line('# the helper called')}"],
+    }
+    sync = _library("/venv/lib/python3.11/site-packages/fakecomm/comm.py")
+    assert sync(lambda frame: _helper_through(sync)) == {  # called with a library between
+        "site": f"{HERE}:{_line('# through the library, from a helper')}", "caller": "fakecomm/comm.py:4",
+        "outer": [f"{HERE}:{_line('# called with a library between')}"],
+    }
+
+
+def _helper_through(sync: Callable[[Callable[[FrameType], Any]], Any]) -> dict[str, Any]:
+    return sync(_sited)  # through the library, from a helper
+
+
 def test_a_call_inside_an_installed_library_is_sited_at_the_users_line() -> None:
     sync = _library("/venv/lib/python3.11/site-packages/fakecomm/comm.py")
     sited = sync(_sited)  # through the library
