@@ -1,7 +1,7 @@
 """The controller on a fake group: no processes, milliseconds per test.
 
-:class:`FakeGroup` stands in for :class:`pytest_ddp.groups.group.RankGroup` behind
-:class:`pytest_ddp.groups.runner.Group`: after ``begin``, its next ``poll`` folds a
+:class:`FakeGroup` stands in for :class:`pytest_ddp.groups.group.RankGroup` (the
+methods the pool and the runner use of it): after ``begin``, its next ``poll`` folds a
 scripted ending of the test into real :class:`RankState` objects through real
 protocol events, and the real watchdog judges them.  The real-rank behaviour
 is covered end to end in tests/groups/test_warm_groups.py and its neighbours.
@@ -132,7 +132,7 @@ def states_of(script: Callable[[int], Ending], world_size: int = 2) -> list[Rank
 
 
 class FakeGroup:
-    """A rank group that replays scripted endings (see :class:`pytest_ddp.groups.runner.Group`)."""
+    """A rank group that replays scripted endings, in :class:`pytest_ddp.groups.group.RankGroup`'s place."""
 
     def __init__(self, config: GroupConfig, fleet: Fleet) -> None:
         self.config = config

@@ -11,13 +11,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.common.protocol import CallFunction, RunItem
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import consistency, mismatches, watchdog, wording
-from pytest_ddp.diagnose.state import Process, RankState, Snapshot
+from pytest_ddp.diagnose.state import RankState, Snapshot
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
 from pytest_ddp.groups.spawn import hold_killing_signals
 
@@ -25,51 +25,22 @@ POLL_INTERVAL = 0.05  # seconds between watchdog looks when no rank has news
 START_ALLOWANCE = 120.0  # seconds a group gets to start, on top of the test's timeout
 
 
-class Group(Protocol):
-    """What the pool and :func:`supervise` use of a rank group (a test's fake replays states)."""
-
-    states: list[RankState]  # one per rank, of the test handed over last
-    current: str | None  # id of the test handed over and not yet judged
-    last_test: str | None  # id of the last test handed over
-    handed_over_at: float  # time.time() of that hand-over
-    collect_errors: list[str]
-
-    @property
-    def alive(self) -> bool: ...
-    @property
-    def name(self) -> str: ...
-    def start(self, deadline: float) -> None: ...
-    def can_run(self, test_id: str) -> bool: ...
-    def begin(self, command: RunItem | CallFunction) -> None: ...
-    def poll(self, wait: float) -> None: ...
-    def dump_stacks(self, ranks: list[int]) -> dict[int, str]: ...
-    @property
-    def store_address(self) -> str | None: ...
-    def process(self, rank: int) -> Process | None: ...
-    def peak_rss(self, rank: int) -> int | None: ...
-    def test_output(self, rank: int) -> dict[str, str]: ...
-    def exit_codes(self) -> dict[int, int | None]: ...
-    def pids(self) -> list[int]: ...
-    def stop(self) -> dict[int, StopTeardown]: ...  # each rank's teardown of what it still held
-    def kill(self) -> None: ...
-
-
 @dataclass
 class StoppedGroupFailure:
     """A warm group stopped after its last test was reported, whose ranks failed to tear down
     the fixtures they still held: an error of no test left to report."""
 
-    group: str  # Group.name
+    group: str  # RankGroup.name
     last_test: str  # node id of the last test the group ran
     failures: dict[int, StopTeardown]  # rank -> its failed teardown
 
 
-def _failed_teardowns(group: Group) -> dict[int, StopTeardown]:
+def _failed_teardowns(group: RankGroup) -> dict[int, StopTeardown]:
     """Stop the group; the teardowns at its stop that failed, by rank."""
     return {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
 
 
-def _stop(group: Group) -> list[StoppedGroupFailure]:
+def _stop(group: RankGroup) -> list[StoppedGroupFailure]:
     """Stop a group whose last test was already reported; its teardown failure, if any."""
     failed = _failed_teardowns(group)
     if not failed or group.last_test is None:
@@ -154,7 +125,7 @@ def _source_files() -> Callable[[str], str | None]:
     return read
 
 
-def supervise(group: Group, spec: RankSpec) -> TestRun:
+def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     """Watch the test handed over to the group until a verdict."""
     started = group.handed_over_at
     watch = watchdog.Watch(_source_files())
@@ -213,13 +184,13 @@ def not_fired(spec: RankSpec, states: list[RankState]) -> list[str]:
     ]
 
 
-def _can_take(group: Group, test_id: str) -> bool:
+def _can_take(group: RankGroup, test_id: str) -> bool:
     """Whether a warm group can run that test: alive, collected it, and not busy
     with another test handed over ahead."""
     return group.alive and group.can_run(test_id) and group.current in (None, test_id)
 
 
-def group_is_reusable(run: TestRun, group: Group) -> bool:
+def group_is_reusable(run: TestRun, group: RankGroup) -> bool:
     """A group may serve the next test only if nothing about it is in doubt."""
     if run.stopped or not group.alive or run.spec.isolated:
         return False
@@ -241,7 +212,7 @@ def group_is_reusable(run: TestRun, group: Group) -> bool:
     return True
 
 
-def new_group(config: GroupConfig) -> Group:
+def new_group(config: GroupConfig) -> RankGroup:
     """A group of ranks, not yet started: started by an MPI launcher for MPI, else forked."""
     if config.backend == "mpi":
         from pytest_ddp.groups.mpi_group import MpiGroup
@@ -253,10 +224,10 @@ def new_group(config: GroupConfig) -> Group:
 class GroupPool:
     """Warm groups by key, at most ``max_groups`` alive, least recently used stopped first."""
 
-    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], Group] = new_group) -> None:
+    def __init__(self, max_groups: int, make_group: Callable[[GroupConfig], RankGroup] = new_group) -> None:
         self.max_groups = max_groups
         self._make_group = make_group
-        self._groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
+        self._groups: OrderedDict[tuple[Any, ...], RankGroup] = OrderedDict()
         self.groups_started = 0
 
     def run(
