@@ -19,6 +19,7 @@ Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
 ``report``  a phase ended (:class:`Report`): ``data`` is the serialized report, or ``run()``'s result
 ``done``    the test is over on this rank (:class:`Done`)
 ``warning`` a warning pytest recorded during a test (:class:`WarningRecorded`)
+``thread_raised``  a thread of the test raised out of its function (:class:`ThreadRaised`)
 ``session_end``  after "stop": the teardown of the fixtures the rank still held (:class:`SessionEnd`)
 ``call``    a torch.distributed or MPI call was entered (:class:`CallEvent`)
 ``ret``     call ``i`` returned or raised (:class:`RetEvent`)
@@ -182,6 +183,17 @@ class WarningRecorded(_Event):
 
 
 @dataclass(slots=True)
+class ThreadRaised(_Event):
+    """A thread raised out of its function during a test (``threading.excepthook``): a loader's
+    worker whose batch the test then waits for forever."""
+
+    KIND: ClassVar[Literal["thread_raised"]] = "thread_raised"
+    thread: str  # its name: "Thread-3 (worker)"
+    error: str  # "OSError: corrupt shard"
+    site: str | None = None  # the user's innermost line in its traceback
+
+
+@dataclass(slots=True)
 class SessionEnd(_Event):
     KIND: ClassVar[Literal["session_end"]] = "session_end"
     outcome: str  # passed, failed
@@ -269,7 +281,7 @@ class Setting(_Event):
 
 
 Event = (
-    Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | SessionEnd
+    Ready | Fatal | TestStart | PhaseStart | Report | Done | WarningRecorded | ThreadRaised | SessionEnd
     | CallEvent | RetEvent | WaitEvent | Injected | Setting
 )
 Record = Command | Event

@@ -69,6 +69,16 @@ def failed_outside_calls(state: RankState) -> tuple[str, str | None] | None:
     return _short_error(state), own_lines.raised_at(state.reports)
 
 
+def thread_raised(state: RankState) -> str:
+    """``thread Thread-3 (worker) raised OSError: corrupt shard at t.py:9``: the first of the
+    test's threads that raised out of its function; "" where none did."""
+    if not state.thread_raised:
+        return ""
+    first = state.thread_raised[0]
+    at = f" at {first.site}" if first.site else ""
+    return f"thread {first.thread} raised {plain_error(first.error)}{at}"
+
+
 def how_it_failed(state: RankState) -> str:
     """``died (killed by SIGABRT) in all_reduce #1 (t.py:3)``, ``raised TypeError: ... in
     all_gather_object #2 (t.py:9)``, ``failed (ValueError: boom) at t.py:7``, ``returned from its
@@ -120,6 +130,8 @@ def rank_doing(state: RankState, at: str | None = None) -> str:
     raised = failed_outside_calls(state)
     if raised is not None and raised[1] is not None:
         doing += f"; raised at {raised[1]}"
+    if state.thread_raised:
+        doing += f"; its {thread_raised(state)}"
     if not state.stack_missing:
         return doing
     return f"{doing}; {'no Python stack came' if state.process is None else state.process.no_stack}"

@@ -22,6 +22,7 @@ from pytest_ddp.common.protocol import (
     RetEvent,
     Setting,
     TestStart,
+    ThreadRaised,
     WaitEvent,
     WarningRecorded,
     to_wire,
@@ -269,6 +270,7 @@ class RankState:
     threads_left: list[dict[str, str]] = field(default_factory=list)  # see protocol.Done
     interrupted: dict[str, Any] | None = None  # pytest.exit() or KeyboardInterrupt in the test
     warnings: list[WarningRecorded] = field(default_factory=list)
+    thread_raised: list[ThreadRaised] = field(default_factory=list)  # its test's threads that raised
     injected: list[Injected] = field(default_factory=list)  # faults that fired on this rank, in order
     settings: list[Setting] = field(default_factory=list)  # values the ranks must give alike, in order
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
@@ -365,6 +367,8 @@ class RankState:
                 self.interrupted = ev.interrupted
             case WarningRecorded():
                 self.warnings.append(ev)
+            case ThreadRaised():
+                self.thread_raised.append(ev)
             case Injected():
                 self.injected.append(ev)
             case Setting():

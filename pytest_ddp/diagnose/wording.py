@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
-from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, plain_error
+from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, plain_error, thread_raised
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -93,8 +93,9 @@ def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int
 
     for text, group in grouped(stopped, where):
         parts.append(f"{rank_list(group)} {verb(group, 'is', 'are')} {text}")
-    if running:
-        parts.append(f"{rank_list(running)} {verb(running, 'is', 'are')} running outside any collective")
+    for thread, group in grouped(running, lambda r: thread_raised(ranks[r])):  # a loader's worker died
+        after = f", after {'its' if len(group) == 1 else 'their'} {thread}" if thread else ""
+        parts.append(f"{rank_list(group)} {verb(group, 'is', 'are')} running outside any collective{after}")
     if blocked:
         parts.append(_wait_clauses(blocked, ranks, waits, {r: w.peers for r, w in waits.items()}))
     return "; ".join(parts)

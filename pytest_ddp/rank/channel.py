@@ -23,6 +23,7 @@ from pytest_ddp.common.protocol import (
     SessionEnd,
     Stop,
     TestStart,
+    ThreadRaised,
     WarningRecorded,
     decode_command,
 )
@@ -123,7 +124,7 @@ def bounded(event: Event) -> Event:
     if isinstance(event, (Report, SessionEnd)) and event.data is not None:
         if event.outcome != "passed" or "$report_type" in event.data:
             event.data = _bounded_data(event.data)
-    elif isinstance(event, Fatal):
+    elif isinstance(event, (Fatal, ThreadRaised)):
         event.error = cut(event.error)
     elif isinstance(event, WarningRecorded):
         event.warning = _bounded_data(event.warning)

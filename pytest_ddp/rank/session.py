@@ -23,7 +23,7 @@ from pytest_ddp.common.protocol import (
     SessionEnd,
     WarningRecorded,
 )
-from pytest_ddp.rank import default_group, leftovers, restore
+from pytest_ddp.rank import default_group, leftovers, restore, thread_errors
 from pytest_ddp.rank.channel import Channel, fatal
 
 if TYPE_CHECKING:
@@ -112,7 +112,8 @@ class RankSession:
         self.threads_before = set(threading.enumerate())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
-        return (yield)
+        with thread_errors.told(self.channel.event, is_library):
+            return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:

@@ -7,6 +7,7 @@ import signal
 
 from snapshots import NOW, R4, call, judge, ok, rank, snap
 
+from pytest_ddp.common.protocol import ThreadRaised
 from pytest_ddp.diagnose.rank_words import plain_error, rank_doing
 from pytest_ddp.diagnose.state import Process, RankState
 
@@ -37,6 +38,21 @@ def test_a_stopped_rank_is_named_stopped_not_running() -> None:
     assert rank_doing(stopped) == (
         "stopped (state T in /proc: SIGSTOP, or a debugger) during call, outside any collective; last call"
         " all_reduce #1 (t.py:11); no Python stack: a stopped process runs no signal handler"
+    )
+
+
+def test_a_rank_whose_thread_raised_says_so_where_it_runs_outside_any_collective() -> None:
+    # infinibatch#17: the loader's prefetch worker died; the training process waits for its batch.
+    waiting, running = rank(0, call("all_reduce", 1, site="t.py:9")), rank(1)
+    running.apply(ThreadRaised("Thread-3 (worker)", "OSError: corrupt shard", "t.py:4"))
+    verdict = judge(snap(waiting, running, timeout=5, started=NOW - 6))
+    assert verdict.summary == (
+        "timed out after 5 s: rank 1 is running outside any collective, after its thread Thread-3 (worker)"
+        " raised OSError: corrupt shard at t.py:4; rank 0 waits in all_reduce #1 (t.py:9) for rank 1."
+    )
+    assert rank_doing(running) == (
+        "running (call), outside any collective; last call no collective yet; its thread Thread-3 (worker)"
+        " raised OSError: corrupt shard at t.py:4"
     )
 
 
