@@ -125,7 +125,10 @@ def _init_world_size(inits: _Inits) -> InitFault | None:
 def _init_address(inits: _Inits) -> InitFault | None:
     """Live processes of one world dialled its rendezvous at different addresses (MASTER_ADDR and
     MASTER_PORT, or tcp://): those that missed the rank group's store, where some dialled it, else
-    the fewest; nothing on a tie without the store (a process alone in its world dials its own)."""
+    the fewest; on a tie, those that missed the address of the process that passed rank 0, which
+    serves the rendezvous's store there (torch starts its TCPStore's server on rank 0: each
+    process its own free port, pytorch#53395); nothing where none passed rank 0 (a process alone in
+    its world dials its own)."""
     dialled = {
         r: _loopback_as_one(address) for r, c in inits.live.items()
         if isinstance(address := c.extra.get("address"), str) and (given(c, "world_size") or 0) > 1
@@ -137,7 +140,14 @@ def _init_address(inits: _Inits) -> InitFault | None:
         culprits = sorted(r for r, address in dialled.items() if address != store)
         return InitFault("address", culprits, inits.blocked, store=inits.store)
     culprits, others = minority(dialled, lambda address: (address,))
-    return InitFault("address", culprits, inits.blocked) if others else None  # none: a tie
+    if others:
+        return InitFault("address", culprits, inits.blocked)
+    servers = [r for r in dialled if given(inits.calls[r], "rank") == 0]
+    if len(servers) != 1:
+        return None
+    [server] = servers
+    culprits = sorted(r for r, address in dialled.items() if address != dialled[server])
+    return InitFault("address", culprits, inits.blocked, server=server)
 
 
 def _loopback_as_one(address: str) -> str:

@@ -143,6 +143,7 @@ class InitFault:
     blocked: list[int]  # slots blocked in init_process_group
     duplicates: list[Duplicate] = field(default_factory=list)  # duplicate: each rank passed twice
     store: str | None = None  # address: the rank group's store, where most dialled it, or None
+    server: int | None = None  # address, on a tie: the process that passed rank 0, serving the store
 
 
 @dataclass(frozen=True)

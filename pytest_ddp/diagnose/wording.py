@@ -347,6 +347,8 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
             others = {r: c for r, c in calls.items() if r not in f.culprits and "address" in c.extra}
             first = next(iter(others.values()))
             reason += f", where {rank_list(others, 'process')} dialled {_dialled(first)}"
+            if f.server is not None:
+                reason += " and, as rank 0, serves the rendezvous's store there"
         reason += ", in init_process_group"
     elif f.check == "raised":
         reason = "; ".join(

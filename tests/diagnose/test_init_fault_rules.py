@@ -46,7 +46,7 @@ def test_the_process_that_dialled_another_address_than_the_store_is_named() -> N
     )
 
 
-def test_without_the_store_the_fewest_addresses_are_named_and_a_tie_is_waited_on() -> None:
+def test_without_the_store_the_fewest_addresses_are_named_and_on_a_tie_those_that_missed_rank_0s() -> None:
     other = "10.0.0.1:29500"
     three = snap(rank(0, init(0, 3)), rank(1, init(1, 3, address=other, method=f"tcp://{other}")),
                  rank(2, init(2, 3)))
@@ -56,7 +56,17 @@ def test_without_the_store_the_fewest_addresses_are_named_and_a_tie_is_waited_on
         "process 1 dialled 10.0.0.1:29500 (init_method), where processes 0, 2 dialled 127.0.0.1:29500"
         " (MASTER_ADDR:MASTER_PORT), in init_process_group;"
     )
-    assert judge(snap(rank(0, init(0)), rank(1, init(1, address=other)))).status == "wait"
+    # A tie: rank 0 serves the store where it dialled (pytorch#53395: each process its own free port).
+    tie = judge(snap(rank(0, init(0, 3)), rank(1, init(1, 3, address=other)), rank(2, init(2, 3, address="b:1"))))
+    assert outline(tie) == ("deadlock", "init", [1, 2], [0])
+    assert tie.summary.startswith(
+        "process 1 dialled 10.0.0.1:29500 (MASTER_ADDR:MASTER_PORT); process 2 dialled b:1 (MASTER_ADDR:MASTER_PORT),"
+        " where process 0 dialled 127.0.0.1:29500 (MASTER_ADDR:MASTER_PORT) and, as rank 0, serves the"
+        " rendezvous's store there, in init_process_group;"
+    )
+    # A tie with no process that passed rank 0 (it has not called yet): nothing tells.
+    early = snap(rank(0, init(1, 3)), rank(1, init(2, 3, address=other)), rank(2))
+    assert judge(early).status == "wait"
 
 
 def test_processes_each_alone_in_their_world_may_dial_their_own_stores() -> None:
