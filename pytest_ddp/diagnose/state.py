@@ -46,8 +46,9 @@ def site_parts(site: str) -> tuple[str, int | None]:
     return (file, int(line)) if file and line.isdecimal() else (site, None)
 
 
-def _peer_text(peer: int | None) -> str:
-    return "any" if peer is None else "null" if peer == NULL_PEER else str(peer)
+def _peer_text(peer: int | None, mpi: bool) -> str:
+    """MPI's PROC_NULL is ``null``; torch's -1 is a rank number, if no rank's."""
+    return "any" if peer is None else "null" if mpi and peer == NULL_PEER else str(peer)
 
 
 def _tag_text(tag: int | None) -> str:
@@ -126,12 +127,12 @@ class Call:
         text = f"{kind.method} #{self.seq}" if self.seq else kind.method
         if self.is_p2p:
             direction = "from" if self.is_recv else "to"
-            text += f" {direction} {_peer_text(self.peer)}"
+            text += f" {direction} {_peer_text(self.peer, kind.api == 'mpi')}"
             if kind.api == "mpi":
                 text += _tag_text(self.tag)
                 if kind.recv_from:  # Sendrecv
                     source, tag = self.extra.get("recv_from"), self.extra.get("recv_tag")
-                    text += f", from {_peer_text(source)}{_tag_text(tag)}"
+                    text += f", from {_peer_text(source, True)}{_tag_text(tag)}"
         if self.group != "WORLD":
             text += f" on group {self.group} {list(self.group_ranks)}"
         return text

@@ -103,6 +103,16 @@ class Cycle:
 
 
 @dataclass(frozen=True)
+class NoSuchPeer:
+    """Ranks blocked in a send or receive whose peer is no member of its group (p2p_unmatched):
+    Gloo waits for that rank's address in the store until the group's timeout."""
+
+    culprits: list[int]
+    members: dict[int, list[int]]  # culprit -> the members of its call's group
+    waits: dict[int, Wait]  # the culprits', and those of the ranks that wait for them
+
+
+@dataclass(frozen=True)
 class Disagreement:
     """Ranks entered one collective (group, number) in ways that differ."""
 
@@ -214,8 +224,8 @@ class CutOnPurpose:
 
 
 Finding = (
-    Departed | LeftMidCall | ExtraCall | Cycle | Disagreement | InitFault | SlowRanks | TimedOut | GraceOver
-    | Failures | NoneFinished | SettingDiffers | CutOnPurpose
+    Departed | LeftMidCall | ExtraCall | Cycle | NoSuchPeer | Disagreement | InitFault | SlowRanks | TimedOut
+    | GraceOver | Failures | NoneFinished | SettingDiffers | CutOnPurpose
 )
 
 

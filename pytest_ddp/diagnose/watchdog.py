@@ -27,6 +27,7 @@ from pytest_ddp.diagnose.verdicts import (
     GraceOver,
     LeftMidCall,
     NoneFinished,
+    NoSuchPeer,
     SlowRanks,
     TimedOut,
     Verdict,
@@ -165,6 +166,28 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
 
+def _no_such_peer(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | None:
+    """Ranks blocked in a torch send or receive whose peer is no member of its group (``rank - 1``
+    on rank 0, ``rank + 1`` on the last): no rank can ever match it (Gloo waits for that rank's
+    address in the store until the group's timeout, measured); the ranks waiting for them wait
+    behind them."""
+    members, stuck = {}, {}
+    for rank, state in sorted(ranks.items()):
+        call = state.blocked_call
+        if call is None or not call.is_p2p or mpi_matching.is_mpi_p2p(call) or call.peer is None:
+            continue
+        group = list(call.group_ranks) if call.group_ranks else sorted(ranks)
+        if call.peer not in group:
+            members[rank], stuck[rank] = group, Wait(call, [])
+    if not members:
+        return None
+    culprits = sorted(members)
+    behind = {r: w for r, w in waits.items() if r not in members and set(w.peers) & set(culprits)}
+    call = stuck[culprits[0]].call
+    finding = NoSuchPeer(culprits, members, {**stuck, **behind})
+    return Verdict("deadlock", "p2p_unmatched", culprits, sorted(behind), call.op, call.label, finding)
+
+
 # -- the verdict --------------------------------------------------------------
 
 # A certain deadlock is reported at once unless some ranks are still running or finishing a
@@ -275,6 +298,7 @@ def judge(snap: Snapshot) -> Verdict:
         init_fault(ranks, snap.store)
         or inflight_mismatch(ranks)
         or p2p_mismatch("deadlock", ranks)
+        or _no_such_peer(ranks, waits)
         or _deadlock(ranks, waits)
     )
     # Peers of a rank killed on purpose may still recover (their collective raises, at once or

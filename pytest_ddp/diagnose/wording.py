@@ -26,6 +26,7 @@ from pytest_ddp.diagnose.verdicts import (
     InitFault,
     LeftMidCall,
     NoneFinished,
+    NoSuchPeer,
     SettingDiffers,
     SlowRanks,
     TimedOut,
@@ -260,6 +261,20 @@ def _unmatched(rank: int, f: Cycle) -> str:
     return f"no {'send' if call.is_recv else 'recv'} matches rank {rank}'s {describe_call(call)}: {instead}"
 
 
+def _no_such_peer(f: NoSuchPeer, ranks: dict[int, RankState]) -> str:
+    """``rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: Gloo
+    waits for that rank until the group's timeout; rank 2 waits in send #1 to 0 (t.py:8)``."""
+    text = "; ".join(
+        f"rank {r} waits in {describe_call(f.waits[r].call)}, a rank its group ({rank_list(f.members[r])})"
+        " does not have" for r in f.culprits
+    )
+    text += ": Gloo waits for that rank until the group's timeout"
+    behind = [r for r in f.waits if r not in f.culprits]
+    if behind:
+        text += f"; {_wait_clauses(behind, ranks, f.waits, {r: w.peers for r, w in f.waits.items()})}"
+    return text + "."
+
+
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     call, entered = f.call, f.entered
     same_op = len({c.op for c in entered.values()}) == 1
@@ -430,6 +445,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     LeftMidCall: _left_mid_call,
     ExtraCall: _extra_call,
     Cycle: _cycle,
+    NoSuchPeer: _no_such_peer,
     Disagreement: _disagreement,
     InitFault: _init_fault,
     SlowRanks: _slow_ranks,

@@ -325,6 +325,23 @@ def test_a_recv_its_peer_never_sends_to_is_unmatched() -> None:
     )
 
 
+def test_a_send_or_recv_to_no_rank_of_its_group_is_unmatched_at_once() -> None:
+    # ADIOS2#3345: the ring's rank 0 receives from rank - 1, which is -1; the last rank's send to it
+    # waits behind it.  Gloo waits for rank -1's address until the group's timeout (measured).
+    zero = rank(0, ok("send", 1, peer=1, ranks=R3, site="t.py:4"), call("recv", 1, peer=-1, ranks=R3, site="t.py:5"))
+    one = rank(1, ok("recv", 1, peer=0, ranks=R3), ok("send", 1, peer=2, ranks=R3), finished=True)
+    two = rank(2, ok("recv", 1, peer=1, ranks=R3), call("send", 1, peer=0, ranks=R3, site="t.py:8"))
+    verdict = judge(snap(zero, one, two))
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0], [2])
+    assert verdict.summary == (
+        "rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: Gloo waits for"
+        " that rank until the group's timeout; rank 2 waits in send #1 to 0 (t.py:8)."
+    )
+    # A send to the world size, past the last rank, alike.
+    past = rank(1, call("send", 1, peer=2, site="t.py:6"))
+    assert outline(judge(snap(rank(0, call("barrier", 1)), past)))[1:3] == ("p2p_unmatched", [1])
+
+
 def test_the_cycle_not_the_ranks_behind_it_decides_the_kind() -> None:
     # Ranks 0 and 1 disagree on the order of collectives on groups a and b; rank 2 waits for rank 0 to send.
     verdict = judge(snap(rank(0, call("all_reduce", 1, group="a")), rank(1, call("all_reduce", 1, group="b")),
