@@ -23,12 +23,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import BackendOp
-from pytest_ddp.record import backend_hook, describe, injector, state
+from pytest_ddp.record import backend_hook, describe, injector, numbering, state
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret, write_wait
 
-_local = state.local
-_pending = state.pending
+_local = numbering.local
+_pending = numbering.pending
 # The current test's calls recorded at the backend, by the data pointer of their tensors:
 # where a functional collective's wait_tensor finds the call it waits for.
 _backend_tensors: dict[int, int] = {}
@@ -68,12 +68,12 @@ def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _recording() -> bool:
-    return state.log is not None and not _local.depth
+    return numbering.log is not None and not _local.depth
 
 
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A c10d operation no recorded function issued: write the call, submit it; the ret comes later."""
-    log = state.log
+    log = numbering.log
     if log is None:
         return submit()
     functional = backend_hook.issued_by_functional()
@@ -96,7 +96,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
 def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A functional collective: write the call, submit it; its ret comes with wait_tensor, or at the
     test's end (it returns no Work: nothing tells when it is done, short of waiting)."""
-    log = state.log
+    log = numbering.log
     if log is None:
         return submit()
     index = _write_call(log, spec, args, backend_hook.named_group, True)
@@ -139,7 +139,7 @@ def _write_call(
 def waited(index: int | None, wait: Callable[[], Any]) -> Any:
     """A wait event, the wait for asynchronous call ``index`` (None: not recorded), then its ret,
     if not written yet."""
-    log = state.log
+    log = numbering.log
     if log is None or index is None:
         return wait()
     write_wait(log, index)
@@ -171,7 +171,7 @@ def wait_unwaited(deadline: float, wait: float) -> list[dict[str, Any]]:
     calls = sorted(_unwaited.items())
     _unwaited.clear()
     _backend_tensors.clear()  # so that the waits below are not recorded as the test's
-    log = state.log
+    log = numbering.log
     if not calls or log is None:
         return []
     returned: dict[int, str | None] = {}  # call index -> why its wait failed, None if it did not

@@ -25,7 +25,7 @@ from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import OPS
 from pytest_ddp.common.protocol import Injected
 from pytest_ddp.faults import REPLACING, Fault, FaultError
-from pytest_ddp.record import describe, state
+from pytest_ddp.record import describe, numbering
 
 # op -> the faults armed on this rank at that op; empty when none (the recorder's hot path tests it).
 armed: dict[str, list[Fault]] = {}
@@ -72,7 +72,7 @@ def replaced(
 ) -> Any:
     """What the call replaced by ``fault`` returns (skip, extra or changed); the recorder's depth is
     cleared, so that these calls are recorded."""
-    state.local.depth = 0
+    numbering.local.depth = 0
     _replacing.active = True
     try:
         if fault.action == "skip":

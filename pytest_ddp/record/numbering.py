@@ -1,5 +1,7 @@
 """A rank's one sequence of call numbers, the one writer of each event line of a call (``call``,
-``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallEvent`), and its asynchronous calls' rets.
+``wait``, ``ret``: :class:`pytest_ddp.common.protocol.CallEvent`), and its asynchronous calls' rets;
+where torch.distributed's calls are recorded, shared by :mod:`pytest_ddp.record.recorder` and
+:mod:`pytest_ddp.record.backend_recorder` (the MPI recorder keeps its own log).
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ class Numbers:
 numbers = Numbers()  # this rank's: one sequence of call indexes for torch's and MPI's calls
 
 
+class _Depth(threading.local):
+    depth = 0  # > 0 while this thread is inside a recorded call
+
+
+log: EventLog | None = None  # where torch.distributed's calls are recorded; None: they are not
+local = _Depth()
+
+
+def set_log(event_log: EventLog | None) -> None:
+    """Record torch.distributed's calls into ``event_log`` from now on (None: record nothing)."""
+    global log
+    log = event_log
+
+
 def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or ["?"])[0][:200]
 
@@ -83,7 +99,6 @@ class Pending:
     runs in the backend's thread and takes the GIL from the caller once per collective."""
 
     def __init__(self) -> None:
-        self.log: EventLog | None = None  # where the rets go: the recorder's log, once installed
         self.works: dict[int, tuple[Any, Any]] = {}  # call index -> (work, its future)
         # isend and irecv calls whose ret waits for their wait() (or the test's end): Gloo's send and
         # receive work has no future and completes only inside wait(), a send's once its peer receives.
@@ -114,14 +129,13 @@ class Pending:
         with numbers.lock:
             if index in self.owed:
                 self.owed.discard(index)
-                if self.log is not None:
-                    write_ret(self.log, index, error)
+                if log is not None:
+                    write_ret(log, index, error)
 
     def sweep(self, waited: int | None = None, error: BaseException | None = None) -> bool:
         """Write the rets of completed work and of ``waited``; whether any call is still pending."""
         if waited is not None:
             self.settle(waited, error)
-        log = self.log
         with numbers.lock:
             for index, (work, future) in list(self.works.items()):
                 if index == waited:
@@ -155,6 +169,9 @@ class Pending:
                 self._wake.clear()
                 if self.works:  # added between the sweep and the clear
                     self._wake.set()
+
+
+pending = Pending()  # the recorder's
 
 
 def _failure(future: Any) -> BaseException | None:

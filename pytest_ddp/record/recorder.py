@@ -31,12 +31,12 @@ import torch.distributed.distributed_c10d as c10d
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import DESTROY, OPS, Op
-from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, state
+from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, numbering, state
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret
 
-_local = state.local
-_pending = state.pending
+_local = numbering.local
+_pending = numbering.pending
 # id(work) -> (call index, work) of the current test's asynchronous calls, checked when it ends.
 _works: dict[int, tuple[int, Any]] = {}
 
@@ -66,7 +66,7 @@ def unrecorded() -> Iterator[None]:
 def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: int | None = None) -> Any:
     """``run()``, a harness's collective through the store (:mod:`pytest_ddp.adopt.torch_classes`),
     recorded as ``op`` on group ``harness`` so the watchdog sees who waits for whom."""
-    log = state.log
+    log = numbering.log
     if log is None or _local.depth:
         return run()
     _local.depth = 1
@@ -125,7 +125,7 @@ def _wrap(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     # The recorder's hot path: write the call, run it, write how it ended.
     @functools.wraps(original)
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        log = state.log
+        log = numbering.log
         if log is None or _local.depth or backend_hook.tracing():
             return original(*args, **kwargs)
         _local.depth = depth
@@ -214,7 +214,7 @@ def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(log: EventLog) -> None:
     """Record this process's torch.distributed calls into ``log`` (again: only switches the log)."""
-    state.set_log(log)
+    numbering.set_log(log)
     if state.originals:
         return
     for op, spec in OPS.items():
@@ -243,4 +243,4 @@ def uninstall() -> None:
     state.unpatch()
     backend_hook.uninstall()
     describe.start_test()  # the groups described are forgotten
-    state.set_log(None)
+    numbering.set_log(None)

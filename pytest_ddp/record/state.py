@@ -1,33 +1,17 @@
-"""What :mod:`pytest_ddp.record.recorder` and :mod:`pytest_ddp.record.backend_recorder` share."""
+"""What :mod:`pytest_ddp.record.recorder` and :mod:`pytest_ddp.record.backend_recorder` replaced in
+torch, kept to be put back."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.record import backend_hook
-from pytest_ddp.record.numbering import Pending
 
-
-class _Depth(threading.local):
-    depth = 0  # > 0 while this thread is inside a recorded call
-
-
-log: EventLog | None = None  # where the calls are recorded; None: they are not
-local = _Depth()
-pending = Pending()
 originals: dict[tuple[Any, str], Any] = {}  # (owner, name) -> what the recorder replaced there
-
-
-def set_log(event_log: EventLog | None) -> None:
-    """Record into ``event_log`` from now on (None: record nothing)."""
-    global log
-    log = pending.log = event_log
 
 
 def patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> None:

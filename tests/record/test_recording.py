@@ -122,8 +122,7 @@ class Lines:
 @pytest.fixture
 def lines(monkeypatch: pytest.MonkeyPatch) -> Lines:
     log = Lines()
-    monkeypatch.setattr(state, "log", log)
-    monkeypatch.setattr(state.pending, "log", log)
+    monkeypatch.setattr(numbering, "log", log)
     return log
 
 
@@ -133,7 +132,6 @@ def rets(lines: Lines) -> list[tuple[int, bool]]:
 
 def test_an_asynchronous_calls_ret_is_written_when_its_wait_returns_or_its_work_completes(lines: Lines) -> None:
     pending = numbering.Pending()
-    pending.log = lines
     waited, completing, failing = HandMadeWork(), HandMadeWork(), HandMadeWork(RuntimeError("peer gone"))
     for index, work in enumerate((waited, completing, failing)):
         assert pending.add(index, work)
@@ -170,7 +168,6 @@ def test_the_wait_and_ret_lines_read_back_as_the_events_written(tmp_path: Path) 
 
 def test_work_without_a_future_is_not_left_pending(lines: Lines) -> None:
     pending = numbering.Pending()
-    pending.log = lines
     assert not pending.add(0, SendWork())  # the caller writes its ret at once
     assert pending.works == {}
 
@@ -178,7 +175,6 @@ def test_work_without_a_future_is_not_left_pending(lines: Lines) -> None:
 def test_work_nobody_waits_for_gets_its_ret_from_the_looking_thread(lines: Lines) -> None:
     # DDP's reducer waits for its buckets in C++: no recorded wait, and maybe no later call.
     pending = numbering.Pending()
-    pending.log = lines
     pending.start_looking()
     work = HandMadeWork()
     work.completed = True
@@ -199,8 +195,8 @@ def test_pending_work_at_the_end_of_the_test_is_waited_for_then_listed(
 
     monkeypatch.setitem(state.originals, (dist.Work, "wait"), wait)
     recorder.start_test()
-    state.pending.add(3, done_by_its_wait)
-    state.pending.add(4, never_done)
+    numbering.pending.add(3, done_by_its_wait)
+    numbering.pending.add(4, never_done)
     assert recorder.unfinished_work(60) == [{"i": 4, "err": "Timed out waiting 1000ms for the work"}]
     assert rets(lines) == [(3, True)]
-    assert state.pending.works == {}
+    assert numbering.pending.works == {}
