@@ -347,20 +347,26 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
 
 def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
                         ) -> Verdict | None:
-    """Two ranks entered one collective in ways that differ, a tie nothing recorded breaks, and one's
-    call is made in a branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
-    one_rank_branch`) while the other's is under no test of the rank (:func:`~pytest_ddp.diagnose.
-    code_paths.under_rank_test`): the first made a call its peer's code never makes there, and is at
-    fault, as :func:`one_rank_call` says where the peer returned (accelerate#2785: gather_for_metrics
-    under ``is_main_process`` meets the others' ``wait_for_everyone``).  An ``if``/``else`` on the rank
-    stays a tie: each side's code is its own."""
+    """Ranks that entered one collective in ways that differ, two and tied, or that wait on each other
+    in a send or receive no call of the other's will match (p2p_unmatched), where nothing recorded
+    tells them apart, and one's call is made in a branch of the code for one rank (:func:`_one_rank_branch`)
+    while the others' are under no test of the rank (:func:`_under_rank_test`): the first made a call
+    its peers' code never makes there, and is at fault, as :func:`one_rank_call` says where the peer
+    returned (accelerate#2785: gather_for_metrics under ``is_main_process`` meets the others'
+    ``wait_for_everyone``; Megatron-Bridge#6025: an evaluation schedule run on the last stage only
+    waits to receive from a stage in a barrier).  An ``if``/``else`` on the rank stays a tie: each
+    side's code is its own."""
     finding = verdict.finding
-    if not isinstance(finding, Disagreement) or len(finding.entered) != 2:
-        return None
-    if finding.odd or finding.likely or finding.after or finding.skipped:
+    if isinstance(finding, Disagreement) and len(finding.entered) == 2:
+        if finding.odd or finding.likely or finding.after or finding.skipped:
+            return None
+        entered = finding.entered
+    elif isinstance(finding, Cycle) and finding.unmatched and not (finding.after or finding.skipped):
+        entered = {r: finding.waits[r].call for r in finding.culprits}
+    else:
         return None
     branches: dict[int, str] = {}
-    for rank, call in finding.entered.items():
+    for rank, call in entered.items():
         branch = _one_rank_branch(call, source)
         if branch is not None:
             branches[rank] = branch
@@ -369,10 +375,14 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
     if len(branches) != 1:
         return None
     [(culprit, where)] = branches.items()
-    [other] = [r for r in finding.entered if r != culprit]
-    call = finding.entered[culprit]
+    others = sorted(r for r in entered if r != culprit)
+    call = entered[culprit]
+    if isinstance(finding, Cycle):
+        cycle = dataclasses.replace(finding, branch={culprit: where})
+        return Verdict(verdict.status, verdict.kind, [culprit], sorted([*others, *finding.waiting]), call.op,
+                       call.label, cycle)
     odd = dataclasses.replace(finding, odd=[culprit], condition=where)
-    return Verdict(verdict.status, verdict.kind, [culprit], [other], call.op, call.label, odd)
+    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
 
 
 def _one_rank_branch(call: Call, source: Callable[[str], str | None]) -> str | None:

@@ -100,6 +100,9 @@ class Cycle:
     # Else the rank whose code skipped a call (majority.skipped_in_code) -> its two calls and the
     # sites of the calls skipped.
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
+    # Else, unmatched, the one rank whose call is in a branch of the code for one rank, the others'
+    # on no rank test (majority.one_rank_branch_tie) -> that branch's line: the verdict names it.
+    branch: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,9 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
         text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-    return text + "." + _new_paths(f.after) + _skipped(f.skipped)
+    branch = "".join(f" Rank {r}'s call is in a branch of the code for one rank ({where})."
+                     for r, where in f.branch.items())
+    return text + "." + _new_paths(f.after) + _skipped(f.skipped) + branch
 
 
 def _new_paths(after: dict[int, tuple[Call, Call]]) -> str:

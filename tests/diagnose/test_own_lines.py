@@ -220,6 +220,34 @@ def test_a_call_more_says_which_of_its_calls_met_the_others_from_another_line() 
     )
 
 
+RECEIVER = """
+    def test_x(rank):
+        if {condition}:
+            dist.recv(t, src=0)
+        dist.barrier()
+"""
+
+
+def test_an_unmatched_receive_in_one_ranks_branch_names_that_rank() -> None:
+    # Megatron-Bridge#6025: the evaluation schedule run on the last stage only waits to receive from
+    # a stage already in the barrier; hpc/mpifileutils#26 alike, with a third rank in the barrier.
+    def pair() -> tuple[RankState, RankState]:
+        return rank(0, call("barrier", 1, site="t.py:5")), rank(1, call("recv", 1, peer=0, site="t.py:4"))
+
+    for condition in ("rank == 1", "rank == world_size - 1"):
+        verdict = watched(snap(*pair()), RECEIVER.format(condition=condition))
+        assert outline(verdict) == ("deadlock", "p2p_unmatched", [1], [0]), condition
+        assert verdict.summary == (
+            "no send matches rank 1's recv #1 from 0 (t.py:4): rank 0 waits in barrier #1 (t.py:5) for rank 1"
+            " instead. Rank 1's call is in a branch of the code for one rank (t.py:3)."
+        )
+    in_barrier = [rank(r, call("barrier", 1, ranks=R3, site="t.py:5")) for r in (0, 2)]
+    three = snap(*in_barrier, rank(1, call("recv", 1, peer=0, ranks=R3, site="t.py:4")))
+    assert outline(watched(three, RECEIVER.format(condition="rank == 1")))[1:3] == ("p2p_unmatched", [1])
+    # Under a branch of several ranks: a tie, as before.
+    assert outline(watched(snap(*pair()), RECEIVER.format(condition="rank != 0")))[2] == [0, 1]
+
+
 def test_four_ranks_half_of_which_call_keep_the_ranks_that_returned_named() -> None:
     waiting = [rank(r, call("all_reduce", 1, ranks=R4, site="t.py:5")) for r in (0, 1)]
     returned = [rank(r, finished=True) for r in (2, 3)]
