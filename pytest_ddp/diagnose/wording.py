@@ -318,13 +318,16 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
 
 def _odd_line(f: Disagreement, rest: list[int]) -> str:
     """`` Rank 0's call came from t.py:433, the others' from t.py:430.``: where the odd ranks'
-    collective came from one line and the rest's from another (a call the others never make)."""
-    odd = {f.entered[r].site for r in f.odd}
+    collective came from one line and the rest's from another (a call the others never make); with
+    the line of the user's that called the function it is in (``t.py:9 (called at t.py:12)``)."""
+    odd = {(f.entered[r].site, f.entered[r].outer[:1]) for r in f.odd}
     others = {f.entered[r].site for r in rest}
-    if f.call.is_p2p or len(odd) != 1 or len(others) != 1 or odd == others:
+    if f.call.is_p2p or len(odd) != 1 or len(others) != 1 or {site for site, _ in odd} == others:
         return ""
     whose = f"Rank {f.odd[0]}'s call" if len(f.odd) == 1 else f"{rank_list(f.odd).capitalize()}' calls"
-    return f" {whose} came from {odd.pop()}, the others' from {others.pop()}."
+    [(site, outer)] = odd
+    called = f" (called at {outer[0]})" if outer else ""
+    return f" {whose} came from {site}{called}, the others' from {others.pop()}."
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:

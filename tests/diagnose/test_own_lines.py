@@ -284,3 +284,7 @@ def test_an_odd_rank_whose_collective_came_from_another_line_is_said_with_both_l
     assert verdict.summary.endswith(" Rank 0's call came from t.py:9, the others' from t.py:5.")
     same = rank(0, call("all_reduce", 1, ranks=R3, shape=(), site="t.py:5"))
     assert "came from" not in worded(watchdog.judge(snap(same, *others)), [same, *others]).summary
+    # Made in a function of the user's (QNLP#5: print_states' gather, called under rank 0's branch).
+    odd.calls[0].outer = ("t.py:12", "t.py:20")
+    verdict = worded(watchdog.judge(snap(odd, *others)), [odd, *others])
+    assert verdict.summary.endswith(" Rank 0's call came from t.py:9 (called at t.py:12), the others' from t.py:5.")
