@@ -190,7 +190,10 @@ def test_a_wider_fixtures_changes_stay_until_it_is_torn_down(tmp_path) -> None:
         torch.set_default_dtype(torch.float32)
 
 
-def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_path) -> None:
+# The rank's own teardowns (its next item went elsewhere, or the group stops: rank/session.py) go
+# through the restorer too, which ends the fixture's process then, not after a later test.
+@pytest.mark.parametrize("torn_down_by", ["the next test", "the rank"])
+def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_path, torn_down_by) -> None:
     item = _Item()
     restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
     started: list[subprocess.Popen[bytes]] = []
@@ -204,33 +207,11 @@ def test_a_process_a_wider_fixture_started_is_ended_once_it_is_torn_down(tmp_pat
         assert started[0].poll() is None  # the next test of the module: still set up
         ended = rf"ended: pid {started[0].pid} \(sleep 600\)$"
         with pytest.warns(leftovers.LeftoverProcessWarning, match=ended):
-            _run(restorer, item, lambda: None, lambda: None, item.stack.clear)
-        assert started[0].poll() is not None  # ended with its module, and reaped
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
-
-
-def test_a_process_a_wider_fixture_started_is_ended_when_the_rank_tears_it_down(tmp_path) -> None:
-    # The rank's own teardowns (its next item went elsewhere, or the group stops: rank/session.py)
-    # go through the restorer, which ends the fixture's process then, not after a later test.
-    item = _Item()
-    restorer = restore.Restorer(os.path.realpath(tmp_path) + os.sep)
-    started: list[subprocess.Popen[bytes]] = []
-
-    def module_setup() -> None:
-        item.set_up("module")
-        item.set_up(item)
-        started.append(subprocess.Popen(["sleep", "600"]))
-
-    try:
-        _run(restorer, item, module_setup, lambda: None, lambda: item.stack.pop(item))
-        assert started[0].poll() is None and "module" in item.stack
-        ended = rf"ended: pid {started[0].pid} \(sleep 600\)$"
-        with pytest.warns(leftovers.LeftoverProcessWarning, match=ended):
-            restorer.teardown_exact(item, None)
-        assert item.stack == {} and started[0].poll() is not None  # ended, and reaped
+            if torn_down_by == "the rank":
+                restorer.teardown_exact(item, None)
+            else:
+                _run(restorer, item, lambda: None, lambda: None, item.stack.clear)
+        assert item.stack == {} and started[0].poll() is not None  # ended with its module, and reaped
     finally:
         for process in started:
             process.kill()
