@@ -14,10 +14,10 @@ from itertools import compress, count, islice
 from operator import attrgetter, ne
 
 from pytest_ddp.common.dtypes import ELEMENT_SIZES
-from pytest_ddp.common.ops import COLLECTIVES
+from pytest_ddp.common.ops import COLLECTIVES, NEW_GROUP
 from pytest_ddp.diagnose import majority, waits
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import Disagreement, Verdict
+from pytest_ddp.diagnose.verdicts import Disagreement, MembersDiffer, Verdict
 
 # What two calls are compared by: equal keys agree.
 Key = Callable[[Call], tuple[object, ...]]
@@ -65,6 +65,27 @@ def inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
         own = _completion_key(call)
         if any(key != own for member, key in entered[position].items() if member != rank):
             return mismatch_verdict("deadlock", ranks, call, _completion_key)
+    return None
+
+
+def new_group_members(ranks: dict[int, RankState]) -> Verdict | None:
+    """Once a rank is blocked: the first new_group every rank made (its k-th), without
+    use_local_synchronization, whose members differ between ranks.  torch names every rank's k-th
+    group alike and makes it of the members that rank passed ("All processes must pass the
+    identical ranks list"), so the ranks meet in groups that are not one: a hang, or a pass by
+    chance (pytorch#130102).  The ranks of the rarer members departed; at a tie every rank is named."""
+    if not any(state.blocked_call is not None for state in ranks.values()):
+        return None
+    made = {r: [c for c in state.calls if c.op == NEW_GROUP] for r, state in ranks.items()}
+    for k in range(min(map(len, made.values()), default=0)):
+        calls = {r: mine[k] for r, mine in made.items()}
+        if any(c.extra.get("local") or "ranks" not in c.extra for c in calls.values()):
+            return None  # made by its members only: the calls after it need not line up
+        odd, agreeing = majority.minority(calls, lambda c: (tuple(c.extra["ranks"]),))
+        if odd:  # at a tie, every rank
+            call = calls[odd[0]]
+            finding = MembersDiffer(calls, k + 1, odd if agreeing else [])
+            return Verdict("deadlock", "mismatch", odd, agreeing, call.op, call.label, finding)
     return None
 
 

@@ -106,6 +106,16 @@ class Cycle:
 
 
 @dataclass(frozen=True)
+class MembersDiffer:
+    """Ranks passed their k-th new_group other members (mismatch): torch makes one group of every
+    rank's k-th, named alike, of the members each rank passed."""
+
+    calls: dict[int, Call]  # each rank -> its k-th new_group
+    number: int  # k, from 1
+    odd: list[int]  # the ranks of the rarer members; empty at a tie
+
+
+@dataclass(frozen=True)
 class NoSuchPeer:
     """Ranks blocked in a send or receive whose peer is no member of its group (p2p_unmatched):
     Gloo waits for that rank's address in the store until the group's timeout."""
@@ -227,8 +237,8 @@ class CutOnPurpose:
 
 
 Finding = (
-    Departed | LeftMidCall | ExtraCall | Cycle | NoSuchPeer | Disagreement | InitFault | SlowRanks | TimedOut
-    | GraceOver | Failures | NoneFinished | SettingDiffers | CutOnPurpose
+    Departed | LeftMidCall | ExtraCall | Cycle | NoSuchPeer | MembersDiffer | Disagreement | InitFault
+    | SlowRanks | TimedOut | GraceOver | Failures | NoneFinished | SettingDiffers | CutOnPurpose
 )
 
 

@@ -16,7 +16,12 @@ from collections.abc import Callable
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
-from pytest_ddp.diagnose.mismatches import finished_mismatch, inflight_mismatch, p2p_mismatch
+from pytest_ddp.diagnose.mismatches import (
+    finished_mismatch,
+    inflight_mismatch,
+    new_group_members,
+    p2p_mismatch,
+)
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import (
     Cycle,
@@ -296,6 +301,7 @@ def judge(snap: Snapshot) -> Verdict:
     timed_out = snap.now - snap.started >= snap.timeout
     verdict = (
         init_fault(ranks, snap.store)
+        or new_group_members(ranks)
         or inflight_mismatch(ranks)
         or p2p_mismatch("deadlock", ranks)
         or _no_such_peer(ranks, waits)

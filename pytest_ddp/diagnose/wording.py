@@ -25,6 +25,7 @@ from pytest_ddp.diagnose.verdicts import (
     GraceOver,
     InitFault,
     LeftMidCall,
+    MembersDiffer,
     NoneFinished,
     NoSuchPeer,
     SettingDiffers,
@@ -277,6 +278,23 @@ def _no_such_peer(f: NoSuchPeer, ranks: dict[int, RankState]) -> str:
     return text + "."
 
 
+def _members_differ(f: MembersDiffer, ranks: dict[int, RankState]) -> str:
+    """``ranks 0-3 disagree on the members of new_group #1 (t.py:18): ranks 0, 3 passed [0, 3];
+    ranks 1, 2 passed [1, 2]. ...``: torch's rule after the calls."""
+    def members(r: int) -> tuple[int, ...]:
+        return tuple(f.calls[r].extra["ranks"])
+
+    passed = "; ".join(f"{rank_list(group)} passed {list(key)}" for key, group in grouped(f.calls, members))
+    what = f"the members of new_group #{f.number} ({', '.join(sorted({c.site for c in f.calls.values()}))})"
+    if f.odd:
+        rest = [r for r in f.calls if r not in f.odd]
+        lead = f"{rank_list(f.odd)} {verb(f.odd, 'departs', 'depart')} from {rank_list(rest)} on {what}"
+    else:
+        lead = f"{rank_list(f.calls)} disagree on {what}"
+    return (f"{lead}: {passed}. Every rank's new_group #{f.number} is one group to torch, named alike:"
+            " each rank must pass the same ranks (use_local_synchronization=True: its members only).")
+
+
 def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
     call, entered = f.call, f.entered
     same_op = len({c.op for c in entered.values()}) == 1
@@ -451,6 +469,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     ExtraCall: _extra_call,
     Cycle: _cycle,
     NoSuchPeer: _no_such_peer,
+    MembersDiffer: _members_differ,
     Disagreement: _disagreement,
     InitFault: _init_fault,
     SlowRanks: _slow_ranks,

@@ -251,11 +251,14 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
         }
         return {k: v for k, v in extra.items() if v is not None}
     if op == NEW_GROUP:
+        # Made by its members only (their ranks name it), not by every rank of the default group.
+        local = {"local": True} if args.get("use_local_synchronization") else {}
         ranks = args.get("ranks")
         if not ranks:  # None or []: every rank
-            return {"ranks": list(range(dist.get_world_size()))}
-        # Sorted, as torch sorts them by default; an iterator is left for the real call to consume.
-        return {"ranks": sorted(ranks)} if isinstance(ranks, (list, tuple, range, set)) else None
+            return {"ranks": list(range(dist.get_world_size())), **local}
+        if not isinstance(ranks, (list, tuple, range, set)):
+            return local or None  # an iterator: left for the real call to consume
+        return {"ranks": sorted(ranks), **local}  # sorted, as torch sorts them by default
     return None
 
 

@@ -325,6 +325,38 @@ def test_a_recv_its_peer_never_sends_to_is_unmatched() -> None:
     )
 
 
+def _new_group(members: list[int], **extra: object) -> Call:
+    return ok("new_group", 0, shape=None, ranks=R4, site="t.py:18", extra={"ranks": members, **extra})
+
+
+def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked() -> None:
+    # pytorch#130102: ranks 0 and 3 make new_group([0, 3]), ranks 1 and 2 new_group([1, 2]): torch
+    # names both the same group; its barrier hangs (or passes by chance).
+    def ranks(barrier: bool, **extra: object) -> list[RankState]:
+        def one(r: int) -> RankState:
+            members = [0, 3] if r in (0, 3) else [1, 2]
+            if not barrier or r not in (0, 3):
+                return rank(r, _new_group(members, **extra), finished=True)
+            return rank(r, _new_group(members, **extra), call("barrier", 1, group="1", ranks=(0, 3), site="t.py:19"))
+
+        return [one(r) for r in range(4)]
+
+    verdict = judge(snap(*ranks(barrier=True)))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1, 2, 3], [])
+    assert verdict.summary == (
+        "ranks 0-3 disagree on the members of new_group #1 (t.py:18): ranks 0, 3 passed [0, 3]; ranks 1, 2 passed"
+        " [1, 2]. Every rank's new_group #1 is one group to torch, named alike: each rank must pass the same ranks"
+        " (use_local_synchronization=True: its members only)."
+    )
+    # Made by its members only (use_local_synchronization=True): each group is named by its ranks.
+    assert judge(snap(*ranks(barrier=True, local=True))).kind != "mismatch"
+    # No rank blocked: nothing said while the test runs.
+    assert judge(snap(*ranks(barrier=False), rank(4))).status == "wait"
+    # One rank of three passed other members: it departs.
+    three = [rank(r, _new_group([0, 1, 2] if r < 2 else [0, 1]), call("barrier", 1, ranks=R3)) for r in range(3)]
+    assert outline(judge(snap(*three)))[1:3] == ("mismatch", [2])
+
+
 def test_a_send_or_recv_to_no_rank_of_its_group_is_unmatched_at_once() -> None:
     # ADIOS2#3345: the ring's rank 0 receives from rank - 1, which is -1; the last rank's send to it
     # waits behind it.  Gloo waits for rank -1's address until the group's timeout (measured).
