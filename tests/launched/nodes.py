@@ -157,18 +157,26 @@ class TwoNodes:
         env: Mapping[str, str] | None = None,
         stdout: int | IO[Any] | None = None,
         stderr: int | IO[Any] | None = None,
+        tmp: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> subprocess.Popen[Any]:
         """Start ``argv`` on ``node`` in ``cwd``, with the node's hostname and a private /tmp.
 
-        ``cwd`` stays visible (and shared with the other node) even under /tmp. Extra
-        keyword arguments go to ``subprocess.Popen`` (``text=True``, ...).
+        ``cwd`` stays visible (and shared with the other node) even under /tmp. ``tmp``: a
+        folder of the machine's, the node's TMPDIR, visible there too (what the node left in
+        it can be read once the node is gone). Extra keyword arguments go to
+        ``subprocess.Popen`` (``text=True``, ...).
         """
         cwd = os.path.realpath(cwd)
+        visible = {*_SHARED_PATHS, cwd}
+        if tmp is not None:
+            tmp = os.path.realpath(tmp)
+            visible.add(tmp)
+            env = {**(os.environ if env is None else env), "TMPDIR": tmp}
         command = ["ip", "netns", "exec", self._names[node],
                    "unshare", "--mount", "--uts", "--propagation", "private",
                    "sh", "-c", _NODE_SCRIPT, "sh", str(self._dir / "hosts"), self.hostname(node),
-                   *sorted({*_SHARED_PATHS, cwd}), "--",
+                   *sorted(visible), "--",
                    *argv]  # fmt: skip
         process = subprocess.Popen(
             command, cwd=cwd, env=None if env is None else dict(env), stdout=stdout, stderr=stderr, **kwargs
@@ -183,10 +191,12 @@ class TwoNodes:
         out, err = process.communicate(timeout=timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-    def torchrun(self, argv: Sequence[str], cwd: str | os.PathLike[str], **kwargs: Any) -> list[subprocess.Popen[Any]]:
+    def torchrun(
+        self, argv: Sequence[str], cwd: str | os.PathLike[str], tmp: Sequence[Path] = (), **kwargs: Any
+    ) -> list[subprocess.Popen[Any]]:
         """Start one torchrun agent on each node (``--nnodes=2``, 2 processes each, node 0's
-        store), each running ``argv`` (a program: ``--no-python``); keyword arguments go to
-        ``popen``. The agents, node 0's first."""
+        store), each running ``argv`` (a program: ``--no-python``); ``tmp``: each node's TMPDIR,
+        if given (``popen``); keyword arguments go to ``popen``. The agents, node 0's first."""
         # Both namespaces are new: nothing listens there, so any port is free; it is drawn,
         # not fixed, as every test here must.
         port = random.randrange(20000, 60000)
@@ -194,7 +204,7 @@ class TwoNodes:
         for node in (0, 1):
             torchrun = [TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
                         f"--master-addr={self.hostname(0)}", f"--master-port={port}", "--no-python"]  # fmt: skip
-            agents.append(self.popen(node, [*torchrun, *argv], cwd, **kwargs))
+            agents.append(self.popen(node, [*torchrun, *argv], cwd, tmp=tmp[node] if tmp else None, **kwargs))
         return agents
 
     def pids(self) -> list[int]:

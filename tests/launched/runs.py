@@ -1,33 +1,23 @@
-"""The launchers' command lines on one machine, and launched sessions shared among the tests
+"""The launchers' command lines on one machine, and a launched session shared among the tests
 that assert different things about the same run.
 
 A launched session costs 8 to 25 s: pytest processes that each import torch (and so does
-each one's forkserver), their ranks, the launcher. Each is run once (Sessions, held by a
-fixture of module or session scope), and the tests read it. The runs of a session under
-torchrun and under mpiexec go one after the other: they are CPU-bound, and two at once took
-as long on 2 cores (measured: 23.8 and 27.0 s together, 25.9 and 25.5 s one after the other).
+each one's forkserver), their ranks, the launcher. Each is run once (a fixture of module
+scope, ``launched_session``), and the tests read it.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from . import suite
 from .nodes import TORCHRUN, isolated_node_command, namespaces_unavailable
 
 PYTHON = sys.executable
 MPIEXEC = str(Path(PYTHON).parent / "mpiexec")
-
-
-def torchrun(nproc: int, *pytest_args: str) -> list[str]:
-    command = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python", PYTHON]
-    return isolated_node_command([*command, *suite.pytest_command(*pytest_args)])
 
 
 def mpiexec(nproc: int, *pytest_args: str) -> list[str]:
@@ -46,12 +36,6 @@ def mpiexec_unavailable() -> str | None:
         None if Path(MPIEXEC).exists() else "no MPICH mpiexec beside this Python (pip install 'pytest-ddp[mpi]')"
     )
 
-
-# Each launcher: its command line, and why it cannot run here (None: it can).
-LAUNCHERS: dict[str, tuple[Callable[..., list[str]], Callable[[], str | None]]] = {
-    "torchrun": (torchrun, torchrun_unavailable),
-    "mpiexec": (mpiexec, mpiexec_unavailable),
-}
 
 # Each launcher's pytest writes a status and a log; each in a basetemp of its own (its log is
 # there), not one that the others wipe. Appended to suite.CONFTEST, whose names it uses.
@@ -78,48 +62,14 @@ class Shared:
     left_in_tmp: list[str]
 
 
-class Sessions:
-    """The same launched session under each launcher, each run the first time a test asks for
-    it (``prepare`` writes the session's files into its folder): then the tests that assert on
-    one run read it. ``sessions[name]``: that launcher's session, or why it cannot run here."""
-
-    def __init__(
-        self, folder: Callable[[str], Path], prepare: Callable[[Path], object], nproc: int, *pytest_args: str
-    ) -> None:
-        self._folder = folder
-        self._prepare = prepare
-        self._argv = (nproc, *pytest_args)
-        self._runs: dict[str, Shared | str | Exception] = {}
-
-    def __getitem__(self, name: str) -> Shared | str:
-        if name not in self._runs:
-            command, unavailable = LAUNCHERS[name]
-            try:
-                self._runs[name] = unavailable() or self._run(name, command)
-            except Exception as error:  # a run that timed out, say: not run again for the next test
-                self._runs[name] = error
-        run = self._runs[name]
-        if isinstance(run, Exception):
-            raise run
-        return run
-
-    def _run(self, name: str, command: Callable[..., list[str]]) -> Shared:
-        where, tmp = self._folder(name), suite.private_tmp()
-        self._prepare(where)
-        try:
-            result = suite.run(command(*self._argv), where, env=suite.launched_environment(tmp))
-        finally:
-            left = suite.wait_for_no_leftovers(str(where))
-            left_in_tmp = suite.files_left_in(tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
-        return Shared(result, where, left, left_in_tmp)
-
-
-def shared(runs: Sessions, name: str) -> Shared:
-    """The session of this name, which no process of it outlived; a skip saying why it could
-    not run where it could not."""
-    run = runs[name]
-    if isinstance(run, str):
-        pytest.skip(run)
-    assert not run.left, f"left behind: {run.left}"
-    return run
+def launched_session(argv: list[str], where: Path) -> Shared:
+    """Run the launcher command ``argv`` in ``where`` (its files written), with a TMPDIR of its own;
+    what came of it, and what it left behind."""
+    tmp = suite.private_tmp()
+    try:
+        result = suite.run(argv, where, env=suite.launched_environment(tmp))
+    finally:
+        left = suite.wait_for_no_leftovers(str(where))
+        left_in_tmp = suite.files_left_in(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Shared(result, where, left, left_in_tmp)

@@ -146,7 +146,7 @@ class Result:
     returncode: int
     output: str
     codes: dict[int, int]  # each launched pytest's exit status
-    outcomes: dict[str, str]  # junitxml: test name -> passed/failed/skipped
+    outcomes: dict[str, str]  # junitxml: test name in SUITE's file -> passed/failed/skipped
 
 
 def run(argv: list[str], folder: Path, timeout: float = 240, env: dict[str, str] | None = None) -> Result:
@@ -172,10 +172,13 @@ def collect(folder: Path, returncode: int, output: str) -> Result:
 
 
 def junit_outcomes(path: Path) -> dict[str, str]:
+    """The outcomes of SUITE's tests (test_launched.py; the session may hold other files)."""
     if not path.exists():
         return {}
     outcomes = {}
     for case in ET.parse(path).getroot().iter("testcase"):
+        if case.get("classname") != "test_launched":
+            continue
         kinds = {child.tag for child in case}
         outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
         outcomes[case.get("name", "")] = outcome

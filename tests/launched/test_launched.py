@@ -1,44 +1,21 @@
-"""Launched mode on one machine, under real launchers: torchrun and MPICH's mpiexec (4 processes).
+"""Launched mode on one machine, under MPICH's mpiexec (4 processes): the suite, and teardowns
+at a group's stop on another rank than 0.
 
-torchrun's rendezvous store listens on every interface, so its runs go into a
-network namespace of their own whose only interface is loopback.
+mpiexec's hydra listens on every interface, so its run goes into a network namespace of its own
+whose only interface is loopback.
 
-Each session runs once under each launcher it is asserted for (a fixture, tests/launched/runs.py),
-and the tests read it: the suite under both, the teardowns at a group's stop under torchrun (the
-launched group's stop is the same code under every launcher). The collections that differ run
-under torchrun on two nodes (test_two_nodes.py) and under srun (test_slurm_launched.py).
+Each launcher runs the suite once: mpiexec here, torchrun on two nodes (test_two_nodes.py), SLURM
+in an sbatch script (test_slurm_launched.py). The teardowns run in this session, beside the suite
+(the launched group's stop is the same code under every launcher). The collections that differ
+run under torchrun on two nodes and under srun.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from . import suite
-from .runs import LAUNCHERS, Sessions, shared
-
-LAUNCHER_NAMES = list(LAUNCHERS)
-
-
-@pytest.fixture(scope="module")
-def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
-    return Sessions(lambda name: tmp_path_factory.mktemp(f"suite-{name}"), suite.write_suite, 4, "-rs")
-
-
-@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_one_session_under_the_launcher(suite_runs: Sessions, launcher: str) -> None:
-    run = shared(suite_runs, launcher)
-    suite.check_suite(run.result, run.folder)
-
-
-@pytest.mark.parametrize("launcher", LAUNCHER_NAMES)
-def test_a_launched_session_leaves_no_folder_behind(suite_runs: Sessions, launcher: str) -> None:
-    """The suite fails: once one launched pytest exits non-zero, the launcher ends the others still
-    running (torchrun with SIGTERM). Each left a ``pymp-*`` folder (its forkserver's socket) in
-    TMPDIR that way."""
-    run = shared(suite_runs, launcher)
-    assert run.left_in_tmp == [], run.result.output
+from .runs import Shared, launched_session, mpiexec, mpiexec_unavailable
 
 
 # Torn down when the world_size=2 group is stopped to make room for test_b's group
@@ -91,15 +68,30 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="module")
-def teardown_runs(tmp_path_factory: pytest.TempPathFactory) -> Sessions:
-    """A session of one module per ending (test_teardown_<ending>.py), on 2 processes."""
+def session(tmp_path_factory: pytest.TempPathFactory) -> Shared:
+    """The suite (test_launched.py) and one module per ending (test_teardown_<ending>.py) in one
+    session on 4 processes; no process of it outlived it. --ddp-max-groups=1 stops a group to make
+    room for the next: the teardowns' (and the suite's, between its world sizes 4 and 2)."""
+    if (why := mpiexec_unavailable()) is not None:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("suite")
+    suite.write_suite(folder, SHORT_STOP_WAIT)
+    for name, ending in ENDINGS.items():
+        (folder / f"test_teardown_{name}.py").write_text(teardown_at_stop(name, ending))
+    run = launched_session(mpiexec(4, "-rs", "--ddp-max-groups=1"), folder)
+    assert not run.left, f"left behind: {run.left}"
+    return run
 
-    def prepare(folder: Path) -> None:
-        for name, ending in ENDINGS.items():
-            (folder / f"test_teardown_{name}.py").write_text(teardown_at_stop(name, ending))
-        (folder / "conftest.py").write_text(SHORT_STOP_WAIT)
 
-    return Sessions(lambda name: tmp_path_factory.mktemp(f"teardown-{name}"), prepare, 2, "--ddp-max-groups=1")
+def test_one_session_under_mpiexec(session: Shared) -> None:
+    suite.check_suite(session.result, session.folder)
+
+
+def test_a_launched_session_leaves_no_folder_behind(session: Shared) -> None:
+    """The suite fails: once one launched pytest exits non-zero, the launcher ends the others still
+    running (torchrun with SIGTERM). Each left a ``pymp-*`` folder (its forkserver's socket) in
+    TMPDIR that way (test_two_nodes.py asserts it under torchrun)."""
+    assert session.left_in_tmp == [], session.result.output
 
 
 def stop_report(output: str, ending: str) -> str:
@@ -110,12 +102,12 @@ def stop_report(output: str, ending: str) -> str:
     return section
 
 
-def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(teardown_runs: Sessions) -> None:
-    output = shared(teardown_runs, "torchrun").result.output
+def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(session: Shared) -> None:
+    output = session.result.output
     report = stop_report(output, "raise")
     assert "ranks 0, 1: failed" not in output and "rank 1: failed" in report, output
     assert "RuntimeError: rank 1's teardown broke" in report, output
-    assert shared(teardown_runs, "torchrun").result.returncode != 0
+    assert session.result.returncode != 0
 
 
 @pytest.mark.parametrize(
@@ -126,9 +118,9 @@ def test_a_teardown_failure_at_a_groups_stop_on_another_rank_is_reported(teardow
     ],
 )
 def test_a_rank_that_ends_in_the_teardown_at_a_groups_stop_on_another_rank_is_reported(
-    teardown_runs: Sessions, ending: str, said: str
+    session: Shared, ending: str, said: str
 ) -> None:
-    result = shared(teardown_runs, "torchrun").result
+    result = session.result
     report = stop_report(result.output, ending)
     assert "ranks 0, 1: failed" not in result.output and "rank 1: failed" in report, result.output
     assert f"{said} of the fixtures it still held when its group was stopped" in report, result.output
