@@ -57,8 +57,8 @@ T = TypeVar("T")
 # and a long file of one or two tests (the wheel's, SLURM's) came last, keeping one worker busy
 # for 20 to 30 s while the other had nothing left.
 LONGEST_FILES = (
-    "launched/test_launched.py", "launched/test_two_nodes.py", "record/test_compiled_code.py",
-    "launched/test_slurm_launched.py", "adopt/test_adopt.py", "matrix/test_matrix_fast.py",
+    "launched/test_two_nodes.py", "adopt/test_adopt.py", "launched/test_slurm_launched.py",
+    "record/test_compiled_code.py", "launched/test_launched.py", "matrix/test_matrix_fast.py",
     "report/test_report_edges.py", "groups/test_processes.py", "groups/test_mpi_world_edges.py",
     "launched/test_signals.py", "test_controller_edges.py", "groups/test_mpi_group.py", "test_wheel.py",
 )  # fmt: skip
