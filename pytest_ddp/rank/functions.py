@@ -16,8 +16,9 @@ from pytest_ddp.common.protocol import (
     decode_value,
     encode_value,
 )
-from pytest_ddp.rank import leftovers
+from pytest_ddp.rank import leftovers, thread_errors
 from pytest_ddp.rank.channel import Channel
+from pytest_ddp.rank.session import is_library
 
 
 def serve_functions(start: RankStart, channel: Channel) -> int:
@@ -33,7 +34,8 @@ def serve_functions(start: RankStart, channel: Channel) -> int:
             for part in command.qualname.split("."):
                 fn = getattr(fn, part)
             args, kwargs = decode_value(command.args)
-            value = fn(start.role.rank, *args, **kwargs)
+            with thread_errors.told(channel.event, is_library):
+                value = fn(start.role.rank, *args, **kwargs)
             try:
                 encoded: str | None = encode_value(value)
             except Exception:

@@ -1,6 +1,6 @@
 """A thread that raises out of its function during a test is told as it happens, with the user's
 line it raised at (rank/thread_errors.py); the hook it wraps still runs, and is put back after.
-Real threads, in this process: no rank."""
+Real threads, in this process; then on real ranks, in the report."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest_ddp
 from pytest_ddp.common.protocol import ThreadRaised
 from pytest_ddp.rank import thread_errors
 from pytest_ddp.rank.session import is_library
@@ -53,3 +54,17 @@ def test_a_hook_the_test_set_itself_is_left_in_place() -> None:
         assert threading.excepthook is own
     finally:
         threading.excepthook = before
+
+
+def loader_dies_then_rank_0_fails(rank: int) -> None:
+    _run(_worker)  # the loader's worker dies
+    if rank == 0:
+        raise ValueError("no batch")
+
+
+def test_on_a_rank_the_thread_that_raised_is_in_the_report() -> None:
+    result = pytest_ddp.run(loader_dies_then_rank_0_fails, world_size=2, timeout=30)
+    assert result.outcome == "failed"
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.endswith("# the worker's raise"))
+    assert f"its thread worker raised OSError: corrupt shard at {HERE}:{line}" in result.diagnosis.text

@@ -59,6 +59,24 @@ def test_a_send_never_received():
     assert "rank 0 -> rank 1 on WORLD: 2 sends, 1 recv; rank 0 waits in send #2 to 1" in result.diagnosis.text
 
 
+def ring_from_minus_one(rank: int) -> None:
+    token = torch.zeros(1)
+    if rank == 0:
+        dist.send(token, dst=1)
+        dist.recv(token, src=rank - 1)  # -1: no rank (ADIOS2#3345: the ring's left of rank 0)
+    else:
+        dist.recv(token, src=rank - 1)
+        dist.send(token, dst=(rank + 1) % 3)
+
+
+def test_a_recv_from_no_rank_is_named_at_once():
+    # Gloo waits for rank -1's address until the group's timeout: certain at once.
+    result = pytest_ddp.run(ring_from_minus_one, world_size=3, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "p2p_unmatched", [0])
+    assert "rank 0 waits in recv #1 from -1" in result.diagnosis.text
+    assert "a rank its group (ranks 0-2) does not have" in result.diagnosis.text
+
+
 def test_recv_from_any_source_returns_the_sender():
     result = pytest_ddp.run(any_source, world_size=2, timeout=30)
     assert result.outcome == "passed" and result.values[0] == 1
