@@ -1,5 +1,6 @@
 """init_process_group gone wrong: duplicate or out-of-range rank, world sizes that disagree,
-a rank that never arrives, a slow starter, a file:// init file shared wrongly.
+a rank that never arrives, a slow starter, a file:// init file shared wrongly, each process its
+own port.
 
 These tests use init=False: the ranks get torchrun's environment (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and call init_process_group
@@ -7,6 +8,7 @@ themselves, by env://, tcp:// or file://.
 """
 
 import os
+import socket
 import time
 
 import pytest
@@ -17,9 +19,13 @@ import pytest_ddp
 
 def init(rank: int, method: str = "env", rank_as: dict | None = None, size_as: dict | None = None,
          delay: dict | None = None, skip: int | None = None, folder: str | None = None,
-         shared: bool = False) -> int:
+         shared: bool = False, own_port: bool = False) -> int:
     if rank == skip:
         return -1
+    if own_port:  # pytorch#53395: each process finds a free port of its own
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     time.sleep((delay or {}).get(rank, 0))
     given = (rank_as or {}).get(rank, rank)
     size = (size_as or {}).get(rank, int(os.environ["WORLD_SIZE"]))
@@ -63,6 +69,13 @@ def test_rank_that_never_arrives():
     result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"skip": 1}, timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [1])
     assert "without calling init_process_group" in result.diagnosis.text
+
+
+def test_each_process_on_its_own_port_names_those_not_on_rank_0s():
+    # Rank 0 serves the store on its port; the others dial ports nobody listens on.
+    result = pytest_ddp.run(init, world_size=3, init=False, kwargs={"own_port": True}, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [1, 2])
+    assert "as rank 0, serves the rendezvous's store there" in result.diagnosis.text
 
 
 def test_slow_starter_is_just_waited_for():
