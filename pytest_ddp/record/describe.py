@@ -43,6 +43,7 @@ def add_internal(module: ModuleType) -> None:
         return
     _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
     _shown.cache_clear()
+    _users.cache_clear()
 
 
 # Not call sites either: frozen modules, and inductor's generated code (its caller is the compiled
@@ -92,7 +93,7 @@ def site(frame: FrameType | None) -> str:
             user = _user_frame(frame.f_back)
             if user is None:
                 return f'"site":"{place}"'
-            line = f"{_shown(user.f_code.co_filename)}:{user.f_lineno}"
+            line = f"{_users(user.f_code.co_filename)}:{user.f_lineno}"
             return f'"site":"{line}","caller":"{place}"{_outer(user.f_back)}'
         frame = frame.f_back
     return '"site":"?"'
@@ -108,9 +109,8 @@ def _outer(frame: FrameType | None) -> str:
     "" where there is none."""
     lines: list[str] = []
     while frame is not None and len(lines) < _OUTER_DEPTH:
-        filename = frame.f_code.co_filename
-        shown = _shown(filename)
-        if not shown or _in_library(filename):
+        shown = _users(frame.f_code.co_filename)
+        if shown is None:
             break
         lines.append(f'"{shown}:{frame.f_lineno}"')
         frame = frame.f_back
@@ -139,14 +139,18 @@ def _in_library(filename: str) -> bool:
     return filename.startswith(_STDLIB) or any(part in filename for part in _LIBRARY_DIRS)
 
 
+@functools.cache
+def _users(filename: str) -> str | None:
+    """How a call site shows a file of the user's code (:func:`_shown`); None for a library's."""
+    shown = _shown(filename)
+    return shown if shown and not _in_library(filename) else None
+
+
 def _user_frame(frame: FrameType | None) -> FrameType | None:
     """The first user frame from ``frame`` up, outside libraries; None where none is."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if _shown(filename) and not _in_library(filename):
-            return frame
+    while frame is not None and _users(frame.f_code.co_filename) is None:
         frame = frame.f_back
-    return None
+    return frame
 
 
 class Group(NamedTuple):
