@@ -23,16 +23,20 @@ UV_VERSION := 0.13.9
 PIP_CONFIG_AS_UV := $(PY) -m pip config list | awk -F "='" \
 	'$$1 ~ /\.(find-links|index-url|extra-index-url|constraint)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); \
 	n = split($$2, values, " "); for (i = 1; i <= n; i++) printf "--%s %s ", $$1, values[i] }'
-UV_INSTALL := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
+UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
 	$$($(PIP_CONFIG_AS_UV)) -c constraints.txt
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
+
+# A rule of its own: a venv made before the installs went through uv gets it too.
+$(UV): | $(PY)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
 
 # pip too (tests/test_wheel.py builds and installs a wheel with the venv's pip): the newest, as
 # `pip install --upgrade pip` gave.
-$(STAMP): pyproject.toml constraints.txt | $(PY)
+$(STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV_INSTALL) -e '.[test,libs,mpi,demo]' --upgrade-package pip pip
 	# pytest-randomly for tests/report/test_report_edges.py, in a folder of its own: installed in the
 	# venv, it would shuffle every pytest session of the suite.
@@ -40,7 +44,7 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo extra (pyproject.toml): numpy and MPI, none of the training libraries.
-$(DEMO_STAMP): pyproject.toml constraints.txt | $(PY)
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV_INSTALL) -e '.[demo]'
 	touch $(DEMO_STAMP)
 
