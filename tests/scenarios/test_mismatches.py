@@ -1,4 +1,5 @@
-"""Ranks that disagree on shapes, dtypes, the collective, or the order of collectives."""
+"""Ranks that disagree on shapes, dtypes, the collective, or the order of collectives; a collective
+made in a function called under one rank's branch."""
 
 import pytest
 import torch
@@ -32,6 +33,17 @@ def different_order(rank: int) -> None:
     else:
         dist.all_reduce(b, group=group)
         dist.all_reduce(a)
+
+
+def save_checkpoint(step: int) -> None:
+    dist.broadcast_object_list([f"ckpt-{step}"], src=0)  # every rank must make it
+
+
+def checkpoint_in_rank_zeros_hook(rank: int) -> None:
+    for step in range(2):
+        dist.all_reduce(torch.ones(4))
+        if rank == 0:  # speechbrain#2401: a main-process-only hook
+            save_checkpoint(step)
 
 
 def test_shape_10_against_20():
@@ -74,3 +86,9 @@ def test_fixed_same_shape_everywhere(rank):
     t = torch.full((10,), float(rank))
     dist.all_reduce(t)
     assert t.tolist() == [1.0] * 10
+
+
+def test_a_collective_in_a_function_called_under_one_ranks_branch_names_that_rank():
+    result = pytest_ddp.run(checkpoint_in_rank_zeros_hook, world_size=2, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "mismatch", [0])
+    assert "Rank 0's call is in a branch of the code for one rank" in result.diagnosis.text
