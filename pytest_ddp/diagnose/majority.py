@@ -119,7 +119,11 @@ def out_of_order(
     culprits: list[int], waiting: list[int], waits: dict[int, Wait]
 ) -> tuple[list[int], list[int]]:
     """A cycle where most ranks wait in one call: the fewer, each in another call, took the
-    collectives in another order (culprits).  Without such a majority every rank stays."""
+    collectives in another order (culprits).  Without such a majority every rank stays, and so
+    where some wait in a call of no number (new_group): its place among the collectives is not
+    recorded, so no order tells who departed."""
+    if any(not waits[r].call.is_collective for r in culprits):
+        return culprits, waiting
     by_call: dict[tuple[str, int], list[int]] = {}
     for r in culprits:
         by_call.setdefault((waits[r].call.group, waits[r].call.seq), []).append(r)

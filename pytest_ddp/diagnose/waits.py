@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from pytest_ddp.common.ops import INIT
+from pytest_ddp.common.ops import INIT, NEW_GROUP
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Wait
@@ -128,6 +128,8 @@ def waits_of(ranks: dict[int, RankState]) -> dict[int, Wait]:
         wait: Wait | None
         if call.op == INIT:
             wait = _init_wait(rank, call, ranks)
+        elif call.op == NEW_GROUP and not call.extra.get("local"):
+            wait = _new_group_wait(rank, call, ranks)
         elif mpi_matching.is_mpi_p2p(call):
             wait = mpi.wait(rank, call)
         elif call.is_p2p:
@@ -135,7 +137,7 @@ def waits_of(ranks: dict[int, RankState]) -> dict[int, Wait]:
         elif call.is_collective:
             absent = seen.absent(call)  # the rank itself took part: it is in the call
             wait = None if absent is None else Wait(call, [m for m in absent if m != rank])
-        else:  # new_group, destroy_process_group, batch_isend_irecv
+        else:  # destroy_process_group, batch_isend_irecv, a new_group made by its members only
             wait = None
         if wait is not None:
             waits[rank] = wait
@@ -177,6 +179,20 @@ def _init_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait:
         return len(inits) >= count and _took_part(state, inits[count - 1])
 
     return Wait(call, [m for m, state in ranks.items() if m != rank and not joined(state)])
+
+
+def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait:
+    """new_group (but one made by its members only) needs every process of the default group to
+    have entered it as often as this one: torch waits for them all in the store."""
+
+    def made(state: RankState) -> list[Call]:
+        return [c for c in state.calls if c.op == NEW_GROUP and not c.extra.get("local")]
+
+    count = len(made(ranks[rank]))
+    return Wait(call, [
+        m for m, state in ranks.items()
+        if m != rank and not (len(made(state)) >= count and _took_part(state, made(state)[count - 1]))
+    ])
 
 
 def doomed_ranks(ranks: dict[int, RankState], waits: dict[int, Wait]) -> set[int]:

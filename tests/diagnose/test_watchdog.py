@@ -357,6 +357,26 @@ def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked
     assert outline(judge(snap(*three)))[1:3] == ("mismatch", [2])
 
 
+def test_a_new_group_some_ranks_never_enter_is_certain_once_they_wait_elsewhere() -> None:
+    # llm-compressor#2869: ranks 0 and 1 make a new_group of the whole world in a context only they
+    # enter; rank 2 waits in the barrier after it.  torch's new_group waits for every process.
+    def first() -> Call:
+        return ok("new_group", 0, shape=None, ranks=R3, extra={"ranks": [0, 1]})
+
+    def in_new_group(r: int, **extra: object) -> RankState:
+        world = {"ranks": [0, 1, 2], **extra}
+        return rank(r, first(), call("new_group", 0, shape=None, ranks=R3, site="t.py:3", extra=world))
+
+    barrier = rank(2, first(), call("barrier", 1, ranks=R3, site="t.py:9"))
+    verdict = judge(snap(in_new_group(0), in_new_group(1), barrier))
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1, 2], [])  # no order of collectives tells who
+    assert "rank 2 waits in barrier #1 (t.py:9) for ranks 0, 1" in verdict.summary
+    # Rank 2 still running: it may yet come.
+    assert judge(snap(in_new_group(0), in_new_group(1), rank(2, first()))).status == "wait"
+    # Made by its members only (use_local_synchronization=True): it waits for nobody else.
+    assert judge(snap(in_new_group(0, local=True), in_new_group(1, local=True), barrier)).kind != "mismatch"
+
+
 def test_a_send_or_recv_to_no_rank_of_its_group_is_unmatched_at_once() -> None:
     # ADIOS2#3345: the ring's rank 0 receives from rank - 1, which is -1; the last rank's send to it
     # waits behind it.  Gloo waits for rank -1's address until the group's timeout (measured).
