@@ -10,7 +10,7 @@ are the greatest fixpoint of "blocked, and some needed rank is gone or doomed".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from pytest_ddp.common.ops import INIT, NEW_GROUP
 from pytest_ddp.diagnose import mpi_matching
@@ -172,27 +172,33 @@ def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _
 
 def _init_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait:
     """init_process_group needs every process to have entered init as often as this one."""
-    count = sum(1 for c in ranks[rank].calls if c.op == INIT)
+    return _entered_as_often(rank, call, ranks, list(ranks), lambda c: c.op == INIT)
+
+
+def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait | None:
+    """new_group (but one made by its members only) needs every member of the new group to have
+    made as many: torch names it by that count, and Gloo connects its members under the name (the
+    other processes are not waited for: no barrier unless ``TORCH_DIST_INIT_BARRIER=1``)."""
+    members = call.extra.get("ranks")
+    if members is None:
+        return None
+    return _entered_as_often(
+        rank, call, ranks, [m for m in members if m in ranks],
+        lambda c: c.op == NEW_GROUP and not c.extra.get("local"),
+    )
+
+
+def _entered_as_often(
+    rank: int, call: Call, ranks: dict[int, RankState], needed: list[int], counted: Callable[[Call], bool]
+) -> Wait:
+    """``call`` waits for each of ``needed`` that has not taken part in as many ``counted`` calls."""
+    count = sum(1 for c in ranks[rank].calls if counted(c))
 
     def joined(state: RankState) -> bool:
-        inits = [c for c in state.calls if c.op == INIT]
-        return len(inits) >= count and _took_part(state, inits[count - 1])
+        made = [c for c in state.calls if counted(c)]
+        return len(made) >= count and _took_part(state, made[count - 1])
 
-    return Wait(call, [m for m, state in ranks.items() if m != rank and not joined(state)])
-
-
-def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait:
-    """new_group (but one made by its members only) needs every process of the default group to
-    have entered it as often as this one: torch waits for them all in the store."""
-
-    def made(state: RankState) -> list[Call]:
-        return [c for c in state.calls if c.op == NEW_GROUP and not c.extra.get("local")]
-
-    count = len(made(ranks[rank]))
-    return Wait(call, [
-        m for m, state in ranks.items()
-        if m != rank and not (len(made(state)) >= count and _took_part(state, made(state)[count - 1]))
-    ])
+    return Wait(call, [m for m in needed if m != rank and not joined(ranks[m])])
 
 
 def doomed_ranks(ranks: dict[int, RankState], waits: dict[int, Wait]) -> set[int]:

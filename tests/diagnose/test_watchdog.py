@@ -359,7 +359,7 @@ def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked
 
 def test_a_new_group_some_ranks_never_enter_is_certain_once_they_wait_elsewhere() -> None:
     # llm-compressor#2869: ranks 0 and 1 make a new_group of the whole world in a context only they
-    # enter; rank 2 waits in the barrier after it.  torch's new_group waits for every process.
+    # enter; rank 2 waits in the barrier after it.  torch's new_group waits for its members.
     def first() -> Call:
         return ok("new_group", 0, shape=None, ranks=R3, extra={"ranks": [0, 1]})
 
@@ -375,6 +375,10 @@ def test_a_new_group_some_ranks_never_enter_is_certain_once_they_wait_elsewhere(
     assert judge(snap(in_new_group(0), in_new_group(1), rank(2, first()))).status == "wait"
     # Made by its members only (use_local_synchronization=True): it waits for nobody else.
     assert judge(snap(in_new_group(0, local=True), in_new_group(1, local=True), barrier)).kind != "mismatch"
+    # A new group of ranks 0, 1 only: torch waits for its members, not for rank 2 (no barrier by default).
+    pair = {"ranks": [0, 1]}
+    members = [rank(r, first(), call("new_group", 0, shape=None, ranks=R3, site="t.py:3", extra=pair)) for r in (0, 1)]
+    assert judge(snap(*members, barrier)).status == "wait"
 
 
 def test_a_send_or_recv_to_no_rank_of_its_group_is_unmatched_at_once() -> None:
