@@ -14,7 +14,7 @@ from itertools import compress, count, islice
 from operator import attrgetter, ne
 
 from pytest_ddp.common.dtypes import ELEMENT_SIZES
-from pytest_ddp.common.ops import COLLECTIVES, NEW_GROUP
+from pytest_ddp.common.ops import COLLECTIVES
 from pytest_ddp.diagnose import majority, waits
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Disagreement, MembersDiffer, Verdict
@@ -76,7 +76,7 @@ def new_group_members(ranks: dict[int, RankState]) -> Verdict | None:
     chance (pytorch#130102).  The ranks of the rarer members departed; at a tie every rank is named."""
     if not any(state.blocked_call is not None for state in ranks.values()):
         return None
-    made = {r: [c for c in state.calls if c.op == NEW_GROUP] for r, state in ranks.items()}
+    made = {r: state.new_groups() for r, state in ranks.items()}
     for k in range(min(map(len, made.values()), default=0)):
         calls = {r: mine[k] for r, mine in made.items()}
         if any(c.extra.get("local") or "ranks" not in c.extra for c in calls.values()):

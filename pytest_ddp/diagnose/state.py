@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ddp.common.ops import INIT, Op, op
+from pytest_ddp.common.ops import INIT, NEW_GROUP, Op, op
 from pytest_ddp.common.protocol import (
     NULL_PEER,
     CallEvent,
@@ -279,6 +279,9 @@ class RankState:
     stack_missing: bool = False  # asked for its stacks at the verdict, it wrote none
     # A process that ended by an exit outside any call: where its code exits (own_lines.exited_at).
     exited_at: str | None = None
+    # Its new_group calls, and how many of its calls were looked at for them (new_groups).
+    _new_groups: list[Call] = field(default_factory=list, init=False, repr=False)
+    _looked_at: int = field(default=0, init=False, repr=False)
 
     @property
     def failed(self) -> bool:
@@ -335,6 +338,15 @@ class RankState:
     def blocked_call(self) -> Call | None:
         """The call this rank is blocked in; none once it is out of the test, whatever its log says."""
         return None if self.finished else self.current_call
+
+    def new_groups(self) -> list[Call]:
+        """Its new_group calls, in order: the watchdog reads them each time it looks, so only the
+        calls made since are scanned, not a long test's whole history."""
+        for call in self.calls[self._looked_at:]:
+            if call.op == NEW_GROUP:
+                self._new_groups.append(call)
+        self._looked_at = len(self.calls)
+        return self._new_groups
 
     def apply(self, ev: Event) -> None:
         """Fold one event of the current test in; :class:`ProtocolError` for one out of place."""

@@ -172,7 +172,7 @@ def _any_source_wait(rank: int, call: Call, ranks: dict[int, RankState], seen: _
 
 def _init_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait:
     """init_process_group needs every process to have entered init as often as this one."""
-    return _entered_as_often(rank, call, ranks, list(ranks), lambda c: c.op == INIT)
+    return _entered_as_often(rank, call, ranks, list(ranks), lambda s: [c for c in s.calls if c.op == INIT])
 
 
 def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait | None:
@@ -184,19 +184,20 @@ def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait 
         return None
     return _entered_as_often(
         rank, call, ranks, [m for m in members if m in ranks],
-        lambda c: c.op == NEW_GROUP and not c.extra.get("local"),
+        lambda state: [c for c in state.new_groups() if not c.extra.get("local")],
     )
 
 
 def _entered_as_often(
-    rank: int, call: Call, ranks: dict[int, RankState], needed: list[int], counted: Callable[[Call], bool]
+    rank: int, call: Call, ranks: dict[int, RankState], needed: list[int], made: Callable[[RankState], list[Call]]
 ) -> Wait:
-    """``call`` waits for each of ``needed`` that has not taken part in as many ``counted`` calls."""
-    count = sum(1 for c in ranks[rank].calls if counted(c))
+    """``call`` waits for each of ``needed`` that has not taken part in as many of the calls ``made``
+    gives (the rank's own among them)."""
+    count = len(made(ranks[rank]))
 
     def joined(state: RankState) -> bool:
-        made = [c for c in state.calls if counted(c)]
-        return len(made) >= count and _took_part(state, made[count - 1])
+        theirs = made(state)
+        return len(theirs) >= count and _took_part(state, theirs[count - 1])
 
     return Wait(call, [m for m in needed if m != rank and not joined(ranks[m])])
 

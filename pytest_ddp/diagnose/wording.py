@@ -265,13 +265,13 @@ def _unmatched(rank: int, f: Cycle) -> str:
 
 
 def _no_such_peer(f: NoSuchPeer, ranks: dict[int, RankState]) -> str:
-    """``rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: Gloo
-    waits for that rank until the group's timeout; rank 2 waits in send #1 to 0 (t.py:8)``."""
+    """``rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: no
+    call can match it (Gloo waits ...); rank 2 waits in send #1 to 0 (t.py:8)``."""
     text = "; ".join(
         f"rank {r} waits in {describe_call(f.waits[r].call)}, a rank its group ({rank_list(f.members[r])})"
         " does not have" for r in f.culprits
     )
-    text += ": Gloo waits for that rank until the group's timeout"
+    text += ": no call can match it (Gloo waits for that rank until the group's timeout)"
     behind = [r for r in f.waits if r not in f.culprits]
     if behind:
         text += f"; {_wait_clauses(behind, ranks, f.waits, {r: w.peers for r, w in f.waits.items()})}"

@@ -329,6 +329,14 @@ def _new_group(members: list[int], **extra: object) -> Call:
     return ok("new_group", 0, shape=None, ranks=R4, site="t.py:18", extra={"ranks": members, **extra})
 
 
+def test_a_ranks_new_groups_are_read_anew_as_its_calls_come() -> None:
+    # The watchdog reads them each time it looks: only the calls made since are scanned.
+    state = rank(0, _new_group([0, 1]), ok("barrier", 1))
+    assert len(state.new_groups()) == 1
+    state.calls += [_new_group([0, 2]), call("barrier", 2)]
+    assert [c.extra["ranks"] for c in state.new_groups()] == [[0, 1], [0, 2]]
+
+
 def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked() -> None:
     # pytorch#130102: ranks 0 and 3 make new_group([0, 3]), ranks 1 and 2 new_group([1, 2]): torch
     # names both the same group; its barrier hangs (or passes by chance).
@@ -390,8 +398,8 @@ def test_a_send_or_recv_to_no_rank_of_its_group_is_unmatched_at_once() -> None:
     verdict = judge(snap(zero, one, two))
     assert outline(verdict) == ("deadlock", "p2p_unmatched", [0], [2])
     assert verdict.summary == (
-        "rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: Gloo waits for"
-        " that rank until the group's timeout; rank 2 waits in send #1 to 0 (t.py:8)."
+        "rank 0 waits in recv #1 from -1 (t.py:5), a rank its group (ranks 0-2) does not have: no call can"
+        " match it (Gloo waits for that rank until the group's timeout); rank 2 waits in send #1 to 0 (t.py:8)."
     )
     # A send to the world size, past the last rank, alike.
     past = rank(1, call("send", 1, peer=2, site="t.py:6"))
