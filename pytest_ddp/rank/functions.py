@@ -18,7 +18,6 @@ from pytest_ddp.common.protocol import (
 )
 from pytest_ddp.rank import leftovers, thread_errors
 from pytest_ddp.rank.channel import Channel
-from pytest_ddp.rank.session import is_library
 
 
 def serve_functions(start: RankStart, channel: Channel) -> int:
@@ -34,7 +33,7 @@ def serve_functions(start: RankStart, channel: Channel) -> int:
             for part in command.qualname.split("."):
                 fn = getattr(fn, part)
             args, kwargs = decode_value(command.args)
-            with thread_errors.told(channel.event, is_library):
+            with thread_errors.told(channel.event):
                 value = fn(start.role.rank, *args, **kwargs)
             try:
                 encoded: str | None = encode_value(value)

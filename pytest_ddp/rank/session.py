@@ -112,8 +112,7 @@ class RankSession:
         self.threads_before = set(threading.enumerate())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
-        with thread_errors.told(self.channel.event, is_library):
-            return (yield)
+        return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:
@@ -139,9 +138,12 @@ class RankSession:
 
     def _interruptible(self) -> Generator[None, Any, Any]:
         """A phase hook's yield: ``pytest.exit()`` or KeyboardInterrupt fails the test, and the
-        controller, told in the done event, ends the session as plain pytest would."""
+        controller, told in the done event, ends the session as plain pytest would.  A thread that
+        raises meanwhile is told (inside pytest's own per-phase hook, which before pytest 8.4
+        replaced ``threading.excepthook`` for each phase and passed nothing on)."""
         try:
-            return (yield)
+            with thread_errors.told(self.channel.event):
+                return (yield)
         except pytest.exit.Exception as exc:
             self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}
             pytest.fail(f"pytest.exit: {exc.msg}", pytrace=False)

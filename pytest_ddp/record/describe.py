@@ -43,7 +43,7 @@ def add_internal(module: ModuleType) -> None:
         return
     _INTERNAL_DIRS = (*_INTERNAL_DIRS, _package_dir(module))
     _shown.cache_clear()
-    _users.cache_clear()
+    users_file.cache_clear()
 
 
 # Not call sites either: frozen modules, and inductor's generated code (its caller is the compiled
@@ -93,7 +93,7 @@ def site(frame: FrameType | None) -> str:
             user = _user_frame(frame.f_back)
             if user is None:
                 return f'"site":"{place}"'
-            line = f"{_users(user.f_code.co_filename)}:{user.f_lineno}"
+            line = f"{users_file(user.f_code.co_filename)}:{user.f_lineno}"
             return f'"site":"{line}","caller":"{place}"{_outer(user.f_back)}'
         frame = frame.f_back
     return '"site":"?"'
@@ -109,7 +109,7 @@ def _outer(frame: FrameType | None) -> str:
     "" where there is none."""
     lines: list[str] = []
     while frame is not None and len(lines) < _OUTER_DEPTH:
-        shown = _users(frame.f_code.co_filename)
+        shown = users_file(frame.f_code.co_filename)
         if shown is None:
             break
         lines.append(f'"{shown}:{frame.f_lineno}"')
@@ -140,15 +140,16 @@ def _in_library(filename: str) -> bool:
 
 
 @functools.cache
-def _users(filename: str) -> str | None:
-    """How a call site shows a file of the user's code (:func:`_shown`); None for a library's."""
+def users_file(filename: str) -> str | None:
+    """How a call site shows a file of the user's code (:func:`_shown`, JSON-escaped); None for a
+    library's, torch's, pytest's or this plugin's."""
     shown = _shown(filename)
     return shown if shown and not _in_library(filename) else None
 
 
 def _user_frame(frame: FrameType | None) -> FrameType | None:
     """The first user frame from ``frame`` up, outside libraries; None where none is."""
-    while frame is not None and _users(frame.f_code.co_filename) is None:
+    while frame is not None and users_file(frame.f_code.co_filename) is None:
         frame = frame.f_back
     return frame
 

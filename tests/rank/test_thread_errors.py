@@ -12,7 +12,6 @@ from typing import Any
 import pytest_ddp
 from pytest_ddp.common.protocol import ThreadRaised
 from pytest_ddp.rank import thread_errors
-from pytest_ddp.rank.session import is_library
 
 HERE = os.path.relpath(__file__)
 
@@ -33,7 +32,7 @@ def test_a_thread_that_raises_is_told_with_its_line_and_the_wrapped_hook_still_r
     before = threading.excepthook
     threading.excepthook = pytests = lambda args: wrapped.append(args.thread.name if args.thread else "?")
     try:
-        with thread_errors.told(told.append, is_library):
+        with thread_errors.told(told.append):
             _run(_worker)
             _run(lambda: exec("raise SystemExit(3)"))  # threading ignores SystemExit: so is it here
         assert threading.excepthook is pytests  # the one wrapped is back
@@ -49,7 +48,7 @@ def test_a_thread_that_raises_is_told_with_its_line_and_the_wrapped_hook_still_r
 def test_a_hook_the_test_set_itself_is_left_in_place() -> None:
     before = threading.excepthook
     try:
-        with thread_errors.told(lambda event: None, is_library):
+        with thread_errors.told(lambda event: None):
             threading.excepthook = own = lambda args: None
         assert threading.excepthook is own
     finally:
