@@ -17,12 +17,13 @@ venv: $(STAMP)
 # modules again.
 UV_VERSION := 0.13.9
 # uv reads neither pip.conf nor PIP_* variables: pip's find-links, indexes and constraint files,
-# as `pip config list` prints them (a value may hold several), go to uv as its options; uv takes
+# as `pip config list` prints them (a value may hold several, on one line or on several: printed
+# with "\n" between), go to uv as its options; uv takes
 # the best version over all indexes, as pip does (unsafe-best-match; its default takes the first
 # index that has the package).
 PIP_CONFIG_AS_UV := $(PY) -m pip config list | awk -F "='" \
 	'$$1 ~ /\.(find-links|index-url|extra-index-url|constraint)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); \
-	n = split($$2, values, " "); for (i = 1; i <= n; i++) printf "--%s %s ", $$1, values[i] }'
+	gsub(/\\n/, " ", $$2); n = split($$2, values, " "); for (i = 1; i <= n; i++) printf "--%s %s ", $$1, values[i] }'
 UV := $(VENV)/bin/uv
 UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
 	$$($(PIP_CONFIG_AS_UV)) -c constraints.txt
