@@ -243,7 +243,8 @@ def _wrap(spec: Op) -> Callable[..., Any]:
         if returns_request:
             request = RecordingRequest(result)
             request._ddp = _Pending(index, comm.ranks if open_ended else None)
-            _pending[index] = request
+            with numbering.numbers.lock:  # as unfinished_work reads and clears them
+                _pending[index] = request
             return request
         if spec.makes_comm:
             result = _made(result, comm)

@@ -2,8 +2,8 @@
 that assert different things about the same run.
 
 A launched session costs 8 to 25 s: pytest processes that each import torch (and so does
-each one's forkserver), their ranks, the launcher. Each is run once (a fixture of module
-scope, ``launched_session``), and the tests read it.
+each one's forkserver), their ranks, the launcher. Each is run once (:func:`launched_session`,
+called by a fixture of module scope in the test file), and the tests read it.
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ def test_one_session_under_mpiexec(session: Shared) -> None:
 
 def test_a_launched_session_leaves_no_folder_behind(session: Shared) -> None:
     """The suite fails: once one launched pytest exits non-zero, the launcher ends the others still
-    running (torchrun with SIGTERM). Each left a ``pymp-*`` folder (its forkserver's socket) in
-    TMPDIR that way (test_two_nodes.py asserts it under torchrun)."""
+    running. Each left a ``pymp-*`` folder (its forkserver's socket) in TMPDIR that way
+    (test_two_nodes.py asserts it under torchrun, whose agent ends them with SIGTERM)."""
     assert session.left_in_tmp == [], session.result.output
 
 
