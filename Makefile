@@ -25,6 +25,8 @@ PIP_CONFIG_AS_UV := $(PY) -m pip config list | awk -F "='" \
 	'$$1 ~ /\.(find-links|index-url|extra-index-url|constraint)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); \
 	gsub(/\\n/, " ", $$2); n = split($$2, values, " "); for (i = 1; i <= n; i++) printf "--%s %s ", $$1, values[i] }'
 UV := $(VENV)/bin/uv
+# Named after the version: another UV_VERSION installs that one in an existing venv.
+UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
 UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
 	$$($(PIP_CONFIG_AS_UV)) -c constraints.txt
 
@@ -32,12 +34,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # A rule of its own: a venv made before the installs went through uv gets it too.
-$(UV): | $(PY)
+$(UV_STAMP): | $(PY)
 	$(PY) -m pip install -q uv==$(UV_VERSION)
+	touch $(UV_STAMP)
 
 # pip too (tests/test_wheel.py builds and installs a wheel with the venv's pip): the newest, as
 # `pip install --upgrade pip` gave.
-$(STAMP): pyproject.toml constraints.txt | $(UV)
+$(STAMP): pyproject.toml constraints.txt | $(UV_STAMP)
 	$(UV_INSTALL) -e '.[test,libs,mpi,demo]' --upgrade-package pip pip
 	# pytest-randomly for tests/report/test_report_edges.py, in a folder of its own: installed in the
 	# venv, it would shuffle every pytest session of the suite.
@@ -45,7 +48,7 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo extra (pyproject.toml): numpy and MPI, none of the training libraries.
-$(DEMO_STAMP): pyproject.toml constraints.txt | $(UV)
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(UV_STAMP)
 	$(UV_INSTALL) -e '.[demo]'
 	touch $(DEMO_STAMP)
 
