@@ -41,7 +41,6 @@ with model.join():
         summary="uneven inputs in DDP with data sharded by hand: 10 samples over 3 ranks, the rank "
         "with 4 hangs in its last step",
         world_size=3,
-        held_out=True,
         body="""\
 model = DDP(nn.Linear(1, 1))
 shard = list(range(10))[rank::world_size]  # 4, 3, 3 samples
@@ -133,7 +132,6 @@ dist.barrier()
         summary="evaluation on the validation set gets stuck; the fix suggested: call "
         "ddp_module.module(inp) in evaluation to avoid DDP's communication",
         world_size=2,
-        held_out=True,
         body="""\
 model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
 model(torch.randn(8, 4)).sum().backward()
@@ -229,7 +227,6 @@ for epoch in range(4):
         summary="early stopping with ddp stalls: the stop condition is met in some subprocesses, "
         "which stop, while the others keep training",
         world_size=3,
-        held_out=True,
         body="""\
 model = DDP(nn.Linear(4, 1))
 for epoch in range(3):
@@ -257,7 +254,6 @@ for epoch in range(3):
         summary="on_stage_end(VALID) runs on the main process only, so the epoch loop stops on the "
         "main process but not on the others",
         world_size=2,
-        held_out=True,
         body="""\
 model = DDP(nn.Linear(4, 1))
 for epoch in range(3):
@@ -428,7 +424,6 @@ for batch_idx in range(4):
         summary="with drop_last=False a duration-bucketing sampler can give one rank fewer batches "
         "than another; the thread recommends drop_last=True or DDP's join()",
         world_size=2,
-        held_out=True,
         body="""\
 model = DDP(nn.Linear(2, 1))
 durations = [1.0, 2.0, 1.5, 0.5, 2.5, 1.0, 0.5][rank::world_size]  # this rank's cuts
@@ -470,7 +465,6 @@ with model.join():  # the rank that runs out shadows the others' collectives
         summary="training hangs at the end in dist.barrier(): the outputs were not gathered, so each "
         "process has its own metrics and EarlyStoppingCallback stops one while the others train on",
         world_size=2,
-        held_out=True,
         body="""\
 model = DDP(nn.Linear(4, 1))
 best, bad = float("inf"), 0

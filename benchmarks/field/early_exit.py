@@ -109,7 +109,6 @@ dist.barrier()
         summary="ranks raise on purpose while rank 0 is in all_gather; every process hangs (the "
         "thread's MPI backend, here Gloo)",
         world_size=4,
-        held_out=True,
         body="""\
 out = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
 t = torch.arange(1, dtype=torch.int64) + rank
@@ -132,7 +131,6 @@ dist.all_gather(out, t)
         url="https://github.com/tier4/Diffusion-Planner/pull/336",
         summary="one rank raises in its job loop; the others wait at the barrier until the job's time limit",
         world_size=3,
-        held_out=True,
         body="""\
 for job in range(rank, 6, world_size):
     if job == 3:
@@ -228,7 +226,6 @@ dist.barrier()
         summary="the barrier in shutdown() makes surviving ranks hang when a peer has already exited "
         "(an OOM, an unhandled exception)",
         world_size=2,
-        held_out=True,
         body="""\
 def train_step(step):
     if rank == 1 and step == 1:
@@ -345,7 +342,6 @@ for batch in torch.utils.data.DataLoader(VideoDataset(), batch_size=1):
         summary="PyTorch distributed training hangs in all_reduce(_has_data) after an exception on one "
         "rank: the others go on to the next step's _has_data all_reduce",
         world_size=2,
-        held_out=True,
         body="""\
 def train_step(step):
     if rank == 1 and step == 1:

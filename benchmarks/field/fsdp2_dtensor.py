@@ -66,7 +66,6 @@ dist.barrier()
         summary="the mllama example in the thread: `if pixel_values is not None:` runs the "
         "fully_shard-wrapped vision model, so a rank whose batch has no image skips its all-gather",
         world_size=3,
-        held_out=True,
         body="""\
 mesh = init_device_mesh("cpu", (world_size,))
 vision, language = nn.Linear(4, 4), nn.Linear(4, 4)
@@ -189,7 +188,6 @@ assert total.item() == 4
         summary="generate with FSDP and differently sized data across ranks deadlocks unless "
         "synced_gpus=True: the rank that still decodes runs forward passes its peers never join",
         world_size=2,
-        held_out=True,
         body="""\
 mesh = init_device_mesh("cpu", (world_size,))
 model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
@@ -227,7 +225,6 @@ with torch.no_grad():
         "so only rank 0 sees a new best and drops into the full-state-dict save while the others "
         "train on; the fix is all_reduce",
         world_size=2,
-        held_out=True,
         body="""\
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

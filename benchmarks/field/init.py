@@ -77,7 +77,6 @@ dist.destroy_process_group()
         "waits for processes that were never started",
         world_size=2,
         init=False,
-        held_out=True,
         body="""\
 os.environ["WORLD_SIZE"] = "4"  # the config's world size; 2 processes were spawned
 dist.init_process_group("gloo")  # <- culprit line
@@ -183,7 +182,6 @@ dist.destroy_process_group()
         "which failed at startup and never joins",
         world_size=2,
         init=False,
-        held_out=True,
         body="""\
 if rank == 1:  # the slave node failed at startup
     return  # <- culprit line
@@ -207,7 +205,6 @@ dist.destroy_process_group()
         "size was computed from the number of CUDA devices, not WORLD_SIZE",
         world_size=2,
         init=False,
-        held_out=True,
         body="""\
 device_count = 4  # torch.cuda.device_count() on this node; torchrun started 2 processes
 dist.init_process_group("gloo", rank=rank, world_size=device_count)  # <- culprit line
@@ -255,7 +252,6 @@ dist.destroy_process_group()
         "own open port, so each node is its own rendezvous point instead of the first node",
         world_size=4,
         init=False,
-        held_out=True,
         body="""\
 import socket
 

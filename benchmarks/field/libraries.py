@@ -93,7 +93,6 @@ if state.is_main_process:
         summary="PPO hangs when logging to wandb on several GPUs: gather_object is called within the "
         "`if self.accelerator.is_main_process:` block",
         world_size=3,
-        held_out=True,
         body="""\
 from accelerate import PartialState
 from accelerate.utils import gather_object
@@ -123,7 +122,6 @@ if state.is_main_process:
         summary="the process hangs when evaluating mid-epoch: the progress bar, enabled on the main "
         "process only, decides when to evaluate, so only the main process enters gather_for_metrics",
         world_size=2,
-        held_out=True,
         body="""\
 from accelerate import PartialState
 from accelerate.utils import gather
@@ -391,7 +389,6 @@ if rank == 0:
         summary="prompt tuning with DeepSpeed ZeRO-3 hangs after saving a checkpoint: save_pretrained "
         "runs the partitioned prompt encoder's forward, and only rank 0 calls it",
         world_size=2,
-        held_out=True,
         body="""\
 mesh = init_device_mesh("cpu", (world_size,))
 prompt_encoder = nn.Embedding(4, 4)  # its weights partitioned, as ZeRO-3 does
@@ -485,7 +482,6 @@ for name, value in sorted(metrics.items()):
         summary="accelerator.save_state under `if accelerator.is_main_process` with DeepSpeed hangs: "
         "DeepSpeedEngine.save_checkpoint validates the tag with a collective on every rank",
         world_size=2,
-        held_out=True,
         body="""\
 from accelerate import PartialState
 
@@ -552,7 +548,6 @@ for epoch in range(2):
         summary="multi-GPU training freezes after each epoch: a callback returns early on the "
         "non-zero ranks, so only rank 0 reaches trainer.strategy.barrier()",
         world_size=3,
-        held_out=True,
         body="""\
 def on_train_epoch_end(epoch):  # UnifiedVizCallback
     if rank != 0:  # not trainer.is_global_zero

@@ -127,7 +127,6 @@ comm.Barrier()
         summary="the simulation hangs with --nrank when a single rank does not proceed to init: "
         "MPI_Comm_split on COMM_WORLD is collective (the fix: split at import)",
         world_size=2,
-        held_out=True,
         body="""\
 from mpi4py import MPI
 
@@ -213,7 +212,6 @@ else:
         summary="an exception on one rank of an MPI+Python program hangs the others (the thread: run "
         "under -m mpi4py, or have the manager rank broadcast whether the DAG was sound)",
         world_size=3,
-        held_out=True,
         body="""\
 from mpi4py import MPI
 
@@ -249,7 +247,6 @@ assert total.item() == comm.size
         summary="every rank LISTs the checkpoint folder; a throttled LIST swallowed into [] makes one rank "
         "abort ('0 checkpoints available') while the others go on into the read phase",
         world_size=3,
-        held_out=True,
         body="""\
 from mpi4py import MPI
 

@@ -145,7 +145,6 @@ dist.barrier()
         kind="rank_exited",
         culprits=(2, 3),
         op="barrier",
-        held_out=True,
     ),
     Case(
         name="latest_checkpoint_path_broadcast_inside_rank0_branch",
@@ -153,7 +152,6 @@ dist.barrier()
         summary="get_latest_checkpoint_path broadcasts the path from rank 0; called inside an operation "
         "only rank 0 runs (a checkpoint read), its broadcast hangs as the other ranks never enter it",
         world_size=2,
-        held_out=True,
         body="""\
 def get_latest_checkpoint_path(dirpath):  # reads on rank 0 and broadcasts the path
     path = [str(dirpath / "epoch_3")] if rank == 0 else [None]

@@ -143,7 +143,6 @@ dist.barrier()
         summary="with pp > 1 only the last stage holds the loss; the unguarded loss averaging fails "
         "on the other stages while the last one waits in the loss all_reduce",
         world_size=2,
-        held_out=True,
         body="""\
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
@@ -180,7 +179,6 @@ dist.all_reduce(loss_avg)
         summary="a batch the microbatch count does not divide: stage 0 splits it into microbatches of 3, 3 "
         "and 2 while the next stage's buffers keep the first one's size; uneven sizes are not supported",
         world_size=2,
-        held_out=True,
         body="""\
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 

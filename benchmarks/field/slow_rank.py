@@ -42,7 +42,6 @@ for step in range(2):
         summary="non-rank-0 processes go on and wait for rank 0 in a collective while rank 0 is "
         "saving artifacts, and the collective times out",
         world_size=3,
-        held_out=True,
         body="""\
 def save_artifacts():
     if rank == 0:
@@ -70,7 +69,6 @@ dist.all_reduce(torch.ones(1))
         summary="the other ranks time out on the barrier while local rank 0 downloads a monolithic "
         "checkpoint for a long time",
         world_size=2,
-        held_out=True,
         body="""\
 def download_checkpoint():
     if rank == 0:
@@ -131,7 +129,6 @@ if rank == 0:
         summary="DPOTrainer tokenization fails after 30 minutes: main_process_first() keeps the other "
         "processes in a barrier with the default timeout while the main process tokenizes",
         world_size=2,
-        held_out=True,
         body="""\
 import contextlib
 
@@ -243,7 +240,6 @@ dist.broadcast_object_list(path, src=0)
         "worker is slow to start while the others wait in the handshake",
         world_size=2,
         init=False,
-        held_out=True,
         body="""\
 def load_from_volume():  # the first read of a cold volume on this worker
     if rank == 1:
