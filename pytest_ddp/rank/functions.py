@@ -46,9 +46,9 @@ def serve_functions(start: RankStart, channel: Channel) -> int:
                 "exception": f"{type(exc).__name__}: {exc}",
                 "traceback": traceback.format_exc(),
             }
-        threads_left = leftovers.threads_left(threads_before, leftovers.THREAD_JOIN_WAIT)
+        threads_left = leftovers.threads_left(threads_before)
         if threads_left and outcome == "passed":
-            text = leftovers.threads_left_text(threads_left, leftovers.THREAD_JOIN_WAIT)
+            text = leftovers.threads_left_text(threads_left)
             outcome, data = "failed", {"exception": text}
         channel.event(Report("call", outcome, data=data), wake=True)
         channel.test_done(threads_left)

@@ -58,7 +58,7 @@ def _idle_library_thread(thread: threading.Thread, frame: FrameType | None) -> b
 _POOL_WORKER = concurrent.futures.thread._worker.__code__
 
 
-def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, str]]:
+def threads_left(before: set[threading.Thread], wait: float = THREAD_JOIN_WAIT) -> list[dict[str, str]]:
     """The test's threads, but idle library ones, still running after ``wait`` s, with their stacks."""
     deadline = time.monotonic() + wait
     frames = sys._current_frames()
@@ -75,7 +75,7 @@ def threads_left(before: set[threading.Thread], wait: float) -> list[dict[str, s
     return left
 
 
-def threads_left_text(threads: list[dict[str, str]], wait: float) -> str:
+def threads_left_text(threads: list[dict[str, str]], wait: float = THREAD_JOIN_WAIT) -> str:
     """The failure of a test that left threads running ``wait`` s after it: what to fix first, then
     each stack."""
     names = ", ".join(repr(t["name"]) for t in threads)

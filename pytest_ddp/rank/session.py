@@ -130,9 +130,9 @@ class RankSession:
         try:
             result = yield from self._interruptible()
         finally:  # the processes it left are ended after (rank/restore.py)
-            self.threads_left = leftovers.threads_left(self.threads_before, leftovers.THREAD_JOIN_WAIT)
+            self.threads_left = leftovers.threads_left(self.threads_before)
         if self.threads_left:
-            text = leftovers.threads_left_text(self.threads_left, leftovers.THREAD_JOIN_WAIT)
+            text = leftovers.threads_left_text(self.threads_left)
             pytest.fail(text, pytrace=False)
         return result
 

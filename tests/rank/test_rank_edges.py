@@ -160,9 +160,11 @@ def test_threads_left_lists_only_the_tests_threads_with_their_stacks():
         lingering.join()
     assert [t["name"] for t in left] == ["lingering"]
     assert "release.wait" in left[0]["stack"] or "wait" in left[0]["stack"]
-    assert leftovers.threads_left(before, wait=0.0) == []
+    assert leftovers.threads_left(before) == []  # THREAD_JOIN_WAIT by default; none to wait for
     text = leftovers.threads_left_text(left, 0.25)  # the wait it was given, not THREAD_JOIN_WAIT
     assert "'lingering' started by the test still running 0.25 s after it ended" in text
+    wait = f"still running {leftovers.THREAD_JOIN_WAIT:g} s after it ended"
+    assert wait in leftovers.threads_left_text(left)
 
 
 @pytest.mark.parametrize("name", STOPS)
