@@ -328,14 +328,6 @@ def test_a(rank, resource):
     assert "teardown of the fixtures" not in result.stdout.str()
 
 
-def test_session_end_survives_the_wire() -> None:
-    from pytest_ddp.common.protocol import SessionEnd, decode, encode
-
-    ends = (SessionEnd("passed", 0.5, time=1.5), SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5))
-    for event in ends:
-        assert decode(encode(event)) == event
-
-
 def test_a_hung_tests_time_is_counted_once_and_a_phase_that_never_ran_lasts_0_s(
     ddp_pytester, tmp_path
 ) -> None:

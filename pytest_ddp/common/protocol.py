@@ -1,31 +1,9 @@
 """What controller and ranks say to each other: typed commands and events, and their wire format.
 
-The wire format is newline-delimited JSON: one object per line, its kind
-under ``"cmd"`` (commands, controller -> rank) or ``"e"`` (events, rank ->
-controller), over the command pipe, a rank's event log file or a socket.
-
-Commands:
-
-``run``     run a pytest item (:class:`RunItem`)
-``call``    call a function for :func:`pytest_ddp.run` (:class:`CallFunction`)
-``stop``    end the rank's session
-
-Events, each with ``"t"``, the rank's ``time.time()`` when it wrote it:
-
-``ready``   the rank is up: ``items`` (the node ids it collected), ``errors`` (its collection errors)
-``fatal``   the rank could not go on: ``error`` (a traceback); it exits next
-``test``    a test starts: ``id``
-``phase``   a test phase starts: ``when`` (setup/call/teardown)
-``report``  a phase ended (:class:`Report`): ``data`` is the serialized report, or ``run()``'s result
-``done``    the test is over on this rank (:class:`Done`)
-``warning`` a warning pytest recorded during a test (:class:`WarningRecorded`)
-``thread_raised``  a thread of the test raised out of its function (:class:`ThreadRaised`)
-``session_end``  after "stop": the teardown of the fixtures the rank still held (:class:`SessionEnd`)
-``call``    a torch.distributed or MPI call was entered (:class:`CallEvent`)
-``ret``     call ``i`` returned or raised (:class:`RetEvent`)
-``wait``    the rank is blocked in asynchronous call ``i``
-``fault``   an injected fault fires now (:class:`Injected`), written before it acts
-``setting`` a value every rank must give alike (:class:`Setting`)
+The wire format is newline-delimited JSON: one object per line, its kind (the class's ``KIND``)
+under ``"cmd"`` (commands, controller -> rank) or ``"e"`` (events, rank -> controller), over the
+command pipe, a rank's event log file or a socket.  Every event has ``"t"``, the rank's
+``time.time()`` when it wrote it.
 
 ``call``, ``ret`` and ``wait`` are written as hand-built JSON strings on the recorder's hot path
 (:mod:`pytest_ddp.record.numbering`): their keys (``WIRE_NAMES``) are defined here and must not
@@ -113,42 +91,43 @@ class _Event:
 
 @dataclass(slots=True)
 class Ready(_Event):
-    KIND: ClassVar[Literal["ready"]] = "ready"
+    KIND: ClassVar[Literal["ready"]] = "ready"  # the rank is up
     items: list[str] = field(default_factory=list)  # node ids collected (pytest mode)
     errors: list[str] = field(default_factory=list)  # "nodeid: text" per collection error
 
 
 @dataclass(slots=True)
 class Fatal(_Event):
-    KIND: ClassVar[Literal["fatal"]] = "fatal"
-    error: str
+    KIND: ClassVar[Literal["fatal"]] = "fatal"  # the rank could not go on; it exits next
+    error: str  # a traceback
 
 
 @dataclass(slots=True)
 class TestStart(_Event):
     __test__ = False  # not a pytest test class
-    KIND: ClassVar[Literal["test"]] = "test"
+    KIND: ClassVar[Literal["test"]] = "test"  # a test starts
     id: str
 
 
 @dataclass(slots=True)
 class PhaseStart(_Event):
-    KIND: ClassVar[Literal["phase"]] = "phase"
-    when: str
+    KIND: ClassVar[Literal["phase"]] = "phase"  # a test phase starts
+    when: str  # setup, call, teardown
 
 
 @dataclass(slots=True)
 class Report(_Event):
-    KIND: ClassVar[Literal["report"]] = "report"
+    KIND: ClassVar[Literal["report"]] = "report"  # a phase ended
     when: str
     outcome: str  # passed, failed, skipped
     duration: float = 0.0
-    data: dict[str, Any] | None = None  # None: a plain pass, sent without its report
+    # the serialized report, or run()'s result; None: a plain pass, sent without its report
+    data: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
 class Done(_Event):
-    KIND: ClassVar[Literal["done"]] = "done"
+    KIND: ClassVar[Literal["done"]] = "done"  # the test is over on this rank
     # The default group outlived the test (init=False: the test left none of its own).
     group_intact: bool = True
     group_alive: bool = False  # a default process group is left
@@ -164,7 +143,7 @@ class Done(_Event):
 
 @dataclass(slots=True)
 class WarningRecorded(_Event):
-    KIND: ClassVar[Literal["warning"]] = "warning"
+    KIND: ClassVar[Literal["warning"]] = "warning"  # pytest recorded it during a test
     warning: dict[str, Any]  # message, category, filename, lineno, line
     id: str  # the node id pytest recorded it for
 
@@ -195,6 +174,7 @@ class ThreadRaised(_Event):
 
 @dataclass(slots=True)
 class SessionEnd(_Event):
+    # after "stop": the teardown of the fixtures the rank still held
     KIND: ClassVar[Literal["session_end"]] = "session_end"
     outcome: str  # passed, failed
     duration: float = 0.0
@@ -238,7 +218,7 @@ class CallEvent(_Event):
 
 @dataclass(slots=True)
 class RetEvent(_Event):
-    KIND: ClassVar[Literal["ret"]] = "ret"
+    KIND: ClassVar[Literal["ret"]] = "ret"  # call ``index`` returned or raised
     WIRE_NAMES: ClassVar[dict[str, str]] = {"index": "i", "error": "err", "source": "src"}
     index: int
     ok: bool = True
@@ -259,7 +239,7 @@ class WaitEvent(_Event):
 
 @dataclass(slots=True)
 class Injected(_Event):
-    """An injected fault fires on this rank (see :mod:`pytest_ddp.faults`)."""
+    """An injected fault fires on this rank (see :mod:`pytest_ddp.faults`), written before it acts."""
 
     KIND: ClassVar[Literal["fault"]] = "fault"
     text: str  # "SIGKILL on rank 1 at all_reduce call 3"
@@ -405,8 +385,8 @@ def fields_from_json(cls: type[Any], data: Any, what: str) -> dict[str, Any]:
     kwargs = {}
     for name, value in data.items():
         annotation = str(declared[name].type)
-        if annotation in _NESTED:
-            kwargs[name] = _NESTED[annotation](value)
+        if annotation == "RankRole":  # a dataclass's dict
+            kwargs[name] = RankRole(**fields_from_json(RankRole, value, "a rank's role"))
         elif annotation in _JSON_IS and _JSON_IS[annotation](value):
             kwargs[name] = value
         else:
@@ -456,9 +436,3 @@ class RankStart:
         except ValueError as exc:
             raise ProtocolError(f"a rank's start: not JSON: {text!r:.80}") from exc
         return cls(**fields_from_json(cls, data, "a rank's start"))
-
-
-# Fields whose JSON value is a dataclass's dict, by their annotation: how each is decoded.
-_NESTED: dict[str, Callable[[Any], Any]] = {
-    "RankRole": lambda data: RankRole(**fields_from_json(RankRole, data, "a rank's role")),
-}

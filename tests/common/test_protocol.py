@@ -58,6 +58,8 @@ RECORDS: list[protocol.Record] = [
     RetEvent(4, ok=False, error="RuntimeError: closed", time=2.5),
     RetEvent(5, ok=False, error="ValueError: no MAX on complex tensors", before_backend=True, time=2.5),
     protocol.Setting("their pipeline schedules' n_microbatches", 4, "t.py:7", time=2.5),
+    protocol.SessionEnd("passed", 0.5, time=1.5),
+    protocol.SessionEnd("failed", 0.25, {"longrepr": "boom"}, time=1.5),
 ]
 
 
