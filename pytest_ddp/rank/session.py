@@ -42,6 +42,7 @@ class RankSession:
         self.threads_before: set[threading.Thread] = set()
         self.threads_left: list[dict[str, str]] = []
         self.interrupted: dict[str, Any] | None = None
+        self.kept_teardown_error: BaseException | None = None  # see pytest_runtest_protocol
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: Any) -> None:
@@ -107,8 +108,11 @@ class RankSession:
 
     @pytest.hookimpl(wrapper=True)  # inside the warnings plugin's: what the teardown warns of is the test's
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
-        # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first.
-        self.restorer.teardown_exact(item, item)
+        # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first,
+        # outside pytest's runner: what that raises (a fixture's error, the leftover warning under
+        # -W error) is this item's setup error, not the session's INTERNALERROR.
+        call = pytest.CallInfo.from_call(lambda: self.restorer.teardown_exact(item, item), "teardown")
+        self.kept_teardown_error = call.excinfo.value if call.excinfo is not None else None
         self.threads_before = set(threading.enumerate())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
@@ -117,7 +121,7 @@ class RankSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: Any) -> Any:
         self.channel.event(PhaseStart("setup"))
-        return (yield from self._interruptible())
+        return (yield from self._interruptible(self.kept_teardown_error))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: Any) -> Any:
@@ -136,13 +140,15 @@ class RankSession:
             pytest.fail(text, pytrace=False)
         return result
 
-    def _interruptible(self) -> Generator[None, Any, Any]:
-        """A phase hook's yield: ``pytest.exit()`` or KeyboardInterrupt fails the test, and the
-        controller, told in the done event, ends the session as plain pytest would.  A thread that
-        raises meanwhile is told (inside pytest's own per-phase hook, which before pytest 8.4
-        replaced ``threading.excepthook`` for each phase and passed nothing on)."""
+    def _interruptible(self, raised: BaseException | None = None) -> Generator[None, Any, Any]:
+        """A phase hook's yield (``raised``, raised in its place): ``pytest.exit()`` or KeyboardInterrupt
+        fails the test, and the controller, told in the done event, ends the session as plain pytest
+        would.  A thread that raises meanwhile is told (inside pytest's own per-phase hook, which
+        before pytest 8.4 replaced ``threading.excepthook`` for each phase and passed nothing on)."""
         try:
             with thread_errors.told(self.channel.event):
+                if raised is not None:
+                    raise raised
                 return (yield)
         except pytest.exit.Exception as exc:
             self.interrupted = {"kind": "exit", "reason": exc.msg, "returncode": exc.returncode}

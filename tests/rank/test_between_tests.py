@@ -17,7 +17,8 @@ import warnings
 
 import pytest
 
-from pytest_ddp.rank import leftovers, restore
+from pytest_ddp.common.protocol import Done, Fatal, Report, RunItem, SessionEnd, TestStart
+from pytest_ddp.rank import leftovers, restore, session
 
 
 def test_the_kernels_count_of_tasks_grows_with_each_thread_and_process() -> None:
@@ -266,3 +267,59 @@ def test_only_a_module_from_pytests_temporary_folder_counts_as_written_by_a_test
     assert restore._written_by_a_test(module_at(basetemp / "test_x0" / "planted.py"), written_under)
     assert not restore._written_by_a_test(module_at(venv / "site-packages" / "torch" / "x.py"), written_under)
     assert not restore._written_by_a_test(module_at(basetemp / "m.py"), "")  # no tmpdir plugin
+
+
+class _Channel:
+    """A rank's channel as its session uses it: the controller's commands, the events it is told."""
+
+    def __init__(self, commands: list[RunItem]) -> None:
+        self.commands_left = commands
+        self.events: list[object] = []
+
+    def commands(self, accepted: type) -> list[RunItem]:
+        return self.commands_left
+
+    def event(self, event: object, wake: bool = False) -> None:
+        self.events.append(event)
+
+    def start_test(self, test_id: str, faults: tuple[object, ...]) -> None:
+        self.events.append(TestStart(test_id))
+
+    def test_done(self, threads_left: list[dict[str, str]], interrupted: object = None) -> None:
+        self.events.append(Done(threads_left=threads_left))
+
+
+def test_a_failed_teardown_of_fixtures_kept_for_an_item_run_elsewhere_fails_the_next_items_setup(
+    pytester: pytest.Pytester,
+) -> None:
+    """The group's next item went to another xdist worker, so the rank tears its module's fixtures
+    down itself, before its next item: what that raises is that item's setup error, and the session
+    goes on (it was an INTERNALERROR, which ended the rank)."""
+    pytester.makepyfile(
+        test_kept="""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def kept():
+            yield
+            raise RuntimeError("the kept fixture's teardown failed")
+
+        def test_a(kept):
+            pass
+
+        def test_b(kept):
+            pass
+        """,
+        test_other="def test_c():\n    pass\n",
+    )
+    commands = [RunItem("test_kept.py::test_a", next="test_kept.py::test_b"), RunItem("test_other.py::test_c")]
+    channel = _Channel(commands)
+    restorer = restore.Restorer()
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[session.RankSession(channel, restorer), restorer])
+    reports = [(e.when, e.outcome) for e in channel.events if isinstance(e, Report)]
+    test_a = [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+    assert reports == [*test_a, ("setup", "failed"), ("teardown", "passed")]
+    failed = next(e for e in channel.events if isinstance(e, Report) and e.outcome == "failed")
+    assert "RuntimeError: the kept fixture's teardown failed" in str(failed.data)
+    assert not [e for e in channel.events if isinstance(e, Fatal)]
+    assert isinstance(channel.events[-1], SessionEnd) and channel.events[-1].outcome == "passed"
