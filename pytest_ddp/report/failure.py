@@ -176,8 +176,7 @@ def _without_addresses(text: str) -> str:
 def format_dump(dump: str, test_file: str) -> str:
     """A rank's faulthandler dump made readable (:func:`format_stack`): its main thread, the
     test's, first; pytest-ddp's own threads left out, idle library threads said in one line."""
-    threads, threads_cut = stack_tree.threads(dump)
-    main = stack_tree.main_index(threads, threads_cut)
+    threads, main, threads_cut = stack_tree.threads(dump)
     if main is None:
         return format_stack(dump, test_file)
     shown = [threads[main]]

@@ -83,9 +83,9 @@ class Thread:
     lines: list[str]
 
 
-def threads(dump: str) -> tuple[list[Thread], bool]:
-    """The threads of a faulthandler dump in its order (newest first), and whether it stopped at
-    its 100th thread (then the main thread, the oldest, is not among them)."""
+def threads(dump: str) -> tuple[list[Thread], int | None, bool]:
+    """The threads of a faulthandler dump in its order, which of them is the main one (None if
+    none), and whether it stopped at its 100th thread."""
     found: list[Thread] = []
     threads_cut = False
     for line in dump.splitlines():
@@ -95,23 +95,18 @@ def threads(dump: str) -> tuple[list[Thread], bool]:
             threads_cut = True
         elif found:
             found[-1].lines.append(line)
-    return found, threads_cut
-
-
-def main_index(found: list[Thread], threads_cut: bool) -> int | None:
-    """Which of a dump's threads is the main one: the last (CPython lists threads newest first);
-    past 100 threads the ``Current thread`` stands in, if written."""
-    if threads_cut:
-        return next((i for i, thread in enumerate(found) if thread.header.startswith("Current thread")), None)
-    return len(found) - 1 if found else None
+    if threads_cut:  # the main thread, the oldest, is not among them: the ``Current thread`` stands in
+        main = next((i for i, thread in enumerate(found) if thread.header.startswith("Current thread")), None)
+    else:  # CPython lists threads newest first
+        main = len(found) - 1 if found else None
+    return found, main, threads_cut
 
 
 def main_thread(dump: str) -> list[Frame]:
-    """The frames of the main thread in a faulthandler dump of every thread (:func:`main_index`),
+    """The frames of the main thread in a faulthandler dump of every thread (:func:`threads`),
     outermost first, each run of harness frames as one :data:`HARNESS`; [] when it has none."""
-    found, threads_cut = threads(dump)
-    index = main_index(found, threads_cut)
-    return _frames(found[index].lines) if index is not None else []
+    found, main, _ = threads(dump)
+    return _frames(found[main].lines) if main is not None else []
 
 
 # A thread's innermost frame when it idles in the standard library: (file, function).
