@@ -15,7 +15,7 @@ from collections.abc import Callable
 from itertools import groupby
 
 from pytest_ddp.diagnose.consistency import difference_line, unfinished_line, unreceived_line
-from pytest_ddp.diagnose.phrases import rank_list
+from pytest_ddp.diagnose.phrases import grouped, rank_list
 from pytest_ddp.diagnose.state import RankState, exit_text
 from pytest_ddp.groups.group import UnfinishedTeardown
 from pytest_ddp.groups.runner import StartFailure, StoppedGroupFailure, TestRun
@@ -115,10 +115,9 @@ def rank_lines(ranks: list[RankFacts]) -> list[str]:
     (``ranks 0-62: waiting in all_reduce #12 (train.py:40), in call; peak RSS 180-190 MB``)."""
     if len(ranks) <= GROUP_ABOVE:
         return [rank_line(r) for r in ranks]
-    alike: dict[str, list[RankState]] = {}
-    for rank in sorted(ranks, key=lambda r: r.rank):
-        alike.setdefault(rank.doing, []).append(rank.state)
-    return [f"{rank_list(s.rank for s in group)}: {text}{_memory(group)}" for text, group in alike.items()]
+    facts = {r.rank: r for r in ranks}
+    alike = grouped(facts, lambda r: facts[r].doing)
+    return [f"{rank_list(group)}: {doing}{_memory([facts[r].state for r in group])}" for doing, group in alike]
 
 
 def _megabytes(values: list[int | None]) -> str | None:
@@ -160,12 +159,9 @@ def _section(title: str) -> str:
 def _sections(texts: dict[int, tuple[str, str]], same: Callable[[str], str]) -> list[str]:
     """A section per rank's (title, text); ranks whose titles are equal and texts the ``same``
     share one, with the lowest rank's text, in the order of the lowest rank."""
-    groups: dict[tuple[str, str], tuple[list[int], str]] = {}
-    for rank, (title, text) in sorted(texts.items()):
-        groups.setdefault((title, same(text)), ([], text))[0].append(rank)
     lines: list[str] = []
-    for (title, _), (ranks, text) in groups.items():
-        lines += ["", _section(f"{rank_list(ranks)}: {title}"), text]
+    for (title, _), ranks in grouped(texts, lambda r: (texts[r][0], same(texts[r][1]))):
+        lines += ["", _section(f"{rank_list(ranks)}: {title}"), texts[ranks[0]][1]]
     return lines
 
 

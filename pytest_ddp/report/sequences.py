@@ -14,7 +14,7 @@ from operator import attrgetter, lt
 
 from pytest_ddp.common.ops import COLLECTIVES, TORCH_P2P
 from pytest_ddp.diagnose.mismatches import shared_prefix
-from pytest_ddp.diagnose.phrases import rank_list
+from pytest_ddp.diagnose.phrases import grouped, rank_list
 from pytest_ddp.diagnose.state import Call, RankState
 
 GROUP_ABOVE = 8  # more ranks than this: ranks alike share a line, a column, a stack section
@@ -150,11 +150,9 @@ def _sites_line(seq: int, calls: dict[int, Call | None]) -> list[str]:
     for a collective the ranks met in from different lines (its cells do not repeat them)."""
     if not _sites_differ(list(calls.values())):
         return []
-    sites: dict[str, list[int]] = {}
-    for r, c in calls.items():
-        if c is not None:
-            sites.setdefault(c.site + (f" via {c.caller}" if c.caller else ""), []).append(r)
-    where = ", ".join(f"{site} ({rank_list(ranks)})" for site, ranks in sites.items())
+    made = {r: c for r, c in calls.items() if c is not None}
+    sites = grouped(made, lambda r: made[r].site + (f" via {made[r].caller}" if made[r].caller else ""))
+    where = ", ".join(f"{site} ({rank_list(ranks)})" for site, ranks in sites)
     return [f"  #{seq} called at {where}"]
 
 
