@@ -74,28 +74,23 @@ def render(report: Report) -> str:
 def headline(lead: str, tag: str = "") -> str:
     """The first line: ``lead`` on one line, cut where it would push ``tag`` past
     ``HEADLINE_LIMIT`` characters (:func:`in_full` then puts the whole lead in the body)."""
-    line = " ".join(lead.split())
-    if _cuts(lead, tag):
-        line = line[: _room(tag) - 3].rstrip() + "..."
+    line = _cut(lead, tag) or " ".join(lead.split())
     return f"{line} {tag}" if tag else line
 
 
 def in_full(lead: str, tag: str = "") -> list[str]:
     """The whole of a lead that :func:`headline` cut, for the body (a blank line first); [] when
     it did not cut it."""
-    if not _cuts(lead, tag):
+    if _cut(lead, tag) is None:
         return []
     return ["", "the headline in full:", *("  " + line for line in lead.strip().splitlines())]
 
 
-def _cuts(lead: str, tag: str = "") -> bool:
-    """Whether :func:`headline` cuts ``lead``."""
-    return len(" ".join(lead.split())) > _room(tag)
-
-
-def _room(tag: str) -> int:
-    """The characters of a headline left to its lead."""
-    return HEADLINE_LIMIT - (len(tag) + 1 if tag else 0)
+def _cut(lead: str, tag: str = "") -> str | None:
+    """``lead`` on one line cut short, with "...", where it leaves ``tag`` no room; None where it does."""
+    line = " ".join(lead.split())
+    room = HEADLINE_LIMIT - (len(tag) + 1 if tag else 0)
+    return line[: room - 3].rstrip() + "..." if len(line) > room else None
 
 
 def injected_lines(states: list[RankState]) -> list[str]:
@@ -209,17 +204,17 @@ def format_stack(stack: str, test_file: str) -> str:
 FATAL_CONTEXT = 5  # lines kept before "Fatal Python error" (what C++ printed, e.g. "terminate called ...")
 
 
-def stderr_tail(stderr: str, test_file: str, limit: int = OUTPUT_TAIL_LINES) -> str:
-    """The end of a dead rank's stderr made readable (:func:`format_stack`): its last ``limit``
-    lines, or from just before the last ``Fatal Python error`` (the test's frames follow it)."""
+def stderr_tail(stderr: str, test_file: str) -> str:
+    """The end of a dead rank's stderr made readable (:func:`format_stack`): its last lines, or
+    from just before the last ``Fatal Python error`` (the test's frames follow it)."""
     lines = format_stack(stderr, test_file).splitlines()
-    if len(lines) <= limit:
+    if len(lines) <= OUTPUT_TAIL_LINES:
         return "\n".join(lines)
     fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
-    start = len(lines) - limit
+    start = len(lines) - OUTPUT_TAIL_LINES
     if fatal is not None and fatal - FATAL_CONTEXT < start:
         start = max(0, fatal - FATAL_CONTEXT)
-    end = start + limit
+    end = start + OUTPUT_TAIL_LINES
     kept = lines[start:end]
     if start:
         kept.insert(0, f"({start} earlier lines left out)")
@@ -233,7 +228,7 @@ def start_failure_text(failure: StartFailure) -> str:
     it when the headline cut that line)."""
     first, _, rest = failure.error.partition("\n")
     head = f"ddp: {first.rstrip(':')}"
-    body = (failure.error if _cuts(head) else rest).rstrip()
+    body = (rest if _cut(head) is None else failure.error).rstrip()
     return "\n".join([headline(head), "", body]) if body else headline(head)
 
 
