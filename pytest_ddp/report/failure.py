@@ -112,7 +112,7 @@ def rank_lines(ranks: list[RankFacts]) -> list[str]:
         return [rank_line(r) for r in ranks]
     facts = {r.rank: r for r in ranks}
     alike = grouped(facts, lambda r: facts[r].doing)
-    return [f"{rank_list(group)}: {doing}{_memory([facts[r].state for r in group])}" for doing, group in alike]
+    return [f"{rank_list(same)}: {doing}{_memory([facts[r].state for r in same])}" for doing, same in alike]
 
 
 def _megabytes(values: list[int | None]) -> str | None:
