@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -29,24 +28,6 @@ from pytest_ddp.report.writable import printable, printable_data
 
 PHASES = ("setup", "call", "teardown")
 RERUN = "rerun"  # pytest-rerunfailures' outcome of a failed attempt that it runs again
-
-
-@dataclass(frozen=True)
-class _PlainPass:
-    """A rank's phase that passed with nothing more to say, sent without its report: no
-    TestReport made for each rank and phase."""
-
-    duration: float
-    outcome: ClassVar[str] = "passed"
-    failed: ClassVar[bool] = False
-    skipped: ClassVar[bool] = False
-    longrepr: ClassVar[None] = None
-    longreprtext: ClassVar[str] = ""
-    sections: ClassVar[tuple[tuple[str, str], ...]] = ()
-    user_properties: ClassVar[tuple[tuple[str, object], ...]] = ()
-
-
-RankReport = pytest.TestReport | _PlainPass
 
 
 def _stuck_phase(state: RankState) -> str | None:
@@ -81,12 +62,15 @@ def merged_reports(
         setup = _report(item.nodeid, item.location, keywords, "setup", "failed", text)
         return [setup, _report(item.nodeid, item.location, keywords, "teardown", "passed", None)], None
 
-    rank_reports: dict[str, dict[int, RankReport]] = {when: {} for when in PHASES}
+    rank_reports: dict[str, dict[int, pytest.TestReport]] = {when: {} for when in PHASES}
     rank_failures: dict[int, str] = {}
     for state in run.states:
         for when, event in state.reports.items():
-            data = event.get("data")  # None: a plain pass, sent without its report
-            rep: RankReport = _from_serializable(config, data) if data else _PlainPass(event["duration"])
+            data = event.get("data")
+            if data:
+                rep = _from_serializable(config, data)
+            else:  # a plain pass, sent without its report
+                rep = _report(item.nodeid, item.location, {}, when, "passed", None, event["duration"])
             rank_reports[when][state.rank] = rep
             if rep.failed or rep.outcome == RERUN:
                 label = "" if when == "call" else f" (in {when})"
@@ -137,15 +121,15 @@ def merged_reports(
                 )
         elif outcome == "skipped":
             longrepr = _skip_longrepr(item, per_rank)
-        report = _report(item.nodeid, item.location, keywords, when, outcome, longrepr)
-        if wasxfail is not None:
-            report.wasxfail = wasxfail
         # A phase no rank ran (teardown after a hang) lasted 0 s, not the whole run.
-        report.duration = max(
+        duration = max(
             [rep.duration for rep in per_rank.values()]
             + [_stuck_duration(states[rank], when, run) for rank in stuck_here],
             default=0.0,
         )
+        report = _report(item.nodeid, item.location, keywords, when, outcome, longrepr, duration)
+        if wasxfail is not None:
+            report.wasxfail = wasxfail
         for rank, rep in sorted(per_rank.items()):
             for name, content in rep.sections:
                 report.sections.append((f"{name} (rank {rank})", content))
@@ -185,9 +169,9 @@ def stopped_group_report(
     texts = {rank: rep.longreprtext for rank, rep in reps.items() if rep is not None}
     nodeid, (path, _, _) = last_item
     location = (path, None, f"ddp group {failure.group} (stopped after {test})")
-    report = _report(nodeid, location, {}, "teardown", "failed", stopped_group_text(failure, texts))
-    report.duration = max((end.duration for end in failure.failures.values()), default=0.0)
-    return _printable(report)
+    duration = max((end.duration for end in failure.failures.values()), default=0.0)
+    text = stopped_group_text(failure, texts)
+    return _printable(_report(nodeid, location, {}, "teardown", "failed", text, duration))
 
 
 def _stop_teardown_report(
@@ -197,9 +181,7 @@ def _stop_teardown_report(
     controller's of a rank that sent none (it died in that teardown, or was killed in it)."""
     if isinstance(end, UnfinishedTeardown):
         text = unfinished_teardown_text(end, test_file)
-        report = _report("", (test_file, None, ""), {}, "teardown", "failed", text)
-        report.duration = end.duration
-        return report
+        return _report("", (test_file, None, ""), {}, "teardown", "failed", text, end.duration)
     if end.data is None:  # a pass, sent without its report
         return None
     return _from_serializable(config, end.data)
@@ -239,7 +221,7 @@ def _printable(report: pytest.TestReport) -> pytest.TestReport:
     return report
 
 
-def _merge_outcome(reps: list[RankReport], any_stuck: bool) -> tuple[str, str | None]:
+def _merge_outcome(reps: list[pytest.TestReport], any_stuck: bool) -> tuple[str, str | None]:
     """(outcome, wasxfail) of one phase over the ranks' reports.  xfail is about the whole test:
     the expected failure on some rank makes it xfailed, even beside another rank's strict XPASS."""
     strict_xpass = [rep for rep in reps if rep.failed and str(rep.longrepr).startswith("[XPASS(strict)]")]
@@ -258,7 +240,7 @@ def _merge_outcome(reps: list[RankReport], any_stuck: bool) -> tuple[str, str | 
     return "passed", None
 
 
-def _skip_longrepr(item: pytest.Item, per_rank: dict[int, RankReport]) -> Any:
+def _skip_longrepr(item: pytest.Item, per_rank: dict[int, pytest.TestReport]) -> Any:
     for rep in per_rank.values():
         if rep.skipped and isinstance(rep.longrepr, (tuple, list)) and len(rep.longrepr) == 3:
             return tuple(rep.longrepr)
@@ -273,6 +255,7 @@ def _report(
     when: str,
     outcome: str,
     longrepr: Any,
+    duration: float = 0.0,
 ) -> pytest.TestReport:
     """The controller's report of one phase; ``keywords``, an item's, are copied (walking the item's
     and its parents' keywords once for all phases)."""
@@ -283,6 +266,7 @@ def _report(
         outcome=outcome,  # type: ignore[arg-type]
         longrepr=longrepr,
         when=when,  # type: ignore[arg-type]
+        duration=duration,
         sections=[],
         user_properties=[],
     )
