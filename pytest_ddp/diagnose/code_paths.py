@@ -17,7 +17,7 @@ over-approximated (any statement may raise and leave the function, which may be 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
 _TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
@@ -61,15 +61,79 @@ def one_rank_branch(source: str, line: int) -> int | None:
     ``line``: it runs on that rank only, at whatever world size; None where none does, or the
     code cannot tell."""
     tree = _parsed(source)
-    if tree is None:
-        return None
-    found = None
+    branch = None if tree is None else _branch_for_one_rank(tree, line)
+    return None if branch is None else branch[0]
+
+
+def _branch_for_one_rank(tree: ast.Module, line: int) -> tuple[int, int | None] | None:
+    """(:func:`one_rank_branch`'s line, the rank its test singles out where it says which)."""
+    found: ast.If | ast.While | None = None
     for node in ast.walk(tree):
         if not isinstance(node, (ast.If, ast.While)) or not _singles_out(node.test):
             continue
-        if node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) and (found or 0) < node.lineno:
-            found = node.lineno
+        holds = node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)
+        if holds and (found is None or found.lineno < node.lineno):
+            found = node
+    return None if found is None else (found.lineno, _rank_singled_out(found.test))
+
+
+def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
+    """(the line of the innermost ``if`` or ``while`` whose body holds the statement at ``line``
+    and whose test reads a name its function sets only in a branch for one rank, that rank): a
+    value kept on one rank alone (transformers#31532: ``if state.is_main_process: progress += 1``,
+    a progress bar's count, then ``if progress == 2: gather(...)``).  The test may then answer
+    differently on that rank alone; which way it answers the code does not say, so the caller
+    checks that the rank it names is the one that made the call.  None where no test does, the
+    branches for one rank that set the name single out different ranks, or the code cannot tell."""
+    tree = _parsed(source)
+    function = None if tree is None else _function_at(tree, line)
+    if function is None:
+        return None
+    kept: dict[str, set[int | None]] = {}  # a name set in a branch for one rank -> those ranks
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and _singles_out(node.test):
+            set_aside = _names_set(node.orelse)
+            for name in _names_set(node.body) - set_aside:
+                kept.setdefault(name, set()).add(_rank_singled_out(node.test))
+    found: tuple[int, int] | None = None
+    for node in ast.walk(function):
+        if not isinstance(node, (ast.If, ast.While)):
+            continue
+        if not node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0):
+            continue
+        read = {_named(part) for part in ast.walk(node.test) if isinstance(part, (ast.Name, ast.Attribute))}
+        ranks: set[int | None] = set().union(*(kept[name] for name in read if name in kept))
+        only = ranks.pop() if len(ranks) == 1 else None
+        if only is not None and (found is None or found[0] < node.lineno):
+            found = (node.lineno, only)
     return found
+
+
+def _names_set(body: list[ast.stmt]) -> set[str]:
+    """The names (``x``, ``self.x``'s ``x``) the statements assign to, augmented or not."""
+    targets: list[ast.expr] = []
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Assign):
+                targets.extend(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets.append(node.target)
+    return {name for name in map(_named, targets) if name is not None}
+
+
+def _rank_singled_out(test: ast.expr) -> int | None:
+    """The rank a test that singles out one rank (:func:`_singles_out`) is true on, where it says:
+    0 for a flag of the main process, ``k`` for ``rank == k`` (``_singles_out`` has checked that one
+    side names a rank)."""
+    if isinstance(test, (ast.Name, ast.Attribute)):  # a local main process is rank 0 on one host only
+        return 0 if _named(test) in ONE_RANK_FLAGS - {"is_local_main_process"} else None
+    if isinstance(test, ast.BoolOp):
+        ranks = [_rank_singled_out(value) for value in test.values if _singles_out(value)]
+        return ranks[0] if ranks else None
+    if isinstance(test, ast.Compare):
+        number = test.comparators[0] if _named(test.left) in RANK_NUMBERS else test.left
+        return number.value if isinstance(number, ast.Constant) and type(number.value) is int else None
+    return None
 
 
 def under_rank_test(source: str, line: int) -> bool | None:
@@ -120,26 +184,50 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     code may reach from the statement at line ``start`` before any statement calling the op
     recorded at its line (``made``, as :func:`calls_between`'s): where a process that ended
     outside any call may have left; None where the code cannot tell."""
+    def exits(statement: ast.stmt) -> bool:
+        return not isinstance(statement, _COMPOUND) and any(
+            _named(call) in _EXITS for call in _unconditional_calls(statement))
+
+    reached = _reached_before_calls(source, start, made, ends=exits)
+    return None if reached is None else sorted(s.lineno for s in reached if exits(s))
+
+
+def leaves_in_own_branch(source: str, start: int, made: dict[int, str], rank: int) -> list[int] | None:
+    """The lines of the ``break`` and ``return`` statements in a branch of the code for ``rank``
+    alone (the innermost :func:`one_rank_branch` holding them singles out that rank) that the code
+    may reach from the statement at line ``start`` before any statement calling the op recorded at
+    its line (as :func:`exits_after`): how a rank that returned while its peers went on may have
+    left (speechbrain#2051: ``if rank == 0 and epoch == 1: break``, an early stop decided on the
+    main process only); None where the code cannot tell."""
+    tree = _parsed(source)
+    reached = None if tree is None else _reached_before_calls(source, start, made)
+    if tree is None or reached is None:
+        return None
+    leaves = [s for s in reached if isinstance(s, (ast.Break, ast.Return))]
+    return sorted(s.lineno for s in leaves if (_branch_for_one_rank(tree, s.lineno) or (0, None))[1] == rank)
+
+
+def _reached_before_calls(
+    source: str, start: int, made: dict[int, str], ends: Callable[[ast.stmt], bool] = lambda s: False
+) -> set[ast.stmt] | None:
+    """The statements the code may reach from the statement at line ``start`` without passing a
+    statement calling the op recorded at its line, or one that ``ends`` the process; None where the
+    code cannot tell."""
     walk = _flow_of(source, start, start)
     if walk is None:
         return None
     flow, first, _ = walk
     blocking = {s for s in flow.statements if _calls_by_name(s, made)}
-    exits = {s for s in flow.statements if not isinstance(s, _COMPOUND)
-             and any(_named(call) in _EXITS for call in _unconditional_calls(s))}
     seen: set[ast.stmt | str] = set()
-    found: set[int] = set()
     todo = list(flow.after(first))
     while todo:
         node = todo.pop()
         if node in seen or node == _EXIT:  # returned or raised: the test, not the process, ended
             continue
         seen.add(node)
-        if node in exits:
-            found.add(node.lineno)
-        elif not (isinstance(node, ast.stmt) and node in blocking):
+        if not (isinstance(node, ast.stmt) and (node in blocking or ends(node))):
             todo.extend(flow.after(node))
-    return sorted(found)
+    return {node for node in seen if isinstance(node, ast.stmt)}
 
 
 def _walk(

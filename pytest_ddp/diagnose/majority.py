@@ -341,12 +341,32 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
     if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same
                                      for w in (finding.waits[r] for r in callers)):
         return None  # the callers are not all in the one call
-    condition = _one_rank_branch(call, source)
+    condition = _one_rank_branch(call, callers[0] if len(callers) == 1 else None, source)
     if condition is None:
         return None
     waits = {r: finding.waits[r] for r in callers}
     extra = ExtraCall(callers, finding.culprits, waits, condition)
     return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+
+
+def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
+                       ) -> Verdict | None:
+    """A tie of a step more or a step less (``Departed.alike``) where the one rank that returned left,
+    as its code tells, by a ``break`` or ``return`` in a branch of the code for it alone
+    (:func:`pytest_ddp.diagnose.own_lines.left_at`), and the waiting rank's call is under no test of
+    the rank: the rank that returned departed from the code its peer runs, and is named alone
+    (speechbrain#2051: an early stop decided on the main process only), as :func:`one_rank_call` names
+    a caller in a branch for it."""
+    finding = verdict.finding
+    if not isinstance(finding, Departed) or not finding.alike or len(finding.culprits) != 1:
+        return None
+    if ranks[finding.culprits[0]].left_at is None:
+        return None
+    if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
+        return None
+    waiting = sorted(set(verdict.waiting) | set(finding.alike))
+    return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
+                               finding=dataclasses.replace(finding, alike=[]))
 
 
 def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
@@ -371,7 +391,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
         return None
     branches: dict[int, str] = {}
     for rank, call in entered.items():
-        branch = _one_rank_branch(call, source)
+        branch = _one_rank_branch(call, rank, source)
         if branch is not None:
             branches[rank] = branch
         elif _under_rank_test(call, source) is not False:
@@ -389,15 +409,21 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
     return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
 
 
-def _one_rank_branch(call: Call, source: Callable[[str], str | None]) -> str | None:
+def _one_rank_branch(call: Call, rank: int | None, source: Callable[[str], str | None]) -> str | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
-    function called under ``if rank == 0:``, speechbrain#2401); None where none does, as far as the
-    code tells."""
+    function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
+    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_test`);
+    None where none does, as far as the code tells."""
     for place in (call.site, *call.outer):
         file, line = site_parts(place)
         text = source(file)
-        branch = None if text is None or line is None else code_paths.one_rank_branch(text, line)
+        if text is None or line is None:
+            continue
+        branch = code_paths.one_rank_branch(text, line)
+        kept = code_paths.one_rank_value_test(text, line) if branch is None else None
+        if kept is not None and kept[1] == rank:
+            branch = kept[0]
         if branch is not None:
             return f"{file}:{branch}"
     return None

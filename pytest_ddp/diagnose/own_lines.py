@@ -4,7 +4,8 @@ at, or the exit its code took.  Pure.
 A verdict names the call the peers wait in; the user's fix is at the culprit's own line.  A raise
 leaves a traceback in the rank's failed report (pytest's serialized ``longrepr``); a process that
 ended by ``os._exit`` leaves none, and its source tells which exit it may have taken after its
-last call (:func:`pytest_ddp.diagnose.code_paths.exits_after`).  A stalled rank's line is its
+last call (:func:`pytest_ddp.diagnose.code_paths.exits_after`), as it tells a rank that returned
+while its peers went on which ``break`` in a branch for it alone it took.  A stalled rank's line is its
 stack's, dumped after the verdict: the report reads it there."""
 
 from __future__ import annotations
@@ -59,13 +60,14 @@ def _same_file(path: str, test_file: str) -> bool:
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
 
 
-def exited_at(
-    state: RankState, ranks: dict[int, RankState], source: Callable[[str], str | None]
-) -> str | None:
-    """``test_x.py:145``: where a rank whose process ended with an exit status, outside any call,
-    after its last call, left, where its code holds one exit reachable from that call before its
-    next (``os._exit(1)``); None otherwise."""
-    if state.alive or state.exit_code is None or state.exit_code < 0 or state.died_in is not None:
+def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str], str | None]) -> str | None:
+    """``test_x.py:145``: where a rank that left outside any call, after its last call, left by,
+    where its code holds one way out reachable from that call before its next: an exit
+    (``os._exit(1)``) for a process that ended with an exit status, a ``break`` or ``return`` in a
+    branch of the code for that rank alone for a rank that returned from its test; None otherwise."""
+    returned = state.finished and not state.failed and state.alive
+    exited = not state.alive and state.exit_code is not None and state.exit_code >= 0 and state.died_in is None
+    if not (returned or exited):
         return None
     last = next((c for c in reversed(state.calls) if (c.is_collective or c.is_p2p) and c.site), None)
     if last is None:
@@ -79,5 +81,8 @@ def exited_at(
         where, line = site_parts(call.site)
         if where == file and line is not None:
             made[line] = call.op
-    lines = code_paths.exits_after(text, start, made)
+    if exited:
+        lines = code_paths.exits_after(text, start, made)
+    else:
+        lines = code_paths.leaves_in_own_branch(text, start, made, state.rank)
     return f"{file}:{lines[0]}" if lines is not None and len(lines) == 1 else None

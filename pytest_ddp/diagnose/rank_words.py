@@ -89,7 +89,7 @@ def how_it_failed(state: RankState) -> str:
         return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
-        exited = f"; its code's exit at {state.exited_at}" if state.exited_at else ""
+        exited = f"; its code's exit at {state.left_at}" if state.left_at else ""
         return f"died ({exit_text(state.exit_code)}{exited}){inside}"
     if last is not None and last.state == "raised":
         return f"raised {_short_error(state)} in {describe_call(last)}"

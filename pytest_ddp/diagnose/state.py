@@ -277,8 +277,8 @@ class RankState:
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
     process: Process | None = None  # a rank still in the test when the verdict came: the kernel's word
     stack_missing: bool = False  # asked for its stacks at the verdict, it wrote none
-    # A process that ended by an exit outside any call: where its code exits (own_lines.exited_at).
-    exited_at: str | None = None
+    # A rank that left outside any call: where its code left by (own_lines.left_at).
+    left_at: str | None = None
     # Its new_group calls, and how many of its calls were looked at for them (new_groups).
     _new_groups: list[Call] = field(default_factory=list, init=False, repr=False)
     _looked_at: int = field(default=0, init=False, repr=False)

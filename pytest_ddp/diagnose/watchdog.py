@@ -220,12 +220,13 @@ class Watch:
             return None
         ranks = {s.rank: s for s in snap.ranks}
         for state in snap.ranks:  # the exit a process that ended outside any call took, as its code tells
-            state.exited_at = own_lines.exited_at(state, ranks, self._source)
+            state.left_at = own_lines.left_at(state, ranks, self._source)
         return (
             majority.settings_differ(verdict, ranks)
             or majority.cut_on_purpose(verdict, ranks)
             or majority.skipped_in_code(verdict, ranks, self._source)
             or majority.one_rank_call(verdict, ranks, self._source)
+            or majority.left_by_own_branch(verdict, ranks, self._source)
             or majority.one_rank_branch_tie(verdict, ranks, self._source)
             or verdict
         )

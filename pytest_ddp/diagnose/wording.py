@@ -72,6 +72,8 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     if waited.is_p2p:
         exchange = "sent to" if waited.is_recv else "received from"
         return f"never {exchange} rank {waiter} (returned from {test})"
+    if state.left_at:  # majority.left_by_own_branch
+        return f"never called {waited.label} (returned from {test} by {state.left_at}, in a branch for it alone)"
     return f"never called {waited.label} (returned from {test})"
 
 

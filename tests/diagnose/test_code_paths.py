@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp.diagnose.code_paths import calls_between, exits_after, one_rank_branch
+from pytest_ddp.diagnose.code_paths import (
+    calls_between,
+    exits_after,
+    leaves_in_own_branch,
+    one_rank_branch,
+    one_rank_value_test,
+)
 from pytest_ddp.groups import runner
 
 
@@ -167,6 +173,40 @@ def test_a_branch_of_several_ranks_or_an_else_singles_out_none() -> None:
     assert one_rank_branch("def f(:", 1) is None
 
 
+VALUES = textwrap.dedent("""
+    def test_x(rank):
+        seen, both, mine = 0, 0, 0
+        for step in range(4):
+            if rank == 2 and step > 0:
+                seen += 1
+                both = 1
+                mine = 1
+            else:
+                both = 2
+            if 1 == step:
+                mine = 3
+            if seen > 1:
+                while mine:
+                    dist.all_gather(out, t)  # kept
+            if both:
+                dist.barrier()  # both
+            if mine:
+                dist.barrier()  # two ranks
+""")
+VALUE = lines_of(VALUES)
+
+
+def test_a_test_of_a_value_set_in_one_ranks_branch_alone_names_the_test_and_that_rank() -> None:
+    # the innermost such test: ``while mine``, inside ``if seen > 1``
+    assert one_rank_value_test(VALUES, VALUE["kept"]) == (VALUE["kept"] - 1, 2)
+    assert one_rank_value_test(VALUES, VALUE["both"]) is None  # set in the else too
+    # set in rank 2's branch, and in a branch whose test names no rank, which tells no rank
+    assert one_rank_value_test(VALUES, VALUE["two ranks"]) == (VALUE["two ranks"] - 1, 2)
+    assert one_rank_value_test("def f(:", 1) is None
+    two = "def f(rank):\n    if rank == 0:\n        x = 1\n    if rank == 1:\n        x = 2\n    if x:\n        g()\n"
+    assert one_rank_value_test(two, 7) is None  # kept on rank 0 and on rank 1: no one rank
+
+
 EXITING = textwrap.dedent("""
     def test_x(rank):
         for step in range(3):
@@ -184,3 +224,31 @@ def test_the_exits_reachable_from_a_call_before_the_next_call_are_found() -> Non
     assert exits_after(EXITING, EXIT["reduce"], made) == [EXIT["exit"], EXIT["after"]]
     # Past the barrier's call, only the function's end: it returned, no exit of the process.
     assert exits_after(EXITING, EXIT["barrier"], made) == []
+
+
+STOPPING = textwrap.dedent("""
+    def test_x(rank):
+        for epoch in range(3):
+            dist.all_reduce(grad)  # reduce
+            if rank == 0 and epoch == 1:
+                break  # stop
+            if rank != 1:
+                return  # several
+            if flag:
+                break  # any
+            dist.broadcast(grad, 0)  # broadcast
+            if rank == 2:
+                return  # after a call
+        dist.barrier()  # barrier
+""")
+STOP = lines_of(STOPPING)
+
+
+def test_a_break_or_return_in_a_branch_for_the_rank_alone_is_how_it_left() -> None:
+    made = {STOP["reduce"]: "all_reduce", STOP["broadcast"]: "broadcast", STOP["barrier"]: "barrier"}
+    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 0) == [STOP["stop"]]
+    # a branch of several ranks, or of no rank, is no rank's own; rank 2's return comes after a call
+    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 1) == []
+    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 2) == []
+    assert leaves_in_own_branch(STOPPING, STOP["broadcast"], made, 2) == [STOP["after a call"]]
+    assert leaves_in_own_branch("def f(:", 1, made, 0) is None

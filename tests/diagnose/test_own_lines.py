@@ -144,6 +144,69 @@ def test_a_collective_by_name_or_backward_in_one_ranks_branch_names_that_rank_to
         assert outline(verdict) == ("deadlock", "partial", [0], []), made
 
 
+KEPT = """
+    def test_x(rank):
+        progress = 0
+        for step in range(4):
+            if {condition}:
+                progress += 1
+            if progress {test}:
+                gather(torch.tensor([float(rank)]))
+"""
+
+
+def test_a_call_under_a_test_of_a_value_only_its_rank_moves_names_that_rank() -> None:
+    # transformers#31532: a progress bar shown on the main process only decides when to evaluate, so
+    # only the main process gathers; the other returned without a fault of its own.
+    waiting = rank(0, call("all_gather", 1, site="t.py:8"))
+    for condition in ("state.is_main_process", "rank == 0"):
+        verdict = watched(snap(waiting, rank(1, finished=True)), KEPT.format(condition=condition, test="== 2"))
+        assert outline(verdict) == ("deadlock", "partial", [0], []), condition
+        assert "in a branch of the code for one rank (t.py:7)" in verdict.summary
+
+
+def test_a_value_moved_on_another_rank_or_on_every_rank_leaves_the_rank_that_returned_named() -> None:
+    # progress == 0: rank 1 gathers at every step while rank 0, whose count moved, stopped: rank 0's
+    # code departs, and it returned.
+    one = rank(1, call("all_gather", 1, site="t.py:8"))
+    verdict = watched(snap(rank(0, finished=True), one), KEPT.format(condition="rank == 0", test="== 0"))
+    assert outline(verdict) == ("deadlock", "partial", [0], [1])
+    waiting = rank(0, call("all_gather", 1, site="t.py:8"))
+    for condition in ("rank < 2", "is_local_main_process", "flag"):
+        verdict = watched(snap(waiting, rank(1, finished=True)), KEPT.format(condition=condition, test="== 2"))
+        assert outline(verdict) == ("deadlock", "partial", [1], [0]), condition
+
+
+STOPS = """
+    def test_x(rank):
+        for epoch in range(3):
+            model(x).sum().backward()
+            if {condition}:
+                break
+"""
+
+
+def _step_less(condition: str) -> Verdict:
+    """Rank 0 returned after two steps, rank 1 waits in the third's all_reduce."""
+    done = [ok("all_reduce", 1, site="t.py:4"), ok("all_reduce", 2, site="t.py:4")]
+    one = rank(1, *done, call("all_reduce", 3, site="t.py:4"))
+    return watched(snap(rank(0, *done, finished=True), one), STOPS.format(condition=condition))
+
+
+def test_a_rank_that_returned_by_a_break_in_its_own_branch_is_named_alone() -> None:
+    # speechbrain#2051: the early stopper, updated on the main process only, stops the main process.
+    verdict = _step_less("rank == 0 and epoch == 1")
+    assert outline(verdict) == ("deadlock", "partial", [0], [1])
+    assert verdict.summary.startswith(
+        "rank 0 never called all_reduce #3 (returned from its test by t.py:6, in a branch for it alone)"
+    ), verdict.summary
+
+
+def test_a_break_in_no_ranks_branch_or_another_ranks_leaves_the_step_more_or_less_a_tie() -> None:
+    for condition in ("epoch == 1 and stop", "rank != 1", "rank == 1 and epoch == 1"):
+        assert outline(_step_less(condition))[:3] == ("deadlock", "partial", [0, 1]), condition
+
+
 TIE = """
     def test_x(rank):
         dist.all_reduce(t)
