@@ -205,6 +205,8 @@ def test_a_test_of_a_value_set_in_one_ranks_branch_alone_names_the_test_and_that
     assert one_rank_value_test("def f(:", 1) is None
     two = "def f(rank):\n    if rank == 0:\n        x = 1\n    if rank == 1:\n        x = 2\n    if x:\n        g()\n"
     assert one_rank_value_test(two, 7) is None  # kept on rank 0 and on rank 1: no one rank
+    chosen = "def f(rank):\n    x = total if rank == 1 else mine\n    if x < best:\n        g()\n"
+    assert one_rank_value_test(chosen, 4) == (3, 1)
 
 
 EXITING = textwrap.dedent("""
