@@ -108,6 +108,9 @@ def pytest_collection_modifyitems(items):
         items.pop()
 '''
 
+# The module SUITE is written as (junitxml's classname of its tests).
+SUITE_MODULE = "test_launched"
+
 OUTCOMES = {
     "test_unmarked_runs_once": "passed",
     "test_pass": "passed",
@@ -121,7 +124,7 @@ OUTCOMES = {
 
 
 def write_suite(folder: Path, conftest_extra: str = "") -> None:
-    (folder / "test_launched.py").write_text(SUITE)
+    (folder / f"{SUITE_MODULE}.py").write_text(SUITE)
     (folder / "conftest.py").write_text(CONFTEST + conftest_extra)
 
 
@@ -172,12 +175,12 @@ def collect(folder: Path, returncode: int, output: str) -> Result:
 
 
 def junit_outcomes(path: Path) -> dict[str, str]:
-    """The outcomes of SUITE's tests (test_launched.py; the session may hold other files)."""
+    """The outcomes of SUITE's tests (SUITE_MODULE; the session may hold other files)."""
     if not path.exists():
         return {}
     outcomes = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        if case.get("classname") != "test_launched":
+        if case.get("classname") != SUITE_MODULE:
             continue
         kinds = {child.tag for child in case}
         outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
@@ -192,11 +195,11 @@ def check_suite(result: Result, folder: Path) -> None:
     # One report: only rank 0's pytest writes to the terminal.
     assert out.count("short test summary info") == 1, out
     assert "ddp: the other ranks' pytest output: rank 1" in out
-    assert "SKIPPED [1] test_launched.py:" in out and "needs world_size=8; launched by" in out, out
+    assert f"SKIPPED [1] {SUITE_MODULE}.py:" in out and "needs world_size=8; launched by" in out, out
     # The hang: rank 3 named, the others' stacks in the report.
     assert "[ddp deadlock, partial" in out and "rank 3 never called all_reduce #1 (returned from its test)" in out, out
     assert "ranks 0-2: Python stacks when stopped" in out, out
-    assert "test_launched.py\", line" in out.split("ranks 0-2: Python stacks when stopped")[1]
+    assert f'{SUITE_MODULE}.py", line' in out.split("ranks 0-2: Python stacks when stopped")[1]
     # The raise and the kill: the rank at fault, not a cascade.
     assert "rank 1 failed (ValueError: rank 1 raises)" in out, out
     assert "rank 2 died (killed by SIGKILL)" in out, out
@@ -213,7 +216,7 @@ def check_collection_differs(result: Result, nproc: int = 4, stopped: bool = Fal
     than 0 may end with -15 before its own status 4."""
     out = result.output
     assert "the ranks collected different tests" in out, out
-    assert "rank 2 (on " in out and "1 not collected here: test_launched.py::test_needs_eight" in out, out
+    assert "rank 2 (on " in out and f"1 not collected here: {SUITE_MODULE}.py::test_needs_eight" in out, out
     ended = {r: -15 if stopped and r != 0 and code == -15 else 4 for r, code in result.codes.items()}
     assert result.codes == ended and sorted(ended) == list(range(nproc)), (result.codes, out)
     assert out.count("the ranks collected different tests") == 1  # rank 0's terminal only
