@@ -57,14 +57,19 @@ def test_rlimit_nproc_counts_the_threads_of_the_real_uid() -> None:
     assert user_tasks(statuses, 1001) == 9
 
 
-def test_the_capacity_under_rlimit_nproc_is_in_threads_and_never_negative() -> None:
+def test_rank_capacity_by_memory_and_by_rlimit_nproc_in_threads_never_negative() -> None:
     memory = 1000 * RANK_MEMORY
     assert rank_capacity(memory, 40, 3) == (
         (40 - 3 - SESSION_TASKS) // RANK_TASKS,
         f"RLIMIT_NPROC 40 with 3 threads of this user running, at least {RANK_TASKS} per rank",
     )
+    why = "RLIMIT_NPROC 300 with 50 threads of this user running, at least 7 per rank"
+    assert rank_capacity(memory, 300, 50) == (35, why)  # 7 threads a rank, 3 more for the session
     assert rank_capacity(memory, 40, 100)[0] == 0
     assert rank_capacity(memory, -1, 100) == (1000, "22000 MiB available at about 22 MiB per rank")
+    assert rank_capacity(2000 * RANK_MEMORY - 1, -1, 0)[0] == 1999
+    # This project's machine (24 GiB, 4 in use) holds 600 ranks or more, not 2000.
+    assert 600 <= rank_capacity(20 * 2**30, 96365, tasks=500)[0] < 2000
 
 
 NPROC_TEST = """
