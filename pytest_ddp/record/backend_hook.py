@@ -182,7 +182,7 @@ def out_of_compile(function: F, recursive: bool = True) -> F:
     return function
 
 
-out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code call (backend_recorder._arming)
+out_of_compile(arm)  # what the recorder's wrappers that stay in compiled code call (recorder._arming)
 
 
 def traced_as(original: Callable[..., Any], replacement: Callable[..., Any]) -> None:

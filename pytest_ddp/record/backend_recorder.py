@@ -10,7 +10,6 @@ dispatcher kernel, recorded in the group's sequence with ``"extra": {"via": "bac
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import threading
 import time
@@ -19,11 +18,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import BackendOp
-from pytest_ddp.record import backend_hook, describe, injector, numbering, state
+from pytest_ddp.record import backend_hook, describe, injector, numbering
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret, write_wait
 
@@ -43,28 +41,8 @@ def start_test() -> None:
 
 
 def install() -> bool:
-    """Hook the functional collectives, and arm the c10d hooks where needed; False if torch cannot."""
-    if not backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording):
-        return False
-    # Its constructor syncs in C++, its reducer runs in C++ after each forward (a model built by an
-    # earlier test, or a module fixture, arms the hook again in this one); its module compiles.
-    state.patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__), False)
-    state.patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward), False)
-    state.patch_function("_coalescing_manager", _arming, False)
-    # DDP's and FSDP's syncs of module state, in C++
-    state.patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
-    return True
-
-
-def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, which issues collectives to the backend itself, arming the c10d hooks."""
-
-    @functools.wraps(original)
-    def arming(*args: Any, **kwargs: Any) -> Any:
-        backend_hook.arm()
-        return original(*args, **kwargs)
-
-    return arming
+    """Hook the functional collectives, ready to arm the c10d hooks; False if torch cannot."""
+    return backend_hook.install(_record_backend, _record_functional, _record_wait_tensor, _recording)
 
 
 def _recording() -> bool:

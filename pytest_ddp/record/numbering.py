@@ -49,14 +49,9 @@ class _Depth(threading.local):
     depth = 0  # > 0 while this thread is inside a recorded call
 
 
-log: EventLog | None = None  # where torch.distributed's calls are recorded; None: they are not
+# Where torch.distributed's calls are recorded (set by recorder.install); None: they are not.
+log: EventLog | None = None
 local = _Depth()
-
-
-def set_log(event_log: EventLog | None) -> None:
-    """Record torch.distributed's calls into ``event_log`` from now on (None: record nothing)."""
-    global log
-    log = event_log
 
 
 def first_line(error: BaseException) -> str:

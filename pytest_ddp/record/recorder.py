@@ -28,10 +28,11 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
 
 from pytest_ddp.common.event_log import EventLog
 from pytest_ddp.common.ops import DESTROY, OPS, Op
-from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, numbering, state
+from pytest_ddp.record import backend_hook, backend_recorder, describe, injector, numbering
 from pytest_ddp.record.injector import armed as _armed
 from pytest_ddp.record.numbering import first_line, numbers, run_call, write_ret
 
@@ -39,6 +40,7 @@ _local = numbering.local
 _pending = numbering.pending
 # id(work) -> (call index, work) of the current test's asynchronous calls, checked when it ends.
 _works: dict[int, tuple[int, Any]] = {}
+originals: dict[tuple[Any, str], Any] = {}  # (owner, name) -> what install replaced there
 
 
 def start_test() -> None:
@@ -95,7 +97,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
     """
     deadline = time.monotonic() + wait
     unfinished = []
-    wait_unrecorded = state.originals.get((dist.Work, "wait"), dist.Work.wait)
+    wait_unrecorded = originals.get((dist.Work, "wait"), dist.Work.wait)
     works = {id(work): (index, work) for index, work in _works.values()}
     works.update((id(work), (index, work)) for index, (work, _) in _pending.works.items())
     for index, work in works.values():
@@ -214,33 +216,72 @@ def _recorded_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install(log: EventLog) -> None:
     """Record this process's torch.distributed calls into ``log`` (again: only switches the log)."""
-    numbering.set_log(log)
-    if state.originals:
+    numbering.log = log
+    if originals:
         return
     for op, spec in OPS.items():
         if spec.python and hasattr(c10d, op):  # else not in this torch
-            state.patch_function(op, functools.partial(_wrap, op))
-    state.patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
-    backend_recorder.install()
+            _patch_function(op, functools.partial(_wrap, op))
+    _patch(dist.Work, "wait", _recorded_wait(dist.Work.wait))
+    if not backend_recorder.install():
+        return
+    # What issues collectives to the backend itself arms the c10d hooks.  DDP's constructor syncs
+    # in C++, its reducer runs in C++ after each forward (a model built by an earlier test, or a
+    # module fixture, arms the hook again in this one); its module compiles.
+    _patch(DistributedDataParallel, "__init__", _arming(DistributedDataParallel.__init__), False)
+    _patch(DistributedDataParallel, "forward", _arming(DistributedDataParallel.forward), False)
+    _patch_function("_coalescing_manager", _arming, False)
+    # DDP's and FSDP's syncs of module state, in C++
+    _patch(dist, "_broadcast_coalesced", _arming(dist._broadcast_coalesced), False)
+
+
+def _arming(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def arming(*args: Any, **kwargs: Any) -> Any:
+        backend_hook.arm()
+        return original(*args, **kwargs)
+
+    return arming
+
+
+def _patch(owner: Any, name: str, replacement: Any, recursive: bool = True) -> None:
+    """``owner.name = replacement``, the original kept to be put back.  Out of what torch.compile
+    compiles (its callees too where ``recursive``), and traced as what it replaces."""
+    original = originals.setdefault((owner, name), getattr(owner, name))
+    backend_hook.traced_as(original, backend_hook.out_of_compile(replacement, recursive))
+    setattr(owner, name, replacement)
+
+
+def _patch_function(
+    name: str, replacement: Callable[[Callable[..., Any]], Any], recursive: bool = True
+) -> None:
+    """Replace a torch.distributed function by ``replacement(original)``, in c10d and dist alike."""
+    original = getattr(c10d, name)
+    replaced = replacement(original)
+    _patch(c10d, name, replaced, recursive)
+    if getattr(dist, name, None) is original:
+        _patch(dist, name, replaced, recursive)
 
 
 def rebind(modules: list[str]) -> None:
     """Give these modules, imported before the recorder, the recorded function wherever they bound
     c10d's by name (DTensor's ``from torch.distributed import scatter``): the torch modules the
     forkserver imported for the session's collection, which a rank would import after it."""
-    originals = state.originals.items()
-    recorded = {id(original): getattr(c10d, name) for (owner, name), original in originals if owner is c10d}
+    replaced = originals.items()
+    recorded = {id(original): getattr(c10d, name) for (owner, name), original in replaced if owner is c10d}
     for name in modules:
         namespace = getattr(sys.modules.get(name), "__dict__", {})
         for attribute, value in list(namespace.items()):
             if id(value) in recorded:
-                state.originals.setdefault((sys.modules[name], attribute), value)
+                originals.setdefault((sys.modules[name], attribute), value)
                 namespace[attribute] = recorded[id(value)]
 
 
 def uninstall() -> None:
     """Put torch.distributed back as it was (for tests)."""
-    state.unpatch()
+    for (owner, name), original in originals.items():
+        setattr(owner, name, original)
+    originals.clear()
     backend_hook.uninstall()
     describe.start_test()  # the groups described are forgotten
-    numbering.set_log(None)
+    numbering.log = None

@@ -15,7 +15,7 @@ import pytest_ddp
 from conftest import line_of
 from pytest_ddp.common.event_log import EventLog, EventReader
 from pytest_ddp.common.protocol import Event, RetEvent, WaitEvent, encode
-from pytest_ddp.record import numbering, recorder, state
+from pytest_ddp.record import numbering, recorder
 
 
 def many_calls(rank: int) -> None:
@@ -193,7 +193,7 @@ def test_pending_work_at_the_end_of_the_test_is_waited_for_then_listed(
             raise RuntimeError("Timed out waiting 1000ms for the work")
         work.completed = True
 
-    monkeypatch.setitem(state.originals, (dist.Work, "wait"), wait)
+    monkeypatch.setitem(recorder.originals, (dist.Work, "wait"), wait)
     recorder.start_test()
     numbering.pending.add(3, done_by_its_wait)
     numbering.pending.add(4, never_done)
