@@ -196,15 +196,18 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     return None if reached is None else sorted(s.lineno for s in reached if exits(s))
 
 
-def leaves_in_own_branch(source: str, start: int, made: dict[int, str], rank: int) -> list[int] | None:
+def leaves_in_own_branch(
+    source: str, start: int, made: dict[int, str], rank: int, from_entry: bool = False
+) -> list[int] | None:
     """The lines of the ``break`` and ``return`` statements in a branch of the code for ``rank``
     alone (the innermost :func:`one_rank_branch` holding them singles out that rank) that the code
-    may reach from the statement at line ``start`` before any statement calling the op recorded at
-    its line (as :func:`exits_after`): how a rank that returned while its peers went on may have
-    left (speechbrain#2051: ``if rank == 0 and epoch == 1: break``, an early stop decided on the
-    main process only); None where the code cannot tell."""
+    may reach from the statement at line ``start`` (``from_entry``: from the start of the function
+    holding it) before any statement calling the op recorded at its line (as :func:`exits_after`):
+    how a rank that returned while its peers went on may have left (speechbrain#2051: ``if rank ==
+    0 and epoch == 1: break``, an early stop decided on the main process only; pytorch#41665: ``if
+    rank == 1: return`` before ``init_process_group``); None where the code cannot tell."""
     tree = _parsed(source)
-    reached = None if tree is None else _reached_before_calls(source, start, made)
+    reached = None if tree is None else _reached_before_calls(source, start, made, from_entry=from_entry)
     if tree is None or reached is None:
         return None
     leaves = [s for s in reached if isinstance(s, (ast.Break, ast.Return))]
@@ -212,18 +215,19 @@ def leaves_in_own_branch(source: str, start: int, made: dict[int, str], rank: in
 
 
 def _reached_before_calls(
-    source: str, start: int, made: dict[int, str], ends: Callable[[ast.stmt], bool] = lambda s: False
+    source: str, start: int, made: dict[int, str], ends: Callable[[ast.stmt], bool] = lambda s: False,
+    from_entry: bool = False,
 ) -> set[ast.stmt] | None:
-    """The statements the code may reach from the statement at line ``start`` without passing a
-    statement calling the op recorded at its line, or one that ``ends`` the process; None where the
-    code cannot tell."""
+    """The statements the code may reach from the statement at line ``start`` (``from_entry``: from
+    the start of its function) without passing a statement calling the op recorded at its line, or
+    one that ``ends`` the process; None where the code cannot tell."""
     walk = _flow_of(source, start, start)
     if walk is None:
         return None
     flow, first, _ = walk
     blocking = {s for s in flow.statements if _calls_by_name(s, made)}
     seen: set[ast.stmt | str] = set()
-    todo = list(flow.after(first))
+    todo = list(flow.after(_EXIT if from_entry else first))
     while todo:
         node = todo.pop()
         if node in seen or node == _EXIT:  # returned or raised: the test, not the process, ended

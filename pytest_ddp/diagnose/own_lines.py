@@ -64,15 +64,19 @@ def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str
     """``test_x.py:145``: where a rank that left outside any call, after its last call, left by,
     where its code holds one way out reachable from that call before its next: an exit
     (``os._exit(1)``) for a process that ended with an exit status, a ``break`` or ``return`` in a
-    branch of the code for that rank alone for a rank that returned from its test; None otherwise."""
+    branch of the code for that rank alone for a rank that returned from its test (before any call:
+    on the way to the call its peers wait in); None otherwise."""
     returned = state.finished and not state.failed and state.alive
     exited = not state.alive and state.exit_code is not None and state.exit_code >= 0 and state.died_in is None
     if not (returned or exited):
         return None
     last = next((c for c in reversed(state.calls) if (c.is_collective or c.is_p2p) and c.site), None)
-    if last is None:
+    # A rank that returned before any call: from the start of the function its peers wait in.
+    waited = next((c for s in ranks.values() if (c := s.blocked_call) is not None and c.site), None)
+    walked_from = last or waited
+    if walked_from is None or (last is None and exited):
         return None
-    file, start = site_parts(last.site)
+    file, start = site_parts(walked_from.site)
     text = source(file)
     if text is None or start is None:
         return None
@@ -84,5 +88,5 @@ def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str
     if exited:
         lines = code_paths.exits_after(text, start, made)
     else:
-        lines = code_paths.leaves_in_own_branch(text, start, made, state.rank)
+        lines = code_paths.leaves_in_own_branch(text, start, made, state.rank, from_entry=last is None)
     return f"{file}:{lines[0]}" if lines is not None and len(lines) == 1 else None

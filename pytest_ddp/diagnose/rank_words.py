@@ -98,7 +98,13 @@ def how_it_failed(state: RankState) -> str:
         error, line = failed
         at = f" at {line}" if line else ""
         return f"failed{at}" if error == "failed" else f"failed ({error}){at}"
-    return "returned from its test"
+    return f"returned from its test{left_by(state)}"
+
+
+def left_by(state: RankState) -> str:
+    """`` by t.py:6 in a branch for it alone``: the break or return a rank that returned left by
+    (own_lines.left_at); "" where its code does not tell."""
+    return f" by {state.left_at} in a branch for it alone" if state.left_at and state.alive else ""
 
 
 def rank_status(state: RankState) -> str:

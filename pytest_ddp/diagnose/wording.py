@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
-from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, plain_error, thread_raised
+from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, left_by, plain_error, thread_raised
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -72,9 +72,7 @@ def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Ca
     if waited.is_p2p:
         exchange = "sent to" if waited.is_recv else "received from"
         return f"never {exchange} rank {waiter} (returned from {test})"
-    if state.left_at:  # majority.left_by_own_branch
-        return f"never called {waited.label} (returned from {test} by {state.left_at}, in a branch for it alone)"
-    return f"never called {waited.label} (returned from {test})"
+    return f"never called {waited.label} (returned from {test}{left_by(state)})"
 
 
 def _stopped(state: RankState) -> bool:

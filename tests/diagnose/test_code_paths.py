@@ -254,3 +254,7 @@ def test_a_break_or_return_in_a_branch_for_the_rank_alone_is_how_it_left() -> No
     assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 2) == []
     assert leaves_in_own_branch(STOPPING, STOP["broadcast"], made, 2) == [STOP["after a call"]]
     assert leaves_in_own_branch("def f(:", 1, made, 0) is None
+    # from the function's start, every way to rank 0's break passes the all_reduce first
+    assert leaves_in_own_branch(STOPPING, STOP["barrier"], made, 0, from_entry=True) == []
+    early = "def f(rank):\n    if rank == 1:\n        return\n    dist.barrier()\n"
+    assert leaves_in_own_branch(early, 4, {4: "barrier"}, 1, from_entry=True) == [3]

@@ -198,13 +198,31 @@ def test_a_rank_that_returned_by_a_break_in_its_own_branch_is_named_alone() -> N
     verdict = _step_less("rank == 0 and epoch == 1")
     assert outline(verdict) == ("deadlock", "partial", [0], [1])
     assert verdict.summary.startswith(
-        "rank 0 never called all_reduce #3 (returned from its test by t.py:6, in a branch for it alone)"
+        "rank 0 never called all_reduce #3 (returned from its test by t.py:6 in a branch for it alone)"
     ), verdict.summary
 
 
 def test_a_break_in_no_ranks_branch_or_another_ranks_leaves_the_step_more_or_less_a_tie() -> None:
     for condition in ("epoch == 1 and stop", "rank != 1", "rank == 1 and epoch == 1"):
         assert outline(_step_less(condition))[:3] == ("deadlock", "partial", [0, 1]), condition
+
+
+NEVER_INIT = """
+    def test_x(rank):
+        if rank == 1:
+            return
+        dist.init_process_group("gloo")
+"""
+
+
+def test_a_process_that_returned_before_init_by_its_own_branch_says_the_line() -> None:
+    # pytorch#41665: the worker node failed at startup and never joined.
+    waiting = rank(0, call("init_process_group", 1, site="t.py:5"))
+    verdict = watched(snap(waiting, rank(1, finished=True)), NEVER_INIT)
+    assert outline(verdict)[:3] == ("deadlock", "init", [1])
+    assert verdict.summary.startswith(
+        "process 1 returned from its test by t.py:4 in a branch for it alone without calling init_process_group"
+    ), verdict.summary
 
 
 TIE = """
