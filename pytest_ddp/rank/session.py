@@ -7,7 +7,6 @@ with ``nextitem`` the group's next item so module and session fixtures live acro
 from __future__ import annotations
 
 import os
-import sysconfig
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from pytest_ddp.common.protocol import (
 )
 from pytest_ddp.rank import default_group, leftovers, restore, thread_errors
 from pytest_ddp.rank.channel import Channel, fatal
+from pytest_ddp.record import describe
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -181,13 +181,9 @@ class RankSession:
         return True
 
 
-# Where installed packages and the standard library live (the venv's and the base Python's).
-_LIBRARY_KEYS = ("purelib", "platlib", "stdlib", "platstdlib")
-LIBRARY_ROOTS = tuple(sorted({path for key in _LIBRARY_KEYS if (path := sysconfig.get_paths().get(key))}))
-
-
 def shorten_library_frames(item: Any) -> None:
-    """Under ``--tb=auto``, ``item``'s failures show library frames in one line each, as ``--tb=short``
+    """Under ``--tb=auto``, ``item``'s failures show the frames not of the user's code (as a call's
+    site tells them: :func:`pytest_ddp.record.describe.users_file`) in one line each, as ``--tb=short``
     does, after pytest's filter: ``auto`` shows the last frame of a failure in full, and inside torch
     a whole torch function, docstring and all, stands between the test's line and the error."""
     original = getattr(item, "_traceback_filter", None)
@@ -197,14 +193,11 @@ def shorten_library_frames(item: Any) -> None:
     def filtered(excinfo: Any) -> Any:
         traceback = original(excinfo)
         return type(traceback)(
-            entry.with_repr_style("short") if is_library(str(entry.path)) else entry for entry in traceback
+            entry if describe.users_file(str(entry.path)) else entry.with_repr_style("short")
+            for entry in traceback
         )
 
     item._traceback_filter = filtered
-
-
-def is_library(path: str) -> bool:
-    return path.startswith(LIBRARY_ROOTS)
 
 
 def run_pytest(start: RankStart, channel: Channel) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ddp.rank.session import is_library, shorten_library_frames
+from pytest_ddp.rank.session import shorten_library_frames
+from pytest_ddp.record import describe
 
 TEST = """
 import torch
@@ -40,5 +41,5 @@ def test_another_tb_style_is_left_as_asked(pytester: pytest.Pytester) -> None:
 def test_what_counts_as_a_library() -> None:
     import torch
 
-    assert is_library(torch.__file__) and is_library(pytest.__file__)
-    assert not is_library(__file__)
+    assert describe.users_file(torch.__file__) is None and describe.users_file(pytest.__file__) is None
+    assert describe.users_file(__file__)
