@@ -161,12 +161,11 @@ def _exhaust_memory(fault: Fault) -> None:
     raise MemoryError(f"injected by pytest-ddp: {fault} ({allocated / 2**20:.0f} MiB allocated)")
 
 
-def disconnect_peers() -> list[int]:
+def disconnect_peers() -> None:
     """Shut down (both ways) this process's TCP connections to its peers, not those to the
-    rendezvous store (``MASTER_PORT``); returns their descriptors, which stay open, so the backend
-    meets the broken connection on its next use."""
+    rendezvous store (``MASTER_PORT``); their descriptors stay open, so the backend meets the
+    broken connection on its next use."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
-    shut = []
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
@@ -179,9 +178,7 @@ def disconnect_peers() -> list[int]:
             # getpeername raises for a socket that is not connected (a listening one)
             if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getpeername()[1] != store_port:
                 sock.shutdown(socket.SHUT_RDWR)
-                shut.append(int(name))
         except OSError:
             pass
         finally:
             sock.detach()  # the backend still owns the descriptor
-    return shut
