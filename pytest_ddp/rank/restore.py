@@ -11,6 +11,7 @@ default group it made, until it is torn down.  os.environ is put back before eac
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ Namespace = tuple[Any, dict[str, Any], Callable[[Any], bool]]
 
 def _settings() -> list[Setting]:
     """Each process-wide setting a test may change: the working directory, sys.path,
-    ``logging.disable``, and torch's modes and flags where torch is imported."""
+    ``logging.disable``, and torch's modes, flags and backend tables where torch is imported."""
     settings: list[Setting] = [
         (os.getcwd, os.chdir),
         (lambda: list(sys.path), _set_path),
@@ -68,11 +69,24 @@ def _settings() -> list[Setting]:
         attribute(backends.mkldnn, "enabled"),
         attribute(backends.cuda.matmul, "allow_tf32"),
     ]
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is not None:
+        tables = [getattr(c10d.Backend, name) for name in _BACKEND_TABLES]
+        settings += [(table.copy, functools.partial(_refill, table)) for table in tables]
     return settings
 
 
 def _set_path(value: list[str]) -> None:
     sys.path[:] = value
+
+
+def _refill(table: Any, saved: Any) -> None:
+    """Emptied and filled in place: torch's functions hold these objects."""
+    table.clear()
+    if isinstance(table, dict):
+        table.update(saved)
+    else:
+        table.extend(saved)
 
 
 # What Backend.register_backend fills in, besides an attribute of Backend named after the backend.
@@ -90,7 +104,6 @@ class Snapshot:
     modules: dict[str, Any]
     loggers: list[tuple[logging.Logger, int, list[logging.Handler], bool, bool]]
     namespaces: list[Namespace]
-    backend_tables: list[tuple[Any, Any]]
 
 
 @dataclass
@@ -201,7 +214,6 @@ class Restorer:
                 if isinstance(logger, logging.Logger)  # not a PlaceHolder
             ],
             namespaces=_namespaces(),
-            backend_tables=_backend_tables(),
         )
 
     def restore(self, saved: Snapshot) -> None:
@@ -215,8 +227,6 @@ class Restorer:
         _restore_loggers(saved)
         for owner, names, added in saved.namespaces:
             _restore_names(owner, names, added)
-        for table, copy in saved.backend_tables:
-            _restore_table(table, copy)
 
 
 def environment(saved: dict[str, str]) -> None:
@@ -310,21 +320,3 @@ def _restore_names(owner: Any, saved: dict[str, Any], added: Callable[[Any], boo
             setattr(owner, name, value)
     for name in [name for name, value in namespace.items() if name not in saved and added(value)]:
         delattr(owner, name)
-
-
-def _backend_tables() -> list[tuple[Any, Any]]:
-    """(table, its copy) of each table Backend.register_backend fills in."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is None:
-        return []
-    return [(table, table.copy()) for table in (getattr(c10d.Backend, name) for name in _BACKEND_TABLES)]
-
-
-def _restore_table(table: Any, saved: Any) -> None:
-    """Emptied and filled in place: torch's functions hold these objects."""
-    if table != saved:
-        table.clear()
-        if isinstance(table, dict):
-            table.update(saved)
-        else:
-            table.extend(saved)
