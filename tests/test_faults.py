@@ -1,9 +1,11 @@
 """Fault injection: faults checked and named (pure), the watchdog's policy on a rank killed on
-purpose (hand-made states), and faults fired on real ranks, reported as injected."""
+purpose (hand-made states), and faults fired on real ranks, reported as injected.  The faults that
+replace a call, fired: tests/test_replacing_faults.py."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from snapshots import NOW, R3, R4, call, killed, ok, rank, snap
@@ -37,12 +39,30 @@ def test_faults_read_as_the_report_names_them():
     assert str(faults.disconnect(rank=1, at="all_reduce")) == (
         "connections to its peers broken on rank 1 at all_reduce call 1"
     )
+    assert str(faults.skip(rank=1, at="all_reduce", call=2)) == "call skipped on rank 1 at all_reduce call 2"
+    assert str(faults.extra(rank=0, at="barrier")) == "call made twice on rank 0 at barrier call 1"
+    assert str(faults.change(rank=1, at="all_reduce", shape=[3, 2], dtype="float64")) == (
+        "call changed to shape [3, 2], dtype float64 on rank 1 at all_reduce call 1"
+    )
+    assert str(faults.change(rank=1, at="all_reduce", op="broadcast")) == (
+        "call changed to op broadcast on rank 1 at all_reduce call 1"
+    )
+    assert str(faults.change(rank=1, at="reduce", reduce_op="MAX")) == (
+        "call changed to reduce op MAX on rank 1 at reduce call 1"
+    )
 
 
 def test_raise_without_an_exception_raises_a_runtime_error_naming_the_fault():
     fault = faults.raise_(rank=1, at="barrier", call=2, exc=KeyError)
     assert isinstance(fault.exc, KeyError) and "rank 1 at barrier call 2" in str(fault.exc)
     assert isinstance(faults.raise_(rank=0, at="barrier").exc, RuntimeError)
+
+
+def test_a_torch_dtype_is_kept_by_name_and_a_list_shape_as_a_tuple():
+    torch = pytest.importorskip("torch")
+    fault = faults.change(rank=0, at="all_reduce", shape=[2], dtype=torch.float64)
+    assert (fault.shape, fault.dtype) == ((2,), "float64")
+    assert parse_faults([fault], 2, True) == (fault,)  # checked: a valid change
 
 
 def test_only_kill_and_exit_end_the_rank():
@@ -63,10 +83,27 @@ def test_only_kill_and_exit_end_the_rank():
         (faults.kill(rank=1, at="init_process_group"), "use init=False to inject a fault there"),
         ("kill rank 1", "'kill rank 1' is not a fault: make one with pytest_ddp.faults"),
         ([faults.kill(1, "barrier"), faults.hang(1, "barrier")], "two faults on rank 1 at barrier call 1"),
+        # the faults that replace a call
+        (faults.change(rank=1, at="all_reduce"), "change needs what to change: shape=, dtype=, op= or reduce_op="),
+        (faults.change(rank=1, at="all_reduce", shape=(2, -1)), "shape=(2, -1) must be a tuple of ints >= 0"),
+        (faults.change(rank=1, at="all_reduce", shape="3"), "shape='3' must be a tuple of ints >= 0"),
+        (faults.change(rank=1, at="all_reduce", dtype="float"), "dtype='float' is not a torch dtype; one of bool"),
+        (faults.change(rank=1, at="barrier", dtype="float64"), "change the call's tensor, and barrier"),
+        (faults.change(rank=1, at="all_reduce", op="all_reduce"), "op='all_reduce' must be another collective: one of"),
+        (faults.change(rank=1, at="all_reduce", op="send"), "op='send' must be another collective"),
+        (faults.change(rank=1, at="all_gather", op="barrier"), "op= changes one of all_reduce, broadcast, reduce"),
+        (faults.change(rank=1, at="all_reduce", reduce_op="sum"), "reduce_op='sum' must be one of SUM, AVG"),
+        (faults.change(rank=1, at="broadcast", reduce_op="MAX"), "reduce_op= changes the reduce op of all_reduce"),
+        (faults.skip(rank=1, at="new_group"), "skip replaces a call of a torch.distributed communication function"),
+        (faults.extra(rank=1, at="mpi.Allreduce"), "extra replaces a call of a torch.distributed communication"),
+        (faults.skip(rank=1, at="all_gather_into_tensor_coalesced"), "all_gather_into_tensor_coalesced is not one"),
+        (faults.skip(rank=4, at="all_reduce"), "skip(rank=4, at='all_reduce', call=1): there is no rank 4"),
+        ([faults.skip(1, "barrier"), faults.extra(1, "barrier")], "two faults on rank 1 at barrier call 1"),
+        ([faults.kill(1, "barrier"), faults.skip(1, "barrier", call=2)], "can never fire: SIGKILL on rank 1"),
     ],
 )
 def test_bad_faults_say_what_is_wrong(declared, message):
-    with pytest.raises(SpecError, match="^faults: .*" + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SpecError, match="^faults: .*" + re.escape(message)):
         parse_faults(declared if isinstance(declared, list) else [declared], 4, True)
 
 
@@ -118,15 +155,6 @@ def test_a_survivor_recovering_outside_any_collective_is_not_stopped_after_the_g
     recovering = rank(0, ok("all_reduce", 1), call("all_reduce", 2, state="raised"))
     verdict = watchdog.judge(snap(recovering, killed(1, ok("all_reduce", 1)), grace=0.1))
     assert verdict.status == "wait"
-
-
-def test_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
-    """Its peers raised first: without the settle time it would be named as waiting for them."""
-    peers = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
-             for r in (0, 2)]
-    disconnected = rank(1, call("all_reduce", 1, ranks=R3))
-    disconnected.injected.append(Injected("broken", "disconnect", "all_reduce", 1))
-    assert watchdog.Watch().verdict(snap(peers[0], disconnected, peers[1])) is None
 
 
 def test_a_peer_of_a_disconnected_rank_still_in_its_call_is_given_time_to_raise():
@@ -183,7 +211,7 @@ def test_faults_fire_only_in_their_test_and_are_reported(ddp_pytester, tmp_path)
     assert [i["text"] for i in report["injected"]] == ["hang on rank 0 at barrier call 2"]
 
 
-def test_a_bad_fault_is_the_error_of_its_test_naming_it(ddp_pytester):
+def test_a_bad_fault_is_the_error_of_its_test_naming_it_and_nothing_starts(ddp_pytester):
     result = ddp_pytester.run(
         """
         from pytest_ddp import faults
@@ -195,19 +223,29 @@ def test_a_bad_fault_is_the_error_of_its_test_naming_it(ddp_pytester):
         @pytest.mark.ddp(world_size=2, faults=[faults.kill(rank=1, at="allreduce")])
         def test_typo():
             pass
+
+        # Once accepted, and the rank exited 0 (an exit status is the code's low byte).
+        @pytest.mark.ddp(world_size=2, faults=[faults.exit(rank=1, at="all_reduce", code=256)])
+        def test_exit():
+            pass
         """
     )
-    result.assert_outcomes(errors=2)
+    result.assert_outcomes(errors=3)
     result.stdout.fnmatch_lines([
         "*ERROR at setup of test_bad *",
         "faults: kill(rank=2, at='all_reduce', call=1): there is no rank 2 in world_size 2*",
         "*ERROR at setup of test_typo *",
         "faults: kill(rank=1, at='allreduce', call=1): 'allreduce' is not*(in @pytest.mark.ddp)",
+        "*ERROR at setup of test_exit *",
+        "faults: exit(rank=1, at='all_reduce', call=1): code=256 "
+        "must be an int from 0 to 255 (an exit status) (in @pytest.mark.ddp)",
     ], consecutive=True)
+    result.stdout.no_fnmatch_line("*rank group* started*")
 
 
 def test_ranks_still_in_their_calls_after_a_disconnect_get_the_grace_not_only_the_settle_time():
-    """On a loaded machine the disconnected rank raises last, after the settle time: as for a rank
+    """Its peers raised first: without the settle time the disconnected rank would be named as
+    waiting for them.  On a loaded machine it raises last, after the settle time: as for a rank
     killed on purpose, the verdict waits up to the grace for it (and no longer)."""
     peers = [rank(r, call("all_reduce", 1, ranks=R3, state="raised"), finished=True, failed="Connection closed")
              for r in (0, 2)]

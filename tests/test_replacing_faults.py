@@ -1,70 +1,12 @@
-"""The faults that replace a call (skip, extra, change): declared and checked (pure), and each
-fired once on real ranks, in one inner session, with what the diagnosis then says."""
+"""The faults that replace a call (skip, extra, change), each fired once on real ranks, in one inner
+session, with what the diagnosis then says.  Declared and checked: tests/test_faults.py."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from conftest import HEADER
-from pytest_ddp import faults
-from pytest_ddp.config.spec import SpecError, parse_faults
 from pytest_ddp.report.writable import file_name
-
-# -- declared and checked -------------------------------------------------------------
-
-
-def test_replacing_faults_read_as_the_report_names_them():
-    assert str(faults.skip(rank=1, at="all_reduce", call=2)) == "call skipped on rank 1 at all_reduce call 2"
-    assert str(faults.extra(rank=0, at="barrier")) == "call made twice on rank 0 at barrier call 1"
-    assert str(faults.change(rank=1, at="all_reduce", shape=[3, 2], dtype="float64")) == (
-        "call changed to shape [3, 2], dtype float64 on rank 1 at all_reduce call 1"
-    )
-    assert str(faults.change(rank=1, at="all_reduce", op="broadcast")) == (
-        "call changed to op broadcast on rank 1 at all_reduce call 1"
-    )
-    assert str(faults.change(rank=1, at="reduce", reduce_op="MAX")) == (
-        "call changed to reduce op MAX on rank 1 at reduce call 1"
-    )
-
-
-def test_a_torch_dtype_is_kept_by_name_and_a_list_shape_as_a_tuple():
-    torch = pytest.importorskip("torch")
-    fault = faults.change(rank=0, at="all_reduce", shape=[2], dtype=torch.float64)
-    assert (fault.shape, fault.dtype) == ((2,), "float64")
-    assert parse_faults([fault], 2, True) == (fault,)  # checked: a valid change
-
-
-@pytest.mark.parametrize(
-    ("declared", "message"),
-    [
-        (faults.change(rank=1, at="all_reduce"), "change needs what to change: shape=, dtype=, op= or reduce_op="),
-        (faults.change(rank=1, at="all_reduce", shape=(2, -1)), "shape=(2, -1) must be a tuple of ints >= 0"),
-        (faults.change(rank=1, at="all_reduce", shape="3"), "shape='3' must be a tuple of ints >= 0"),
-        (faults.change(rank=1, at="all_reduce", dtype="float"), "dtype='float' is not a torch dtype; one of bool"),
-        (faults.change(rank=1, at="barrier", dtype="float64"), "change the call's tensor, and barrier"),
-        (faults.change(rank=1, at="all_reduce", op="all_reduce"), "op='all_reduce' must be another collective: one of"),
-        (faults.change(rank=1, at="all_reduce", op="send"), "op='send' must be another collective"),
-        (faults.change(rank=1, at="all_gather", op="barrier"), "op= changes one of all_reduce, broadcast, reduce"),
-        (faults.change(rank=1, at="all_reduce", reduce_op="sum"), "reduce_op='sum' must be one of SUM, AVG"),
-        (faults.change(rank=1, at="broadcast", reduce_op="MAX"), "reduce_op= changes the reduce op of all_reduce"),
-        (faults.skip(rank=1, at="new_group"), "skip replaces a call of a torch.distributed communication function"),
-        (faults.extra(rank=1, at="mpi.Allreduce"), "extra replaces a call of a torch.distributed communication"),
-        (faults.skip(rank=1, at="all_gather_into_tensor_coalesced"), "all_gather_into_tensor_coalesced is not one"),
-        (faults.skip(rank=2, at="all_reduce"), "skip(rank=2, at='all_reduce', call=1): there is no rank 2"),
-        ([faults.skip(1, "barrier"), faults.extra(1, "barrier")], "two faults on rank 1 at barrier call 1"),
-        ([faults.kill(1, "barrier"), faults.skip(1, "barrier", call=2)], "can never fire: SIGKILL on rank 1"),
-    ],
-)
-def test_bad_replacing_faults_say_what_is_wrong(declared, message):
-    with pytest.raises(SpecError, match="^faults: .*" + _escaped(message)):
-        parse_faults(declared if isinstance(declared, list) else [declared], 2, True)
-
-
-def _escaped(text: str) -> str:
-    return "".join("\\" + c if c in "()[]?*+.^$|{}" else c for c in text)
-
 
 # -- on real ranks: one session, each fault fired once ------------------------------------
 
