@@ -11,6 +11,7 @@ JSON keeps every rank.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from itertools import groupby
 
@@ -170,18 +171,12 @@ def format_dump(dump: str, test_file: str) -> str:
     threads, main, threads_cut = stack_tree.threads(dump)
     if main is None:
         return format_stack(dump, test_file)
-    shown = [threads[main]]
-    idle: dict[str, int] = {}
-    for i, thread in enumerate(threads):
-        kind = stack_tree.thread_kind(thread) if i != main else "main"
-        if kind == "other":
-            shown.append(thread)
-        elif kind == "idle":
-            label = stack_tree.idle_label(thread)
-            idle[label] = idle.get(label, 0) + 1
+    others = [(thread, stack_tree.thread_kind(thread)) for i, thread in enumerate(threads) if i != main]
+    shown = [threads[main], *(thread for thread, kind in others if kind == "other")]
+    idle = Counter(stack_tree.idle_label(thread) for thread, kind in others if kind == "idle")
     texts = [format_stack("\n".join([t.header, *t.lines]).rstrip(), test_file) for t in shown]
     if idle:
-        count = sum(idle.values())
+        count = idle.total()
         each = "; ".join(label + (f" (x{n})" if n > 1 else "") for label, n in idle.items())
         texts.append(f"({count} idle library thread{'s' * (count > 1)}: {each})")
     if threads_cut:
