@@ -22,7 +22,7 @@ def write(directory: str, report: Report | StartFailure) -> Path:
     data = printable_data(json.loads(json.dumps(to_json(report), default=str)))
     with folder(directory) as parent:
         write_file(parent, f"{name}.json", json.dumps(data, indent=2).encode())
-        write_file(parent, f"{name}.trace.json", timeline.trace_json(data).encode())
+        write_file(parent, f"{name}.trace.json", json.dumps(timeline.trace(data)).encode())
         write_file(parent, f"{name}.html", picture.page(data).encode())
     if isinstance(report, Report):
         flight_recorder.write(directory, run.test_id, report.run.states, run.spec.backend, run.spec.timeout)

@@ -7,7 +7,6 @@ Pure: a report dict in, data and text out; times are seconds from the report's `
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,8 +177,3 @@ def trace(report: dict[str, Any]) -> dict[str, Any]:
     events.append(verdict)
     other = {"test": report["test"], "headline": headline(report), "verdict": verdict_name(report)}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
-
-
-def trace_json(report: dict[str, Any]) -> str:
-    """:func:`trace` as the text of a ``.trace.json`` file."""
-    return json.dumps(trace(report), default=str)

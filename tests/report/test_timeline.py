@@ -60,7 +60,7 @@ def events(trace: dict[str, Any], ph: str) -> list[dict[str, Any]]:
 
 
 def test_the_trace_has_a_track_per_rank_and_a_slice_per_call_in_microseconds() -> None:
-    trace = json.loads(timeline.trace_json(partial_hang()))
+    trace = json.loads(json.dumps(timeline.trace(partial_hang())))
     threads = {e["tid"]: e["args"]["name"] for e in events(trace, "M") if e["name"] == "thread_name"}
     assert sorted(threads.values()) == ["rank 0", "rank 1"]
     slices = [(threads[e["tid"]], e["name"], e["ts"], e["dur"]) for e in events(trace, "X")]
@@ -89,7 +89,7 @@ def test_the_trace_marks_the_stuck_call_the_ranks_ends_and_the_verdict() -> None
 
 
 def test_every_trace_event_has_what_the_trace_event_format_asks_for() -> None:
-    trace = json.loads(timeline.trace_json(partial_hang()))
+    trace = json.loads(json.dumps(timeline.trace(partial_hang())))
     assert set(trace) == {"traceEvents", "displayTimeUnit", "otherData"}
     for event in trace["traceEvents"]:
         assert event["ph"] in ("M", "X", "i") and isinstance(event["pid"], int) and isinstance(event["name"], str)
