@@ -178,11 +178,8 @@ class FakeGroup:
 
     store_address = None
 
-    def process(self, rank: int) -> None:
-        return None
-
-    def peak_rss(self, rank: int) -> int | None:
-        return 1 << 20
+    def look_at(self, state: RankState) -> None:
+        state.peak_rss = 1 << 20
 
     def test_output(self, rank: int) -> dict[str, str]:
         return {"stdout": f"out of rank {rank}\n", "stderr": ""}
@@ -471,42 +468,25 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
 
 
 @pytest.mark.parametrize(
-    "make_run, group",
+    "make_run",
     [
         # Ranks stopped before the test ended on all of them, whatever the verdict's kind.
-        (lambda: made_run(states_of(passes), Verdict("stopped")), standing()),
-        (lambda: made_run(states_of(passes), Verdict("timeout")), standing()),
-        (lambda: made_run(states_of(rank1_dies)), standing()),
-        (lambda: made_run(states_of(passes)), standing(alive=False)),
-        (lambda: made_run(states_of(passes), spec=dataclasses.replace(SPEC, isolated=True)), standing()),
-        (
-            lambda: made_run(
-                states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]
-            ),
-            standing(),
-        ),
-        (
-            lambda: made_run(
-                states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]
-            ),
-            standing(),
-        ),
-        (lambda: made_run(states_of(with_done(group_intact=False)), spec=MPI_SPEC), standing()),
-        (lambda: made_run(states_of(with_done(in_flight=[{"i": 0, "err": "Timed out"}]))), standing()),
-        (lambda: made_run(states_of(with_calls(collective(0, outcome="raised")))), standing()),
-        (
-            lambda: made_run(
-                states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")
-            ),
-            standing(),
-        ),
-        (lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0))), spec=MPI_SPEC), standing()),
+        lambda: made_run(states_of(passes), Verdict("stopped")),
+        lambda: made_run(states_of(passes), Verdict("timeout")),
+        lambda: made_run(states_of(rank1_dies)),
+        lambda: made_run(states_of(passes), spec=dataclasses.replace(SPEC, isolated=True)),
+        lambda: made_run(states_of(passes), sequence_differences=[CountDifference("WORLD", {0: 1, 1: 2})]),
+        lambda: made_run(states_of(passes), unfinished_work=[UnfinishedWork(0, None, 3, "still running")]),
+        lambda: made_run(states_of(with_done(group_intact=False)), spec=MPI_SPEC),
+        lambda: made_run(states_of(with_done(in_flight=[{"i": 0, "err": "Timed out"}]))),
+        lambda: made_run(states_of(with_calls(collective(0, outcome="raised")))),
+        lambda: made_run(states_of(with_calls(collective(0, "barrier", outcome="running"))), Verdict("done")),
+        lambda: made_run(states_of(with_calls(collective(0, DESTROY, seq=0))), spec=MPI_SPEC),
     ],
     ids=[
         "stopped verdict",
         "timeout verdict",
         "dead rank",
-        "group not alive",
         "isolated",
         "collectives differ",
         "unfinished work",
@@ -517,8 +497,12 @@ def test_a_clean_pass_and_an_ordinary_failure_keep_the_group() -> None:
         "destroy_process_group in an MPI world",
     ],
 )
-def test_a_group_is_dropped(make_run: Callable[[], TestRun], group: FakeGroup) -> None:
-    assert not group_is_reusable(make_run(), group)
+def test_a_group_is_dropped(make_run: Callable[[], TestRun]) -> None:
+    assert not group_is_reusable(make_run(), standing())
+
+
+def test_a_group_not_alive_after_its_test_is_dropped() -> None:
+    assert not group_is_reusable(made_run(states_of(passes)), standing(alive=False))
 
 
 @pytest.mark.parametrize(

@@ -78,19 +78,6 @@ def test_ddp_shared_path_is_one_directory_for_all_ranks_of_a_test(ddp_pytester) 
     assert (shared / "note.txt").read_text() == "from rank 0"
 
 
-def test_ddp_shared_path_outside_a_ddp_test_says_so(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        def test_plain(ddp_shared_path):
-            pass
-        """
-    )
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(
-        ["*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*"]
-    )
-
-
 BROKEN_MODULE_FIXTURE = """
 @pytest.fixture(scope="module")
 def resource():

@@ -104,10 +104,18 @@ def test_only_ranks_run_the_test_body_and_fixtures(ddp_pytester) -> None:
         """
         def test_plain(rank):
             pass
+
+        def test_plain_shared(ddp_shared_path):
+            pass
         """
     )
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*only available in tests marked @pytest.mark.ddp*"])
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*'rank' fixture is only available in tests marked @pytest.mark.ddp*",
+            "*'ddp_shared_path' fixture is only available in tests marked @pytest.mark.ddp*",
+        ]
+    )
 
 
 def test_failure_is_labelled_per_rank_with_sections_and_junit(ddp_pytester) -> None:
