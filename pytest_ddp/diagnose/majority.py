@@ -14,7 +14,7 @@ from itertools import pairwise
 from typing import TypeVar
 
 from pytest_ddp.diagnose import code_paths
-from pytest_ddp.diagnose.state import Call, RankState, site_parts
+from pytest_ddp.diagnose.state import Call, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
     Cycle,
@@ -351,22 +351,53 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
 
 def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
                        ) -> Verdict | None:
-    """A tie of a step more or a step less (``Departed.alike``) where the one rank that returned left,
-    as its code tells, by a ``break`` or ``return`` in a branch of the code for it alone
-    (:func:`pytest_ddp.diagnose.own_lines.left_at`), and the waiting rank's call is under no test of
-    the rank: the rank that returned departed from the code its peer runs, and is named alone
-    (speechbrain#2051: an early stop decided on the main process only), as :func:`one_rank_call` names
-    a caller in a branch for it."""
+    """Two ranks tied where one, as its code tells, left by a ``break`` or ``return`` in a branch of
+    the code for it alone (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`) and the
+    other's call is under no test of the rank: the first departed from the code its peer runs, and
+    is named alone, as :func:`one_rank_call` names a caller in a branch for it.  Either a step more
+    or a step less (``Departed.alike``) whose rank that returned left so after its last call
+    (:func:`pytest_ddp.diagnose.own_lines.left_at`; speechbrain#2051: an early stop decided on the
+    main process only), or two calls that differ (``Disagreement``) where one rank left so the
+    function the other's call is in, before that call (hoomd-blue#54: ``if world.rank == 1:
+    return`` before a ``Split`` the other makes, while it waits in the next ``Barrier``)."""
     finding = verdict.finding
-    if not isinstance(finding, Departed) or not finding.alike or len(finding.culprits) != 1:
+    if isinstance(finding, Departed) and finding.alike and len(finding.culprits) == 1:
+        if ranks[finding.culprits[0]].left_at is None:
+            return None
+        if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
+            return None
+        waiting = sorted(set(verdict.waiting) | set(finding.alike))
+        return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
+                                   finding=dataclasses.replace(finding, alike=[]))
+    if not isinstance(finding, Disagreement) or len(finding.entered) != 2 or _broken_tie(finding):
         return None
-    if ranks[finding.culprits[0]].left_at is None:
+    if any(_under_rank_test(call, source) is not False for call in finding.entered.values()):
         return None
-    if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
+    left: dict[int, str] = {}
+    a, b = finding.entered
+    for rank, other in ((a, b), (b, a)):
+        file, line = site_parts(finding.entered[other].site)
+        text = source(file)
+        if text is None or line is None:
+            return None
+        made = ops_made(ranks.values(), file)
+        lines = code_paths.leaves_in_own_branch(text, line, made, rank, from_entry=True)
+        if lines is None:
+            return None
+        if lines:
+            left[rank] = f"{file}:{lines[0]}"
+    if len(left) != 1:
         return None
-    waiting = sorted(set(verdict.waiting) | set(finding.alike))
-    return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
-                               finding=dataclasses.replace(finding, alike=[]))
+    [(culprit, where)] = left.items()
+    others = [r for r in finding.entered if r != culprit]
+    odd = dataclasses.replace(finding, odd=[culprit], left=where)
+    call = finding.entered[culprit]
+    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+
+
+def _broken_tie(finding: Disagreement) -> bool:
+    """Something recorded or the code already tells the tied ranks apart."""
+    return bool(finding.odd or finding.likely or finding.after or finding.skipped or finding.condition)
 
 
 def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
@@ -382,7 +413,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
     side's code is its own."""
     finding = verdict.finding
     if isinstance(finding, Disagreement) and len(finding.entered) == 2:
-        if finding.odd or finding.likely or finding.after or finding.skipped:
+        if _broken_tie(finding):
             return None
         entered = finding.entered
     elif isinstance(finding, Cycle) and finding.unmatched and not (finding.after or finding.skipped):
@@ -453,18 +484,7 @@ def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source
     text = source(file) if file == other else None
     if text is None or start is None or end is None:
         return None
-    ops: dict[int, set[str | None]] = {}
-    for c in (c for state in ranks.values() for c in state.calls if c.is_collective or c.is_p2p):
-        where, line = site_parts(c.site)
-        if where == file and line is not None:
-            ops.setdefault(line, set()).add(c.op if c.caller is None else None)
-    # The lines whose every call was one op, made there (not inside a library).
-    made: dict[int, str] = {}
-    for line, names in ops.items():
-        op = next(iter(names)) if len(names) == 1 else None
-        if op is not None:
-            made[line] = op
-    lines = code_paths.calls_between(text, start, end, made)
+    lines = code_paths.calls_between(text, start, end, ops_made(ranks.values(), file))
     return None if lines is None else [f"{file}:{line}" for line in lines]
 
 

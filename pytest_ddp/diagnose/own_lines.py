@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_ddp.diagnose import code_paths
-from pytest_ddp.diagnose.state import RankState, site_parts
+from pytest_ddp.diagnose.state import RankState, ops_made, site_parts
 
 # A traceback's frame line, as ``--tb=native`` writes it.
 _NATIVE = re.compile(r'\s*File "(?P<file>.*)", line (?P<line>\d+)')
@@ -80,11 +80,7 @@ def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str
     text = source(file)
     if text is None or start is None:
         return None
-    made: dict[int, str] = {}
-    for call in (c for s in ranks.values() for c in s.calls if c.caller is None and c.site):
-        where, line = site_parts(call.site)
-        if where == file and line is not None:
-            made[line] = call.op
+    made = ops_made(ranks.values(), file)
     if exited:
         lines = code_paths.exits_after(text, start, made)
     else:

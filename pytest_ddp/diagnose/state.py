@@ -5,6 +5,7 @@ current test (:mod:`pytest_ddp.common.protocol`); the watchdog judges a :class:`
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,17 @@ def site_parts(site: str) -> tuple[str, int | None]:
     """``"tests/t.py:12"`` -> ``("tests/t.py", 12)``; a site with no line number -> (it, None)."""
     file, _, line = site.rpartition(":")
     return (file, int(line)) if file and line.isdecimal() else (site, None)
+
+
+def ops_made(states: Iterable[RankState], file: str) -> dict[int, str]:
+    """Line of ``file`` -> the op the ranks' calls from it were, where they were all one op made
+    there, not inside a library (what :mod:`pytest_ddp.diagnose.code_paths` reads as a line's call)."""
+    ops: dict[int, set[str | None]] = {}
+    for call in (c for state in states for c in state.calls if c.is_collective or c.is_p2p):
+        where, line = site_parts(call.site)
+        if where == file and line is not None:
+            ops.setdefault(line, set()).add(call.op if call.caller is None else None)
+    return {line: op for line, names in ops.items() if len(names) == 1 and (op := next(iter(names))) is not None}
 
 
 def _peer_text(peer: int | None, mpi: bool) -> str:

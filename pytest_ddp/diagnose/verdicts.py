@@ -142,6 +142,9 @@ class Disagreement:
     # Where two tied and one's call is in a branch of the code for one rank, the other's on no rank
     # test (majority.one_rank_branch_tie): that branch's line; the first is then the odd rank.
     condition: str | None = None
+    # Else, where one of two left by a break or return in a branch for it alone the function the
+    # other's call is in, before it (majority.left_by_own_branch): that line; it is the odd rank.
+    left: str | None = None
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]

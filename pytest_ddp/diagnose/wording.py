@@ -324,6 +324,8 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         text += _odd_line(f, rest)
         if f.condition:
             text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
+        if f.left:
+            text += f" Rank {f.odd[0]} returned by {f.left} in a branch for it alone, before rank {rest[0]}'s call."
     else:
         text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):

@@ -225,6 +225,37 @@ def test_a_process_that_returned_before_init_by_its_own_branch_says_the_line() -
     ), verdict.summary
 
 
+SPLIT = """
+    def run_script(world):
+        if {condition}:
+            return
+        partition = world.Split(color=0, key=world.rank)
+
+
+    def test_x(world):
+        run_script(world)
+        world.Barrier()
+"""
+
+
+def _left_before(condition: str) -> Verdict:
+    """Rank 0 in the Split of run_script, rank 1 in the Barrier after it: both call #1 of the world."""
+    zero = rank(0, call("all_gather", 1, site="t.py:5"))
+    zero.calls[-1].outer = ("t.py:9",)
+    one = rank(1, call("barrier", 1, site="t.py:10"))
+    return watched(snap(zero, one), SPLIT.format(condition=condition))
+
+
+def test_a_rank_that_left_the_function_of_its_peers_call_by_its_own_branch_is_named() -> None:
+    # hoomd-blue#54: one rank's script ends before the communicator's Split every rank must make.
+    verdict = _left_before("world.rank == 1")
+    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert verdict.summary.startswith("rank 1 departs from rank 0 on collective #1: "), verdict.summary
+    assert "Rank 1 returned by t.py:4 in a branch for it alone, before rank 0's call." in verdict.summary
+    for condition in ("world.rank > 0", "done"):  # several ranks' branch, or no rank's: a tie
+        assert outline(_left_before(condition))[:3] == ("deadlock", "mismatch", [0, 1]), condition
+
+
 TIE = """
     def test_x(rank):
         dist.all_reduce(t)
