@@ -192,6 +192,8 @@ def shorten_library_frames(item: Any) -> None:
 
     def filtered(excinfo: Any) -> Any:
         traceback = original(excinfo)
+        if isinstance(excinfo.value, pytest.fail.Exception) and not excinfo.value.pytrace:
+            return traceback  # shown as its message alone, which a frame's own style would override
         return type(traceback)(
             entry if describe.users_file(str(entry.path)) else entry.with_repr_style("short")
             for entry in traceback

@@ -43,3 +43,18 @@ def test_what_counts_as_a_library() -> None:
 
     assert describe.users_file(torch.__file__) is None and describe.users_file(pytest.__file__) is None
     assert describe.users_file(__file__)
+
+
+def test_a_failure_a_library_raised_without_its_traceback_shows_its_message_alone(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest.fail(..., pytrace=False) from a library's frame (pytest-ddp's own: a thread left running)."""
+    library = pytester.mkdir("site-packages")
+    quiet = "import pytest\n\ndef fail():\n    pytest.fail('said alone', pytrace=False)\n"
+    (library / "quiet.py").write_text(quiet)
+    pytester.syspathinsert(library)
+    (item,) = pytester.getitems("import quiet\n\ndef test_it():\n    quiet.fail()\n")
+    shorten_library_frames(item)
+    with pytest.raises(pytest.fail.Exception) as excinfo:
+        item.runtest()
+    assert str(item.repr_failure(excinfo)) == "said alone"
