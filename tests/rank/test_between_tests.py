@@ -312,8 +312,8 @@ def test_a_failed_teardown_of_fixtures_kept_for_an_item_run_elsewhere_fails_the_
         """,
         test_other="def test_c():\n    pass\n",
     )
-    commands = [RunItem("test_kept.py::test_a", next="test_kept.py::test_b"), RunItem("test_other.py::test_c")]
-    channel = _Channel(commands)
+    sent_elsewhere = "test_kept.py::test_b"
+    channel = _Channel([RunItem("test_kept.py::test_a", sent_elsewhere), RunItem("test_other.py::test_c")])
     restorer = restore.Restorer()
     pytester.inline_run("-p", "no:cacheprovider", plugins=[session.RankSession(channel, restorer), restorer])
     reports = [(e.when, e.outcome) for e in channel.events if isinstance(e, Report)]
