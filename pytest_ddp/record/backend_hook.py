@@ -48,12 +48,13 @@ _traced_as: list[Callable[..., Any]] = []  # what traced_as added to torch.compi
 _NOT_FUNCTIONAL_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
 
-class _Functional(threading.local):
-    # See issued_by_functional().
-    running: str | None = None
+class _IssuedBy(threading.local):
+    # The functional collective that issued the c10d operation being recorded (its name in
+    # FUNCTIONAL_OPS, "" where it has none), or None.
+    functional: str | None = None
 
 
-_functional = _Functional()
+issued_by = _IssuedBy()
 
 
 def install(record: Record, record_functional: Record, wait: Wait, recording: Recording) -> bool:
@@ -96,12 +97,6 @@ def disarm() -> None:
 def armed() -> bool:
     """Whether every c10d operation is hooked."""
     return _collectives_library is not None
-
-
-def issued_by_functional() -> str | None:
-    """The functional collective that issued the c10d operation being recorded (its name in
-    FUNCTIONAL_OPS, "" where it has none), or None."""
-    return _functional.running
 
 
 def uninstall() -> None:
@@ -265,11 +260,11 @@ def _issuing(name: str) -> Handle:
 
     def issue(args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]) -> Any:
         arm()
-        outer, _functional.running = _functional.running, name
+        outer, issued_by.functional = issued_by.functional, name
         try:
             return run()
         finally:
-            _functional.running = outer
+            issued_by.functional = outer
 
     return issue
 

@@ -54,7 +54,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     log = numbering.log
     if log is None:
         return submit()
-    functional = backend_hook.issued_by_functional()
+    functional = backend_hook.issued_by.functional
     issued_async = functional is not None  # its caller blocks later, in wait_tensor
     if functional:  # named as the functional collective (all_gather_into_tensor, not its _coalesced)
         spec = dataclasses.replace(spec, op=functional)
