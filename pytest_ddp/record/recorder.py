@@ -73,9 +73,8 @@ def harness_collective(op: str, world_size: int, run: Callable[[], Any], root: i
         return run()
     _local.depth = 1
     try:
-        ranks = ",".join(map(str, range(world_size)))
-        site = describe.site(sys._getframe(1))
-        body = f'"op":"{op}","group":"harness","ranks":[{ranks}],{site},"t":{time.time()!r}'
+        group = describe.group_text("harness", list(range(world_size)))
+        body = f'"op":"{op}",{group},{describe.site(sys._getframe(1))},"t":{time.time()!r}'
         if root is not None:
             body += f',"root":{root}'
         index = numbers.write_call(log, body, ("harness",))
