@@ -126,41 +126,33 @@ def _colour(piece: Slice) -> str:
 def bars(pieces: list[Slice], x_of: Callable[[float], float], min_px: float) -> list[Bar]:
     """The bars of one lane: a call at least ``min_px`` wide (or stuck) alone, shorter calls close
     together merged, so a lane holds at most about ``2 * PLOT_W / min_px`` bars."""
-    out: list[Bar] = []
-    run: list[Slice] = []  # short calls merged so far
-
-    def flush() -> None:
-        if not run:
-            return
-        if len(run) == 1:
-            one = run[0]
-            out.append(Bar(x_of(one.start), x_of(one.end), _colour(one), one.label, _describe(one)))
-        else:
-            colours = {_colour(p) for p in run}
-            if RAISED in colours:
-                colour = RAISED
-            elif len(colours) == 1:
-                colour = colours.pop()
-            else:
-                colour = KIND_COLOURS["other"]
-            calls = f"{len(run)} calls, {run[0].label} to {run[-1].label}"
-            title = f"rank {run[0].rank}: {calls}, merged: each too short"
-            end = max(p.end for p in run)  # the last lane holds overlapping calls too (MAX_LANES)
-            out.append(Bar(x_of(run[0].start), x_of(end), colour, f"{len(run)} calls", title))
-        run.clear()
-
+    runs: list[list[Slice]] = []  # the calls of each bar
+    merging = False  # whether the last run is of short calls, which a short call close to it joins
     for piece in pieces:
-        x0 = x_of(piece.start)
-        x1 = x_of(piece.end) if not piece.stuck else LABEL_W + PLOT_W + TAIL
-        if piece.stuck or x1 - x0 >= min_px:
-            flush()
-            out.append(Bar(x0, x1, _colour(piece), piece.label, _describe(piece), piece.stuck))
+        alone = piece.stuck or x_of(piece.end) - x_of(piece.start) >= min_px
+        if merging and not alone and x_of(piece.start) - x_of(runs[-1][-1].end) < min_px:
+            runs[-1].append(piece)
         else:
-            if run and x0 - x_of(run[-1].end) >= min_px:
-                flush()
-            run.append(piece)
-    flush()
-    return out
+            runs.append([piece])
+        merging = not alone
+    return [_drawn(run, x_of) for run in runs]
+
+
+def _drawn(run: list[Slice], x_of: Callable[[float], float]) -> Bar:
+    first = run[0]
+    if len(run) == 1:
+        x1 = LABEL_W + PLOT_W + TAIL if first.stuck else x_of(first.end)  # stuck: on past the verdict
+        return Bar(x_of(first.start), x1, _colour(first), first.label, _describe(first), first.stuck)
+    colours = {_colour(p) for p in run}
+    if RAISED in colours:
+        colour = RAISED
+    elif len(colours) == 1:
+        colour = colours.pop()
+    else:
+        colour = KIND_COLOURS["other"]
+    title = f"rank {first.rank}: {len(run)} calls, {first.label} to {run[-1].label}, merged: each too short"
+    end = max(p.end for p in run)  # the last lane holds overlapping calls too (MAX_LANES)
+    return Bar(x_of(first.start), x_of(end), colour, f"{len(run)} calls", title)
 
 
 def _tick_step(span: float) -> float:
