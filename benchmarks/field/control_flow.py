@@ -328,4 +328,129 @@ assert "BLOOM" in index
         culprits=(0,),
         op="barrier",
     ),
+    Case(
+        name="validation_loader_barrier_on_main_worker_only",
+        url="https://github.com/neuralmagic/sparseml/pull/29",
+        summary="with DDP only the main worker downloads and runs the validation dataset, but a worker "
+        "barrier lingers at the dataset load point: the main worker waits there for processes that never "
+        "come; the fix removes that barrier",
+        world_size=2,
+        body="""\
+def create_dataset(name):  # scripts/pytorch_vision.py: the other workers wait for the main one's download
+    if rank > 0:
+        dist.barrier()
+    data = [torch.ones(2)] * 2  # torchvision's dataset, download=rank == 0
+    if rank == 0:
+        dist.barrier()  # <- culprit line
+    return data
+
+
+train_dataset = create_dataset("train")
+for x in train_dataset:
+    dist.all_reduce(x)  # the training steps
+if rank == 0:  # only the main worker loads and runs the validation dataset
+    val_dataset = create_dataset("val")
+""",
+        twin="""\
+def create_dataset(name, sync=True):
+    if sync and rank > 0:
+        dist.barrier()
+    data = [torch.ones(2)] * 2
+    if sync and rank == 0:
+        dist.barrier()
+    return data
+
+
+train_dataset = create_dataset("train")
+for x in train_dataset:
+    dist.all_reduce(x)
+if rank == 0:
+    val_dataset = create_dataset("val", sync=False)  # no worker barrier: the main worker alone
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+        held_out=True,
+    ),
+    Case(
+        name="validation_reduce_on_rank_with_shorter_loader",
+        url="https://github.com/lifeiteng/vall-e/pull/93",
+        summary="on 8 GPUs one rank consumes its data loader first, enters compute_validation_loss and "
+        "sticks in the loss tracker's reduce while the other ranks train the next batch; the fix "
+        "all-gathers each rank's stop-iteration status and stops all ranks when any stops",
+        world_size=3,
+        body="""\
+def compute_validation_loss():
+    tot_loss = torch.tensor([1.5, 10.0])  # MetricsTracker: loss sum and frames
+    dist.all_reduce(tot_loss)  # <- culprit line
+    return tot_loss[0] / tot_loss[1]
+
+
+model = DDP(nn.Linear(4, 1))
+train_dl = [torch.ones(2, 4)] * (2 if rank == 1 else 3)  # rank 1's loader runs out first
+for batch_idx, batch in enumerate(train_dl):
+    model(batch).sum().backward()
+valid_info = compute_validation_loss()
+""",
+        twin="""\
+def compute_validation_loss():
+    tot_loss = torch.tensor([1.5, 10.0])
+    dist.all_reduce(tot_loss)
+    return tot_loss[0] / tot_loss[1]
+
+
+model = DDP(nn.Linear(4, 1))
+train_dl = iter([torch.ones(2, 4)] * (2 if rank == 1 else 3))
+while True:
+    batch = next(train_dl, None)
+    stops = [torch.zeros(1) for _ in range(world_size)]
+    dist.all_gather(stops, torch.tensor([float(batch is None)]))  # every rank's stop_iteration
+    if any(s.item() for s in stops):
+        break  # if any of them stops, stop all the ranks
+    model(batch).sum().backward()
+valid_info = compute_validation_loss()
+""",
+        kind="mismatch",
+        culprits=(1,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="ci_metric_all_reduce_inside_main_rank_logging",
+        url="https://github.com/radixark/miles/pull/2684",
+        summary="log_train_step all-reduces the replay-check counts on the WORLD group, but on the "
+        "Megatron backend it is only called under is_first_replica_megatron_main_rank(), true on one "
+        "rank; the review: move the all_reduce outside the single-rank guard",
+        world_size=3,
+        body="""\
+def log_train_step(rollout_id, role_tag="actor/"):
+    counts = torch.tensor([3.0, 128.0])  # routing_replay_manager.pop_check_stats(): mismatched, checked
+    dist.all_reduce(counts)  # <- culprit line
+    mismatched, checked = counts.tolist()
+    return {f"ci/{role_tag}r3_mismatch_fraction": mismatched / checked if checked else 0.0}
+
+
+for rollout_id in range(2):
+    dist.all_reduce(torch.ones(4))  # the step's gradients
+    if rank == 0:  # is_first_replica_megatron_main_rank()
+        log_train_step(rollout_id)
+""",
+        twin="""\
+def log_train_step(rollout_id, counts, role_tag="actor/"):
+    mismatched, checked = counts.tolist()
+    return {f"ci/{role_tag}r3_mismatch_fraction": mismatched / checked if checked else 0.0}
+
+
+for rollout_id in range(2):
+    dist.all_reduce(torch.ones(4))
+    counts = torch.tensor([3.0, 128.0])
+    dist.all_reduce(counts)  # every WORLD rank collects its stats, outside the guard
+    if rank == 0:
+        log_train_step(rollout_id, counts)
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_reduce",
+        held_out=True,
+    ),
 ]

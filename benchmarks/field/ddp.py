@@ -495,4 +495,211 @@ dist.barrier()
         culprits=(1,),
         op="all_reduce",
     ),
+    Case(
+        name="ddp_early_stopping_breaks_rank0_only",
+        url="https://github.com/ultralytics/yolov5/pull/4576",
+        summary="EarlyStopping works on one GPU but not in DDP: the stop flag is not broadcast from RANK 0, "
+        "so the train loop breaks for RANK 0 only and training hangs",
+        world_size=2,
+        body="""\
+class EarlyStopping:  # utils/torch_utils.py
+    def __init__(self, patience=1):
+        self.best_fitness, self.best_epoch, self.patience = 0.0, 0, patience
+
+    def __call__(self, epoch, fitness):
+        if fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        return epoch - self.best_epoch >= self.patience
+
+
+model = DDP(nn.Linear(4, 1))
+stopper, stop = EarlyStopping(), False
+for epoch in range(4):
+    loss = model(torch.ones(2, 4)).sum()
+    loss.backward()  # <- culprit line
+    if rank == 0:  # RANK in {-1, 0}: validation and the stopper run here only
+        fi = [0.5, 0.6, 0.4, 0.3][epoch]  # fitness of the epoch
+        stop = stopper(epoch=epoch, fitness=fi)
+    if stop:
+        break
+""",
+        twin="""\
+class EarlyStopping:
+    def __init__(self, patience=1):
+        self.best_fitness, self.best_epoch, self.patience = 0.0, 0, patience
+
+    def __call__(self, epoch, fitness):
+        if fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        return epoch - self.best_epoch >= self.patience
+
+
+model = DDP(nn.Linear(4, 1))
+stopper, stop = EarlyStopping(), False
+for epoch in range(4):
+    loss = model(torch.ones(2, 4)).sum()
+    loss.backward()
+    if rank == 0:
+        fi = [0.5, 0.6, 0.4, 0.3][epoch]
+        stop = stopper(epoch=epoch, fitness=fi)
+    broadcast_list = [stop if rank == 0 else None]
+    dist.broadcast_object_list(broadcast_list, 0)  # broadcast 'stop' to all ranks
+    stop = broadcast_list[0]
+    if stop:
+        break  # every rank breaks
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="ddp_sampler_last_batch_not_redistributed",
+        url="https://github.com/lhotse-speech/lhotse/pull/1277",
+        summary="with drop_last=False the distributed sampler gives one rank a mini-batch more than the "
+        "others and the training loop hangs; the fix redistributes the last mini-batches so every rank "
+        "yields a partial one",
+        world_size=3,
+        body="""\
+cuts = list(range(14))
+batches = [cuts[i : i + 2] for i in range(0, len(cuts), 2)]  # 7 mini-batches of 2 cuts
+my_batches = batches[rank::world_size]  # drop_last=False: 3, 2 and 2 mini-batches
+model = DDP(nn.Linear(1, 1))
+for batch in my_batches:
+    x = torch.tensor(batch, dtype=torch.float32).unsqueeze(1)
+    model(x).sum().backward()  # <- culprit line
+""",
+        twin="""\
+cuts = list(range(14))
+batches = [cuts[i : i + 2] for i in range(0, len(cuts), 2)]
+full = len(batches) // world_size * world_size
+my_batches = batches[:full][rank::world_size]
+leftover = [cut for batch in batches[full:] for cut in batch]  # the last round, split across ranks
+my_batches.append(leftover[rank::world_size] or leftover[:1])  # a partial mini-batch on every rank
+model = DDP(nn.Linear(1, 1))
+for batch in my_batches:
+    x = torch.tensor(batch, dtype=torch.float32).unsqueeze(1)
+    model(x).sum().backward()
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="ddp_ceil_partition_leaves_last_rank_short",
+        url="https://github.com/k2-fsa/snowfall/issues/152",
+        summary="the sampler partitions utterances with ceil(total / world_size), so the last rank gets "
+        "fewer; it exits earlier and the nodes with more utterances wait in the all_reduce of backward",
+        world_size=3,
+        body="""\
+from math import ceil
+
+total = 10  # utterances in the dataset
+per_partition = int(ceil(total / float(world_size)))
+partition_start = rank * per_partition
+partition_end = min(partition_start + per_partition, total)  # 4, 4 and 2 utterances
+model = DDP(nn.Linear(1, 1))
+for utt in range(partition_start, partition_end):
+    loss = model(torch.tensor([[float(utt)]])).sum()
+    loss.backward()  # <- culprit line
+""",
+        twin="""\
+total = 10
+per_partition = total // world_size  # the same number on every node, the remainder dropped
+partition_start = rank * per_partition
+partition_end = partition_start + per_partition
+model = DDP(nn.Linear(1, 1))
+for utt in range(partition_start, partition_end):
+    loss = model(torch.tensor([[float(utt)]])).sum()
+    loss.backward()
+""",
+        kind="partial",
+        culprits=(2,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="ddp_validation_forward_through_wrapper_on_rank0",
+        url="https://github.com/jpata/particleflow/pull/233",
+        summary="validation runs on a single GPU through the DDP-wrapped model, whose forward syncs its "
+        "buffers, while the other ranks wait at dist.barrier(); the fix runs the validation forward "
+        "pass with model.module()",
+        world_size=3,
+        body="""\
+model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+for epoch in range(2):
+    model(torch.randn(8, 4)).sum().backward()  # the epoch's training
+    if rank == 0:  # validation is only run on a single GPU
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(8, 4))  # <- culprit line
+        model.train()
+    dist.barrier()
+""",
+        twin="""\
+model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+for epoch in range(2):
+    model(torch.randn(8, 4)).sum().backward()
+    if rank == 0:
+        model.eval()
+        with torch.no_grad():
+            model.module(torch.randn(8, 4))  # model.module(): no DDP communication
+        model.train()
+    dist.barrier()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast",
+        held_out=True,
+    ),
+    Case(
+        name="ddp_expert_skipped_on_rank_without_tokens",
+        url="https://github.com/NVIDIA/Megatron-LM/pull/4851",
+        summary="a rank that receives zero locally-routed tokens skips the expert MLP's linear layers "
+        "while its peers run them; the autograd graphs diverge and the next DDP collective hangs; the "
+        "fix runs a zero-probability synthetic token through the experts",
+        world_size=2,
+        body="""\
+class MoELayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(4, 4)
+        self.linear_fc1 = nn.Linear(4, 4)  # TEGroupedMLP's experts
+
+    def forward(self, x, tokens_per_expert):
+        h = self.router(x)
+        if sum(tokens_per_expert) == 0:  # no token routed to this rank's experts
+            return h
+        return h + self.linear_fc1(h)
+
+
+model = DDP(MoELayer())
+tokens_per_expert = [0, 0] if rank == 1 else [3, 5]  # heavy expert-parallel imbalance
+loss = model(torch.ones(2, 4), tokens_per_expert).sum()
+loss.backward()  # <- culprit line
+""",
+        twin="""\
+class MoELayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(4, 4)
+        self.linear_fc1 = nn.Linear(4, 4)
+
+    def forward(self, x, tokens_per_expert):
+        h = self.router(x)
+        probs = 1.0 if sum(tokens_per_expert) else 0.0  # a synthetic token, zero routing probability
+        return h + probs * self.linear_fc1(h)  # the experts run on every rank
+
+
+model = DDP(MoELayer())
+tokens_per_expert = [0, 0] if rank == 1 else [3, 5]
+loss = model(torch.ones(2, 4), tokens_per_expert).sum()
+loss.backward()
+""",
+        kind="partial",
+        culprits=(1,),
+        op="all_reduce",
+        held_out=True,
+    ),
 ]

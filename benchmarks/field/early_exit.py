@@ -487,4 +487,119 @@ for step in range(2):
         culprits=(0,),
         op="barrier",
     ),
+    Case(
+        name="eval_hook_raises_on_rank_without_samples",
+        url="https://github.com/NVIDIA-TAO/tao-pytorch/pull/74",
+        summary="Lightning invokes the validation-epoch-end hook on a rank that received no samples; the "
+        "hook raised before the metric reduction and the other ranks deadlocked in it; the fix enters the "
+        "collective with zero local statistics",
+        world_size=3,
+        body="""\
+def on_validation_epoch_end(outputs):  # OneFormer's mIoU over the validation set
+    if not outputs:
+        raise RuntimeError("no validation outputs on this rank")  # <- culprit line
+    stats = torch.tensor([sum(i for i, _ in outputs), sum(u for _, u in outputs)], dtype=torch.float32)
+    dist.all_reduce(stats)  # intersect and union over ranks
+    return stats[0] / stats[1]
+
+
+outputs = [(3, 4), (2, 4)] if rank != 2 else []  # the small validation set leaves rank 2 no sample
+miou = on_validation_epoch_end(outputs)
+""",
+        twin="""\
+def on_validation_epoch_end(outputs):
+    # enter the collective with zero local statistics, so that ranks cannot diverge
+    stats = torch.tensor([sum(i for i, _ in outputs), sum(u for _, u in outputs)], dtype=torch.float32)
+    dist.all_reduce(stats)
+    return stats[0] / stats[1]
+
+
+outputs = [(3, 4), (2, 4)] if rank != 2 else []
+miou = on_validation_epoch_end(outputs)
+assert miou.item() == 10 / 16
+""",
+        kind="rank_exited",
+        culprits=(2,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="webdataset_rank_without_shards",
+        url="https://github.com/webdataset/webdataset/issues/188",
+        summary="one shard file for two training processes: the process that ends up with no shard has "
+        "an empty epoch and the other hangs in the step it never takes; the answer: enough shards for "
+        "every process",
+        world_size=2,
+        body="""\
+shards = ["shard-000000.tar"]  # a large samples_per_shard: all samples in one shard file
+my_shards = shards[rank::world_size]  # split by node: rank 1 gets none
+model = DDP(nn.Linear(4, 1))
+for shard in my_shards:
+    for sample in range(3):  # the samples of the shard
+        model(torch.ones(1, 4)).sum().backward()  # <- culprit line
+""",
+        twin="""\
+shards = [f"shard-{i:06d}.tar" for i in range(2)]  # a smaller samples_per_shard: a shard per process
+my_shards = shards[rank::world_size]
+model = DDP(nn.Linear(4, 1))
+for shard in my_shards:
+    for sample in range(3):
+        model(torch.ones(1, 4)).sum().backward()
+""",
+        kind="partial",
+        culprits=(1,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="dataset_downloaded_on_node_zero_only",
+        url="https://github.com/pytorch/ignite/pull/1924",
+        summary="the examples download the dataset on rank 0 only (idist.get_rank() > 0 waits), so the "
+        "processes of the second node find no dataset on their disk and fail while the first node's wait "
+        "to train; the fix downloads on each node's local rank 0",
+        world_size=4,
+        body="""\
+def CIFAR10(root, download=False):  # torchvision's dataset: the files on this node's disk
+    if download:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "cifar-10-batches-py").write_text("data")
+    if not (root / "cifar-10-batches-py").exists():
+        raise RuntimeError("Dataset not found or corrupted.")  # <- culprit line
+    return [torch.ones(4)] * 2
+
+
+node_root = ddp_shared_path / f"node{rank // 2}"  # two nodes of two processes, a disk each
+if rank > 0:  # idist.get_rank() > 0: ensure that only rank 0 downloads the dataset
+    dist.barrier()
+train_ds = CIFAR10(node_root, download=rank == 0)
+if rank == 0:
+    dist.barrier()
+for x in train_ds:
+    dist.all_reduce(x)  # the training steps
+""",
+        twin="""\
+def CIFAR10(root, download=False):
+    if download:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "cifar-10-batches-py").write_text("data")
+    if not (root / "cifar-10-batches-py").exists():
+        raise RuntimeError("Dataset not found or corrupted.")
+    return [torch.ones(4)] * 2
+
+
+node_root = ddp_shared_path / f"node{rank // 2}"
+local_rank = rank % 2
+if local_rank > 0:  # idist.get_local_rank() > 0: local rank 0 downloads on each node
+    dist.barrier()
+train_ds = CIFAR10(node_root, download=local_rank == 0)
+if local_rank == 0:
+    dist.barrier()
+for x in train_ds:
+    dist.all_reduce(x)
+""",
+        kind="rank_exited",
+        culprits=(2, 3),
+        op="all_reduce",
+        held_out=True,
+    ),
 ]
