@@ -283,4 +283,32 @@ dist.destroy_process_group()
         culprits=(2, 3),
         op="init_process_group",
     ),
+    Case(
+        name="init_node_rank_zero_given_on_every_node",
+        url="https://github.com/NVIDIA/nvidia-resiliency-ext/issues/142",
+        summary="the in-process and checkpoint examples stuck on a 2-node run: the torchrun command "
+        "carried --node-rank=0 on both nodes; removing the flag fixed the hang",
+        world_size=4,
+        init=False,
+        body="""\
+nproc_per_node, local_rank = 2, rank % 2  # two nodes of two processes
+node_rank = 0  # torchrun --node-rank=0, on both nodes' command line
+os.environ["RANK"] = str(node_rank * nproc_per_node + local_rank)
+dist.init_process_group("gloo")  # <- culprit line
+dist.barrier()
+dist.destroy_process_group()
+""",
+        twin="""\
+nproc_per_node, local_rank = 2, rank % 2
+node_rank = rank // 2  # no --node-rank: the rendezvous assigns each node its own
+os.environ["RANK"] = str(node_rank * nproc_per_node + local_rank)
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+""",
+        kind="init",
+        culprits=(2, 3),
+        op="init_process_group",
+        held_out=True,
+    ),
 ]

@@ -575,4 +575,120 @@ for epoch in range(2):
         culprits=(0,),
         op="barrier",
     ),
+    Case(
+        name="lightning_log_dict_keys_on_rank_zero_only",
+        url="https://github.com/Lightning-AI/pytorch-lightning/issues/7129",
+        summary="the evaluation metrics are reduced on rank 0 and logged in validation_epoch_end, the other "
+        "ranks log an empty dict; the logger's sync all-gathers each logged key, and training is stuck "
+        "until the NCCL timeout",
+        world_size=2,
+        body="""\
+def log_dict(metrics):  # self.log_dict(res): each logged value gathered across processes
+    for name, value in metrics.items():
+        gathered = [torch.zeros_like(value) for _ in range(world_size)]
+        dist.all_gather(gathered, value)  # <- culprit line
+
+
+res = {}
+if rank == 0:  # the evaluator reduced the metrics on rank 0
+    res = {"reduced_metric": torch.tensor(0.1)}
+log_dict(res)
+""",
+        twin="""\
+def log_dict(metrics):
+    for name, value in metrics.items():
+        gathered = [torch.zeros_like(value) for _ in range(world_size)]
+        dist.all_gather(gathered, value)
+
+
+res = {"reduced_metric": torch.tensor(0.0)}  # the same keys on every rank
+if rank == 0:
+    res = {"reduced_metric": torch.tensor(0.1)}
+log_dict(res)
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather",
+        held_out=True,
+    ),
+    Case(
+        name="accelerated_trainer_gather_of_short_last_batch",
+        url="https://github.com/Chris-hughes10/pytorch-accelerated/pull/53",
+        summary="Trainer.evaluate on several GPUs: the last batch holds fewer samples on one process, and "
+        "Trainer.gather of the predictions freezes the run without a word; the fix asks for a "
+        "padding_value, which pads across processes before the gather",
+        world_size=3,
+        body="""\
+from accelerate import PartialState
+from accelerate.utils import gather
+
+PartialState(cpu=True)  # accelerate launch --cpu
+eval_dataset = list(range(17))
+shard = eval_dataset[rank::world_size]  # 6, 6 and 5 samples, batches of 3
+for start in range(0, len(shard), 3):
+    preds = torch.tensor(shard[start : start + 3], dtype=torch.float32)
+    all_preds = gather(preds)  # <- culprit line
+""",
+        twin="""\
+from accelerate import PartialState
+from accelerate.utils import gather, pad_across_processes
+
+PartialState(cpu=True)
+eval_dataset = list(range(17))
+shard = eval_dataset[rank::world_size]
+for start in range(0, len(shard), 3):
+    preds = torch.tensor(shard[start : start + 3], dtype=torch.float32)
+    preds = pad_across_processes(preds, pad_index=-1)  # Trainer.gather(preds, padding_value=-1)
+    all_preds = gather(preds)
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="all_gather",
+        held_out=True,
+    ),
+    Case(
+        name="accelerate_save_state_on_main_process_with_deepspeed",
+        url="https://github.com/huggingface/accelerate/issues/1171",
+        summary="diffusers' LoRA example calls accelerator.save_state under `if accelerator.is_main_process`; "
+        "with DeepSpeed on several GPUs it hangs, since the engine's checkpoint save is collective",
+        world_size=3,
+        body="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)  # accelerate launch --cpu
+
+
+def save_state(output_dir):  # Accelerator.save_state -> DeepSpeedEngine.save_checkpoint
+    dist.barrier()  # <- culprit line
+    if state.is_main_process:
+        torch.save({"unet_lora": torch.ones(2)}, output_dir / "pytorch_model.bin")
+
+
+for global_step in range(1, 3):
+    dist.all_reduce(torch.ones(2))  # the step's gradients
+    if state.is_main_process and global_step % 2 == 0:  # checkpointing_steps
+        save_state(ddp_shared_path)
+""",
+        twin="""\
+from accelerate import PartialState
+
+state = PartialState(cpu=True)
+
+
+def save_state(output_dir):
+    dist.barrier()
+    if state.is_main_process:
+        torch.save({"unet_lora": torch.ones(2)}, output_dir / "pytorch_model.bin")
+
+
+for global_step in range(1, 3):
+    dist.all_reduce(torch.ones(2))
+    if global_step % 2 == 0:  # save_state on every process
+        save_state(ddp_shared_path)
+""",
+        kind="partial",
+        culprits=(0,),
+        op="barrier",
+        held_out=True,
+    ),
 ]

@@ -176,4 +176,30 @@ dist.barrier()
         culprits=(0,),
         op="broadcast_object_list",
     ),
+    Case(
+        name="gather_object_list_passed_by_local_rank",
+        url="https://github.com/EvolvingLMMs-Lab/lmms-eval/issues/322",
+        summary="multi-node evaluation fails in gather_object: the evaluator passes the gather list where "
+        "its own rank is 0, and that rank is the process's local rank, so the first process of the "
+        "second node passes a list on a non-destination rank",
+        world_size=4,
+        body="""\
+local_rank = rank % 2  # two nodes of two processes: lm.rank is the process's local rank
+samples = {"doc_id": [rank], "resps": [f"answer {rank}"]}
+full_samples = [None] * world_size if local_rank == 0 else None
+dist.gather_object(obj=samples, object_gather_list=full_samples, dst=0)  # <- culprit line
+""",
+        twin="""\
+local_rank = rank % 2
+samples = {"doc_id": [rank], "resps": [f"answer {rank}"]}
+full_samples = [None] * world_size if dist.get_rank() == 0 else None  # the global rank
+dist.gather_object(obj=samples, object_gather_list=full_samples, dst=0)
+if rank == 0:
+    assert [s["doc_id"] for s in full_samples] == [[0], [1], [2], [3]]
+""",
+        kind="rank_exited",
+        culprits=(2,),
+        op="gather_object",
+        held_out=True,
+    ),
 ]

@@ -294,4 +294,93 @@ for epoch in range(2):
         culprits=(0,),
         op=None,
     ),
+    Case(
+        name="validation_on_rank0_outlasts_collective_timeout",
+        url="https://github.com/Synthefy/synthefy-nori/pull/86",
+        summary="validation runs on rank 0 only; the other ranks block in the post-eval broadcast of the "
+        "stop flag for the whole eval, and an eval longer than the collective timeout aborts the run; "
+        "the fix raises the timeout",
+        world_size=2,
+        body="""\
+def run_validation():  # Trainer._run_validation: 30 datasets, on rank 0 only
+    time.sleep(60)  # <- culprit line
+
+
+for step in range(2):
+    dist.all_reduce(torch.ones(2))  # the training steps
+if rank == 0:
+    run_validation()
+stop_tensor = torch.zeros(1)
+dist.broadcast(stop_tensor, src=0)
+""",
+        twin="""\
+def run_validation():  # the eval fits in the collective timeout
+    time.sleep(0.1)
+
+
+for step in range(2):
+    dist.all_reduce(torch.ones(2))
+if rank == 0:
+    run_validation()
+stop_tensor = torch.zeros(1)
+dist.broadcast(stop_tensor, src=0)
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+        held_out=True,
+    ),
+    Case(
+        name="tokenization_on_main_process_past_timeout",
+        url="https://github.com/hiyouga/LlamaFactory/issues/2424",
+        summary="tokenizing a dataset of three million rows on the main process first takes more than "
+        "the 30-minute collective timeout, and the other processes, waiting for its cache, fail",
+        world_size=3,
+        body="""\
+from contextlib import contextmanager
+
+
+@contextmanager
+def main_process_first():  # training_args.main_process_first(desc="pre-process dataset")
+    if rank != 0:
+        dist.barrier()  # the others wait for the main process's cache
+    yield
+    if rank == 0:
+        dist.barrier()
+
+
+def tokenize_dataset():  # dataset.map(preprocess_func, batched=True): from the cache off rank 0
+    if rank == 0:
+        time.sleep(60)  # <- culprit line
+
+
+with main_process_first():
+    tokenize_dataset()
+""",
+        twin="""\
+from contextlib import contextmanager
+
+
+@contextmanager
+def main_process_first():
+    if rank != 0:
+        dist.barrier()
+    yield
+    if rank == 0:
+        dist.barrier()
+
+
+def tokenize_dataset():  # a dataset the main process tokenizes within the timeout
+    if rank == 0:
+        time.sleep(0.1)
+
+
+with main_process_first():
+    tokenize_dataset()
+""",
+        kind="timeout",
+        culprits=(0,),
+        op=None,
+        held_out=True,
+    ),
 ]
