@@ -300,4 +300,84 @@ dist.all_reduce(total_loss)
         culprits=(2,),
         op="all_gather_into_tensor",
     ),
+    Case(
+        name="fsdp2_rank_divergent_parameter_use",
+        url="https://github.com/pytorch/pytorch/pull/170667",
+        summary="FSDP with conditional parameter usage: a rank whose batch never reaches a submodule has "
+        "no gradient for its parameters, and the post-backward reduce-scatters differ across ranks",
+        world_size=3,
+        body="""\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.expert = nn.Linear(4, 4)  # used only for the batches routed to it
+
+    def forward(self, x, routed):
+        h = self.shared(x)
+        return self.expert(h) if routed else h
+
+
+mesh = init_device_mesh("cpu", (world_size,))
+model = Net()
+fully_shard(model, mesh=mesh)
+routed = rank != 2  # rank 2's batch is never routed to the expert
+loss = model(torch.ones(2, 4), routed).sum()
+loss.backward()  # <- culprit line
+""",
+        twin="""\
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.expert = nn.Linear(4, 4)
+
+    def forward(self, x, routed):
+        h = self.shared(x)
+        out = self.expert(h)  # run on every rank: a zero gradient where the batch is not routed
+        return out if routed else h + 0 * out
+
+
+mesh = init_device_mesh("cpu", (world_size,))
+model = Net()
+fully_shard(model, mesh=mesh)
+routed = rank != 2
+loss = model(torch.ones(2, 4), routed).sum()
+loss.backward()
+""",
+        kind="mismatch",
+        culprits=(2,),
+        op="reduce_scatter_tensor",
+        held_out=True,
+    ),
+    Case(
+        name="fsdp2_empty_shard_all_to_all_sizes_differ",
+        url="https://github.com/microsoft/dion/pull/74",
+        summary="a 2D weight with fewer rows than ranks, sharded by FSDP2's contiguous chunking, leaves a "
+        "rank an empty (0, D) shard; its all_to_all chunks differ in size from the others' and the "
+        "all_to_all deadlocks; the fix pads every rank to the same ceil(rows / world_size)",
+        world_size=4,
+        body="""\
+weight = torch.randn(3, 8)  # (num_attention_heads, hidden): 3 rows over 4 ranks
+shards = list(torch.chunk(weight, world_size))  # contiguous chunking: ranks 0-2 a row each
+local = shards[rank] if rank < len(shards) else weight.new_zeros(0, 8)  # rank 3: a (0, 8) shard
+input_chunks = [local.clone() for _ in range(world_size)]
+output_chunks = [torch.empty_like(local) for _ in range(world_size)]
+dist.all_to_all(output_chunks, input_chunks)  # <- culprit line
+""",
+        twin="""\
+weight = torch.randn(3, 8)
+shards = list(torch.chunk(weight, world_size))
+local = shards[rank] if rank < len(shards) else weight.new_zeros(0, 8)
+padded = -(-weight.shape[0] // world_size)  # ceil(rows / world_size): the same on every rank
+local = torch.cat([local, local.new_zeros(padded - local.shape[0], 8)])
+input_chunks = [local.clone() for _ in range(world_size)]
+output_chunks = [torch.empty_like(local) for _ in range(world_size)]
+dist.all_to_all(output_chunks, input_chunks)
+""",
+        kind="mismatch",
+        culprits=(3,),
+        op="all_to_all",
+        held_out=True,
+    ),
 ]

@@ -293,4 +293,82 @@ comm.Barrier()
         culprits=(2,),
         op="Barrier",
     ),
+    Case(
+        name="mpi_uneven_samples_one_rank_fewer_steps",
+        url="https://github.com/argonne-lcf/dlio_benchmark/pull/339",
+        summary="145 sample files over 3 ranks with batches of 16: ranks 0 and 1 take 3 steps, rank 2 "
+        "only 2, so the per-step barriers fall out of step and ranks 0 and 1 wait at a barrier rank 2 "
+        "never reaches; the fix aligns the number of sample files at initialization",
+        world_size=3,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+batch_size = 16
+samples = [49, 49, 47][comm.rank]  # 145 sample files over 3 ranks
+for step in range(samples // batch_size):  # full batches only: 3, 3 and 2 steps
+    time.sleep(0.01)  # framework.compute(batch, epoch, block_step, computation_time)
+    comm.barrier()  # <- culprit line
+comm.barrier()  # end of _train
+comm.barrier()  # after the epoch's checkpoint
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+batch_size = 16
+samples = 145 // comm.size  # the number of sample files aligned at initialization: 48 each
+for step in range(samples // batch_size):
+    time.sleep(0.01)
+    comm.barrier()
+comm.barrier()
+comm.barrier()
+""",
+        kind="partial",
+        culprits=(2,),
+        op="barrier",
+        held_out=True,
+    ),
+    Case(
+        name="mpi_root_sends_to_itself_before_receiving",
+        url="https://github.com/Chengcheng-Xiao/mpiPyMC/issues/2",
+        summary="the program never stops: every process, the collecting one included, sends its "
+        "results with comm.send to rank 0 before rank 0 posts its comm.recv, and a blocking send to the "
+        "same process hangs; the fix makes rank 0 a main node that only collects",
+        world_size=3,
+        body="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def monte_carlo(temperature):  # the Ising lattice's energy and magnetization, sweep by sweep
+    return [float(temperature)] * 200_000
+
+
+comm.send(monte_carlo(comm.rank), dest=0, tag=11)  # <- culprit line
+if comm.rank == 0:
+    results = [comm.recv(source=r, tag=11) for r in range(comm.size)]
+""",
+        twin="""\
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+
+
+def monte_carlo(temperature):
+    return [float(temperature)] * 200_000
+
+
+if comm.rank == 0:  # the main node only collects
+    results = [monte_carlo(0)] + [comm.recv(source=r, tag=11) for r in range(1, comm.size)]
+    assert len(results) == comm.size
+else:
+    comm.send(monte_carlo(comm.rank), dest=0, tag=11)
+""",
+        kind="p2p_cycle",
+        culprits=(0,),
+        op="send",
+        held_out=True,
+    ),
 ]
