@@ -324,33 +324,32 @@ class RankProcess:
     dump_offset: int = 0
 
 
-def bound_store(address: str, world_size: int, timeout: float) -> tuple[Any, socket.socket]:
-    """A TCPStore server on ``address`` and an OS-chosen port, with the socket, which must outlive
-    it: TCPStore's own server listens on every interface whatever host it is given."""
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((address, 0))
-    sock.listen(128)
-    store = dist.TCPStore(
-        address,
-        sock.getsockname()[1],
-        world_size,
-        is_master=True,
-        timeout=timedelta(seconds=timeout),
-        wait_for_workers=False,
-        master_listen_fd=sock.fileno(),
-    )
-    return store, sock
-
-
 class GroupStore:
     """The TCPStore server a group's default process groups meet at, renewed after a test that ended
     or made one (:mod:`pytest_ddp.rank.default_group`)."""
 
     def __init__(self, address: str, world_size: int, timeout: float) -> None:
         self._args = (address, world_size, timeout)
-        self._store, self._socket = bound_store(*self._args)
+        self._bind()
+
+    def _bind(self) -> None:
+        """A server on the address and an OS-chosen port, with the socket, which must outlive it:
+        TCPStore's own server listens on every interface whatever host it is given."""
+        import torch.distributed as dist
+
+        address, world_size, timeout = self._args
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind((address, 0))
+        self._socket.listen(128)
+        self._store: Any = dist.TCPStore(
+            address,
+            self.port,
+            world_size,
+            is_master=True,
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+            master_listen_fd=self._socket.fileno(),
+        )
         self.used = False  # a test's own rendezvous (env://) was made on it
 
     @property
@@ -368,8 +367,7 @@ class GroupStore:
     def renew(self) -> int:
         """A fresh store in place of this one, which goes (every rank is done with it); its port."""
         self.close()
-        self._store, self._socket = bound_store(*self._args)
-        self.used = False
+        self._bind()
         return self.port
 
     def close(self) -> None:
