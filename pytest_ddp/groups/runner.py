@@ -6,6 +6,7 @@ watchdog.  On any verdict but "done" the live ranks dump their stacks and the gr
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -109,18 +110,16 @@ SOURCE_LIMIT = 1 << 20  # bytes: a call site's file larger than this is not read
 def _source_files() -> Callable[[str], str | None]:
     """A file's text by a call site's name for it, read once; None unless a readable regular
     file of at most SOURCE_LIMIT bytes (a rank gave the name: never block on a FIFO)."""
-    texts: dict[str, str | None] = {}
 
+    @functools.cache
     def read(file: str) -> str | None:
-        if file not in texts:
-            texts[file] = None
-            path = Path(file)
-            try:
-                if path.is_file() and path.stat().st_size <= SOURCE_LIMIT:
-                    texts[file] = path.read_text()
-            except (OSError, ValueError):  # ValueError: undecodable text, or a NUL in the name
-                pass
-        return texts[file]
+        path = Path(file)
+        try:
+            if path.is_file() and path.stat().st_size <= SOURCE_LIMIT:
+                return path.read_text()
+        except (OSError, ValueError):  # ValueError: undecodable text, or a NUL in the name
+            pass
+        return None
 
     return read
 
