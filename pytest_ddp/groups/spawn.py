@@ -27,7 +27,7 @@ from pytest_ddp.common.protocol import PRELOAD_ENV, Command, RankRole, RankStart
 from pytest_ddp.diagnose.state import RankState
 from pytest_ddp.groups.forkserver_guard import REFUSED
 
-# The secret of a launched session's link (pytest_ddp.launched.secret): its pytest processes' alone.
+# The secret of a launched session's link (pytest_ddp.launched.link): its pytest processes' alone.
 SECRET_ENV = "PYTEST_DDP_SECRET"
 # Not a rank's: the session's pytest options, an MPI launcher's (a rank would take itself for the
 # launched process), and the launched session's secret.

@@ -1,7 +1,6 @@
 """The link between the launched pytest processes: the controller listens, every other rank's pytest connects.
 
-On one node a Unix socket (mode 0600) in the launch's private folder
-(:mod:`pytest_ddp.launched.secret`); on several a TCP address
+On one node a Unix socket (mode 0600) in the launch's private folder; on several a TCP address
 (:func:`pytest_ddp.launched.launch.channel_address`).  A frame is an 8-byte big-endian length and
 that many bytes; a :class:`Link` never blocks on a read, so a peer that sends half a frame and
 holds it stalls no one.
@@ -10,35 +9,46 @@ Before anything else each end proves it holds the session's secret
 (:mod:`pytest_ddp.common.handshake`): the controller too, since it tells the others what to fork.
 Until a peer has proven itself no frame it sends may be longer than that answer; on one node each
 end also refuses a peer of another user (``SO_PEERCRED``).
+
+No launcher gives its processes anything an outsider cannot know, so the secret comes from
+``PYTEST_DDP_SECRET`` in the job's environment, or else a random one that rank 0's pytest writes
+before it listens to a 0600 file in a folder private to the user (:mod:`pytest_ddp.common.secret`).
+Rank 0 removes its files once every rank has joined.
+
+The processes of a launch must find that folder (and, on one node, the socket beside it) without
+talking first, and another user must not be able to take its place:
+
+- one node: ``$TMPDIR/pytest-ddp-<uid>``, or, if another user made that first (in a sticky /tmp it
+  cannot be removed), ``$XDG_CACHE_HOME/pytest-ddp/launched``; with ``PYTEST_DDP_SECRET`` set, first
+  a folder in the temporary directory named after the secret, which no one without it can name;
+- across nodes: ``$XDG_CACHE_HOME/pytest-ddp/launched``, seen by all where the home directory is shared.
+
+Rank 0 takes the first folder it can make, or finds private; every other rank looks in each
+folder that is private, in the same order.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import os
 import select
 import socket
 import struct
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
+from pytest_ddp.common import secret as secret_files
 from pytest_ddp.common.handshake import CONNECTOR, LISTENER, NONCE, Challenge, HandshakeError, own_user, prove
-from pytest_ddp.common.secret import write_secret
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, store_key
-from pytest_ddp.launched.secret import (
-    SECRET_ENV,
-    SessionFiles,
-    found_places,
-    given_secret,
-    meeting_places,
-    own_place,
-    read_secret,
-    remove_files,
-)
 
 RETRY = 0.05  # seconds between attempts to reach a controller not listening yet
 HEADER = struct.Struct("!Q")
@@ -46,6 +56,95 @@ CHUNK = 1 << 18  # bytes asked of the socket per read
 SAME_SECRET = (
     f"every launched process must hold the same secret ({SECRET_ENV} the same on all, or unset on all)"
 )
+# Where it is, and what to do if it is not, in the words of a LaunchError.
+HOW_TO_SET = (
+    f"set {SECRET_ENV} to the same random value for every launched process, e.g. "
+    f'`export {SECRET_ENV}=$(python -c "import secrets; print(secrets.token_hex(32))")` '
+    "in the job script (docs/launchers.md)"
+)
+
+
+@dataclass(frozen=True)
+class SessionFiles:
+    """Rank 0's files of one launch, in a folder private to the user."""
+
+    folder: Path
+    key: Path  # the secret, where the environment gives none
+    socket: Path  # the controller's Unix socket (one node)
+
+
+def meeting_places(launch: Launch, env: Mapping[str, str]) -> list[SessionFiles]:
+    """Where this launch's files may be, in the order rank 0 tries them: the same in every process
+    of the launch (see the module's docstring)."""
+    shared = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-ddp" / "launched"
+    # Across nodes, the address rank 0 listens at: every node agrees on it, and it is one live job's.
+    if not launch.one_node:
+        return [_files(shared, f"{launch.launcher}@{launch.master_addr}:{launch.master_port}")]
+    folders = [Path(tempfile.gettempdir()) / f"pytest-ddp-{os.getuid()}", shared]
+    given = given_secret(env)
+    if given is not None:
+        named = hmac.new(given, b"pytest-ddp launched folder", hashlib.sha256).hexdigest()[:16]
+        folders.insert(0, Path(tempfile.gettempdir()) / f"pytest-ddp-{os.getuid()}-{named}")
+    return [_files(folder, launch.job) for folder in folders]
+
+
+def _files(folder: Path, name: str) -> SessionFiles:
+    stem = hashlib.sha256(name.encode()).hexdigest()[:16]  # short: a Unix socket's path has 107 bytes at most
+    return SessionFiles(folder, folder / f"{stem}.key", folder / f"{stem}.sock")
+
+
+def given_secret(env: Mapping[str, str]) -> bytes | None:
+    """The user's secret, if the environment holds one (an empty value is none)."""
+    value = env.get(SECRET_ENV, "")
+    return value.encode() if value else None
+
+
+def own_place(places: list[SessionFiles], env: Mapping[str, str]) -> SessionFiles:
+    """Rank 0's: the first of ``places`` whose folder it can make (mode 0700) or finds private; a
+    LaunchError that says why not each, and what to do, if none."""
+    problems = []
+    for files in places:
+        try:
+            secret_files.private_folder(files.folder)
+            return files
+        except secret_files.NotPrivate as exc:
+            problems.append(f"{exc}: another user may have made it")
+        except OSError as exc:
+            problems.append(f"{files.folder} cannot be made ({exc.strerror or exc})")
+    advice = "set TMPDIR to a folder of yours" if given_secret(env) else HOW_TO_SET
+    reasons = "; ".join(problems)
+    raise LaunchError(f"no folder private to this user for the launch's files: {reasons}; {advice}")
+
+
+def found_places(places: list[SessionFiles]) -> list[SessionFiles]:
+    """The other ranks': those of ``places`` whose folder is there and private (where rank 0 may be)."""
+    return [files for files in places if secret_files.is_private_folder(files.folder)]
+
+
+def read_secret(files: SessionFiles) -> bytes:
+    """The secret rank 0's pytest wrote (it did, before it listened); LaunchError if it cannot be read."""
+    try:
+        return secret_files.read_secret(files.key)
+    except secret_files.NotPrivate as exc:
+        raise LaunchError(f"{exc}: another user may have made it; {HOW_TO_SET}") from None
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot read the session's secret that rank 0's pytest wrote to {files.key} ({exc.strerror}): "
+            f"across nodes that folder must be shared (the home directory), or {HOW_TO_SET}"
+        ) from None
+
+
+def remove_files(files: SessionFiles) -> None:
+    """Rank 0's key and socket, and the folder if that leaves it empty (another launch may still use it)."""
+    for path in (files.key, files.socket):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        files.folder.rmdir()
+    except OSError:
+        pass
 
 
 class LinkError(Exception):
@@ -241,7 +340,7 @@ def listen(launch: Launch, timeout: float, env: Mapping[str, str] = os.environ) 
     else:
         sock = socket.create_server(address)
     try:
-        secret = given or _in_private_folder(files, env, lambda: write_secret(files.key))
+        secret = given or _in_private_folder(files, env, lambda: secret_files.write_secret(files.key))
         sock.listen(launch.world_size)
         sock.setblocking(False)
         if address is not None and address[1] == 0:

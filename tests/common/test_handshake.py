@@ -27,9 +27,18 @@ from pytest_ddp.common.handshake import (
     own_user,
     prove,
 )
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched.launch import Launch, LaunchError
-from pytest_ddp.launched.link import HEADER, Incoming, Link, LinkError, answer_challenge, connect
-from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, remove_files
+from pytest_ddp.launched.link import (
+    HEADER,
+    Incoming,
+    Link,
+    LinkError,
+    answer_challenge,
+    connect,
+    meeting_places,
+    remove_files,
+)
 
 KEY = b"k" * 64
 

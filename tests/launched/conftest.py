@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ddp.launched.secret import SECRET_ENV
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched.signals import ENDING_SIGNALS
 
 from . import suite

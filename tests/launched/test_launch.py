@@ -19,8 +19,7 @@ from pytest_ddp.groups.spawn import ForkedRank, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.host import Host, Slot
 from pytest_ddp.launched.launch import Launch, LaunchError, channel_address, collection_differences, detect
-from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.secret import meeting_places
+from pytest_ddp.launched.link import connect, meeting_places
 from pytest_ddp.launched.signals import ENDING_SIGNALS
 from pytest_ddp.launched.world import LaunchedWorld
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
-from pytest_ddp.launched.link import HEADER, NONCE, Link, connect
-from pytest_ddp.launched.secret import SECRET_ENV, meeting_places, remove_files
+from pytest_ddp.launched.link import HEADER, NONCE, Link, connect, meeting_places, remove_files
 from pytest_ddp.launched.world import LaunchedWorld
 
 GATHER = 3.0  # seconds the gather waits for a rank that never says hello

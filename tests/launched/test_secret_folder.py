@@ -1,5 +1,5 @@
 """Where a launch's processes meet on one node when another user took the folder first
-(launched/secret.py's meeting places): rank 0 passes over a folder that is not private to this user,
+(launched/link.py's meeting places): rank 0 passes over a folder that is not private to this user,
 the other ranks find it where it went, and ``PYTEST_DDP_SECRET`` names a folder no one else can.
 
 On the real gather (``LaunchedWorld``) and the real ``connect`` of a rank's pytest, in this process,
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from conftest import NOBODY, as_nobody
+from pytest_ddp.groups.spawn import SECRET_ENV
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, LaunchError
-from pytest_ddp.launched.link import connect
-from pytest_ddp.launched.secret import SECRET_ENV, meeting_places
+from pytest_ddp.launched.link import connect, meeting_places
 from pytest_ddp.launched.world import LaunchedWorld
 
 WAIT = 60.0  # seconds a gather, or a peer, waits for what comes at once (its end is a failure)
