@@ -18,7 +18,6 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import ClassVar
 
@@ -37,6 +36,7 @@ from pytest_ddp.common.protocol import (
 from pytest_ddp.diagnose.state import Process, RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
+    Descriptor,
     ForkedRank,
     GroupStore,
     RankHandle,
@@ -44,7 +44,6 @@ from pytest_ddp.groups.spawn import (
     file_size,
     fork_rank,
     rank_files,
-    rank_start,
     read_from,
     write_start_file,
 )
@@ -53,6 +52,7 @@ STACK_DUMP_WAIT = 1.0  # seconds to wait for a rank's faulthandler dump
 STOP_WAIT = 5.0  # seconds a rank gets to finish its session after "stop"
 # Where the folders shared by a test's ranks live (the ``ddp_shared_path`` fixture).
 SHARED_ROOT_ENV = "PYTEST_DDP_SHARED_ROOT"
+LOOPBACK = "127.0.0.1"  # where a group's store listens, but for a launched world across nodes
 
 
 class GroupStartError(RuntimeError):
@@ -121,8 +121,9 @@ class RankGroup:
         self._items: set[str] = set()  # collected by every rank (pytest mode)
         self.collect_errors: list[str] = []  # the ranks' collection errors, each once
         # Ready when a rank has news (a byte on its notify pipe) or has ended (its sentinel).
-        self._news: selectors.BaseSelector | None = selectors.DefaultSelector()
-        self.store_host = "127.0.0.1"  # where the group's store listens
+        self._news = selectors.DefaultSelector()
+        self.killed = False  # kill() ran: nothing more to hear of, or to wait for
+        self.store_host = LOOPBACK  # where the group's store listens
         _live_groups.add(self)
 
     # -- life cycle -----------------------------------------------------------
@@ -145,34 +146,32 @@ class RankGroup:
             self.ranks.append(self._spawn(rank, store_port))
 
     def _spawn(self, rank: int, port: int) -> RankProcess:
-        cfg = self.config
         env = {**os.environ, **self.torchrun_environment(rank, port), **self.rank_environment()}
         for name in NOT_FOR_RANKS:
             env.pop(name, None)
-        if cfg.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.gpus)
-        process, commands, notify = fork_rank(self.write_start(rank, env, store_port=port), rank)
-        rp = self.rank_process(rank, ForkedRank(process, commands), notify)
-        self.watch(rp)
+        rp = self.rank_process(rank, RankHandle())
+        self.fork(rp, self.write_start(rank, env, store_port=port))
         return rp
 
-    def watch(self, rp: RankProcess) -> None:
-        """Hear of a forked rank: its notify pipe's bytes, and its end (its sentinel)."""
-        assert self._news is not None and rp.notify is not None and isinstance(rp.proc, ForkedRank)
-        self._news.register(rp.notify, selectors.EVENT_READ, rp)
-        self._news.register(rp.proc.sentinel, selectors.EVENT_READ, rp)
+    def fork(self, rp: RankProcess, start: Path, descriptors: dict[str, Descriptor] | None = None) -> None:
+        """Fork the rank from its start file, and hear of it: its notify pipe's bytes, and its end
+        (its sentinel)."""
+        rp.proc = fork_rank(start, rp.rank, descriptors)
+        rp.proc.watch(self._news, rp)
 
     def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
-        """torchrun's environment for one node running every rank (LocalElasticAgent._start_workers),
-        so that is_torchelastic_launched() is true; the controller hosts the store."""
+        """torchrun's environment (LocalElasticAgent._start_workers) for the group's ranks on their
+        nodes, so that is_torchelastic_launched() is true; the controller hosts the store."""
         world_size = self.config.world_size
+        node, local_rank = self.place(rank)
+        nodes = [self.place(other)[0] for other in range(world_size)]
         return dict(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(self.local_rank(rank)),
-            LOCAL_WORLD_SIZE=str(world_size),
-            GROUP_RANK="0",
-            GROUP_WORLD_SIZE="1",
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(nodes.count(node)),
+            GROUP_RANK=str(list(dict.fromkeys(nodes)).index(node)),
+            GROUP_WORLD_SIZE=str(len(set(nodes))),
             ROLE_NAME="default",
             ROLE_RANK=str(rank),
             ROLE_WORLD_SIZE=str(world_size),
@@ -193,13 +192,16 @@ class RankGroup:
             env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
         if self.config.workdir_parent is not None:
             env[SHARED_ROOT_ENV] = str(Path(self.config.workdir_parent) / "ddp_shared")
-        if "GLOO_SOCKET_IFNAME" not in os.environ:
+        # A store on loopback has every rank on this machine; across nodes, Gloo's own choice or the user's.
+        if "GLOO_SOCKET_IFNAME" not in os.environ and self.store_host == LOOPBACK:
             env["GLOO_SOCKET_IFNAME"] = "lo"
+        if self.config.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.config.gpus)
         return env
 
-    def local_rank(self, rank: int) -> int:
-        """The rank's rank on its node: every rank is on this one."""
-        return rank
+    def place(self, rank: int) -> tuple[int, int]:
+        """The rank's (node, rank on its node): every rank is on this node."""
+        return 0, rank
 
     def role(self, rank: int, store_port: int | None) -> RankRole:
         """What rank ``rank`` is in this group, on any machine (the rest of its start is local)."""
@@ -213,17 +215,16 @@ class RankGroup:
             pg_timeout=cfg.pg_timeout,
             store_host=self.store_host,
             store_port=store_port,
-            local_rank=self.local_rank(rank),
+            local_rank=self.place(rank)[1],
         )
 
     def write_start(self, rank: int, env: dict[str, str], store_port: int | None = None) -> Path:
         """The rank's start file (read by :func:`pytest_ddp.rank.entry.forked_main`), ``env`` its whole
         environment."""
         cfg = self.config
-        start = rank_start(self.role(rank, store_port), env, self.workdir, cfg.pytest_args, cfg.sys_path)
-        return write_start_file(self.workdir, start)
+        return write_start_file(self.workdir, self.role(rank, store_port), env, cfg.pytest_args, cfg.sys_path)
 
-    def rank_process(self, rank: int, proc: RankHandle, notify: Connection | None = None) -> RankProcess:
+    def rank_process(self, rank: int, proc: RankHandle) -> RankProcess:
         paths = rank_files(self.workdir, rank)
         return RankProcess(
             rank=rank,
@@ -232,7 +233,6 @@ class RankGroup:
             stdout=paths["stdout"],
             stderr=paths["stderr"],
             dump=paths["dump"],
-            notify=notify,
         )
 
     def _wait_ready(self, deadline: float) -> None:
@@ -275,11 +275,11 @@ class RankGroup:
     def stop(self) -> dict[int, StopTeardown]:
         """Ask every rank to finish its session (session fixtures' teardown), then make sure.
 
-        Returns each rank's teardown report, or what is known of one that owed it
+        Returns each rank's failed teardown: its report, or what is known of one that owed it
         (:class:`UnfinishedTeardown`); ranks ended before "stop" are left out.  Ranks busy with a
         test handed over ahead are killed instead: they would read "stop" only after it.
         """
-        if self.current is not None or self._news is None:  # busy with a test, or killed already
+        if self.current is not None or self.killed:  # busy with a test, or killed already
             self.kill()
             return {}
         self._wait(0)  # hear of ranks that ended since the last look
@@ -289,7 +289,7 @@ class RankGroup:
             rp.proc.send(Stop())
         stopped_at, end = time.time(), time.monotonic() + STOP_WAIT
         # A rank's exit shows in its process (forked ranks) or arrives as news (launched ones).
-        while self._news is not None and any(rp.proc.exitcode is None for rp in stopping):
+        while any(rp.proc.exitcode is None for rp in stopping):
             if (left := end - time.monotonic()) <= 0:
                 break
             self._wait(min(left, 0.1))
@@ -303,7 +303,7 @@ class RankGroup:
             silent = [rp for rp in stopping if rp.rank not in ends]
             ends.update(self._unfinished_teardowns(silent, stopped_at))
         self.kill()
-        return ends
+        return {rank: end for rank, end in ends.items() if end.outcome == "failed"}
 
     def _unfinished_teardowns(
         self, silent: list[RankProcess], stopped_at: float
@@ -327,17 +327,13 @@ class RankGroup:
 
     def kill(self) -> None:
         """SIGKILL every rank still alive, reap them, close pipes, remove the folder."""
-        if self._news is not None:
-            self._news.close()
-            self._news = None
+        self._news.close()
+        self.killed = True
         for rp in self.ranks:
             if rp.proc.exitcode is None:
                 rp.proc.kill()
         for rp in self.ranks:
             rp.proc.join()
-            if rp.notify is not None:
-                rp.notify.close()
-                rp.notify = None
             rp.events.close()
         if self._store is not None:
             self._store.close()
@@ -375,7 +371,7 @@ class RankGroup:
             left, before = end - time.monotonic(), self._judged()
             self._wait(max(0.0, left))
             self._fold()
-            if left <= 0 or self._news is None:  # out of time, or killed: nothing more to hear of
+            if left <= 0 or self.killed:  # out of time, or killed: nothing more to hear of
                 return
 
     def _judged(self) -> list[tuple[float | None, bool]]:
@@ -412,26 +408,19 @@ class RankGroup:
         """``host:port`` of the store a test's env:// rendezvous dials now; None without one."""
         return None if self._store is None else f"{self.store_host}:{self._store.port}"
 
-    def process(self, rank: int) -> Process | None:
-        """The kernel's word on the rank's process (stopped? SIGUSR1 ignored?); None if gone or elsewhere."""
-        pid = self.ranks[rank].proc.pid
+    def look_at(self, state: RankState) -> None:
+        """The kernel's word on a busy rank's process: stopped? SIGUSR1 ignored? its peak resident
+        memory so far (VmHWM)?  Nothing of one gone, or on another machine."""
+        pid = self.ranks[state.rank].proc.pid
         found = None if pid is None else procfs.stat(pid)
         if pid is None or found is None:
-            return None
+            return
         try:
-            return Process.read(found.state, procfs.status(pid))
-        except OSError:
-            return None
-
-    def peak_rss(self, rank: int) -> int | None:
-        """The rank process's peak resident memory so far (VmHWM), in bytes; None if gone, or not here."""
-        pid = self.ranks[rank].proc.pid
-        if pid is None:  # another machine's rank, or not forked yet
-            return None
-        try:
-            return procfs.size(procfs.status(pid)["VmHWM"])
+            status = procfs.status(pid)
+            state.process = Process.read(found.state, status)
+            state.peak_rss = procfs.size(status["VmHWM"])
         except (OSError, ValueError, KeyError):
-            return None
+            pass
 
     def test_output(self, rank: int) -> dict[str, str]:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
@@ -453,7 +442,7 @@ class RankGroup:
 
     def _wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a notify byte or a rank's end, and take them in."""
-        if self._news is None:  # killed: nothing to hear of, but the caller still waits
+        if self.killed:  # nothing to hear of, but the caller still waits
             time.sleep(timeout)
             return
         for key, _ in self._news.select(timeout):
@@ -461,16 +450,8 @@ class RankGroup:
 
     def _news_of(self, key: selectors.SelectorKey) -> None:
         """A forked rank's notify pipe or sentinel is ready."""
-        assert self._news is not None
         rp: RankProcess = key.data
-        if key.fileobj is not rp.notify:  # the sentinel: the process ended
-            self._news.unregister(key.fileobj)
+        assert isinstance(rp.proc, ForkedRank)
+        if rp.proc.news(self._news, key.fileobj):
             rp.exit_code = rp.proc.exitcode
             rp.died_at = time.time()
-            return
-        try:
-            rp.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
-        except (EOFError, OSError):  # the rank is gone; its sentinel tells how
-            self._news.unregister(rp.notify)
-            rp.notify.close()
-            rp.notify = None

@@ -45,14 +45,11 @@ from pytest_ddp.common.mpi_world import (
     write_shared_memory,
 )
 from pytest_ddp.common.procfs import descends_from, environment_of, parent_of, peer_credentials
-from pytest_ddp.common.protocol import Command
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import (
     Descriptor,
-    ForkedRank,
     RankHandle,
     RankProcess,
-    fork_rank,
     forkserver_ready,
 )
 
@@ -116,33 +113,6 @@ def mpi_unavailable(command: str | None) -> str | None:
     if shutil.which(launcher[0]) is None:
         return f"backend='mpi': the MPI launcher {launcher[0]!r} (--ddp-mpi-launcher) is not found"
     return None
-
-
-class Unforked(RankHandle):
-    """A rank whose stand-in has not said hello yet: nothing runs, nothing can be told to it."""
-
-    @property
-    def pid(self) -> None:
-        return None
-
-    @property
-    def exitcode(self) -> None:
-        return None
-
-    def send(self, command: Command) -> None:
-        pass
-
-    def request_dump(self) -> None:
-        pass
-
-    def dump_complete(self, text: str, before: str | None) -> bool:
-        return True  # no dump is coming
-
-    def kill(self) -> None:
-        pass
-
-    def join(self) -> None:
-        pass
 
 
 @dataclass
@@ -276,7 +246,7 @@ class MpiGroup(RankGroup):
         try:
             self._secret = write_key(self.workdir)
             self._listen()
-            self.ranks = [self.rank_process(rank, Unforked()) for rank in range(cfg.world_size)]
+            self.ranks = [self.rank_process(rank, RankHandle()) for rank in range(cfg.world_size)]
             env = {**os.environ, **self.rank_environment()}
             for name, value in LOOPBACK_ENVIRONMENT.items():
                 env.setdefault(name, value)
@@ -326,7 +296,6 @@ class MpiGroup(RankGroup):
         os.chmod(self.workdir / SOCKET_FILE, 0o600)  # made as the umask says, in a folder only we can enter
         self._listener.listen(self.config.world_size)
         self._listener.setblocking(False)
-        assert self._news is not None
         self._news.register(self._listener, selectors.EVENT_READ, None)
 
     @property
@@ -338,7 +307,7 @@ class MpiGroup(RankGroup):
         """As for forked ranks, and: drop a connection whose hello is late; a launcher that ended
         while the world starts failed."""
         super()._wait(timeout)
-        if self._news is None:  # killed
+        if self.killed:
             return
         now = time.monotonic()
         for key in list(self._news.get_map().values()):
@@ -363,7 +332,7 @@ class MpiGroup(RankGroup):
 
     def _accept(self) -> None:
         """Challenge a connection from this user's process that the launcher started; close others."""
-        assert self._listener is not None and self._news is not None
+        assert self._listener is not None
         try:
             sock, _ = self._listener.accept()
         except OSError:  # another look took it, or no descriptor is left for it
@@ -406,19 +375,16 @@ class MpiGroup(RankGroup):
 
     def _hello(self, greeting: _Greeting, message: bytes) -> None:
         """A good hello: fork the rank with the stand-in's environment and descriptors; tell it the pid."""
-        assert self._news is not None
         try:
             rp = self._rank_of(parse_hello(message, self._secret, greeting.challenge), greeting.peer)
             env, descriptors = _launched(greeting)
         except ValueError as exc:
             return self._refuse(greeting, f"process {greeting.peer}: {exc}")
         self._news.unregister(greeting.sock)
-        process, commands, rp.notify = fork_rank(self.write_start(rp.rank, env), rp.rank, descriptors)
-        rp.proc = ForkedRank(process, commands)
+        self.fork(rp, self.write_start(rp.rank, env), descriptors)
         greeting.sock.setblocking(True)
         link = Connection(greeting.sock.detach())
         greeting.close()  # the rank's now, not ours
-        self.watch(rp)
         self._news.register(link, selectors.EVENT_READ, _StandIn(link, rp))
         try:
             link.send_bytes(str(rp.proc.pid).encode())
@@ -437,7 +403,7 @@ class MpiGroup(RankGroup):
 
     def _refuse(self, greeting: _Greeting, why: str) -> None:
         """Drop a connection, saying why (logged, and in a start error)."""
-        if self._news is not None and greeting.sock in self._news.get_map():
+        if greeting.sock in self._news.get_map():
             self._news.unregister(greeting.sock)
         greeting.close()
         text = f"{self.name}: refused a connection to its socket: {why}"
@@ -447,7 +413,6 @@ class MpiGroup(RankGroup):
     def _stand_in_news(self, stand_in: _StandIn) -> None:
         """A stand-in sends nothing: its connection is ready when it is gone (``MPI_Abort``), and its
         rank goes with it."""
-        assert self._news is not None
         self._news.unregister(stand_in.link)
         stand_in.close()
         if stand_in.rp.proc.exitcode is None:
@@ -466,7 +431,7 @@ class MpiGroup(RankGroup):
         )
 
     def kill(self) -> None:
-        if self._news is not None:  # the stand-ins' connections, and those that had not said hello yet
+        if not self.killed:  # the stand-ins' connections, and those that had not said hello yet
             for key in list(self._news.get_map().values()):
                 if isinstance(key.data, (_Greeting, _StandIn)):
                     key.data.close()

@@ -36,14 +36,9 @@ class StoppedGroupFailure:
     failures: dict[int, StopTeardown]  # rank -> its failed teardown
 
 
-def _failed_teardowns(group: RankGroup) -> dict[int, StopTeardown]:
-    """Stop the group; the teardowns at its stop that failed, by rank."""
-    return {rank: end for rank, end in group.stop().items() if end.outcome == "failed"}
-
-
 def _stop(group: RankGroup) -> list[StoppedGroupFailure]:
     """Stop a group whose last test was already reported; its teardown failure, if any."""
-    failed = _failed_teardowns(group)
+    failed = group.stop()
     if not failed or group.last_test is None:
         return []
     return [StoppedGroupFailure(group.name, group.last_test, failed)]
@@ -140,8 +135,7 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
     # The ranks stopped while busy: named so, not "running" (finished ones reported theirs).
     busy = [s for s in group.states if not s.finished] if verdict.status != "done" else []
     for state in busy:
-        state.process = group.process(state.rank)
-        state.peak_rss = group.peak_rss(state.rank)
+        group.look_at(state)
     verdict = wording.worded(verdict, group.states)
     run = TestRun(group.current or "", spec, group.states, verdict, ended - started, ended)
     group.current = None
@@ -291,7 +285,7 @@ class GroupPool:
             self._groups[key] = group
         else:
             # This test is not reported yet: a failed teardown of what its ranks held is its own.
-            run.stop_teardown = _failed_teardowns(group)
+            run.stop_teardown = group.stop()
             run.exit_codes = group.exit_codes()
         return run
 

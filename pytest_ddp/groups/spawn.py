@@ -8,13 +8,13 @@ import importlib.metadata
 import multiprocessing
 import multiprocessing.util
 import os
+import selectors
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import threading
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import forkserver, reduction
@@ -154,11 +154,12 @@ def rank_files(folder: Path, rank: int) -> dict[str, Path]:
     return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
 
 
-def rank_start(
-    role: RankRole, env: dict[str, str], folder: Path, pytest_args: list[str], sys_path: list[str]
-) -> RankStart:
-    """A rank's whole start: its role, and what only its machine knows (files, cwd, import path)."""
-    return RankStart(
+def write_start_file(
+    folder: Path, role: RankRole, env: dict[str, str], pytest_args: list[str], sys_path: list[str]
+) -> Path:
+    """A rank's whole start (its role, and what only its machine knows: files, cwd, import path) as a
+    0600 file in ``folder`` (it holds the rank's environment)."""
+    start = RankStart(
         role=role,
         **{name: str(path) for name, path in rank_files(folder, role.rank).items()},
         env=env,
@@ -167,11 +168,7 @@ def rank_start(
         sys_path=sys_path,
         basetemp=str(folder / f"rank{role.rank}.tmp"),
     )
-
-
-def write_start_file(folder: Path, start: RankStart) -> Path:
-    """The rank's start as a 0600 file (it holds the rank's environment) in the group's folder."""
-    path = folder / f"rank{start.role.rank}.json"
+    path = folder / f"rank{role.rank}.json"
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as out:
         out.write(start.to_json())
     return path
@@ -205,9 +202,8 @@ def _received(duplicate: Any) -> int:
 
 def fork_rank(
     start_path: Path, rank: int, descriptors: dict[str, Descriptor] | None = None
-) -> tuple[Any, Connection, Connection]:
-    """Fork a rank: its process, its command pipe's write end, its notify pipe's read end.
-    ``descriptors``: copies it gets, by the variable that says its number (``PMI_FD``)."""
+) -> ForkedRank:
+    """Fork a rank.  ``descriptors``: copies it gets, by the variable that says its number (``PMI_FD``)."""
     context = fork_context()
     command_read, command_write = context.Pipe(duplex=False)
     notify_read, notify_write = context.Pipe(duplex=False)
@@ -221,51 +217,49 @@ def fork_rank(
     proc.start()
     command_read.close()
     notify_write.close()
-    return proc, command_write, notify_read
+    return ForkedRank(proc, command_write, notify_read)
 
 
-class RankHandle(ABC):
-    """What a group does to one of its ranks, wherever it is: forked here (:class:`ForkedRank`), on
-    another host (:class:`pytest_ddp.launched.world.RemoteRank`), or not yet forked
-    (:class:`pytest_ddp.groups.mpi_group.Unforked`)."""
+class RankHandle:
+    """What a group does to one of its ranks, wherever it is: forked here (:class:`ForkedRank`), or on
+    another host (:class:`pytest_ddp.launched.world.RemoteRank`).  This base is a rank not forked yet
+    (an MPI rank whose stand-in has not said hello): nothing runs, nothing can be told to it."""
 
     @property
-    @abstractmethod
     def pid(self) -> int | None:
         """Its process id on this machine; None where it has none here."""
+        return None
 
     @property
-    @abstractmethod
     def exitcode(self) -> int | None:
         """How it ended (negative: the signal); None while it runs, or before it started."""
+        return None
 
-    @abstractmethod
     def send(self, command: Command) -> None:
         """Hand it a command; nothing if it is gone (its end is heard of otherwise)."""
 
-    @abstractmethod
     def request_dump(self) -> None:
         """Ask it to write every thread's Python stack to its dump file."""
 
-    @abstractmethod
     def dump_complete(self, text: str, before: str | None) -> bool:
         """Whether the dump is whole: ``text`` its dump file now, ``before`` at the last look."""
+        return True  # no dump is coming
 
-    @abstractmethod
     def kill(self) -> None:
         """SIGKILL it."""
 
-    @abstractmethod
     def join(self) -> None:
         """Once it ended or was killed: reap it, and close what led to it."""
 
 
 class ForkedRank(RankHandle):
-    """A rank this process forked (:func:`fork_rank`): its process, and the write end of its command pipe."""
+    """A rank this process forked (:func:`fork_rank`): its process, the write end of its command pipe,
+    and the read end of its notify pipe (a wake-up byte per event worth it; end of file when it dies)."""
 
-    def __init__(self, process: Any, commands: Connection) -> None:
+    def __init__(self, process: Any, commands: Connection, notify: Connection) -> None:
         self.process = process  # multiprocessing.Process from the forkserver
         self.commands: Connection | None = commands
+        self.notify: Connection | None = notify
 
     @property
     def pid(self) -> int:
@@ -275,16 +269,15 @@ class ForkedRank(RankHandle):
     def exitcode(self) -> int | None:
         return self.process.exitcode
 
-    @property
-    def sentinel(self) -> int:
-        """Ready once the process has ended."""
-        return int(self.process.sentinel)
-
     def send(self, command: Command) -> None:
+        self.send_encoded(encode(command))
+
+    def send_encoded(self, payload: bytes) -> None:
+        """Hand it a command already encoded; nothing if it is gone (its sentinel says so)."""
         if self.commands is not None:
             try:
-                self.commands.send_bytes(encode(command))
-            except OSError:  # the rank is gone; its sentinel says so
+                self.commands.send_bytes(payload)
+            except OSError:
                 pass
 
     def request_dump(self) -> None:
@@ -299,11 +292,38 @@ class ForkedRank(RankHandle):
     def kill(self) -> None:
         self.process.kill()
 
+    def watch(self, selector: selectors.BaseSelector, data: Any) -> None:
+        """Have ``selector`` say (with ``data``) when a wake-up byte came, and when the process ended."""
+        assert self.notify is not None
+        selector.register(self.notify, selectors.EVENT_READ, data)
+        selector.register(self.process.sentinel, selectors.EVENT_READ, data)
+
+    def news(self, selector: selectors.BaseSelector, ready: Any) -> bool:
+        """Take in what ``selector`` found ready of what :meth:`watch` registered: a wake-up byte, or
+        the notify pipe's end (the rank is gone: its sentinel tells how); True: the process ended."""
+        if ready is not self.notify:
+            selector.unregister(ready)
+            return True
+        try:
+            self.notify.recv_bytes()  # one wake-up byte; any other makes the next wait return at once
+        except (EOFError, OSError):
+            selector.unregister(self.notify)
+            self.notify.close()
+            self.notify = None
+        return False
+
+    def unwatch(self, selector: selectors.BaseSelector) -> None:
+        """What :meth:`watch` registered and is still there, unregistered."""
+        for fileobj in (self.notify, self.process.sentinel):
+            if fileobj is not None and fileobj in selector.get_map():
+                selector.unregister(fileobj)
+
     def join(self) -> None:
         self.process.join()
-        if self.commands is not None:
-            self.commands.close()
-            self.commands = None
+        for pipe in (self.commands, self.notify):
+            if pipe is not None:
+                pipe.close()
+        self.commands = self.notify = None
 
 
 @dataclass
@@ -316,7 +336,6 @@ class RankProcess:
     stdout: Path  # its files, read past the current test's offsets with read_from
     stderr: Path
     dump: Path
-    notify: Connection | None  # a forked rank's: a byte after each event worth waking up for
     exit_code: int | None = None  # set once the process is seen to have ended
     died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
     stdout_offset: int = 0  # where the current test's output starts

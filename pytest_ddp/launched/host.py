@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import _pytest.config
@@ -34,7 +33,6 @@ from pytest_ddp.groups.spawn import (
     fork_context,
     fork_rank,
     rank_files,
-    rank_start,
     read_bytes_from,
     read_from,
     write_start_file,
@@ -56,7 +54,6 @@ class Slot:
 
     number: int
     rank: ForkedRank
-    notify: Connection
     files: dict[str, Path]
     sent: dict[str, int] = field(default_factory=dict)  # bytes forwarded, by file
     dump_asked: float | None = None  # when the controller asked for a stack dump
@@ -96,7 +93,6 @@ class Host:
         finally:
             for slot in list(self.slots.values()):
                 slot.rank.kill()
-                slot.rank.join()
                 self._close(slot)
             self.selector.close()
 
@@ -123,11 +119,7 @@ class Host:
         if slot is None:  # ended already; its exit is on its way
             return
         if isinstance(message, hp.Command):
-            assert slot.rank.commands is not None  # closed as the slot goes
-            try:
-                slot.rank.commands.send_bytes(message.payload)
-            except OSError:
-                pass  # the rank is gone; its exit is told
+            slot.rank.send_encoded(message.payload)
         elif isinstance(message, hp.Dump):
             slot.dump_asked, slot.dump_seen = time.monotonic(), None
             slot.dump_offset = file_size(slot.files["dump"])
@@ -142,26 +134,19 @@ class Host:
         env = {**os.environ, **message.env}
         for name in NOT_FOR_RANKS:
             env.pop(name, None)
-        start = rank_start(message.role, env, folder, self.pytest_args(message.items), list(sys.path))
-        proc, commands, notify = fork_rank(write_start_file(folder, start), rank)
-        slot = Slot(message.slot, ForkedRank(proc, commands), notify, rank_files(folder, rank))
+        start = write_start_file(folder, message.role, env, self.pytest_args(message.items), list(sys.path))
+        slot = Slot(message.slot, fork_rank(start, rank), rank_files(folder, rank))
         self.slots[slot.number] = slot
-        self.selector.register(notify, selectors.EVENT_READ, slot)
-        self.selector.register(slot.rank.sentinel, selectors.EVENT_READ, slot)
+        slot.rank.watch(self.selector, slot)
 
     def _rank_news(self, key: selectors.SelectorKey) -> None:
         slot: Slot = key.data
-        if key.fileobj is slot.notify:
-            try:
-                slot.notify.recv_bytes()  # what it wrote is forwarded next: its Data wakes the controller
-            except (EOFError, OSError):
-                self.selector.unregister(slot.notify)
-            return
-        slot.rank.join()  # its sentinel: it ended
+        if not slot.rank.news(self.selector, key.fileobj):
+            return  # what it wrote is forwarded next: its Data wakes the controller
+        self._close(slot)
         self._forward(slot)
         assert slot.rank.exitcode is not None
         self._send(hp.Exited(slot.number, slot.rank.exitcode, time.time()))
-        self._close(slot)
 
     def _forward(self, slot: Slot) -> None:
         """Send what the rank appended to its files since the last look."""
@@ -183,12 +168,9 @@ class Host:
         slot.dump_seen = text
 
     def _close(self, slot: Slot) -> None:
-        for fileobj in (slot.notify, slot.rank.sentinel):
-            try:
-                self.selector.unregister(fileobj)
-            except (KeyError, ValueError):
-                pass
-        slot.notify.close()
+        """Forget a slot whose rank ended or was killed, once reaped."""
+        slot.rank.unwatch(self.selector)
+        slot.rank.join()
         del self.slots[slot.number]
 
     def _send(self, message: hp.Message) -> None:

@@ -9,7 +9,6 @@ reads them, so a warm group's rank that dies while another group runs a test is 
 
 from __future__ import annotations
 
-import os
 import selectors
 import signal
 import socket
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_ddp.common.protocol import Command, ProtocolError, encode
-from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup
+from pytest_ddp.groups.group import LOOPBACK, GroupConfig, GroupStartError, RankGroup
 from pytest_ddp.groups.spawn import RankHandle, rank_files
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, collection_differences
@@ -56,7 +55,7 @@ class LaunchedWorld:
         self._next_slot = 0
         self.problem: str | None = None  # what gather found wrong: the session ends, every host is told why
         # Where groups' stores listen: loopback on one node, else the address every node reached.
-        self.store_host = "127.0.0.1" if launch.one_node else socket.gethostbyname(launch.master_addr or "")
+        self.store_host = LOOPBACK if launch.one_node else socket.gethostbyname(launch.master_addr or "")
         interrupt_on_signals()  # SIGTERM stops the session as Ctrl-C does
 
     # -- before the tests ---------------------------------------------------------
@@ -234,10 +233,6 @@ class RemoteRank(RankHandle):
         self.dumped = False  # its host says the stack dump asked for last is whole
 
     @property
-    def pid(self) -> None:
-        return None  # a pid on another machine means nothing here
-
-    @property
     def exitcode(self) -> int | None:
         return self.code
 
@@ -282,7 +277,6 @@ class LaunchedGroup(RankGroup):
         gone = [host.hello.rank for host in hosts if not host.alive]
         if gone:
             raise GroupStartError(f"the pytest processes of ranks {gone} of the launch are gone")
-        assert self._news is not None
         for host in hosts:
             self._news.register(host.connection, selectors.EVENT_READ, host)
         self.ranks.append(self._spawn(0, store_port))
@@ -294,27 +288,9 @@ class LaunchedGroup(RankGroup):
 
     # -- what each rank is told -----------------------------------------------------
 
-    def local_rank(self, rank: int) -> int:
-        """The rank's rank on its node, as its launcher gave it to the process that forks it."""
-        return self.world.place(rank)[1]
-
-    def torchrun_environment(self, rank: int, port: int) -> dict[str, str]:
-        """torchrun's environment for this group's ranks: their share of the launch's nodes."""
-        env = super().torchrun_environment(rank, port)
-        nodes = [self.world.place(other)[0] for other in range(self.config.world_size)]
-        here = nodes[rank]
-        env.update(
-            LOCAL_WORLD_SIZE=str(nodes.count(here)),
-            GROUP_RANK=str(list(dict.fromkeys(nodes)).index(here)),
-            GROUP_WORLD_SIZE=str(len(set(nodes))),
-        )
-        return env
-
-    def rank_environment(self) -> dict[str, str]:
-        env = super().rank_environment()
-        if not self.world.launch.one_node and "GLOO_SOCKET_IFNAME" not in os.environ:
-            del env["GLOO_SOCKET_IFNAME"]  # not loopback across nodes: Gloo's own choice, or the user's
-        return env
+    def place(self, rank: int) -> tuple[int, int]:
+        """The rank's (node, rank on its node), as the launcher placed the process that forks it."""
+        return self.world.place(rank)
 
     # -- what the group does with them ------------------------------------------------
 
@@ -326,5 +302,5 @@ class LaunchedGroup(RankGroup):
 
     def forget(self, connection: Any) -> None:
         """A host's connection ended: stop waiting on it."""
-        if self._news is not None and connection in self._news.get_map():
+        if not self.killed and connection in self._news.get_map():
             self._news.unregister(connection)

@@ -192,7 +192,7 @@ def test_a_host_tells_a_second_dump_whole_only_once_it_is_written(tmp_path: Path
     files = rank_files(tmp_path, 1)
     files["dump"].write_text(FIRST_DUMP)
     commands, notify = multiprocessing.Pipe()
-    slot = Slot(0, ForkedRank(ignores_sigusr1, commands), notify, files)
+    slot = Slot(0, ForkedRank(ignores_sigusr1, commands, notify), files)
     host.slots[0] = slot
     try:
         host._forward(slot)  # the first dump went to the controller with the first hang

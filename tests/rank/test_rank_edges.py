@@ -383,15 +383,15 @@ def test_it(preloaded):
 def test_a_ranks_start_file_is_readable_by_its_user_alone(tmp_path):
     """It holds the rank's environment: 0600, whatever the umask, and a planted link is refused."""
     from pytest_ddp.common.protocol import RankRole
-    from pytest_ddp.groups.spawn import rank_start, write_start_file
+    from pytest_ddp.groups.spawn import write_start_file
 
     role = RankRole(0, 2, "gloo", True, "pytest", 60.0, "127.0.0.1", 29500, 0)
-    path = write_start_file(tmp_path, rank_start(role, {"TOKEN": "x"}, tmp_path, [], []))
+    path = write_start_file(tmp_path, role, {"TOKEN": "x"}, [], [])
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (tmp_path / "elsewhere").write_text("")
     (tmp_path / "rank1.json").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
-        write_start_file(tmp_path, rank_start(dataclasses.replace(role, rank=1), {}, tmp_path, [], []))
+        write_start_file(tmp_path, dataclasses.replace(role, rank=1), {}, [], [])
     assert (tmp_path / "elsewhere").read_text() == ""
 
 
