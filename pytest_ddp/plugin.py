@@ -16,13 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_ddp.config import settings as settings_module
-from pytest_ddp.config.settings import (
-    DEFAULT_BACKEND,
-    DEFAULT_GRACE,
-    DEFAULT_MAX_GROUPS,
-    DEFAULT_TIMEOUT,
-    Settings,
-)
+from pytest_ddp.config.settings import DEFAULTS, Settings
 from pytest_ddp.config.spec import LAUNCHER_CHOICES, WORLD_SIZE_PARAM, SpecError, parse_mark
 from pytest_ddp.rank import context as rank_module
 
@@ -45,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
     option(
         "backend",
-        f"backend of ddp tests whose mark names none: gloo, nccl or mpi (default {DEFAULT_BACKEND})",
+        f"backend of ddp tests whose mark names none: gloo, nccl or mpi (default {DEFAULTS.backend})",
     )
     option(
         "mpi_launcher",
@@ -54,13 +48,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="COMMAND",
     )
     option(
-        "timeout", f"seconds a ddp test may run before its ranks are stopped (default {DEFAULT_TIMEOUT:g})"
+        "timeout", f"seconds a ddp test may run before its ranks are stopped (default {DEFAULTS.timeout:g})"
     )
-    option("grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULT_GRACE:g})")
+    option("grace", f"seconds a failed rank's peers get before they are stopped (default {DEFAULTS.grace:g})")
     option(
         "isolate", "give every ddp test fresh rank processes", ini=False, action="store_true", default=False
     )
-    option("max_groups", f"rank groups kept warm at once (default {DEFAULT_MAX_GROUPS})")
+    option("max_groups", f"rank groups kept warm at once (default {DEFAULTS.max_groups})")
     option("report_dir", "write a JSON report of each failing ddp test into DIR", ini=False, metavar="DIR")
     option(
         "max_world_size",

@@ -23,28 +23,22 @@ from pytest_ddp.config.spec import (
     parse_timeout,
 )
 
-DEFAULT_BACKEND = "gloo"
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_GRACE = 2.0
-DEFAULT_MAX_GROUPS = 2
-DEFAULT_LAUNCHER = "auto"
-
 
 @dataclass(frozen=True)
 class Settings:
     """The controller's settings, checked; each at its default before (and outside) a pytest session."""
 
-    backend: str = DEFAULT_BACKEND  # of marks that name none
+    backend: str = "gloo"  # of marks that name none
     # of tests whose marks set none: --ddp-timeout, lowered to pytest-timeout's global one
-    timeout: float = DEFAULT_TIMEOUT
-    grace: float = DEFAULT_GRACE
+    timeout: float = 60.0
+    grace: float = 2.0
     isolate_all: bool = False
-    max_groups: int = DEFAULT_MAX_GROUPS
+    max_groups: int = 2
     report_dir: str | None = None  # exists and is writable
     max_world_size: int | None = None  # None: as many ranks as the machine holds
     # the MPI launcher's command; None: MPICH's, found (mpi_group.find_launcher)
     mpi_launcher: str | None = None
-    launcher: str = DEFAULT_LAUNCHER  # --ddp-launcher: one of spec.LAUNCHER_CHOICES
+    launcher: str = "auto"  # --ddp-launcher: one of spec.LAUNCHER_CHOICES
 
     def spec(self, mark: MarkArgs, world_size: int, timeout_mark: float | None = None) -> RankSpec:
         """The spec of one test: the ddp mark's values, else pytest-timeout's mark, else these settings."""
@@ -61,7 +55,8 @@ class Settings:
         )
 
 
-_current = Settings()
+DEFAULTS = Settings()
+_current = DEFAULTS
 
 
 def current() -> Settings:
@@ -77,24 +72,24 @@ def set_current(settings: Settings) -> None:
 def from_config(config: pytest.Config) -> Settings:
     """The settings of this session; a bad value is a UsageError naming its option."""
     try:
-        timeout = parse_timeout(_value(config, "timeout", DEFAULT_TIMEOUT), "--ddp-timeout")
+        timeout = parse_timeout(_value(config, "timeout", DEFAULTS.timeout), "--ddp-timeout")
         global_timeout = pytest_timeout_global(config)
         if global_timeout is not None:
             timeout = min(timeout, global_timeout)
         max_world_size = config.getoption("--ddp-max-world-size")
         report_dir = config.getoption("--ddp-report-dir")
         return Settings(
-            backend=parse_backend(_value(config, "backend", DEFAULT_BACKEND), "--ddp-backend"),
+            backend=parse_backend(_value(config, "backend", DEFAULTS.backend), "--ddp-backend"),
             timeout=timeout,
-            grace=parse_timeout(_value(config, "grace", DEFAULT_GRACE), "--ddp-grace"),
+            grace=parse_timeout(_value(config, "grace", DEFAULTS.grace), "--ddp-grace"),
             isolate_all=config.getoption("--ddp-isolate"),
-            max_groups=parse_count(_value(config, "max_groups", DEFAULT_MAX_GROUPS), "--ddp-max-groups"),
+            max_groups=parse_count(_value(config, "max_groups", DEFAULTS.max_groups), "--ddp-max-groups"),
             report_dir=None if report_dir is None else writable_dir(report_dir),
             max_world_size=(
                 None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size")
             ),
             mpi_launcher=_value(config, "mpi_launcher", None),
-            launcher=parse_launcher(_value(config, "launcher", DEFAULT_LAUNCHER)),
+            launcher=parse_launcher(_value(config, "launcher", DEFAULTS.launcher)),
         )
     except SpecError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
