@@ -105,6 +105,19 @@ EVICTED_AFTER_TEST_A = BROKEN_MODULE_FIXTURE + EVICTING_TEST_A
 
 
 def test_a_stopped_groups_failed_teardown_is_an_error_naming_the_group(ddp_pytester) -> None:
+    # A plugin that reads the item's funcargs in every report, as pytest-benchmark does: the stop's
+    # report comes after the item's teardown, when its funcargs are None. The rank raised there and
+    # sent nothing (seen on a machine with pytest-benchmark installed).
+    ddp_pytester.pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):
+            item.funcargs.get("benchmark")
+            yield
+        """
+    )
     result = ddp_pytester.run(
         EVICTED_AFTER_TEST_A,
         "--ddp-max-groups=1", "--junitxml=junit.xml",
@@ -154,28 +167,6 @@ def test_teardown_at_the_stop_right_after_a_test_is_that_tests_error(ddp_pyteste
         "E       RuntimeError: module teardown broke",
         "*RuntimeError (in teardown)",
     ])
-
-
-def test_a_stopped_groups_teardown_is_reported_past_a_plugin_that_reads_funcargs(ddp_pytester) -> None:
-    # As pytest-benchmark does in every report: the stop's report comes after the item's
-    # teardown, when its funcargs are None. The rank raised there and sent nothing (seen
-    # on a machine with pytest-benchmark installed).
-    ddp_pytester.pytester.makeconftest(
-        """
-        import pytest
-
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_makereport(item, call):
-            item.funcargs.get("benchmark")
-            yield
-        """
-    )
-    result = ddp_pytester.run(
-        EVICTED_AFTER_TEST_A,
-        "--ddp-max-groups=1",
-    )
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*ranks 0, 1: failed*", "*RuntimeError: module teardown broke"])
 
 
 def test_a_stopped_groups_failed_teardown_is_reported_under_xdist(ddp_pytester) -> None:
@@ -381,14 +372,6 @@ def test_a_long_multi_line_headline_is_one_capped_line_with_the_whole_text_in_th
     assert "\nthe headline in full:\n" + "\n".join(f"  {line}" for line in summary.splitlines()) in full
 
 
-def test_a_short_headline_is_shown_once() -> None:
-    from pytest_ddp.report.failure import failure_text
-
-    text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
-    assert text.splitlines()[:2] == ["rank 1 raised ValueError: boom [ddp failed]", ""]
-    assert text.splitlines()[2].startswith("rank 0: ")
-
-
 HARNESS = '  File "/venv/lib/python3.11/site-packages/{}.py", line 1 in f'
 
 
@@ -443,9 +426,12 @@ def test_a_rank_killed_by_sigabrt_shows_the_fatal_error_and_the_tests_line(ddp_p
     assert "pytest and pytest-ddp frames hidden" in tail and "/pluggy/" not in tail
 
 
-def test_a_short_multi_line_headline_is_joined_on_one_line_once() -> None:
+def test_a_short_headline_is_shown_once_on_one_line() -> None:
     from pytest_ddp.report.failure import failure_text
 
+    text = failure_text(_failed_run("rank 1 raised ValueError: boom"), {}, "t.py")
+    assert text.splitlines()[:2] == ["rank 1 raised ValueError: boom [ddp failed]", ""]
+    assert text.splitlines()[2].startswith("rank 0: ")
     summary = "rank 1 raised RuntimeError: Rank 1 failed to pass monitoredBarrier\n in 1000 ms"
     text = failure_text(_failed_run(summary), {}, "t.py")
     assert text.splitlines()[:2] == [f"{' '.join(summary.split())} [ddp failed]", ""]
