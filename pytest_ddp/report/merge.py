@@ -257,8 +257,8 @@ def _report(
     longrepr: Any,
     duration: float = 0.0,
 ) -> pytest.TestReport:
-    """The controller's report of one phase; ``keywords``, an item's, are copied (walking the item's
-    and its parents' keywords once for all phases)."""
+    """A report of one phase (the controller's, or a rank's plain pass); ``keywords``, an item's, are
+    copied (walking the item's and its parents' keywords once for all phases)."""
     return pytest.TestReport(
         nodeid=nodeid,
         location=location,
