@@ -205,4 +205,116 @@ else:
         culprits=(0,),
         op=None,
     ),
+    Case(
+        name="pp_aux_loss_tracker_sizes_differ_across_stages",
+        url="https://github.com/NVIDIA/Megatron-LM/pull/3401",
+        summary="MoE with MTP and pipeline parallelism hangs at the first training_log: the router sizes the "
+        "aux-loss tracker num_layers + mtp_num_layers, but a stage without MoE layers gets it "
+        "initialized to num_layers, and the all_reduce over the PP group gets mismatched sizes",
+        world_size=3,
+        body="""\
+pp_group = dist.new_group(list(range(world_size)))  # the pipeline-parallel group
+num_layers, mtp_num_layers = 14, 1
+tracker = {}
+if rank != 0:  # stages with MoE layers: the router creates the values, the MTP layer included
+    tracker["load_balancing_loss"] = torch.zeros(num_layers + mtp_num_layers)
+
+
+def track_moe_metrics(force_initialize=True):
+    if force_initialize and "load_balancing_loss" not in tracker:
+        tracker["load_balancing_loss"] = torch.zeros(num_layers)  # PP stage 0: dense layers only
+
+
+def reduce_aux_losses_tracker_across_ranks():
+    for name in sorted(tracker):
+        dist.all_reduce(tracker[name], group=pp_group)  # <- culprit line
+
+
+track_moe_metrics()
+reduce_aux_losses_tracker_across_ranks()
+""",
+        twin="""\
+pp_group = dist.new_group(list(range(world_size)))
+num_layers, mtp_num_layers = 14, 1
+tracker = {}
+if rank != 0:
+    tracker["load_balancing_loss"] = torch.zeros(num_layers + mtp_num_layers)
+
+
+def track_moe_metrics(force_initialize=True):
+    if force_initialize and "load_balancing_loss" not in tracker:
+        tracker["load_balancing_loss"] = torch.zeros(num_layers + mtp_num_layers)  # the MTP layer counted
+
+
+def reduce_aux_losses_tracker_across_ranks():
+    for name in sorted(tracker):
+        dist.all_reduce(tracker[name], group=pp_group)
+
+
+track_moe_metrics()
+reduce_aux_losses_tracker_across_ranks()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="all_reduce",
+        held_out=True,
+    ),
+    Case(
+        name="pp_sequence_longer_than_preallocated_buffer",
+        url="https://github.com/Coobiw/MPP-LLaVA/issues/25",
+        summary="DeepSpeed pipeline parallelism needs the same sequence length (pad in collate) and "
+        "batch size on every step: the activation buffers are sized by the first batch, and a batch "
+        "whose collate padded it to a longer sequence no longer fits what the next stage receives",
+        world_size=2,
+        body="""\
+def collate(lengths):  # pads to the longest sample of the batch only
+    return torch.ones(len(lengths), max(lengths), 16)
+
+
+batches = [collate([6, 8, 8, 5]), collate([8, 12, 7, 8])]  # 8 tokens, then 12
+recv_buf = None
+first = True
+for x in batches:  # PipelineEngine.train_batch over 2 stages
+    if rank == 0:  # the first stage
+        activation = x * 2
+        if first:  # _send_tensor_meta: the shapes go once, with the first batch
+            dist.send(torch.tensor(activation.shape), dst=1)
+        dist.send(activation, dst=1)  # <- culprit line
+    else:
+        if first:
+            shape = torch.zeros(3, dtype=torch.long)
+            dist.recv(shape, src=0)
+            recv_buf = torch.empty(shape.tolist())  # the pipe buffers, allocated once
+        dist.recv(recv_buf, src=0)
+        loss = recv_buf.sum()
+    first = False
+""",
+        twin="""\
+def collate(lengths, max_length=12):  # pads every batch to the same sequence length
+    return torch.ones(len(lengths), max_length, 16)
+
+
+batches = [collate([6, 8, 8, 5]), collate([8, 12, 7, 8])]
+recv_buf = None
+first = True
+for x in batches:
+    if rank == 0:
+        activation = x * 2
+        if first:
+            dist.send(torch.tensor(activation.shape), dst=1)
+        dist.send(activation, dst=1)
+    else:
+        if first:
+            shape = torch.zeros(3, dtype=torch.long)
+            dist.recv(shape, src=0)
+            recv_buf = torch.empty(shape.tolist())
+        dist.recv(recv_buf, src=0)
+        loss = recv_buf.sum()
+    first = False
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="send",
+        held_out=True,
+    ),
 ]
