@@ -158,9 +158,7 @@ class Controller:
             ihook.pytest_runtest_logreport(report=report)
         if isinstance(run, TestRun):
             for warning, nodeid in rank_warnings.merged(run.states):
-                kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid,
-                          "location": None}  # fmt: skip
-                self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
+                self._record_warning(warning, nodeid)
         self._warn_of_refusals(item)
         if self.config.getoption("usepdb", False) and any(report.failed for report in reports):
             self._cannot_debug(reports)
@@ -194,7 +192,10 @@ class Controller:
         path, lineno, _ = item.location
         message = ForkserverRefusedWarning(text)
         warning = warnings.WarningMessage(message, ForkserverRefusedWarning, path, (lineno or 0) + 1)
-        kwargs = {"warning_message": warning, "when": "runtest", "nodeid": item.nodeid, "location": None}
+        self._record_warning(warning, item.nodeid)
+
+    def _record_warning(self, warning: warnings.WarningMessage, nodeid: str) -> None:
+        kwargs = {"warning_message": warning, "when": "runtest", "nodeid": nodeid, "location": None}
         self.config.hook.pytest_warning_recorded.call_historic(kwargs=kwargs)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
