@@ -551,19 +551,15 @@ DIST_BACKEND_OUTCOMES = {
 }
 
 
-@pytest.fixture
-def dist_backend_env(monkeypatch) -> None:
-    monkeypatch.setenv("BACKEND", "gloo")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-
-
 def test_torchs_own_distributed_mixin_runs_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
     assert outcomes(adopted.result, "test_distributed_spawn.py") == DIST_BACKEND_OUTCOMES
     adopted.ran_on_one_group("test_distributed_spawn.py")
 
 
 @pytest.mark.slow
-def test_the_mixins_outcomes_are_torch_harness_own(pytester, dist_backend_env) -> None:
+def test_the_mixins_outcomes_are_torch_harness_own(pytester, monkeypatch) -> None:
+    monkeypatch.setenv("BACKEND", "gloo")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     pytester.makepyfile(test_distributed_spawn=DIST_BACKEND_SPAWN)
     assert outcomes(run(pytester, "-p", "no:ddp", "-k", DIST_BACKEND_SELECTION, timeout=1800)) == DIST_BACKEND_OUTCOMES
 

@@ -227,11 +227,6 @@ def test_a_host_refuses_a_challenge_not_of_the_handshake(pair: tuple[Link, Link]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a child as another user")
 
 
-def _connect_as_nobody(path: str) -> int:
-    """A child that becomes user nobody and connects to ``path``, then waits to be killed."""
-    return as_nobody(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path))
-
-
 @as_root
 def test_a_peer_of_another_user_is_refused() -> None:
     path = f"\0pytest-ddp-test-{os.getpid()}"  # abstract: no folder's mode stands in the way
@@ -239,7 +234,7 @@ def test_a_peer_of_another_user_is_refused() -> None:
         listener.bind(path)
         listener.listen(2)
         listener.settimeout(30)
-        child = _connect_as_nobody(path)
+        child = as_nobody(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path))
         try:
             sock, _ = listener.accept()
             with sock:
