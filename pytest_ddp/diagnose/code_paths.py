@@ -82,7 +82,8 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
     and whose test reads a name its function sets only in a branch for one rank, that rank): a
     value kept on one rank alone (transformers#31532: ``if state.is_main_process: progress += 1``,
     a progress bar's count, then ``if progress == 2: gather(...)``), or by a conditional expression
-    on one rank (pytorch#77562: ``current = reduced.item() if rank == 0 else mine``).  The test may then answer
+    on one rank (pytorch#77562: ``current = reduced.item() if rank == 0 else mine``).  The test may
+    then answer
     differently on that rank alone; which way it answers the code does not say, so the caller
     checks that the rank it names is the one that made the call.  None where no test does, the
     branches for one rank that set the name single out different ranks, or the code cannot tell."""
@@ -96,7 +97,8 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
             set_aside = _names_set(node.orelse)
             for name in _names_set(node.body) - set_aside:
                 kept.setdefault(name, set()).add(_rank_singled_out(node.test))
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.IfExp) and _singles_out(node.value.test):
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.IfExp) and _singles_out(
+                node.value.test):
             for name in _names_set([node]):  # x = reduced.item() if rank == 0 else mine
                 kept.setdefault(name, set()).add(_rank_singled_out(node.value.test))
     found: tuple[int, int] | None = None

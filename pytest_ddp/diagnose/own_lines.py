@@ -67,7 +67,8 @@ def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str
     branch of the code for that rank alone for a rank that returned from its test (before any call:
     on the way to the call its peers wait in); None otherwise."""
     returned = state.finished and not state.failed and state.alive
-    exited = not state.alive and state.exit_code is not None and state.exit_code >= 0 and state.died_in is None
+    ended_itself = state.exit_code is not None and state.exit_code >= 0  # an exit status, not a signal
+    exited = not state.alive and ended_itself and state.died_in is None
     if not (returned or exited):
         return None
     last = next((c for c in reversed(state.calls) if (c.is_collective or c.is_p2p) and c.site), None)

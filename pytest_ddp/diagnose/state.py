@@ -55,7 +55,12 @@ def ops_made(states: Iterable[RankState], file: str) -> dict[int, str]:
         where, line = site_parts(call.site)
         if where == file and line is not None:
             ops.setdefault(line, set()).add(call.op if call.caller is None else None)
-    return {line: op for line, names in ops.items() if len(names) == 1 and (op := next(iter(names))) is not None}
+    made: dict[int, str] = {}
+    for line, names in ops.items():
+        op = next(iter(names))
+        if len(names) == 1 and op is not None:
+            made[line] = op
+    return made
 
 
 def _peer_text(peer: int | None, mpi: bool) -> str:

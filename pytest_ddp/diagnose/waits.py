@@ -189,7 +189,11 @@ def _new_group_wait(rank: int, call: Call, ranks: dict[int, RankState]) -> Wait 
 
 
 def _entered_as_often(
-    rank: int, call: Call, ranks: dict[int, RankState], needed: list[int], made: Callable[[RankState], list[Call]]
+    rank: int,
+    call: Call,
+    ranks: dict[int, RankState],
+    needed: list[int],
+    made: Callable[[RankState], list[Call]],
 ) -> Wait:
     """``call`` waits for each of ``needed`` that has not taken part in as many of the calls ``made``
     gives (the rank's own among them)."""

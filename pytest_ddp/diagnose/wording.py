@@ -13,7 +13,13 @@ from collections.abc import Callable
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
 from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
-from pytest_ddp.diagnose.rank_words import failed_outside_calls, how_it_failed, left_by, plain_error, thread_raised
+from pytest_ddp.diagnose.rank_words import (
+    failed_outside_calls,
+    how_it_failed,
+    left_by,
+    plain_error,
+    thread_raised,
+)
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -325,7 +331,8 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         if f.condition:
             text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
         if f.left:
-            text += f" Rank {f.odd[0]} returned by {f.left} in a branch for it alone, before rank {rest[0]}'s call."
+            text += f" Rank {f.odd[0]} returned by {f.left} in a branch for it alone,"
+            text += f" before rank {rest[0]}'s call."
     else:
         text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):
