@@ -103,7 +103,14 @@ def test_init_false_gives_the_torchrun_environment() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"world_size": 0}, "world_size=0"), ({"backend": "ucc"}, "backend='ucc'"), ({"timeout": -1}, "timeout=-1")],
+    [
+        ({"world_size": 0}, "world_size=0"),
+        ({"backend": "ucc"}, "backend='ucc'"),
+        ({"timeout": -1}, "timeout=-1"),
+        ({"world_size": 1_000_000}, "world_size=1000000: this machine holds at most"),
+        ({"timeout": float("inf")}, "timeout=inf: must be a number of seconds > 0 and <= 1000000"),
+        ({"grace": 0}, "grace=0: must be a number of seconds > 0"),
+    ],
 )
 def test_bad_arguments_are_clear_errors(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
