@@ -289,37 +289,40 @@ class _Channel:
         self.events.append(Done(threads_left=threads_left))
 
 
+# A module fixture's body and what its teardown raises: an error of its own, or the restorer's warning
+# that it ended the fixture's process, which the user's filters make an error.
+KEPT = {
+    "raises": ("yield\n    raise RuntimeError('the teardown failed')", "RuntimeError: the teardown failed"),
+    "leaves a process": (
+        "subprocess.Popen(['sleep', '600'])\n    yield",
+        "LeftoverProcessWarning: processes the test left running were ended: pid",
+    ),
+}
+
+
+@pytest.mark.parametrize("teardown", KEPT)
 def test_a_failed_teardown_of_fixtures_kept_for_an_item_run_elsewhere_fails_the_next_items_setup(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, teardown: str
 ) -> None:
     """The group's next item went to another xdist worker, so the rank tears its module's fixtures
     down itself, before its next item: what that raises is that item's setup error, and the session
     goes on (it was an INTERNALERROR, which ended the rank)."""
-    pytester.makepyfile(
-        test_kept="""
-        import pytest
-
-        @pytest.fixture(scope="module")
-        def kept():
-            yield
-            raise RuntimeError("the kept fixture's teardown failed")
-
-        def test_a(kept):
-            pass
-
-        def test_b(kept):
-            pass
-        """,
-        test_other="def test_c():\n    pass\n",
-    )
-    sent_elsewhere = "test_kept.py::test_b"
-    channel = _Channel([RunItem("test_kept.py::test_a", sent_elsewhere), RunItem("test_other.py::test_c")])
+    body, error = KEPT[teardown]
+    kept_module = f"import subprocess, pytest\n\n@pytest.fixture(scope='module')\ndef kept():\n    {body}\n"
+    kept_module += "\ndef test_a(kept):\n    pass\n\ndef test_b(kept):\n    pass\n"
+    plain = "def test_it():\n    pass\n"
+    pytester.makepyfile(test_first=plain, test_kept=kept_module, test_other=plain)
+    # The first test sets the session's nodes up: what test_a's setup starts is its module's alone.
+    first = RunItem("test_first.py::test_it", "test_kept.py::test_a")
+    kept = RunItem("test_kept.py::test_a", "test_kept.py::test_b")  # test_b: sent elsewhere
+    channel = _Channel([first, kept, RunItem("test_other.py::test_it")])
     restorer = restore.Restorer()
-    pytester.inline_run("-p", "no:cacheprovider", plugins=[session.RankSession(channel, restorer), restorer])
+    plugins = [session.RankSession(channel, restorer), restorer]
+    pytester.inline_run("-p", "no:cacheprovider", "-W", "error::pytest.PytestWarning", plugins=plugins)
     reports = [(e.when, e.outcome) for e in channel.events if isinstance(e, Report)]
-    test_a = [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
-    assert reports == [*test_a, ("setup", "failed"), ("teardown", "passed")]
+    passed = [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+    assert reports == [*passed, *passed, ("setup", "failed"), ("teardown", "passed")]
     failed = next(e for e in channel.events if isinstance(e, Report) and e.outcome == "failed")
-    assert "RuntimeError: the kept fixture's teardown failed" in str(failed.data)
+    assert error in str(failed.data)
     assert not [e for e in channel.events if isinstance(e, Fatal)]
     assert isinstance(channel.events[-1], SessionEnd) and channel.events[-1].outcome == "passed"
