@@ -55,7 +55,6 @@ class EventLog:
     """The rank side: appends one line per event, with one unbuffered ``os.write``."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, event: Event) -> None:
