@@ -225,15 +225,8 @@ class RankGroup:
         return write_start_file(self.workdir, self.role(rank, store_port), env, cfg.pytest_args, cfg.sys_path)
 
     def rank_process(self, rank: int, proc: RankHandle) -> RankProcess:
-        paths = rank_files(self.workdir, rank)
-        return RankProcess(
-            rank=rank,
-            proc=proc,
-            events=EventReader(str(paths["events"])),
-            stdout=paths["stdout"],
-            stderr=paths["stderr"],
-            dump=paths["dump"],
-        )
+        files = rank_files(self.workdir, rank)
+        return RankProcess(rank=rank, proc=proc, events=EventReader(str(files["events"])), files=files)
 
     def _wait_ready(self, deadline: float) -> None:
         ready: dict[int, Ready] = {}
@@ -246,7 +239,7 @@ class RankGroup:
                     elif isinstance(ev, Fatal):
                         raise GroupStartError(f"rank {rp.rank} could not start:\n{ev.error}")
                 if rp.rank not in ready and rp.exit_code is not None:
-                    tail = read_bounded(rp.stderr, 0).splitlines()[-30:]
+                    tail = read_bounded(rp.files["stderr"], 0).splitlines()[-30:]
                     raise GroupStartError(
                         f"rank {rp.rank} exited while starting ({exit_text(rp.exit_code)}):\n"
                         + "\n".join(tail)
@@ -318,7 +311,7 @@ class RankGroup:
                 exit_code=codes[rp.rank],
                 waited=STOP_WAIT,
                 duration=max(0.0, rp.died_at - stopped_at) if rp.died_at is not None else STOP_WAIT,
-                stderr=read_bounded(rp.stderr, rp.stderr_offset),
+                stderr=self._output(rp, "stderr"),
                 stacks=stacks.get(rp.rank, ""),
             )
             for rp in silent
@@ -357,9 +350,7 @@ class RankGroup:
 
     def _mark_output(self, rp: RankProcess) -> None:
         """What the rank writes from now on belongs to what comes next (a test, or the stop)."""
-        rp.stdout_offset = file_size(rp.stdout)
-        rp.stderr_offset = file_size(rp.stderr)
-        rp.dump_offset = file_size(rp.dump)
+        rp.offsets = {name: file_size(path) for name, path in rp.files.items()}
 
     def poll(self, wait: float) -> None:
         """Fold new events and exits into the states until the watchdog has news to judge (every rank
@@ -397,7 +388,7 @@ class RankGroup:
         while pending and time.monotonic() < end:
             self._wait(0.01)
             for rp in list(pending):
-                text = read_from(rp.dump, rp.dump_offset)
+                text = read_from(rp.files["dump"], rp.offsets.get("dump", 0))
                 if rp.proc.dump_complete(text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
@@ -424,11 +415,11 @@ class RankGroup:
 
     def test_output(self, rank: int) -> dict[str, str]:
         """What the rank's process wrote to its stdout and stderr (fds 1, 2) during this test."""
-        rp = self.ranks[rank]
-        return {
-            "stdout": read_bounded(rp.stdout, rp.stdout_offset),
-            "stderr": read_bounded(rp.stderr, rp.stderr_offset),
-        }
+        return {name: self._output(self.ranks[rank], name) for name in ("stdout", "stderr")}
+
+    def _output(self, rp: RankProcess, name: str) -> str:
+        """What the rank wrote to its ``stdout`` or ``stderr`` since the current test (or the stop) began."""
+        return read_bounded(rp.files[name], rp.offsets.get(name, 0))
 
     def exit_codes(self) -> dict[int, int | None]:
         """Each rank's exit code (negative: the signal), None while it runs."""

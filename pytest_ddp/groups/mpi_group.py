@@ -328,7 +328,7 @@ class MpiGroup(RankGroup):
         ended = rp.exit_code is not None
         super()._news_of(key)
         if not ended and rp.exit_code == -signal.SIGBUS:
-            _say_how_full_shared_memory_is(rp.stderr, rp.rank)
+            _say_how_full_shared_memory_is(rp.files["stderr"], rp.rank)
 
     def _accept(self) -> None:
         """Challenge a connection from this user's process that the launcher started; close others."""

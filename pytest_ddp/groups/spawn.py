@@ -15,7 +15,7 @@ import socket
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import forkserver, reduction
 from multiprocessing.connection import Connection
@@ -333,14 +333,10 @@ class RankProcess:
     rank: int
     proc: RankHandle  # what the group does to it, wherever it runs
     events: EventReader
-    stdout: Path  # its files, read past the current test's offsets with read_from
-    stderr: Path
-    dump: Path
+    files: dict[str, Path]  # rank_files: its event log, output and dump, read past ``offsets``
     exit_code: int | None = None  # set once the process is seen to have ended
     died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
-    stdout_offset: int = 0  # where the current test's output starts
-    stderr_offset: int = 0
-    dump_offset: int = 0
+    offsets: dict[str, int] = field(default_factory=dict)  # where the current test's part of each starts
 
 
 class GroupStore:

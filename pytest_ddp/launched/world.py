@@ -21,7 +21,7 @@ from typing import Any
 
 from pytest_ddp.common.protocol import Command, ProtocolError, encode
 from pytest_ddp.groups.group import LOOPBACK, GroupConfig, GroupStartError, RankGroup
-from pytest_ddp.groups.spawn import RankHandle, rank_files
+from pytest_ddp.groups.spawn import RankHandle
 from pytest_ddp.launched import protocol as hp
 from pytest_ddp.launched.launch import Launch, collection_differences
 from pytest_ddp.launched.link import Incoming, Link, LinkError, Listener, listen
@@ -174,7 +174,7 @@ class LaunchedWorld:
         if remote.rank != sender:
             raise ProtocolError(f"a {message.KIND} message for a slot of rank {remote.rank}")
         if isinstance(message, hp.Data):
-            path = rank_files(remote.group.workdir, remote.rank).get(message.file)
+            path = remote.group.ranks[remote.rank].files.get(message.file)
             if path is None:
                 raise ProtocolError(f"data for a file a rank does not have: {message.file[:80]!r}")
             with open(path, "ab") as f:
