@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pytest_ddp.common.ops import INIT, NEW_GROUP, Op, op
@@ -167,27 +167,10 @@ class Call:
 
     @classmethod
     def from_event(cls, ev: CallEvent) -> Call:
-        return cls(
-            index=ev.index,
-            op=ev.op,
-            group=ev.group,
-            group_ranks=tuple(ev.group_ranks),
-            seq=ev.seq,
-            site=ev.site,
-            enter=ev.time,
-            shapes=ev.shapes,
-            dtypes=ev.dtypes,
-            devices=ev.devices,
-            peer=ev.peer,
-            root=ev.root,
-            is_async=ev.is_async,
-            obj_type=ev.obj_type,
-            obj_size=ev.obj_size,
-            extra=ev.extra,
-            caller=ev.caller,
-            outer=tuple(ev.outer),
-            tag=ev.tag,
-        )
+        # Each of the event's fields is the call's, under its name, but the time it entered.
+        named = {f.name: getattr(ev, f.name) for f in fields(ev) if f.name != "time"}
+        named.update(group_ranks=tuple(ev.group_ranks), outer=tuple(ev.outer))
+        return cls(**named, enter=ev.time)
 
     def to_dict(self) -> dict[str, Any]:
         return {
