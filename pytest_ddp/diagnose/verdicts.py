@@ -221,10 +221,6 @@ class SettingDiffers:
     values: dict[int, Setting]  # rank -> the first of its values that differs
     then: Verdict  # the verdict without it
 
-    @property
-    def waits(self) -> dict[int, Wait]:
-        return getattr(self.then.finding, "waits", None) or {}
-
 
 @dataclass(frozen=True)
 class CutOnPurpose:
@@ -233,10 +229,6 @@ class CutOnPurpose:
 
     cut: list[int]
     then: Verdict
-
-    @property
-    def waits(self) -> dict[int, Wait]:
-        return getattr(self.then.finding, "waits", None) or {}
 
 
 Finding = (
