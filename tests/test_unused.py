@@ -36,10 +36,11 @@ def test_xdist_workers_of_plain_tests_import_no_torch(pytester: pytest.Pytester)
 
 
 def test_a_session_that_calls_run_from_a_plain_test_gets_the_sessions_settings(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
 ) -> None:
     """pytest_ddp.run() needs no ddp test in the session, and runs under its settings:
-    --ddp-max-world-size refuses a world size above it, as it does for a marked test."""
+    --ddp-max-world-size refuses a world size above it, as it does for a marked test. The session
+    runs in this process (it imports torch anyway: a process of its own would import it again)."""
     pytester.makepyfile(
         test_run="""
         import pytest
@@ -50,7 +51,7 @@ def test_a_session_that_calls_run_from_a_plain_test_gets_the_sessions_settings(
                 pytest_ddp.run(print, world_size=2)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ddp-max-world-size=1")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--ddp-max-world-size=1")
     result.assert_outcomes(passed=1)
 
 
