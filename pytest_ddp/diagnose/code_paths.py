@@ -25,6 +25,10 @@ _UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom, as
 _CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
+# A file's text by the name its call sites give it; None where it cannot be read.
+Source = Callable[[str], str | None]
+
+
 class _Unknown(Exception):
     """The function holds code whose flow this module does not follow."""
 

@@ -14,6 +14,7 @@ from itertools import pairwise
 from typing import TypeVar
 
 from pytest_ddp.diagnose import code_paths
+from pytest_ddp.diagnose.code_paths import Source
 from pytest_ddp.diagnose.state import Call, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -29,6 +30,8 @@ from pytest_ddp.diagnose.verdicts import (
 )
 
 T = TypeVar("T")
+# What two calls are compared by: equal keys agree.
+Key = Callable[[Call], tuple[object, ...]]
 
 
 def extra_call(returned: list[int], doomed: set[int], waits: dict[int, Wait]) -> Verdict | None:
@@ -242,9 +245,7 @@ def minority(entered: dict[int, T], key: Callable[[T], tuple[object, ...]]) -> t
     return culprits, sorted(r for r in entered if r not in culprits)
 
 
-def departures(
-    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
-) -> dict[int, Call]:
+def departures(ranks: dict[int, RankState], entered: dict[int, Call], key: Key) -> dict[int, Call]:
     """In a tie: a rank whose call differs from every earlier call from its line (a smaller last
     batch, another dtype), while each other rank's is what its line always made -> that earlier
     call.  Empty when nothing tells (a line with no history may be a step more on the peer)."""
@@ -261,9 +262,8 @@ def departures(
     return departing if 0 < len(departing) < len(entered) else {}
 
 
-def likely(
-    ranks: dict[int, RankState], entered: dict[int, Call], key: Callable[[Call], tuple[object, ...]]
-) -> tuple[dict[int, Call], dict[int, tuple[Call, Call]]]:
+def likely(ranks: dict[int, RankState], entered: dict[int, Call], key: Key
+           ) -> tuple[dict[int, Call], dict[int, tuple[Call, Call]]]:
     """A tie's likely culprits: (:func:`departures`, else :func:`new_paths`), one of them empty."""
     departing = departures(ranks, entered, key)
     return departing, {} if departing else new_paths(ranks, entered)
@@ -285,7 +285,7 @@ def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[C
     """On a p2p cycle of more than 2 ranks (where :func:`new_paths` finds the skipped send a call
     too late): the one rank that once left a line by a new path no rank took at any other time ->
     that path's two calls.  Empty unless exactly one rank did (a loop's end is taken by all)."""
-    made = {r: [c for c in s.calls if (c.is_collective or c.is_p2p) and c.site] for r, s in ranks.items()}
+    made = dict(_made_before(ranks, {}))
     taken = Counter((a.site, b.site) for calls in made.values() for a, b in pairwise(calls))
     found: dict[int, tuple[Call, Call]] = {}
     for rank in cycle:
@@ -297,12 +297,10 @@ def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[C
     return found if len(found) == 1 else {}
 
 
-def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
-                    ) -> Verdict | None:
+def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """A two-rank tie its history cannot break (:func:`likely`): where one rank's code has no
     call-free way from its previous call to its current one (:mod:`pytest_ddp.diagnose.code_paths`:
-    it skipped a call) while the other's has, that rank is the likely culprit.  ``source``: a
-    file's text by the name its sites give it, or None."""
+    it skipped a call) while the other's has, that rank is the likely culprit."""
     finding = verdict.finding
     if isinstance(finding, Disagreement) and not finding.likely and not finding.after:
         entered = finding.entered
@@ -320,8 +318,7 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Calla
     return dataclasses.replace(verdict, finding=dataclasses.replace(finding, skipped=skipped))
 
 
-def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
-                         ) -> Verdict | None:
+def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """As many ranks wait in one collective as returned without it (no majority: the returned
     are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.code_paths.
     one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in a
@@ -349,8 +346,7 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Callabl
     return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
 
 
-def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
-                       ) -> Verdict | None:
+def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """Two ranks tied where one, as its code tells, left by a ``break`` or ``return`` in a branch of
     the code for it alone (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`) and the
     other's call is under no test of the rank: the first departed from the code its peer runs, and
@@ -400,8 +396,7 @@ def _broken_tie(finding: Disagreement) -> bool:
     return bool(finding.odd or finding.likely or finding.after or finding.skipped or finding.condition)
 
 
-def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Callable[[str], str | None]
-                        ) -> Verdict | None:
+def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """Ranks that entered one collective in ways that differ, two and tied, or that wait on each other
     in a send or receive no call of the other's will match (p2p_unmatched), where nothing recorded
     tells them apart, and one's call is made in a branch of the code for one rank (:func:`_one_rank_branch`)
@@ -440,7 +435,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: C
     return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
 
 
-def _one_rank_branch(call: Call, rank: int | None, source: Callable[[str], str | None]) -> str | None:
+def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
     function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
@@ -460,7 +455,7 @@ def _one_rank_branch(call: Call, rank: int | None, source: Callable[[str], str |
     return None
 
 
-def _under_rank_test(call: Call, source: Callable[[str], str | None]) -> bool | None:
+def _under_rank_test(call: Call, source: Source) -> bool | None:
     """Whether the call's line, or a line of the user's code that led to it, is under a test of
     the rank (:func:`pytest_ddp.diagnose.code_paths.under_rank_test`); None where the code of one
     cannot tell."""
@@ -476,8 +471,7 @@ def _under_rank_test(call: Call, source: Callable[[str], str | None]) -> bool | 
     return found
 
 
-def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Callable[[str], str | None]
-                   ) -> list[str] | None:
+def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Source) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),
     by the op each line's calls were, made there and not inside a library; None if it cannot tell."""
     (file, start), (other, end) = site_parts(before.site), site_parts(call.site)

@@ -9,7 +9,7 @@ the recorded calls afterwards (:func:`finished_mismatch`).  Which ranks departed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import compress, count, islice
 from operator import attrgetter, ne
 
@@ -18,9 +18,6 @@ from pytest_ddp.common.ops import COLLECTIVES
 from pytest_ddp.diagnose import majority, waits
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Disagreement, MembersDiffer, Verdict
-
-# What two calls are compared by: equal keys agree.
-Key = Callable[[Call], tuple[object, ...]]
 
 
 def wire_size(call: Call) -> tuple[object, ...]:
@@ -176,7 +173,7 @@ def _collectives(calls: list[Call]) -> list[Call]:
     return [c for c in calls if c.op in COLLECTIVES and c.group != "?"]
 
 
-def mismatch_verdict(status: str, ranks: dict[int, RankState], call: Call, key: Key) -> Verdict:
+def mismatch_verdict(status: str, ranks: dict[int, RankState], call: Call, key: majority.Key) -> Verdict:
     """The verdict on the members that entered ``call``'s collective: those whose call differs
     by ``key`` from most are named; in a tie every one is, with what tells its likely culprits
     (:func:`pytest_ddp.diagnose.majority.likely`)."""

@@ -11,7 +11,6 @@ stack's, dumped after the verdict: the report reads it there."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from pytest_ddp.diagnose import code_paths
@@ -60,7 +59,7 @@ def _same_file(path: str, test_file: str) -> bool:
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
 
 
-def left_at(state: RankState, ranks: dict[int, RankState], source: Callable[[str], str | None]) -> str | None:
+def left_at(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> str | None:
     """``test_x.py:145``: where a rank that left outside any call, after its last call, left by,
     where its code holds one way out reachable from that call before its next: an exit
     (``os._exit(1)``) for a process that ended with an exit status, a ``break`` or ``return`` in a

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching, own_lines
+from pytest_ddp.diagnose.code_paths import Source
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
     finished_mismatch,
@@ -204,9 +204,9 @@ class Watch:
     """The verdict policy over one test's life: timeout and grace (applied by :func:`judge`) and
     the settle time of a certain deadlock."""
 
-    def __init__(self, source: Callable[[str], str | None] = lambda file: None) -> None:
+    def __init__(self, source: Source = lambda file: None) -> None:
         self._certain_since: float | None = None
-        self._source = source  # a file's text by the name its call sites give it (majority.skipped_in_code)
+        self._source = source
 
     def verdict(self, snap: Snapshot) -> Verdict | None:
         """The final verdict on the test, or None while the controller should wait."""
