@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_ddp.diagnose import mpi_matching
-from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, signature_text
+from pytest_ddp.diagnose.phrases import describe_call, said, signature_text
 from pytest_ddp.diagnose.state import Call, RankState
 
 
@@ -128,8 +128,5 @@ def difference_line(difference: SequenceDifference) -> str:
             f"{signature_text(d.reference, reductions)} ({d.reference.site}) vs rank {d.rank} "
             f"{signature_text(d.theirs, reductions)} ({d.theirs.site})"
         )
-    made = [
-        f"{rank_list(group_ranks)} made {n} collective{'' if n == 1 else 's'}"
-        for n, group_ranks in grouped(d.counts, d.counts.get)
-    ]
-    return f"group {d.group}: " + ", ".join(made)
+    made = said(d.counts, lambda r: f"made {d.counts[r]} collective{'' if d.counts[r] == 1 else 's'}", ", ")
+    return f"group {d.group}: {made}"

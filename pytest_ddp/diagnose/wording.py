@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
-from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, signature_text, verb
+from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, said, signature_text, verb
 from pytest_ddp.diagnose.rank_words import (
     failed_outside_calls,
     how_it_failed,
@@ -112,9 +112,7 @@ def _activity(described: list[int], ranks: dict[int, RankState], waits: dict[int
 def _failures(failed: list[int], ranks: dict[int, RankState], woken: list[int] | None = None) -> str:
     """``rank 1 died (exit code 1); ranks 2, 3 failed (ValueError: boom)``; then how the ranks its
     failures woke failed."""
-    text = "; ".join(
-        f"{rank_list(group)} {how}" for how, group in grouped(failed, lambda r: how_it_failed(ranks[r]))
-    )
+    text = said(failed, lambda r: how_it_failed(ranks[r]))
     return f"{text}; then {_failures(woken, ranks)}" if woken else text
 
 
@@ -181,12 +179,8 @@ def _left_mid_call(f: LeftMidCall, ranks: dict[int, RankState]) -> str:
         error = plain_error((call.error or "error").strip().splitlines()[0])
         return f"raised {error} in {describe_call(call)}"
 
-    causes = [
-        f"{rank_list(group)} never called {f.call.label} {how(group[0])}"
-        for _, group in grouped(f.culprits, how)
-    ]
-    woken = "; ".join(f"{rank_list(group)} {text}" for text, group in grouped(f.woken, raised))
-    text = f"{'; '.join(causes)}; then {woken}."
+    causes = said(f.culprits, lambda r: f"never called {f.call.label} {how(r)}")
+    text = f"{causes}; then {said(f.woken, raised)}."
     if f.alike:
         text += _tie(f.alike, f.culprits)
     return text
@@ -287,10 +281,7 @@ def _no_such_peer(f: NoSuchPeer, ranks: dict[int, RankState]) -> str:
 def _members_differ(f: MembersDiffer, ranks: dict[int, RankState]) -> str:
     """``ranks 0-3 disagree on the members of new_group #1 (t.py:18): ranks 0, 3 passed [0, 3];
     ranks 1, 2 passed [1, 2]. ...``: torch's rule after the calls."""
-    def members(r: int) -> tuple[int, ...]:
-        return tuple(f.calls[r].extra["ranks"])
-
-    passed = "; ".join(f"{rank_list(group)} passed {list(key)}" for key, group in grouped(f.calls, members))
+    passed = said(f.calls, lambda r: f"passed {list(f.calls[r].extra['ranks'])}")
     what = f"the members of new_group #{f.number} ({', '.join(sorted({c.site for c in f.calls.values()}))})"
     if f.odd:
         rest = [r for r in f.calls if r not in f.odd]
@@ -374,10 +365,8 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
         reason = "; ".join(passed) + ", to init_process_group"
     elif f.check == "world_sizes":
         sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
-        said = ", ".join(
-            f"{rank_list(group, 'process')} passed {size}" for size, group in grouped(sizes, sizes.get)
-        )
-        reason = f"init_process_group world sizes differ: {said}"
+        each = said(sizes, lambda r: f"passed {sizes[r]}", ", ", "process")
+        reason = f"init_process_group world sizes differ: {each}"
     elif f.check == "world_size":
         size = given(calls[f.culprits[0]], "world_size") or 0
         run = sum(state.alive for state in ranks.values())
