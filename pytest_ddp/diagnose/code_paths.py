@@ -71,14 +71,15 @@ def one_rank_branch(source: str, line: int) -> int | None:
 
 def _branch_for_one_rank(tree: ast.Module, line: int) -> tuple[int, int | None] | None:
     """(:func:`one_rank_branch`'s line, the rank its test singles out where it says which)."""
-    found: ast.If | ast.While | None = None
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.If, ast.While)) or not _singles_out(node.test):
-            continue
-        holds = node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)
-        if holds and (found is None or found.lineno < node.lineno):
-            found = node
+    found = next((node for node in _branches_holding(tree, line) if _singles_out(node.test)), None)
     return None if found is None else (found.lineno, _rank_singled_out(found.test))
+
+
+def _branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:
+    """The ``if`` and ``while`` statements whose body holds the statement at ``line``, innermost first."""
+    holding = [node for node in ast.walk(tree) if isinstance(node, (ast.If, ast.While))
+               and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
+    return sorted(holding, key=lambda node: node.lineno, reverse=True)
 
 
 def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
@@ -87,8 +88,7 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
     value kept on one rank alone (transformers#31532: ``if state.is_main_process: progress += 1``,
     a progress bar's count, then ``if progress == 2: gather(...)``), or by a conditional expression
     on one rank (pytorch#77562: ``current = reduced.item() if rank == 0 else mine``).  The test may
-    then answer
-    differently on that rank alone; which way it answers the code does not say, so the caller
+    then answer differently on that rank alone; which way it answers the code does not say, so the caller
     checks that the rank it names is the one that made the call.  None where no test does, the
     branches for one rank that set the name single out different ranks, or the code cannot tell."""
     tree = _parsed(source)
@@ -105,18 +105,13 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
                 node.value.test):
             for name in _names_set([node]):  # x = reduced.item() if rank == 0 else mine
                 kept.setdefault(name, set()).add(_rank_singled_out(node.value.test))
-    found: tuple[int, int] | None = None
-    for node in ast.walk(function):
-        if not isinstance(node, (ast.If, ast.While)):
-            continue
-        if not node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0):
-            continue
+    for node in _branches_holding(function, line):
         read = {_named(part) for part in ast.walk(node.test) if isinstance(part, (ast.Name, ast.Attribute))}
         ranks: set[int | None] = set().union(*(kept[name] for name in read if name in kept))
         only = ranks.pop() if len(ranks) == 1 else None
-        if only is not None and (found is None or found[0] < node.lineno):
-            found = (node.lineno, only)
-    return found
+        if only is not None:
+            return node.lineno, only
+    return None
 
 
 def _names_set(body: list[ast.stmt]) -> set[str]:
