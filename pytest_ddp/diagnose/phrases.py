@@ -66,7 +66,3 @@ def grouped(ranks: Iterable[int], key: Callable[[int], K]) -> list[tuple[K, list
 def said(ranks: Iterable[int], words: Callable[[int], str], sep: str = "; ", noun: str = "rank") -> str:
     """``rank 1 died (exit code 1); ranks 2, 3 raised ...``: each group of ranks the same words say."""
     return sep.join(f"{rank_list(group, noun)} {text}" for text, group in grouped(ranks, words))
-
-
-def joined(clauses: list[str]) -> str:
-    return " and ".join(clauses) if len(clauses) == 2 else "; ".join(clauses)

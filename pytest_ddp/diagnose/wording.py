@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
 from pytest_ddp.diagnose.init_faults import given, latest_init
-from pytest_ddp.diagnose.phrases import describe_call, grouped, joined, rank_list, said, signature_text, verb
+from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, said, signature_text, verb
 from pytest_ddp.diagnose.rank_words import (
     failed_outside_calls,
     how_it_failed,
@@ -61,7 +61,7 @@ def _wait_clauses(
         if needed:
             clause += f" for {'any of ' if any_of and len(needed) > 1 else ''}{rank_list(needed)}"
         clauses.append(clause)
-    return joined(clauses)
+    return " and ".join(clauses) if len(clauses) == 2 else "; ".join(clauses)
 
 
 def _left_reason(ranks: dict[int, RankState], rank: int, waiter: int, waited: Call, plural: bool) -> str:
