@@ -97,7 +97,8 @@ def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             peer = call.peer
             assert peer is not None  # _compared_p2p keeps calls whose peer is a rank
             if peer not in indexes:
-                indexes[peer] = _p2p_index(ranks[peer])
+                calls = ranks[peer].calls
+                indexes[peer] = {(c.group, c.is_recv, c.peer, c.seq): c for c in calls if c.is_p2p}
             theirs = indexes[peer].get((call.group, not call.is_recv, rank, call.seq))
             if theirs is None or not theirs.shapes:
                 continue
@@ -107,10 +108,6 @@ def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
                 finding = Disagreement(call, entered, likely, after)
                 return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label, finding)
     return None
-
-
-def _p2p_index(state: RankState) -> dict[tuple[str, bool, int | None, int], Call]:
-    return {(c.group, c.is_recv, c.peer, c.seq): c for c in state.calls if c.is_p2p}
 
 
 def _compared_p2p(rank: int, ranks: dict[int, RankState]) -> list[Call]:
