@@ -22,16 +22,6 @@ class UnfinishedWork:
 
 
 @dataclass(frozen=True)
-class UnreceivedMessage:
-    """An MPI message whose send returned (its data buffered) and that no receive took: MPI
-    drops it silently when the program ends."""
-
-    rank: int  # the sender
-    call: Call
-    dest: int
-
-
-@dataclass(frozen=True)
 class CountDifference:
     """The members of a group made different numbers of collectives on it."""
 
@@ -63,11 +53,15 @@ def unfinished_work(ranks: list[RankState]) -> list[UnfinishedWork]:
     return found
 
 
+# A message never received: its send returned (its data buffered), and MPI drops it silently when
+# the program ends.
+UnreceivedMessage = mpi_matching.Message
+
+
 def unreceived_messages(ranks: list[RankState]) -> list[UnreceivedMessage]:
     """The MPI messages whose send returned and that no receive took, in rank order."""
     left = mpi_matching.match({s.rank: s for s in ranks}).left
-    messages = [m for m in left if m.call.state == "ok"]
-    return [UnreceivedMessage(m.sender, m.call, m.dest) for m in sorted(messages, key=lambda m: m.sender)]
+    return sorted((m for m in left if m.call.state == "ok"), key=lambda m: m.rank)
 
 
 def compare_sequences(ranks: list[RankState]) -> list[SequenceDifference]:

@@ -22,7 +22,7 @@ from pytest_ddp.diagnose.verdicts import Wait
 class Message:
     """A message an MPI send (or Sendrecv) put on its way."""
 
-    sender: int
+    rank: int  # the sender
     call: Call
     dest: int
     tag: int | None
@@ -76,7 +76,7 @@ def _wanted(call: Call) -> tuple[int | None, int | None] | None:
 def _matches(message: Message, group: str, source: int | None, tag: int | None) -> bool:
     return (
         message.call.group == group
-        and (source is None or message.sender == source)
+        and (source is None or message.rank == source)
         and (tag is None or message.tag == tag)
     )
 
@@ -110,8 +110,8 @@ def match(ranks: dict[int, RankState]) -> Matching:
             if taken is not None:
                 messages.remove(taken)
                 matching.received[(rank, call.index)] = taken
-                matching.delivered.add((taken.sender, taken.call.index))
-        matching.left += sorted(messages, key=lambda m: (m.sender, m.call.index))
+                matching.delivered.add((taken.rank, taken.call.index))
+        matching.left += sorted(messages, key=lambda m: (m.rank, m.call.index))
     return matching
 
 
@@ -161,4 +161,4 @@ def may_return_alone(call: Call) -> bool:
 def unreceived_from(ranks: dict[int, RankState], sender: int, dest: int, group: str) -> list[Message]:
     """The messages from ``sender`` to ``dest`` on ``group`` that no receive took (sent with a
     tag the receives do not want, say)."""
-    return [m for m in match(ranks).left if (m.sender, m.dest, m.call.group) == (sender, dest, group)]
+    return [m for m in match(ranks).left if (m.rank, m.dest, m.call.group) == (sender, dest, group)]
