@@ -76,6 +76,13 @@ def _tag_text(tag: int | None) -> str:
 _OWN_STORES = ("store", "file://")
 
 
+# What the JSON report says of a call, in its order (Call.to_dict).
+_REPORTED = (
+    "index", "op", "group", "group_ranks", "seq", "site", "caller", "state", "enter", "exit", "shapes",
+    "dtypes", "devices", "peer", "root", "tag", "async", "obj_type", "obj_size", "extra", "error",
+)
+
+
 @dataclass
 class Call:
     """One recorded torch.distributed call on one rank."""
@@ -173,29 +180,10 @@ class Call:
         return cls(**named, enter=ev.time)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "op": self.op,
-            "group": self.group,
-            "group_ranks": list(self.group_ranks),
-            "seq": self.seq,
-            "site": self.site,
-            "caller": self.caller,
-            "state": self.state,
-            "enter": self.enter,
-            "exit": self.exit,
-            "shapes": self.shapes,
-            "dtypes": self.dtypes,
-            "devices": self.devices,
-            "peer": self.peer,
-            "root": self.root,
-            "tag": self.tag,
-            "async": self.is_async,
-            "obj_type": self.obj_type,
-            "obj_size": self.obj_size,
-            "extra": self.extra,
-            "error": self.error,
-        }
+        """The call in the JSON report: :data:`_REPORTED`, each under its name (``async``: is_async's)."""
+        reported = {key: getattr(self, "is_async" if key == "async" else key) for key in _REPORTED}
+        reported["group_ranks"] = list(self.group_ranks)
+        return reported
 
 
 # /proc/PID/status's signal masks, in the order they decide what a signal does.
