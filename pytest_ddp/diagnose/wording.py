@@ -120,12 +120,10 @@ def _failures(failed: list[int], ranks: dict[int, RankState], woken: list[int] |
 
 
 def _departed(f: Departed, ranks: dict[int, RankState]) -> str:
-    def waited_by(g: int) -> tuple[int, Call]:
-        waiter = min(r for r in f.doomed if g in f.left[r])
-        return waiter, first_missed(ranks[waiter], ranks[g], f.waits[waiter].call)
-
     def reason(g: int, plural: bool = False) -> str:
-        return _left_reason(ranks, g, *waited_by(g), plural)
+        waiter = min(r for r in f.doomed if g in f.left[r])
+        missed = first_missed(ranks[waiter], ranks[g], f.waits[waiter].call)
+        return _left_reason(ranks, g, waiter, missed, plural)
 
     causes = [
         f"{rank_list(group)} {reason(group[0], len(group) > 1)}{_matched_elsewhere(group, f.doomed, ranks)}"
