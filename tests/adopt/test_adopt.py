@@ -423,6 +423,10 @@ def test_a_test_its_own_harness_skips_starts_no_rank(adopted) -> None:
 
 
 def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
+    """The session has no --ddp-adopt: one line of its pytest.ini, ``ddp_adopt = true``, adopts, in
+    the session and in its ranks (the option itself: tests/config/test_settings.py)."""
+    assert "--ddp-adopt" not in adopted.args
+    assert (adopted.folder / "pytest.ini").read_text() == ADOPT_INI
     assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
     adopted.ran_on_one_group("test_process_classes.py")
     # Nothing left behind, by this file or any other of the session (torch keeps its compiler's
@@ -438,28 +442,23 @@ def test_the_outcomes_are_torch_harness_own(pytester) -> None:
     assert outcomes(result, "test_skipped.py") == SKIPPED_OUTCOMES
 
 
+CONTINUOUS_OUTCOMES = {
+    "test_continuous.py::Continuous::test_a": "PASSED",
+    "test_continuous.py::Continuous::test_b_fails": "FAILED",
+    "test_continuous.py::Continuous::test_c_after_a_failure": "PASSED",
+    "test_continuous.py::Continuous::test_d_skip_test_in_a_worker": "FAILED",
+    "test_continuous.py::Continuous::test_e_loggers_as_in_a_worker": "PASSED",
+    "test_continuous.py::test_after_the_class": "PASSED",
+}
+
+
 def test_a_continuous_class_makes_its_group_once_and_a_failure_skips_nothing(adopted) -> None:
-    assert outcomes(adopted.result, "test_continuous.py") == {
-        "test_continuous.py::Continuous::test_a": "PASSED",
-        "test_continuous.py::Continuous::test_b_fails": "FAILED",
-        "test_continuous.py::Continuous::test_c_after_a_failure": "PASSED",
-        "test_continuous.py::Continuous::test_d_skip_test_in_a_worker": "FAILED",
-        "test_continuous.py::Continuous::test_e_loggers_as_in_a_worker": "PASSED",
-        "test_continuous.py::test_after_the_class": "PASSED",
-    }
+    assert outcomes(adopted.result, "test_continuous.py") == CONTINUOUS_OUTCOMES
     assert (adopted.log_dir / "opts0").read_text() == (adopted.log_dir / "opts1").read_text() == "x"
     failure_section(adopted.result, "Continuous.test_b_fails").fnmatch_lines(
         ["AssertionError: Scalars are not equal! (rank 1). *ddp failed*"]
     )
     adopted.ran_on_one_group("test_continuous.py")  # its 5 tests; not test_after_the_class
-
-
-def test_one_line_in_the_ini_file_adopts(adopted) -> None:
-    """The adopted session has no --ddp-adopt: its pytest.ini's ``ddp_adopt = true`` alone adopts,
-    in the session and in its ranks (the option itself: tests/config/test_settings.py)."""
-    assert "--ddp-adopt" not in adopted.args
-    assert (adopted.folder / "pytest.ini").read_text() == ADOPT_INI
-    assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
 
 
 def test_a_deadlock_in_an_adopted_test_is_reported_at_once_with_every_ranks_stack(adopted) -> None:
@@ -819,16 +818,7 @@ ADOPTED_RANK_TESTS = {
     # Collectives.test_needs_gpus: skipped by its skip_if_lt_x_gpu(2), with no rank started
     "test_process_classes.py": [test for test in TORCH_OUTCOMES if not test.endswith("::test_needs_gpus")],
     "test_skipped.py": ["test_skipped.py::SkippedTests::test_runs"],
-    "test_continuous.py": [
-        f"test_continuous.py::Continuous::{name}"
-        for name in (
-            "test_a",
-            "test_b_fails",
-            "test_c_after_a_failure",
-            "test_d_skip_test_in_a_worker",
-            "test_e_loggers_as_in_a_worker",
-        )
-    ],
+    "test_continuous.py": [test for test in CONTINUOUS_OUTCOMES if "::Continuous::" in test],  # its class's
     # less those its unittest skip decorators skip, with no rank started
     "test_distributed_spawn.py": [
         test for test in DIST_BACKEND_OUTCOMES if test.rpartition("::")[2] not in _SKIPPED_WITHOUT_A_RANK.split()
