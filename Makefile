@@ -20,13 +20,14 @@ UV_VERSION := 0.13.9
 # as `pip config list` prints them (a value may hold several, on one line or on several: printed
 # with "\n" between), go to uv as its options; uv takes
 # the best version over all indexes, as pip does (unsafe-best-match; its default takes the first
-# index that has the package). pip's cert (PIP_CERT, or pip.conf's) goes as uv's --cert, which uv
-# takes once: the last one listed, as pip takes its environment's over its files'.
+# index that has the package). pip's cert and index-url (PIP_CERT, or pip.conf's) go as uv's
+# --cert and --index-url, which uv takes once each: the last one listed, as pip takes its
+# environment's over its files'.
 PIP_CONFIG_AS_UV := $(PY) -m pip config list | awk -F "='" \
-	'$$1 ~ /\.cert$$/ { sub(/'\''$$/, "", $$2); cert = $$2 } \
-	$$1 ~ /\.(find-links|index-url|extra-index-url|constraint)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); \
+	'$$1 ~ /\.(cert|index-url)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); once[$$1] = $$2 } \
+	$$1 ~ /\.(find-links|extra-index-url|constraint)$$/ { sub(/^.*\./, "", $$1); sub(/'\''$$/, "", $$2); \
 	gsub(/\\n/, " ", $$2); n = split($$2, values, " "); for (i = 1; i <= n; i++) printf "--%s %s ", $$1, values[i] } \
-	END { if (cert != "") printf "--cert %s ", cert }'
+	END { for (name in once) printf "--%s %s ", name, once[name] }'
 UV := $(VENV)/bin/uv
 # Named after the version: another UV_VERSION installs that one in an existing venv.
 UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
