@@ -2,16 +2,19 @@
 
 One inner pytest session (a real one, run in this process by the first test
 that needs it) runs every broken pattern below as a ddp test with
-``--ddp-report-dir``; each test here reads that pattern's JSON report.
+``--ddp-report-dir``; each test here reads that pattern's JSON report. The
+same session runs OTHERS, whose tests here read their outcomes and failure sections.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
+from dataclasses import dataclass
 
 import pytest
 
-from conftest import ModuleShared, Session, session_in_process
+from conftest import HEADER, ModuleShared, Session, failure_section, outcomes, session_in_process
 
 BROKEN = '''
 import os, time
@@ -102,14 +105,48 @@ EXPECTED = {
 }
 
 
+# A passing test whose ranks' collectives differ (Gloo lets a shape of the same size through), the
+# same with check_collectives=False, and a failure whose report shows each rank's peak memory.
+OTHERS = """
+@pytest.mark.ddp(world_size=2)
+def test_shapes(rank):
+    dist.all_reduce(torch.ones((2, 5) if rank == 0 else (10,)))  # Gloo lets this through
+
+
+@pytest.mark.ddp(world_size=2, check_collectives=False)
+def test_shapes_unchecked(rank):
+    dist.all_reduce(torch.ones((2, 5) if rank == 0 else (10,)))
+
+
+@pytest.mark.ddp(world_size=2)
+def test_one_waits(rank):
+    if rank == 0:
+        dist.barrier()
+"""
+
+
+@dataclass
+class Broken:
+    """The session's result, and the JSON reports of its failed tests by test name."""
+
+    result: pytest.RunResult
+    reports: dict[str, dict]
+
+
 @pytest.fixture
-def reports(module_shared: ModuleShared, pytester: pytest.Pytester) -> dict[str, dict]:
-    """Every broken pattern, run once; their JSON reports by test name."""
-    return module_shared.once("reports", lambda: run_broken(pytester))
+def broken(module_shared: ModuleShared, pytester: pytest.Pytester) -> Broken:
+    """Every broken pattern and OTHERS, run once."""
+    return module_shared.once("broken", lambda: run_broken(pytester))
 
 
-def run_broken(pytester: pytest.Pytester) -> dict[str, dict]:
-    session_in_process(pytester, "broken", Session({"test_broken.py": BROKEN}, ("--ddp-report-dir=reports",)), 1)
+@pytest.fixture
+def reports(broken: Broken) -> dict[str, dict]:
+    return broken.reports
+
+
+def run_broken(pytester: pytest.Pytester) -> Broken:
+    files = {"test_broken.py": BROKEN, "test_others.py": HEADER + textwrap.dedent(OTHERS)}
+    result = session_in_process(pytester, "broken", Session(files, ("--ddp-report-dir=reports", "-rA")), 1)
     report_dir = pytester.path / "broken" / "reports"
     found = {}
     for path in report_dir.glob("*.json"):
@@ -117,7 +154,7 @@ def run_broken(pytester: pytest.Pytester) -> dict[str, dict]:
             continue  # the same report as a Chrome trace
         data = json.loads(path.read_text())
         found[data["test"].rsplit("::", 1)[-1]] = data
-    return found
+    return Broken(result, found)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -176,17 +213,9 @@ def test_passing_ddp_step_shows_the_reducers_allreduce() -> None:
         assert rank.collectives[-1].shapes == [[5]]  # the bucket: 4 weights and a bias
 
 
-SAME_BYTES_OTHER_SHAPE = """
-@pytest.mark.ddp(world_size=2{extra})
-def test_shapes(rank):
-    dist.all_reduce(torch.ones((2, 5) if rank == 0 else (10,)))  # Gloo lets this through
-"""
-
-
-def test_passing_test_whose_collectives_differ_fails(ddp_pytester) -> None:
-    result = ddp_pytester.run(SAME_BYTES_OTHER_SHAPE.format(extra=""))
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+def test_passing_test_whose_collectives_differ_fails(broken: Broken) -> None:
+    assert outcomes(broken.result, "test_others.py")["test_shapes"] == "FAILED"
+    failure_section(broken.result, "test_shapes").fnmatch_lines(
         [
             "*the ranks' collective sequences differ:*",
             "*group WORLD, collective #1: rank 0 all_reduce shapes *2, 5* float32 *"
@@ -195,20 +224,12 @@ def test_passing_test_whose_collectives_differ_fails(ddp_pytester) -> None:
     )
 
 
-def test_check_collectives_false_lets_it_pass(ddp_pytester) -> None:
-    ddp_pytester.run(SAME_BYTES_OTHER_SHAPE.format(extra=", check_collectives=False")).assert_outcomes(passed=1)
+def test_check_collectives_false_lets_it_pass(broken: Broken) -> None:
+    assert outcomes(broken.result, "test_others.py")["test_shapes_unchecked"] == "PASSED"
 
 
-def test_failure_report_shows_peak_memory_per_rank(ddp_pytester) -> None:
-    result = ddp_pytester.run(
-        """
-        @pytest.mark.ddp(world_size=2)
-        def test_one_waits(rank):
-            if rank == 0:
-                dist.barrier()
-        """
-    )
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+def test_failure_report_shows_peak_memory_per_rank(broken: Broken) -> None:
+    assert outcomes(broken.result, "test_others.py")["test_one_waits"] == "FAILED"
+    failure_section(broken.result, "test_one_waits").fnmatch_lines(
         ["rank 0: waiting in barrier #1*; peak RSS * MB", "rank 1: finished (passed)*; peak RSS * MB"]
     )
