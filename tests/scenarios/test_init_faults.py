@@ -78,9 +78,9 @@ def test_each_process_on_its_own_port_names_those_not_on_rank_0s():
     assert "as rank 0, serves the rendezvous's store there" in result.diagnosis.text
 
 
-def test_slow_starter_is_just_waited_for():
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"delay": {0: 2}}, timeout=30)
-    assert result.outcome == "passed" and result.values == [2, 2]
+@pytest.mark.ddp(world_size=2, init=False)
+def test_slow_starter_is_just_waited_for(rank):
+    assert init(rank, delay={0: 2}) == 2
 
 
 def test_file_init_shared_wrongly_hangs_until_the_timeout(tmp_path):
@@ -90,16 +90,18 @@ def test_file_init_shared_wrongly_hangs_until_the_timeout(tmp_path):
     assert all(r.collectives[-1].op == "init_process_group" for r in result.ranks)
 
 
+# -- the fixes, on the warm ranks of init=False tests ----------------------------------
+
+
+@pytest.mark.ddp(world_size=2, init=False)
 @pytest.mark.parametrize("method", ["env", "tcp"])
-def test_fixed_init(method):
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"method": method}, timeout=30)
-    assert result.outcome == "passed" and result.values == [2, 2]
+def test_fixed_init(rank, method):
+    assert init(rank, method=method) == 2
 
 
-def test_fixed_file_init_shares_one_file(tmp_path):
-    kwargs = {"method": "file", "folder": str(tmp_path), "shared": True}
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs=kwargs, timeout=30)
-    assert result.outcome == "passed"
+@pytest.mark.ddp(world_size=2, init=False)
+def test_fixed_file_init_shares_one_file(rank, ddp_shared_path):
+    assert init(rank, method="file", folder=str(ddp_shared_path), shared=True) == 2
 
 
 @pytest.mark.ddp(world_size=2, init=False)
