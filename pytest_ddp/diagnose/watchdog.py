@@ -211,6 +211,8 @@ class Watch:
     def verdict(self, snap: Snapshot) -> Verdict | None:
         """The final verdict on the test, or None while the controller should wait."""
         verdict = judge(snap)
+        if verdict.status == "deadlock" and _may_time_out_itself(snap):
+            return None
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
             moving = _moving(snap, verdict) or _tie_others_may_break(snap, verdict)
@@ -230,6 +232,21 @@ class Watch:
             or majority.left_by_own_branch(verdict, ranks, self._source)
             or verdict
         )
+
+
+def _may_time_out_itself(snap: Snapshot) -> bool:
+    """A rank blocked in a call of a group the test gave a timeout shorter than the grace, not yet
+    past (and the settle time after it): Gloo raises that call by itself then, as a test may
+    expect (torch's test_barrier_timeout_full_group: a barrier of a group of 0.5 s that its peer
+    left).  A group's timeout of minutes, common in training code, is not waited for."""
+    for state in snap.ranks:
+        call = state.blocked_call
+        timeout = None if call is None else state.group_timeout(call.group)
+        if call is None or timeout is None or timeout >= snap.grace:
+            continue
+        if snap.now - call.enter < timeout + SETTLE:
+            return True
+    return False
 
 
 def _disconnected(snap: Snapshot) -> bool:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
@@ -244,7 +245,10 @@ def _dialled(method: str) -> str | None:
 
 
 def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
-    """What init_process_group and new_group will use: their arguments, else the environment."""
+    """What init_process_group and new_group will use: their arguments, else the environment; the
+    timeout the group's calls wait, where given."""
+    timeout = args.get("timeout")
+    seconds = {"timeout": timeout.total_seconds()} if isinstance(timeout, datetime.timedelta) else {}
     if op == INIT:
         method = args.get("init_method") or ("store" if args.get("store") is not None else "env://")
         extra = {
@@ -253,6 +257,7 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
             "init_method": method,
             "address": _dialled(method),
             "backend": args.get("backend"),  # None: torch's default for the devices
+            **seconds,
         }
         return {k: v for k, v in extra.items() if v is not None}
     if op == NEW_GROUP:
@@ -260,10 +265,10 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
         local = {"local": True} if args.get("use_local_synchronization") else {}
         ranks = args.get("ranks")
         if not ranks:  # None or []: every rank
-            return {"ranks": list(range(dist.get_world_size())), **local}
+            return {"ranks": list(range(dist.get_world_size())), **local, **seconds}
         if not isinstance(ranks, (list, tuple, range, set)):
-            return local or None  # an iterator: left for the real call to consume
-        return {"ranks": sorted(ranks), **local}  # sorted, as torch sorts them by default
+            return {**local, **seconds} or None  # an iterator: left for the real call to consume
+        return {"ranks": sorted(ranks), **local, **seconds}  # sorted, as torch sorts them by default
     return None
 
 

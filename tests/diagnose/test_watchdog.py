@@ -6,6 +6,7 @@ from typing import Any
 
 from snapshots import NOW, R3, R4, call, judge, ok, outline, rank, snap
 
+from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
 from pytest_ddp.diagnose.consistency import difference_line
 from pytest_ddp.diagnose.state import Call, RankState
@@ -725,3 +726,24 @@ def test_a_monitored_barrier_timeout_once_every_rank_finished() -> None:
     assert verdict.summary.endswith(
         "rank 1 raised RuntimeError: Connection closed by peer in monitored_barrier #1 (t.py:11)."
     )
+
+
+def _left_a_group_of(timeout: float, entered: float) -> Verdict | None:
+    """Rank 0 gave up on barrier #1 of group 1 and returned; rank 1 entered it ``entered`` s ago.
+    Group 1 is the test's first new_group, made with ``timeout`` seconds."""
+    made = ok("new_group", 1, extra={"ranks": [0, 1], "timeout": timeout})
+    zero = rank(0, ok("new_group", 1, extra={"ranks": [0, 1], "timeout": timeout}),
+                call("barrier", 1, group="1", state="raised"), finished=True)
+    one = rank(1, made, call("barrier", 1, group="1", enter=NOW - entered))
+    return watchdog.Watch().verdict(snap(zero, one))
+
+
+def test_a_call_a_short_group_timeout_will_raise_is_waited_for_not_called_a_deadlock() -> None:
+    # torch's test_barrier_timeout_full_group: a barrier of a group of 0.5 s that its peer left
+    # raises by itself, as the test expects; Gloo's timeout, not a hang.
+    assert _left_a_group_of(0.5, entered=0.1) is None
+    late = _left_a_group_of(0.5, entered=1.1)  # past it and the settle time: it did not raise
+    assert late is not None and outline(late)[:3] == ("deadlock", "partial", [0])
+    # A timeout of minutes, as training code gives, is not waited for.
+    minutes = _left_a_group_of(1800, entered=0.1)
+    assert minutes is not None and outline(minutes)[:3] == ("deadlock", "partial", [0])

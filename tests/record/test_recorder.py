@@ -74,7 +74,7 @@ def spawn(body: Callable[[int, EventLog], None], folder: Path, join: bool = True
 
 
 def many_calls(rank: int, log: EventLog) -> None:
-    sub = dist.new_group([0, 1])
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=30))
     dist.all_reduce(torch.ones(2, 3, dtype=torch.float64))  # WORLD 1
     dist.all_reduce(torch.ones(1), group=sub)  # sub 1
     gathered: list[object] = [None, None]
@@ -128,8 +128,8 @@ def test_group_calls_are_in_no_sequence(two_ranks: list[list[RankState]]) -> Non
     calls = two_ranks[1][0].calls
     init, new = calls[0], calls[1]
     assert (init.op, init.seq, init.group) == ("init_process_group", 0, "WORLD")
-    assert init.extra == {"rank": 1, "world_size": 2, "init_method": "store", "backend": "gloo"}
-    assert (new.op, new.seq, new.extra) == ("new_group", 0, {"ranks": [0, 1]})
+    assert init.extra == {"rank": 1, "world_size": 2, "init_method": "store", "backend": "gloo", "timeout": 60.0}
+    assert (new.op, new.seq, new.extra) == ("new_group", 0, {"ranks": [0, 1], "timeout": 30.0})
     assert init.site == site("dist.init_process_group(")
     assert new.site == site("sub = dist.new_group")
 
