@@ -190,6 +190,7 @@ def test_pytest_timeout_mark_is_the_ddp_timeout(failures: Failures) -> None:
 
 
 def test_ddp_timeout_ini_option(failures: Failures) -> None:
+    assert failures.outcomes("test_ini_timeout") == {"test_past_the_ini_timeout": "FAILED"}
     failures.section("test_past_the_ini_timeout").fnmatch_lines(["timed out after 2 s:*[[]ddp timeout]"])
 
 

@@ -84,13 +84,15 @@ def _branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:
 
 def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
     """(the line of the innermost ``if`` or ``while`` whose body holds the statement at ``line``
-    and whose test reads a name its function sets only in a branch for one rank, that rank): a
-    value kept on one rank alone (transformers#31532: ``if state.is_main_process: progress += 1``,
-    a progress bar's count, then ``if progress == 2: gather(...)``), or by a conditional expression
-    on one rank (pytorch#77562: ``current = reduced.item() if rank == 0 else mine``).  The test may
-    then answer differently on that rank alone; which way it answers the code does not say, so the caller
-    checks that the rank it names is the one that made the call.  None where no test does, the
-    branches for one rank that set the name single out different ranks, or the code cannot tell."""
+    and whose test reads a name its function sets in a branch for one rank and not in that
+    branch's ``else``, or by a conditional expression on one rank; that rank): a value kept on one
+    rank alone (transformers#31532: ``if state.is_main_process: progress += 1``, a progress bar's
+    count, then ``if progress == 2: gather(...)``; pytorch#77562: ``current = reduced.item() if
+    rank == 0 else mine``).  The test may then answer differently on that rank alone; which way the
+    code does not say, so the caller checks that the rank it names made the call.  A heuristic: the
+    name may be set on every rank elsewhere too; the caller's check keeps it from naming a rank
+    that did not make the call.  None where no test does, the branches for one rank that set the
+    name single out different ranks, or the code cannot tell."""
     tree = _parsed(source)
     function = None if tree is None else _function_at(tree, line)
     if function is None:

@@ -16,10 +16,6 @@ from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Duplicate, InitFault, Verdict
 
 
-def latest_init(state: RankState) -> Call | None:
-    return next((c for c in reversed(state.calls) if c.op == INIT), None)
-
-
 def given(call: Call, name: str) -> int | None:
     """The rank or world size a process passed to init_process_group (or took from its environment)."""
     value = call.extra.get(name)
@@ -48,7 +44,7 @@ def init_fault(ranks: dict[int, RankState], store: str | None = None) -> Verdict
     blocked = sorted(r for r, s in ranks.items() if (c := s.blocked_call) is not None and c.op == INIT)
     if not blocked:
         return None
-    calls = {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}
+    calls = {r: c for r, s in ranks.items() if (c := s.latest_init()) is not None}
     inits = _Inits(ranks, calls, blocked, store)
     checks = (
         _init_out_of_range, _init_duplicate, _init_world_sizes, _init_world_size, _init_address,

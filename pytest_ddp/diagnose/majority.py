@@ -447,7 +447,9 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
         if text is None or line is None:
             continue
         branch = code_paths.one_rank_branch(text, line)
-        kept = code_paths.one_rank_value_test(text, line) if branch is None else None
+        kept = None
+        if branch is None and rank is not None:  # a value kept on one rank: only the caller's counts
+            kept = code_paths.one_rank_value_test(text, line)
         if kept is not None and kept[1] == rank:
             branch = kept[0]
         if branch is not None:

@@ -336,13 +336,16 @@ class RankState:
         self._looked_at = len(self.calls)
         return self._new_groups
 
+    def latest_init(self) -> Call | None:
+        return next((c for c in reversed(self.calls) if c.op == INIT), None)
+
     def group_timeout(self, group: str) -> float | None:
         """The seconds the test gave the group a call is on to wait (``timeout=`` of its
         ``init_process_group``, or of its k-th ``new_group``: the recorder numbers a test's groups
         from 1, as torch counts them); None where it gave none, or a group made with
         ``use_local_synchronization`` (named otherwise) leaves the count uncertain."""
         if group == "WORLD":
-            made = next((c for c in reversed(self.calls) if c.op == INIT), None)
+            made = self.latest_init()
         else:
             groups = self.new_groups()
             counted = group.isdigit() and 0 < int(group) <= len(groups)

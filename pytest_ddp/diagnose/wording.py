@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
-from pytest_ddp.diagnose.init_faults import given, latest_init
+from pytest_ddp.diagnose.init_faults import given
 from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, said, signature_text, verb
 from pytest_ddp.diagnose.rank_words import (
     failed_outside_calls,
@@ -347,7 +347,7 @@ def _odd_line(f: Disagreement, rest: list[int]) -> str:
 
 
 def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
-    calls = {r: c for r, s in ranks.items() if (c := latest_init(s)) is not None}
+    calls = {r: c for r, s in ranks.items() if (c := s.latest_init()) is not None}
     if f.check == "out_of_range":
         reason = "; ".join(
             f"process {r} passed rank {given(calls[r], 'rank')}, out of range for world_size "
