@@ -378,8 +378,13 @@ class RankState:
             case Done():
                 self.phase = "finished"
                 self.finished_at = ev.time
-                for name in (f.name for f in fields(ev) if f.name != "time"):  # each the state's, by name
-                    setattr(self, name, getattr(ev, name))
+                self.peak_rss = ev.peak_rss
+                self.peak_cuda = ev.peak_cuda
+                self.group_intact = ev.group_intact
+                self.group_alive = ev.group_alive
+                self.in_flight = ev.in_flight
+                self.threads_left = ev.threads_left
+                self.interrupted = ev.interrupted
             case WarningRecorded():
                 self.warnings.append(ev)
             case ThreadRaised():
