@@ -370,7 +370,6 @@ if rank == 0:
         kind="partial",
         culprits=(0,),
         op="barrier",
-        held_out=True,
     ),
     Case(
         name="validation_reduce_on_rank_with_shorter_loader",
@@ -413,7 +412,6 @@ valid_info = compute_validation_loss()
         kind="mismatch",
         culprits=(1,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="ci_metric_all_reduce_inside_main_rank_logging",
@@ -451,6 +449,5 @@ for rollout_id in range(2):
         kind="mismatch",
         culprits=(0,),
         op="all_reduce",
-        held_out=True,
     ),
 ]

@@ -551,7 +551,6 @@ for epoch in range(4):
         kind="partial",
         culprits=(0,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="ddp_sampler_last_batch_not_redistributed",
@@ -584,7 +583,6 @@ for batch in my_batches:
         kind="partial",
         culprits=(0,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="ddp_ceil_partition_leaves_last_rank_short",
@@ -617,7 +615,6 @@ for utt in range(partition_start, partition_end):
         kind="partial",
         culprits=(2,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="ddp_validation_forward_through_wrapper_on_rank0",
@@ -651,7 +648,6 @@ for epoch in range(2):
         kind="mismatch",
         culprits=(0,),
         op="broadcast",
-        held_out=True,
     ),
     Case(
         name="ddp_expert_skipped_on_rank_without_tokens",
@@ -700,6 +696,5 @@ loss.backward()
         kind="partial",
         culprits=(1,),
         op="all_reduce",
-        held_out=True,
     ),
 ]

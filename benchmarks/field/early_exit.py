@@ -521,7 +521,6 @@ assert miou.item() == 10 / 16
         kind="rank_exited",
         culprits=(2,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="webdataset_rank_without_shards",
@@ -549,7 +548,6 @@ for shard in my_shards:
         kind="partial",
         culprits=(1,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="dataset_downloaded_on_node_zero_only",
@@ -600,6 +598,5 @@ for x in train_ds:
         kind="rank_exited",
         culprits=(2, 3),
         op="all_reduce",
-        held_out=True,
     ),
 ]

@@ -309,6 +309,5 @@ dist.destroy_process_group()
         kind="init",
         culprits=(2, 3),
         op="init_process_group",
-        held_out=True,
     ),
 ]

@@ -327,7 +327,6 @@ comm.barrier()
         kind="partial",
         culprits=(2,),
         op="barrier",
-        held_out=True,
     ),
     Case(
         name="mpi_root_sends_to_itself_before_receiving",
@@ -369,6 +368,5 @@ else:
         kind="p2p_cycle",
         culprits=(0,),
         op="send",
-        held_out=True,
     ),
 ]

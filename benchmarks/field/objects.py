@@ -200,6 +200,5 @@ if rank == 0:
         kind="rank_exited",
         culprits=(2,),
         op="gather_object",
-        held_out=True,
     ),
 ]

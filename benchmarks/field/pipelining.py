@@ -257,7 +257,6 @@ reduce_aux_losses_tracker_across_ranks()
         kind="mismatch",
         culprits=(0,),
         op="all_reduce",
-        held_out=True,
     ),
     Case(
         name="pp_sequence_longer_than_preallocated_buffer",
@@ -315,6 +314,5 @@ for x in batches:
         kind="mismatch",
         culprits=(0,),
         op="send",
-        held_out=True,
     ),
 ]

@@ -328,7 +328,6 @@ dist.broadcast(stop_tensor, src=0)
         kind="timeout",
         culprits=(0,),
         op=None,
-        held_out=True,
     ),
     Case(
         name="tokenization_on_main_process_past_timeout",
@@ -381,6 +380,5 @@ with main_process_first():
         kind="timeout",
         culprits=(0,),
         op=None,
-        held_out=True,
     ),
 ]
