@@ -110,15 +110,17 @@ class RankSession:
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
         # Fixtures kept for a next item this group did not get (xdist sent it elsewhere) go first,
         # outside pytest's runner: what that raises (a fixture's error, the leftover warning under
-        # -W error) is this item's setup error, not the session's INTERNALERROR.
-        call = pytest.CallInfo.from_call(lambda: self.restorer.teardown_exact(item, item), "teardown")
+        # -W error) is this item's setup error, not the session's INTERNALERROR. A thread that raises
+        # meanwhile is told, as in a phase: this item's test has begun for the controller.
+        with thread_errors.told(self.channel.event):
+            call = pytest.CallInfo.from_call(lambda: self.restorer.teardown_exact(item, item), "teardown")
         self.kept_teardown_error = call.excinfo.value if call.excinfo is not None else None
         self.threads_before = set(threading.enumerate())
         self.threads_left, self.interrupted = [], None
         default_group.test_starts()
         return (yield)
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, trylast=True)  # see _interruptible
     def pytest_runtest_setup(self, item: Any) -> Any:
         self.channel.event(PhaseStart("setup"))
         return (yield from self._interruptible(self.kept_teardown_error))
@@ -143,8 +145,10 @@ class RankSession:
     def _interruptible(self, raised: BaseException | None = None) -> Generator[None, Any, Any]:
         """A phase hook's yield (``raised``, raised in its place): ``pytest.exit()`` or KeyboardInterrupt
         fails the test, and the controller, told in the done event, ends the session as plain pytest
-        would.  A thread that raises meanwhile is told (inside pytest's own per-phase hook, which
-        before pytest 8.4 replaced ``threading.excepthook`` for each phase and passed nothing on)."""
+        would.  A thread that raises meanwhile is told.  Before pytest 8.4, pytest's own per-phase
+        wrapper replaced ``threading.excepthook`` and passed nothing on, so the phase hooks run inside
+        it: its call and teardown wrappers are tryfirst (the outermost), its setup one trylast, as is
+        ours, registered after it and so called after it (pytest 8.3: a setup's thread went untold)."""
         try:
             with thread_errors.told(self.channel.event):
                 if raised is not None:

@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 
-from pytest_ddp.common.protocol import Done, Fatal, Report, RunItem, SessionEnd, TestStart
+from pytest_ddp.common.protocol import Done, Fatal, Report, RunItem, SessionEnd, TestStart, ThreadRaised
 from pytest_ddp.rank import leftovers, restore, session
 
 
@@ -326,3 +326,51 @@ def test_a_failed_teardown_of_fixtures_kept_for_an_item_run_elsewhere_fails_the_
     assert error in str(failed.data)
     assert not [e for e in channel.events if isinstance(e, Fatal)]
     assert isinstance(channel.events[-1], SessionEnd) and channel.events[-1].outcome == "passed"
+
+
+THREADS = """
+import threading, pytest
+
+def thread_raises(name):
+    thread = threading.Thread(target=lambda: 1 / 0, name=name)
+    thread.start()
+    thread.join()
+
+@pytest.fixture(scope="module")
+def kept():
+    yield
+    thread_raises("kept's teardown")
+
+@pytest.fixture
+def each():
+    thread_raises("setup")
+    yield
+    thread_raises("teardown")
+
+def test_a(kept, each):
+    thread_raises("call")
+
+def test_b(kept):
+    pass
+"""
+
+
+def test_a_thread_that_raises_in_each_phase_and_in_the_teardown_of_kept_fixtures_is_told(
+    pytester: pytest.Pytester,
+) -> None:
+    """Told to the controller as it happens, under the test that is running: the kept fixtures' teardown
+    is the next item's (under pytest 8.0 to 8.3, setup's was not told: rank/session.py's _interruptible)."""
+    pytester.makepyfile(test_threads=THREADS, test_other="def test_it():\n    pass\n")
+    kept = RunItem("test_threads.py::test_a", "test_threads.py::test_b")  # test_b: sent elsewhere
+    channel = _Channel([kept, RunItem("test_other.py::test_it")])
+    restorer = restore.Restorer()
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[session.RankSession(channel, restorer), restorer])
+    said = [
+        event.id if isinstance(event, TestStart) else f"thread {event.thread}"
+        for event in channel.events
+        if isinstance(event, (TestStart, ThreadRaised))
+    ]
+    assert said == [
+        "test_threads.py::test_a", "thread setup", "thread call", "thread teardown",
+        "test_other.py::test_it", "thread kept's teardown",
+    ]
