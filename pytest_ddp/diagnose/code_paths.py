@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
 _TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
@@ -69,7 +71,7 @@ def one_rank_branch(source: str, line: int) -> int | None:
     return None if branch is None else branch[0]
 
 
-def _branch_for_one_rank(tree: ast.Module, line: int) -> tuple[int, int | None] | None:
+def _branch_for_one_rank(tree: ast.AST, line: int) -> tuple[int, int | None] | None:
     """(:func:`one_rank_branch`'s line, the rank its test singles out where it says which)."""
     found = next((node for node in _branches_holding(tree, line) if _singles_out(node.test)), None)
     return None if found is None else (found.lineno, _rank_singled_out(found.test))
@@ -199,22 +201,188 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     return None if reached is None else sorted(s.lineno for s in reached if exits(s))
 
 
+@dataclass(frozen=True)
+class Leave:
+    """A ``break`` or ``return`` a rank may have left by: its line, and the line of the innermost
+    ``if`` or ``while`` holding it, whose test singles out that rank (``own``) or else reads a value
+    that may differ between ranks (:func:`differs_by_rank`)."""
+
+    line: int
+    test: int
+    own: bool
+    leaves: tuple[int, int]  # the first and last lines of the loop a break, or function a return, leaves
+
+
 def leaves_in_own_branch(
     source: str, start: int, made: dict[int, str], rank: int, from_entry: bool = False
-) -> list[int] | None:
-    """The lines of the ``break`` and ``return`` statements in a branch of the code for ``rank``
-    alone (the innermost :func:`one_rank_branch` holding them singles out that rank) that the code
-    may reach from the statement at line ``start`` (``from_entry``: from the start of the function
-    holding it) before any statement calling the op recorded at its line (as :func:`exits_after`):
-    how a rank that returned while its peers went on may have left (speechbrain#2051: ``if rank ==
-    0 and epoch == 1: break``, an early stop decided on the main process only; pytorch#41665: ``if
-    rank == 1: return`` before ``init_process_group``); None where the code cannot tell."""
+) -> list[Leave] | None:
+    """The ``break`` and ``return`` statements the code may reach from the statement at line
+    ``start`` (``from_entry``: from the start of the function holding it) before any statement
+    calling the op recorded at its line (as :func:`exits_after`), in a branch of the code for
+    ``rank`` alone (the innermost :func:`one_rank_branch` holding them singles out that rank) or,
+    where none is, under a test of a value that may differ between ranks (and singles out no other
+    rank): how a rank that returned while its peers went on may have left (speechbrain#2051: ``if
+    rank == 0 and epoch == 1: break``, an early stop decided on the main process only;
+    pytorch#41665: ``if rank == 1: return`` before ``init_process_group``; yolov5#4576: ``if stop:
+    break`` where ``stop`` is set under ``if rank == 0:``; transformers#17478: a patience counter
+    of each process's own metric); None where the code cannot tell."""
     tree = _parsed(source)
     reached = None if tree is None else _reached_before_calls(source, start, made, from_entry=from_entry)
-    if tree is None or reached is None:
+    function = None if tree is None else _function_at(tree, start)
+    if tree is None or reached is None or function is None:
         return None
-    leaves = [s for s in reached if isinstance(s, (ast.Break, ast.Return))]
-    return sorted(s.lineno for s in leaves if (_branch_for_one_rank(tree, s.lineno) or (0, None))[1] == rank)
+    differs = differs_by_rank(function)
+    found = []
+    for statement in sorted((s for s in reached if isinstance(s, (ast.Break, ast.Return))), key=_first_line):
+        line, left = statement.lineno, _left_lines(function, statement)
+        one = _branch_for_one_rank(function, line)
+        if one is not None:
+            if one[1] == rank:
+                found.append(Leave(line, one[0], True, left))
+            continue
+        tests = [b for b in _branches_holding(function, line) if _reads(b.test, differs)]
+        if tests and all(_true_on(b.test, rank) is not False for b in tests):
+            found.append(Leave(line, tests[0].lineno, False, left))
+    return found
+
+
+def _first_line(statement: ast.stmt) -> int:
+    return statement.lineno
+
+
+def _left_lines(function: ast.FunctionDef, statement: ast.stmt) -> tuple[int, int]:
+    """The lines of what a ``return`` leaves, its function, or a ``break``, its innermost loop."""
+    if isinstance(statement, ast.Break):
+        loops = [node for node in ast.walk(function) if isinstance(node, (ast.For, ast.While))
+                 and node.body[0].lineno <= statement.lineno <= (node.body[-1].end_lineno or 0)]
+        if loops:
+            loop = max(loops, key=lambda node: node.lineno)
+            return loop.lineno, loop.end_lineno or loop.lineno
+    return function.lineno, function.end_lineno or function.lineno
+
+
+def _true_on(test: ast.expr, rank: int) -> bool | None:
+    """Whether a test of the rank's number against constants (``rank != 1``, ``rank in (0, 1)``,
+    either ``and``/``or`` more) holds on ``rank``; None where it reads anything else too."""
+    if isinstance(test, ast.BoolOp):
+        values = [_true_on(value, rank) for value in test.values]
+        decisive = isinstance(test.op, ast.Or)  # True decides an ``or``, False an ``and``
+        return decisive if decisive in values else None if None in values else not decisive
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        value = _true_on(test.operand, rank)
+        return None if value is None else not value
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1 or _named(test.left) not in RANK_NUMBERS:
+        return None
+    try:
+        other = ast.literal_eval(test.comparators[0])
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal
+        return None
+    checks: dict[type[ast.cmpop], Callable[[Any], bool]] = {
+        ast.Eq: lambda v: rank == v, ast.NotEq: lambda v: rank != v, ast.Lt: lambda v: rank < v,
+        ast.LtE: lambda v: rank <= v, ast.Gt: lambda v: rank > v, ast.GtE: lambda v: rank >= v,
+        ast.In: lambda v: rank in v, ast.NotIn: lambda v: rank not in v,
+    }  # fmt: skip
+    check = checks.get(type(test.ops[0]))
+    try:
+        return None if check is None else bool(check(other))
+    except TypeError:
+        return None
+
+
+def uneven_loop(source: str, line: int) -> int | None:
+    """The line of the innermost ``for`` whose iterable, or ``while`` whose test, reads a value that
+    may differ between ranks (:func:`differs_by_rank`) and whose body holds the statement at
+    ``line``: a loop each rank runs as often as its own data says (pytorch#38174: ``for x in
+    batches`` of a rank's shard; pytorch#100069: ``for _ in range(new_tokens)``, a rank's own count
+    of tokens to generate); None where none does, or the code cannot tell."""
+    tree = _parsed(source)
+    function = None if tree is None else _function_at(tree, line)
+    if function is None:
+        return None
+    differs = differs_by_rank(function)
+    loops = [node for node in ast.walk(function) if isinstance(node, (ast.For, ast.While))
+             and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
+    for loop in sorted(loops, key=lambda node: node.lineno, reverse=True):
+        if _reads(loop.iter if isinstance(loop, ast.For) else loop.test, differs):
+            return loop.lineno
+    return None
+
+
+# Calls after which the tensors or lists passed to them hold the same on every rank, or whose
+# result does: a value that went through one no longer differs by rank.
+_AGREEING = frozenset({
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "broadcast_object_list", "gather_for_metrics", "all_gather_base",
+})  # fmt: skip
+
+
+def differs_by_rank(function: ast.FunctionDef) -> set[str]:
+    """The names whose value may differ between ranks, as the function's text tells: set from an
+    expression that reads a rank's number, a one-rank flag or such a name (``shard =
+    data[rank::world_size]``, ``bad = bad + 1`` after ``metric = x if rank == 0 else y``), filled
+    by a method called with one (``batches.append(batch)``), or set in the body of an ``if``,
+    ``while`` or ``for`` whose test or iterable reads one.  A name passed to or set from a call
+    that makes it alike on every rank (``all_reduce``, ``broadcast``) is left out.  A heuristic:
+    what a name holds on each rank at run time is not known here."""
+    agreed = _agreed(function)
+    differs: set[str] = set()
+    size = -1
+    while size != len(differs):  # to a fixed point: a name may feed one set earlier in the text
+        size = len(differs)
+        _mark_differs(function.body, False, differs, agreed)
+    return differs
+
+
+def _mark_differs(body: list[ast.stmt], control: bool, differs: set[str], agreed: set[str]) -> None:
+    """Add to ``differs`` the names the statements set from, or under, what differs by rank."""
+    for s in body:
+        if isinstance(s, (ast.If, ast.While)):
+            inner = control or _reads(s.test, differs)
+            _mark_differs(s.body, inner, differs, agreed)
+            _mark_differs(s.orelse, inner, differs, agreed)
+        elif isinstance(s, ast.For):
+            inner = control or _reads(s.iter, differs)
+            if inner:
+                differs.update({n.id for n in ast.walk(s.target) if isinstance(n, ast.Name)} - agreed)
+            _mark_differs(s.body, inner, differs, agreed)
+            _mark_differs(s.orelse, control, differs, agreed)
+        elif isinstance(s, (ast.With, ast.Try)):
+            for part in (s.body, *(h.body for h in getattr(s, "handlers", [])), getattr(s, "orelse", []),
+                         getattr(s, "finalbody", [])):
+                _mark_differs(part, control, differs, agreed)
+        elif not isinstance(s, _COMPOUND) and (control or _reads(s, differs)):
+            differs.update((_names_set([s]) | _filled(s)) - agreed)
+
+
+def _reads(node: ast.AST, differs: set[str]) -> bool:
+    """The node reads a rank's number, a one-rank flag or a name in ``differs`` (a method called,
+    ``x.item()``'s ``item``, is no name read; a function, ``get_rank()``, is)."""
+    names = RANK_NUMBERS | ONE_RANK_FLAGS | differs
+    methods = {id(part.func) for part in ast.walk(node) if isinstance(part, ast.Call)
+               and isinstance(part.func, ast.Attribute) and _named(part.func) not in RANK_NUMBERS}
+    return any(_named(part) in names for part in ast.walk(node)
+               if isinstance(part, (ast.Name, ast.Attribute)) and id(part) not in methods)
+
+
+def _filled(statement: ast.stmt) -> set[str]:
+    """The names a statement fills by a method call on them: ``batches`` of ``batches.append(b)``."""
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, (ast.Name, ast.Attribute)):
+            name = _named(func.value)
+            return set() if name is None or func.attr in _AGREEING else {name}
+    return set()
+
+
+def _agreed(function: ast.FunctionDef) -> set[str]:
+    """The names passed to, or set from, a call by name in :data:`_AGREEING`."""
+    agreed: set[str] = set()
+    for node in _own_nodes(function):
+        if isinstance(node, ast.Call) and _named(node) in _AGREEING:
+            agreed.update(name for arg in node.args if (name := _named(arg)) is not None)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _named(node.value) in _AGREEING:
+            agreed.update(_names_set([node]))
+    return agreed
 
 
 def _reached_before_calls(

@@ -11,11 +11,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pytest_ddp.diagnose import code_paths
 from pytest_ddp.diagnose.code_paths import Source
-from pytest_ddp.diagnose.state import Call, RankState, ops_made, site_parts
+from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
     Cycle,
@@ -348,20 +348,25 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source)
 
 def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """Two ranks tied where one, as its code tells, left by a ``break`` or ``return`` in a branch of
-    the code for it alone (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`) and the
-    other's call is under no test of the rank: the first departed from the code its peer runs, and
-    is named alone, as :func:`one_rank_call` names a caller in a branch for it.  Either a step more
-    or a step less (``Departed.alike``) whose rank that returned left so after its last call
-    (:func:`pytest_ddp.diagnose.own_lines.left_at`; speechbrain#2051: an early stop decided on the
+    the code for it alone, or under a test of a value that differs between ranks
+    (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`), and the other's call is under no
+    test of the rank: the first departed from the code its peer runs, and is named alone, as
+    :func:`one_rank_call` names a caller in a branch for it.  Either a step more or a step less
+    (``Departed.alike``) whose rank that returned left so after its last call
+    (:func:`pytest_ddp.diagnose.own_lines.left_by`; speechbrain#2051: an early stop decided on the
     main process only), or two calls that differ (``Disagreement``) where one rank left so the
     function the other's call is in, before that call (hoomd-blue#54: ``if world.rank == 1:
-    return`` before a ``Split`` the other makes, while it waits in the next ``Barrier``)."""
+    return`` before a ``Split`` the other makes, while it waits in the next ``Barrier``), or the
+    loop the other's call is in, after a call there (transformers#17478: a patience counter of
+    each process's own metric breaks one out of training, to the final barrier).  Where none left
+    so, and the rank still in the loop is in one over values that differ between ranks
+    (:func:`pytest_ddp.diagnose.code_paths.uneven_loop`), that rank made a step more."""
     finding = verdict.finding
     if isinstance(finding, Departed) and finding.alike and len(finding.culprits) == 1:
-        if ranks[finding.culprits[0]].left_at is None:
-            return None
         if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
             return None
+        if ranks[finding.culprits[0]].left_by is None:
+            return _step_more(verdict, finding, source)
         waiting = sorted(set(verdict.waiting) | set(finding.alike))
         return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
                                    finding=dataclasses.replace(finding, alike=[]))
@@ -369,19 +374,16 @@ def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: So
         return None
     if any(_under_rank_test(call, source) is not False for call in finding.entered.values()):
         return None
-    left: dict[int, str] = {}
+    left: dict[int, LeftBy] = {}
     a, b = finding.entered
     for rank, other in ((a, b), (b, a)):
-        file, line = site_parts(finding.entered[other].site)
-        text = source(file)
-        if text is None or line is None:
+        leave = _left_before(rank, finding.entered[rank], finding.entered[other], ranks, source)
+        if leave is False:
             return None
-        made = ops_made(ranks.values(), file)
-        lines = code_paths.leaves_in_own_branch(text, line, made, rank, from_entry=True)
-        if lines is None:
-            return None
-        if lines:
-            left[rank] = f"{file}:{lines[0]}"
+        if leave is not None:
+            left[rank] = leave
+    if not left:
+        return _loop_stayed_in(verdict, finding, ranks, source)
     if len(left) != 1:
         return None
     [(culprit, where)] = left.items()
@@ -389,6 +391,81 @@ def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: So
     odd = dataclasses.replace(finding, odd=[culprit], left=where)
     call = finding.entered[culprit]
     return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+
+
+def _left_before(
+    rank: int, own: Call, call: Call, ranks: dict[int, RankState], source: Source
+) -> LeftBy | Literal[False] | None:
+    """How ``rank``, now in its call ``own``, left by its code before the peer's ``call``: from the
+    start of the function holding it, or, where the rank made a call at its line before, from
+    there; None where it took no such way; False where the code cannot tell."""
+    file, line = site_parts(call.site)
+    text = source(file)
+    if text is None or line is None:
+        return False
+    made = ops_made(ranks.values(), file)
+    leaves = code_paths.leaves_in_own_branch(text, line, made, rank, from_entry=True)
+    if leaves is None:
+        return False
+    if not leaves and any(c.site == call.site for c in ranks[rank].calls[:own.index]):
+        leaves = code_paths.leaves_in_own_branch(text, line, made, rank) or []
+    own_file, own_line = site_parts(own.site)
+    # a way out of the loop or function the rank's own call is in is not the way it took
+    leaves = [leave for leave in leaves if own_file != file or not (
+        own_line is not None and leave.leaves[0] <= own_line <= leave.leaves[1])]
+    if not leaves:
+        return None
+    leave = leaves[0]
+    return LeftBy(f"{file}:{leave.line}", None if leave.own else f"{file}:{leave.test}")
+
+
+def _step_more(verdict: Verdict, finding: Departed, source: Source) -> Verdict | None:
+    """A step more on the ranks that went on (``Departed.alike``), where each waits in a loop over
+    values that differ between ranks (:func:`_uneven_loop`): uneven inputs (pytorch#38174)."""
+    loops = {_uneven_loop(finding.waits[r].call, source) for r in finding.alike}
+    if len(loops) != 1 or None in loops:
+        return None
+    callers = finding.alike
+    waits = {r: finding.waits[r] for r in callers}
+    call = waits[callers[0]].call
+    extra = ExtraCall(callers, finding.culprits, waits, loop=loops.pop())
+    return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+
+
+def _loop_stayed_in(
+    verdict: Verdict, finding: Disagreement, ranks: dict[int, RankState], source: Source
+) -> Verdict | None:
+    """Of two ranks in calls that differ, the one whose call is in a loop over values that differ
+    between ranks, which the other made a call in before and left (uneven inputs, then the others'
+    barrier at the epoch's end): that rank made a step more."""
+    found: dict[int, str] = {}
+    for rank, call in finding.entered.items():
+        loop = _uneven_loop(call, source)
+        [other] = [r for r in finding.entered if r != rank]
+        theirs = finding.entered[other]
+        went_on = any(c.site == call.site for c in ranks[other].calls[:theirs.index] if c.site)
+        if loop is not None and went_on and _uneven_loop(theirs, source) != loop:
+            found[rank] = loop
+    if len(found) != 1:
+        return None
+    [(culprit, loop)] = found.items()
+    others = [r for r in finding.entered if r != culprit]
+    odd = dataclasses.replace(finding, odd=[culprit], loop=loop)
+    call = finding.entered[culprit]
+    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+
+
+def _uneven_loop(call: Call, source: Source) -> str | None:
+    """``file:line`` of a loop over values that differ between ranks
+    (:func:`pytest_ddp.diagnose.code_paths.uneven_loop`) holding the call's line, or a line of the
+    user's code that led to it; None where none does."""
+    for place in (call.site, *call.outer):
+        file, line = site_parts(place)
+        text = source(file)
+        loop = None if text is None or line is None else code_paths.uneven_loop(text, line)
+        if loop is not None:
+            return f"{file}:{loop}"
+    return None
 
 
 def _broken_tie(finding: Disagreement) -> bool:

@@ -5,8 +5,9 @@ A verdict names the call the peers wait in; the user's fix is at the culprit's o
 leaves a traceback in the rank's failed report (pytest's serialized ``longrepr``); a process that
 ended by ``os._exit`` leaves none, and its source tells which exit it may have taken after its
 last call (:func:`pytest_ddp.diagnose.code_paths.exits_after`), as it tells a rank that returned
-while its peers went on which ``break`` in a branch for it alone it took.  A stalled rank's line is its
-stack's, dumped after the verdict: the report reads it there."""
+while its peers went on which ``break`` it took: in a branch for it alone, or under a test of a
+value that differs between ranks.  A stalled rank's line is its stack's, dumped after the
+verdict: the report reads it there."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 from typing import Any
 
 from pytest_ddp.diagnose import code_paths
-from pytest_ddp.diagnose.state import RankState, ops_made, site_parts
+from pytest_ddp.diagnose.state import LeftBy, RankState, ops_made, site_parts
 
 # A traceback's frame line, as ``--tb=native`` writes it.
 _NATIVE = re.compile(r'\s*File "(?P<file>.*)", line (?P<line>\d+)')
@@ -59,30 +60,53 @@ def _same_file(path: str, test_file: str) -> bool:
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
 
 
-def left_at(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> str | None:
-    """``test_x.py:145``: where a rank that left outside any call, after its last call, left by,
-    where its code holds one way out reachable from that call before its next: an exit
-    (``os._exit(1)``) for a process that ended with an exit status, a ``break`` or ``return`` in a
-    branch of the code for that rank alone for a rank that returned from its test (before any call:
-    on the way to the call its peers wait in); None otherwise."""
-    returned = state.finished and not state.failed and state.alive
+def exited_at(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> str | None:
+    """``test_x.py:145``: the exit (``os._exit(1)``) a process that ended with an exit status outside
+    any call took after its last call, where its code holds one reachable from that call before its
+    next; None otherwise."""
     ended_itself = state.exit_code is not None and state.exit_code >= 0  # an exit status, not a signal
-    exited = not state.alive and ended_itself and state.died_in is None
-    if not (returned or exited):
+    if state.alive or not ended_itself or state.died_in is not None:
         return None
+    walk = _walk_from(state, ranks, source, from_entry_allowed=False)
+    if walk is None:
+        return None
+    text, file, start, made, _ = walk
+    lines = code_paths.exits_after(text, start, made)
+    return f"{file}:{lines[0]}" if lines is not None and len(lines) == 1 else None
+
+
+def left_by(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> LeftBy | None:
+    """The ``break`` or ``return`` a rank that returned from its test left by, after its last call
+    (before any call: on the way to the call its peers wait in), where its code holds one way out
+    reachable from there before its next call: in a branch of the code for that rank alone, or
+    under a test of a value that may differ between ranks
+    (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`); None otherwise."""
+    if not (state.finished and not state.failed and state.alive):
+        return None
+    walk = _walk_from(state, ranks, source, from_entry_allowed=True)
+    if walk is None:
+        return None
+    text, file, start, made, from_entry = walk
+    leaves = code_paths.leaves_in_own_branch(text, start, made, state.rank, from_entry=from_entry)
+    if leaves is None or len(leaves) != 1:
+        return None
+    [leave] = leaves
+    return LeftBy(f"{file}:{leave.line}", None if leave.own else f"{file}:{leave.test}")
+
+
+def _walk_from(
+    state: RankState, ranks: dict[int, RankState], source: code_paths.Source, from_entry_allowed: bool
+) -> tuple[str, str, int, dict[int, str], bool] | None:
+    """(the source, its file, the line and ops made there, whether from its function's entry) where
+    the way a rank left is looked for: its last call's line, else, for a rank that made none, the
+    call its peers wait in, from the start of the function holding it."""
     last = next((c for c in reversed(state.calls) if (c.is_collective or c.is_p2p) and c.site), None)
-    # A rank that returned before any call: from the start of the function its peers wait in.
     waited = next((c for s in ranks.values() if (c := s.blocked_call) is not None and c.site), None)
-    walked_from = last or waited
-    if walked_from is None or (last is None and exited):
+    walked_from = last or (waited if from_entry_allowed else None)
+    if walked_from is None:
         return None
     file, start = site_parts(walked_from.site)
     text = source(file)
     if text is None or start is None:
         return None
-    made = ops_made(ranks.values(), file)
-    if exited:
-        lines = code_paths.exits_after(text, start, made)
-    else:
-        lines = code_paths.leaves_in_own_branch(text, start, made, state.rank, from_entry=last is None)
-    return f"{file}:{lines[0]}" if lines is not None and len(lines) == 1 else None
+    return text, file, start, ops_made(ranks.values(), file), last is None

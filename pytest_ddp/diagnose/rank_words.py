@@ -8,7 +8,7 @@ import re
 
 from pytest_ddp.diagnose import own_lines
 from pytest_ddp.diagnose.phrases import describe_call
-from pytest_ddp.diagnose.state import RankState, exit_text
+from pytest_ddp.diagnose.state import LeftBy, RankState, exit_text
 from pytest_ddp.diagnose.watchdog import mpi_abort
 
 
@@ -89,7 +89,7 @@ def how_it_failed(state: RankState) -> str:
         return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""
-        exited = f"; its code's exit at {state.left_at}" if state.left_at else ""
+        exited = f"; its code's exit at {state.exited_at}" if state.exited_at else ""
         return f"died ({exit_text(state.exit_code)}{exited}){inside}"
     if last is not None and last.state == "raised":
         return f"raised {_short_error(state)} in {describe_call(last)}"
@@ -102,9 +102,19 @@ def how_it_failed(state: RankState) -> str:
 
 
 def left_by(state: RankState) -> str:
-    """`` by t.py:6 in a branch for it alone``: the break or return a rank that returned left by
-    (own_lines.left_at); "" where its code does not tell."""
-    return f" by {state.left_at} in a branch for it alone" if state.left_at and state.alive else ""
+    """`` by t.py:6 in a branch for it alone``, `` by t.py:6 under a test of a value that differs
+    between ranks (t.py:5)``: the break or return a rank that returned left by (own_lines.left_by);
+    "" where its code does not tell."""
+    left = state.left_by
+    return "" if left is None else f" by {left.site}{tested(left)}"
+
+
+def tested(left: LeftBy) -> str:
+    """How a way out is tested: `` in a branch for it alone``, `` under a test of a value that differs
+    between ranks (t.py:5)``."""
+    if left.value_test is None:
+        return " in a branch for it alone"
+    return f" under a test of a value that differs between ranks ({left.value_test})"
 
 
 def rank_status(state: RankState) -> str:

@@ -235,6 +235,16 @@ class Process:
                 f" or the process ran no Python ({self.text})")
 
 
+@dataclass(frozen=True)
+class LeftBy:
+    """The ``break`` or ``return`` a rank that returned left its peers by."""
+
+    site: str  # ``t.py:6``
+    # None: in a branch of the code for that rank alone; else the test it is under, of a value that
+    # may differ between ranks (``t.py:5``: ``if stop:``, ``stop`` set under ``if rank == 0:``).
+    value_test: str | None = None
+
+
 @dataclass
 class RankState:
     """One rank during one test, as the controller sees it."""
@@ -265,8 +275,10 @@ class RankState:
     fatal: str | None = None  # the first Fatal event's error: the rank exits, or its events were lost
     process: Process | None = None  # a rank still in the test when the verdict came: the kernel's word
     stack_missing: bool = False  # asked for its stacks at the verdict, it wrote none
-    # A rank that left outside any call: where its code left by (own_lines.left_at).
-    left_at: str | None = None
+    # A process that ended by an exit outside any call: the exit its code took (own_lines.exited_at).
+    exited_at: str | None = None
+    # A rank that returned while its peers went on: the break or return it left by (own_lines.left_by).
+    left_by: LeftBy | None = None
     # Its new_group calls, and how many of its calls were looked at for them (new_groups).
     _new_groups: list[Call] = field(default_factory=list, init=False, repr=False)
     _looked_at: int = field(default=0, init=False, repr=False)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_ddp.common.protocol import Setting
-from pytest_ddp.diagnose.state import Call, RankState
+from pytest_ddp.diagnose.state import Call, LeftBy, RankState
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class ExtraCall:
     # Where as many returned: the line of the branch of the code that makes the call on one rank
     # only (majority.one_rank_call), which tells the caller departed.
     condition: str | None = None
+    # Else the line of the loop over values that differ between ranks the callers are in
+    # (majority.left_by_own_branch): they made a step more.
+    loop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,13 @@ class Disagreement:
     # Where two tied and one's call is in a branch of the code for one rank, the other's on no rank
     # test (majority.one_rank_branch_tie): that branch's line; the first is then the odd rank.
     condition: str | None = None
-    # Else, where one of two left by a break or return in a branch for it alone the function the
-    # other's call is in, before it (majority.left_by_own_branch): that line; it is the odd rank.
-    left: str | None = None
+    # Else, where one of two left by a break or return in a branch for it alone, or under a test of
+    # a value that differs between ranks, the function or loop the other's call is in, before it
+    # (majority.left_by_own_branch): that way out; it is the odd rank.
+    left: LeftBy | None = None
+    # Else, where one of two is in a loop over values that differ between ranks that the other made
+    # a call in and left: that loop's line; the first made a step more, and is the odd rank.
+    loop: str | None = None
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]

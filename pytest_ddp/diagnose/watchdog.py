@@ -221,8 +221,9 @@ class Watch:
         if verdict.status == "wait":
             return None
         ranks = {s.rank: s for s in snap.ranks}
-        for state in snap.ranks:  # the exit a process that ended outside any call took, as its code tells
-            state.left_at = own_lines.left_at(state, ranks, self._source)
+        for state in snap.ranks:  # how a rank that left outside any call left, as its code tells
+            state.exited_at = own_lines.exited_at(state, ranks, self._source)
+            state.left_by = own_lines.left_by(state, ranks, self._source)
         return (
             majority.settings_differ(verdict, ranks)
             or majority.cut_on_purpose(verdict, ranks)

@@ -18,6 +18,7 @@ from pytest_ddp.diagnose.rank_words import (
     how_it_failed,
     left_by,
     plain_error,
+    tested,
     thread_raised,
 )
 from pytest_ddp.diagnose.state import Call, RankState
@@ -206,7 +207,11 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
     returned = f"{rank_list(f.returned)} returned from {test} without it"
     under = f", in a branch of the code for one rank ({f.condition})" if f.condition else ""
     matched = _matched_elsewhere(f.callers, f.returned, ranks)
+    if f.loop:  # the others made this line's calls too, one fewer: a step more, not alone
+        return (f"{rank_list(f.callers)} called {describe_call(call)}, a step more in a loop over values"
+                f" that differ between ranks ({f.loop}); {returned}.")
     return f"{rank_list(f.callers)} {alone}called {describe_call(call)}{under}{matched}; {returned}."
+
 
 
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
@@ -320,8 +325,10 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         if f.condition:
             text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
         if f.left:
-            text += f" Rank {f.odd[0]} returned by {f.left} in a branch for it alone,"
-            text += f" before rank {rest[0]}'s call."
+            text += f" Rank {f.odd[0]} left by {f.left.site}{tested(f.left)}, before rank {rest[0]}'s call."
+        if f.loop:
+            text += (f" Rank {f.odd[0]}'s call is in a loop over values that differ between ranks ({f.loop}),"
+                     f" which rank {rest[0]} made a call in and left: a step more on rank {f.odd[0]}.")
     else:
         text = f"{rank_list(entered)} disagree on {what}: {details}."
     for rank, usual in sorted(f.likely.items()):

@@ -4,6 +4,7 @@ reads for it (groups/runner.py)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import textwrap
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from pytest_ddp.diagnose.code_paths import (
+    Leave,
     calls_between,
+    differs_by_rank,
     exits_after,
     leaves_in_own_branch,
     one_rank_branch,
     one_rank_value_test,
+    uneven_loop,
 )
 from pytest_ddp.groups import runner
 
@@ -246,15 +250,74 @@ STOPPING = textwrap.dedent("""
 STOP = lines_of(STOPPING)
 
 
+def _lines(leaves: list[Leave] | None) -> list[tuple[int, int, bool]] | None:
+    return None if leaves is None else [(leave.line, leave.test, leave.own) for leave in leaves]
+
+
 def test_a_break_or_return_in_a_branch_for_the_rank_alone_is_how_it_left() -> None:
     made = {STOP["reduce"]: "all_reduce", STOP["broadcast"]: "broadcast", STOP["barrier"]: "barrier"}
-    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 0) == [STOP["stop"]]
-    # a branch of several ranks, or of no rank, is no rank's own; rank 2's return comes after a call
-    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 1) == []
-    assert leaves_in_own_branch(STOPPING, STOP["reduce"], made, 2) == []
-    assert leaves_in_own_branch(STOPPING, STOP["broadcast"], made, 2) == [STOP["after a call"]]
+    own = (STOP["stop"], STOP["stop"] - 1, True)
+    # ``rank != 1`` holds on rank 0: a test of the rank, not rank 0's own branch, yet a way out
+    several = (STOP["several"], STOP["several"] - 1, False)
+    assert _lines(leaves_in_own_branch(STOPPING, STOP["reduce"], made, 0)) == [own, several]
+    # a branch for another rank, or one the rank's test fails, is not its way; a test of a flag that
+    # is alike on every rank is no way of one rank's; rank 2's return comes after a call
+    assert _lines(leaves_in_own_branch(STOPPING, STOP["reduce"], made, 1)) == []
+    assert _lines(leaves_in_own_branch(STOPPING, STOP["reduce"], made, 2)) == [several]
+    after = (STOP["after a call"], STOP["after a call"] - 1, True)
+    assert _lines(leaves_in_own_branch(STOPPING, STOP["broadcast"], made, 2)) == [after]
     assert leaves_in_own_branch("def f(:", 1, made, 0) is None
     # from the function's start, every way to rank 0's break passes the all_reduce first
     assert leaves_in_own_branch(STOPPING, STOP["barrier"], made, 0, from_entry=True) == []
     early = "def f(rank):\n    if rank == 1:\n        return\n    dist.barrier()\n"
-    assert leaves_in_own_branch(early, 4, {4: "barrier"}, 1, from_entry=True) == [3]
+    assert _lines(leaves_in_own_branch(early, 4, {4: "barrier"}, 1, from_entry=True)) == [(3, 2, True)]
+
+
+DIFFERING = textwrap.dedent("""
+    def test_x(rank, world_size):
+        stop, bad, done = False, 0, torch.zeros(1)
+        shard = data[rank::world_size]
+        batches = []
+        for item in shard:
+            batches.append(item)
+        for batch in batches:  # uneven
+            dist.all_reduce(grad)  # reduce
+            if rank == 0:
+                stop = stopper(batch)
+            metric = 0.5 if rank == 0 else 1.0
+            bad = bad + 1 if metric > 0.7 else 0
+            dist.all_reduce(done)
+            if stop:
+                break  # kept
+            if bad > 1:
+                break  # derived
+            if done.item():
+                break  # agreed
+        for step in range(3):  # even
+            dist.barrier()  # barrier
+""")
+DIFF = lines_of(DIFFERING)
+
+
+def test_a_value_that_differs_between_ranks_is_followed_through_assignments_loops_and_fills() -> None:
+    tree = ast.parse(DIFFERING)
+    function = tree.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    differs = differs_by_rank(function)
+    assert {"shard", "item", "batches", "batch", "stop", "metric", "bad"} <= differs
+    # passed to all_reduce: alike on every rank after it; never set from the rank: alike
+    assert not {"done", "step", "grad"} & differs
+
+
+def test_a_leave_under_a_test_of_a_value_that_differs_between_ranks_is_a_way_out_of_any_rank() -> None:
+    made = {DIFF["reduce"]: "all_reduce", DIFF["reduce"] + 6: "all_reduce", DIFF["barrier"]: "barrier"}
+    kept, derived = (DIFF["kept"], DIFF["kept"] - 1, False), (DIFF["derived"], DIFF["derived"] - 1, False)
+    assert _lines(leaves_in_own_branch(DIFFERING, DIFF["reduce"] + 6, made, 1)) == [kept, derived]
+
+
+def test_a_loop_over_a_value_that_differs_between_ranks_is_uneven() -> None:
+    assert uneven_loop(DIFFERING, DIFF["reduce"]) == DIFF["uneven"]
+    assert uneven_loop(DIFFERING, DIFF["barrier"]) is None
+    assert uneven_loop("def f(:", 1) is None
+    generate = "def f(rank):\n    n = [2, 3][rank]\n    while n:\n        n -= 1\n        model(x)\n"
+    assert uneven_loop(generate, 5) == 3

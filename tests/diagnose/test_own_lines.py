@@ -186,11 +186,15 @@ STOPS = """
 """
 
 
+def _step_less_snap(line: int = 4) -> Snapshot:
+    """Rank 0 returned after two steps, rank 1 waits in the third's all_reduce, made at ``line``."""
+    done = [ok("all_reduce", 1, site=f"t.py:{line}"), ok("all_reduce", 2, site=f"t.py:{line}")]
+    one = rank(1, *done, call("all_reduce", 3, site=f"t.py:{line}"))
+    return snap(rank(0, *done, finished=True), one)
+
+
 def _step_less(condition: str) -> Verdict:
-    """Rank 0 returned after two steps, rank 1 waits in the third's all_reduce."""
-    done = [ok("all_reduce", 1, site="t.py:4"), ok("all_reduce", 2, site="t.py:4")]
-    one = rank(1, *done, call("all_reduce", 3, site="t.py:4"))
-    return watched(snap(rank(0, *done, finished=True), one), STOPS.format(condition=condition))
+    return watched(_step_less_snap(), STOPS.format(condition=condition))
 
 
 def test_a_rank_that_returned_by_a_break_in_its_own_branch_is_named_alone() -> None:
@@ -202,9 +206,82 @@ def test_a_rank_that_returned_by_a_break_in_its_own_branch_is_named_alone() -> N
     ), verdict.summary
 
 
+def test_a_rank_that_returned_by_a_break_under_a_test_of_a_value_that_differs_by_rank_is_named() -> None:
+    # yolov5#4576: the stop flag is set on rank 0 alone, and the loop breaks on it; a test of the
+    # rank that holds on rank 0 (and not on rank 1) is such a test too.
+    for condition in ("stop", "rank != 1"):
+        code = STOPS.replace("for epoch", "stop = False\n        for epoch").replace(
+            "backward()\n", "backward()\n            if rank == 0:\n                stop = epoch == 1\n")
+        verdict = watched(_step_less_snap(line=5), code.format(condition=condition))
+        assert outline(verdict) == ("deadlock", "partial", [0], [1]), condition
+        assert verdict.summary.startswith(
+            "rank 0 never called all_reduce #3 (returned from its test by t.py:9 under a test of a value"
+            " that differs between ranks (t.py:8))"
+        ), verdict.summary
+
+
 def test_a_break_in_no_ranks_branch_or_another_ranks_leaves_the_step_more_or_less_a_tie() -> None:
-    for condition in ("epoch == 1 and stop", "rank != 1", "rank == 1 and epoch == 1"):
+    # ``stop`` is alike on every rank here; rank 0 cannot take rank 1's branch, nor rank 0 one
+    # whose test fails on it
+    for condition in ("epoch == 1 and stop", "rank == 1 and epoch == 1", "rank > 0"):
         assert outline(_step_less(condition))[:3] == ("deadlock", "partial", [0, 1]), condition
+
+
+UNEVEN = """
+    def test_x(rank, world_size):
+        batches = data[rank::world_size]
+        for batch in batches:
+            model(batch).sum().backward()
+        dist.barrier()
+"""
+
+
+def test_a_rank_a_step_further_in_a_loop_over_its_own_data_is_named() -> None:
+    # pytorch#38174: uneven inputs; rank 1 holds a batch more and waits in its gradient all_reduce,
+    # rank 0 ran out of batches and returned from its test (the barrier cut) or waits in the barrier.
+    even = UNEVEN.replace("data[rank::world_size]", "data")
+    verdict = watched(_step_less_snap(line=5), UNEVEN.replace("dist.barrier()", "pass"))
+    assert outline(verdict) == ("deadlock", "partial", [1], [])
+    assert verdict.summary.startswith(
+        "rank 1 called all_reduce #3 (t.py:5), a step more in a loop over values that differ between ranks"
+        " (t.py:4); rank 0 returned from its test without it."
+    ), verdict.summary
+    assert outline(watched(_step_less_snap(line=5), even.replace("dist.barrier()", "pass")))[2] == [0, 1]
+    done = [ok("all_reduce", 1, site="t.py:5"), ok("all_reduce", 2, site="t.py:5")]
+    zero, one = call("barrier", 3, site="t.py:6"), call("all_reduce", 3, site="t.py:5")
+    stayed = snap(rank(0, *done, zero), rank(1, *done, one))
+    verdict = watched(stayed, UNEVEN)
+    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert ("Rank 1's call is in a loop over values that differ between ranks (t.py:4), which rank 0 made a"
+            " call in and left: a step more on rank 1.") in verdict.summary
+    assert outline(watched(stayed, even))[2] == [0, 1]
+
+
+PATIENCE = """
+    def test_x(rank):
+        bad = 0
+        for epoch in range(4):
+            model(x).sum().backward()
+            metric = [1.0, 0.9, 0.8][epoch] if rank == 0 else 1.0
+            bad = 0 if metric < 0.95 else bad + 1
+            if bad >= 1:
+                break
+        dist.barrier()
+"""
+
+
+def test_a_rank_that_broke_out_of_its_peers_loop_on_a_value_that_differs_by_rank_is_named() -> None:
+    # transformers#17478: each process's own metric drives its early stopping; rank 1 stops, to the
+    # final barrier, while rank 0 trains on.
+    done = [ok("all_reduce", 1, site="t.py:5")]
+    zero, one = call("all_reduce", 2, site="t.py:5"), call("barrier", 2, site="t.py:10")
+    stopped = snap(rank(0, *done, zero), rank(1, *done, one))
+    verdict = watched(stopped, PATIENCE)
+    assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
+    assert ("Rank 1 left by t.py:9 under a test of a value that differs between ranks (t.py:8), before rank 0's"
+            " call.") in verdict.summary
+    alike = PATIENCE.replace(" if rank == 0 else 1.0", "")
+    assert outline(watched(stopped, alike))[2] == [0, 1]
 
 
 NEVER_INIT = """
@@ -251,9 +328,10 @@ def test_a_rank_that_left_the_function_of_its_peers_call_by_its_own_branch_is_na
     verdict = _left_before("world.rank == 1")
     assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
     assert verdict.summary.startswith("rank 1 departs from rank 0 on collective #1: "), verdict.summary
-    assert "Rank 1 returned by t.py:4 in a branch for it alone, before rank 0's call." in verdict.summary
-    for condition in ("world.rank > 0", "done"):  # several ranks' branch, or no rank's: a tie
-        assert outline(_left_before(condition))[:3] == ("deadlock", "mismatch", [0, 1]), condition
+    assert "Rank 1 left by t.py:4 in a branch for it alone, before rank 0's call." in verdict.summary
+    # a test of the rank true on rank 1 alone names it too; a flag alike on every rank is a tie
+    assert outline(_left_before("world.rank > 0")) == ("deadlock", "mismatch", [1], [0])
+    assert outline(_left_before("done"))[:3] == ("deadlock", "mismatch", [0, 1])
 
 
 TIE = """
