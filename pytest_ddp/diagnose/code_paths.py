@@ -86,20 +86,59 @@ def _branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:
 
 def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
     """(the line of the innermost ``if`` or ``while`` whose body holds the statement at ``line``
-    and whose test reads a name its function sets in a branch for one rank and not in that
-    branch's ``else``, or by a conditional expression on one rank; that rank): a value kept on one
-    rank alone (transformers#31532: ``if state.is_main_process: progress += 1``, a progress bar's
-    count, then ``if progress == 2: gather(...)``; pytorch#77562: ``current = reduced.item() if
-    rank == 0 else mine``).  The test may then answer differently on that rank alone; which way the
-    code does not say, so the caller checks that the rank it names made the call.  A heuristic: the
-    name may be set on every rank elsewhere too; the caller's check keeps it from naming a rank
-    that did not make the call.  None where no test does, the branches for one rank that set the
-    name single out different ranks, or the code cannot tell."""
+    and whose test, or ``for`` whose iterable, reads a name its function sets in a branch for one
+    rank and not in that branch's ``else``, or by a conditional expression on one rank; that rank):
+    a value kept on one rank alone (transformers#31532: ``if state.is_main_process: progress +=
+    1``, a progress bar's count, then ``if progress == 2: gather(...)``; pytorch#77562: ``current
+    = reduced.item() if rank == 0 else mine``).  The test may then answer differently on that rank
+    alone; which way the code does not say, so the caller checks that the rank it names made the
+    call.  A heuristic: the name may be set on every rank elsewhere too; the caller's check keeps
+    it from naming a rank that did not make the call.  None where no test does, the branches for
+    one rank that set the name single out different ranks, or the code cannot tell."""
     tree = _parsed(source)
     function = None if tree is None else _function_at(tree, line)
     if function is None:
         return None
-    kept: dict[str, set[int | None]] = {}  # a name set in a branch for one rank -> those ranks
+    kept = _kept_on_one_rank(function)
+    for node, test in _tests_holding(function, line):
+        only = _one_rank_read(test, kept)
+        if only is not None:
+            return node.lineno, only
+    return None
+
+
+def one_rank_value_passed(inner: str, line: int, outer: str, outer_line: int) -> tuple[int, int] | None:
+    """(``outer_line``, the rank) where the statement at ``line`` of ``inner`` is under a test or a
+    loop (:func:`one_rank_value_test`'s) of a parameter of its function, and the call of that
+    function at ``outer_line`` of ``outer`` passes there a value kept on one rank (Lightning#7129:
+    ``res`` filled under ``if rank == 0:``, then ``log_dict(res)``, whose ``for name, value in
+    metrics.items():`` all-gathers each); None where it does not, or the code cannot tell."""
+    inner_tree, outer_tree = _parsed(inner), _parsed(outer)
+    function = None if inner_tree is None else _function_at(inner_tree, line)
+    caller = None if outer_tree is None else _function_at(outer_tree, outer_line)
+    if function is None or caller is None:
+        return None
+    tested = {name for _, test in _tests_holding(function, line) for name in _names_read(test)}
+    parameters = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    kept = _kept_on_one_rank(caller)
+    calls = [node for node in ast.walk(caller) if isinstance(node, ast.Call) and _named(node) == function.name
+             and node.lineno <= outer_line <= (node.end_lineno or node.lineno)]
+    for call in calls:
+        named = parameters
+        if isinstance(call.func, ast.Attribute) and parameters[:1] == ["self"]:
+            named = parameters[1:]  # a method called on its object: ``self`` is not among the arguments
+        passed = [*zip(named, call.args, strict=False), *((k.arg, k.value) for k in call.keywords if k.arg)]
+        ranks = {_one_rank_read(value, kept) for name, value in passed if name in tested}
+        [only] = ranks if len(ranks) == 1 else [None]
+        if only is not None:
+            return outer_line, only
+    return None
+
+
+def _kept_on_one_rank(function: ast.FunctionDef) -> dict[str, set[int | None]]:
+    """The names the function sets in a branch for one rank and not in its ``else``, or by a
+    conditional expression on one rank -> the ranks those single out."""
+    kept: dict[str, set[int | None]] = {}
     for node in ast.walk(function):
         if isinstance(node, ast.If) and _singles_out(node.test):
             set_aside = _names_set(node.orelse)
@@ -109,13 +148,28 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
                 node.value.test):
             for name in _names_set([node]):  # x = reduced.item() if rank == 0 else mine
                 kept.setdefault(name, set()).add(_rank_singled_out(node.value.test))
-    for node in _branches_holding(function, line):
-        read = {_named(part) for part in ast.walk(node.test) if isinstance(part, (ast.Name, ast.Attribute))}
-        ranks: set[int | None] = set().union(*(kept[name] for name in read if name in kept))
-        only = ranks.pop() if len(ranks) == 1 else None
-        if only is not None:
-            return node.lineno, only
-    return None
+    return kept
+
+
+def _one_rank_read(node: ast.AST, kept: dict[str, set[int | None]]) -> int | None:
+    """The one rank whose kept values (:func:`_kept_on_one_rank`) the node reads; None where it
+    reads none, or those of several."""
+    ranks: set[int | None] = set().union(*(kept[name] for name in _names_read(node) if name in kept))
+    return ranks.pop() if len(ranks) == 1 else None
+
+
+def _names_read(node: ast.AST) -> set[str]:
+    return {name for part in ast.walk(node) if isinstance(part, (ast.Name, ast.Attribute))
+            and (name := _named(part)) is not None}
+
+
+def _tests_holding(function: ast.AST, line: int) -> list[tuple[ast.stmt, ast.expr]]:
+    """The ``if`` and ``while`` statements, with their tests, and the ``for`` statements, with their
+    iterables, whose body holds the statement at ``line``, innermost first."""
+    holding = [node for node in ast.walk(function) if isinstance(node, (ast.If, ast.While, ast.For))
+               and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
+    return [(node, node.iter if isinstance(node, ast.For) else node.test)
+            for node in sorted(holding, key=lambda node: node.lineno, reverse=True)]
 
 
 def _names_set(body: list[ast.stmt]) -> set[str]:
@@ -380,7 +434,8 @@ def _agreed(function: ast.FunctionDef) -> set[str]:
     for node in _own_nodes(function):
         if isinstance(node, ast.Call) and _named(node) in _AGREEING:
             agreed.update(name for arg in node.args if (name := _named(arg)) is not None)
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _named(node.value) in _AGREEING:
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
+                _named(node.value) in _AGREEING):
             agreed.update(_names_set([node]))
     return agreed
 

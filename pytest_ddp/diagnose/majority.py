@@ -516,21 +516,28 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
     function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
-    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_test`);
-    None where none does, as far as the code tells."""
+    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_test`),
+    or passed by the line that led to it to a parameter such a test reads
+    (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_passed`); None where none does, as far
+    as the code tells."""
+    inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
     for place in (call.site, *call.outer):
         file, line = site_parts(place)
         text = source(file)
         if text is None or line is None:
+            inner = None
             continue
         branch = code_paths.one_rank_branch(text, line)
         kept = None
         if branch is None and rank is not None:  # a value kept on one rank: only the caller's counts
             kept = code_paths.one_rank_value_test(text, line)
+            if kept is None and inner is not None:
+                kept = code_paths.one_rank_value_passed(*inner, text, line)
         if kept is not None and kept[1] == rank:
             branch = kept[0]
         if branch is not None:
             return f"{file}:{branch}"
+        inner = text, line
     return None
 
 

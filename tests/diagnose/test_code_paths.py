@@ -18,6 +18,7 @@ from pytest_ddp.diagnose.code_paths import (
     exits_after,
     leaves_in_own_branch,
     one_rank_branch,
+    one_rank_value_passed,
     one_rank_value_test,
     uneven_loop,
 )
@@ -321,3 +322,32 @@ def test_a_loop_over_a_value_that_differs_between_ranks_is_uneven() -> None:
     assert uneven_loop("def f(:", 1) is None
     generate = "def f(rank):\n    n = [2, 3][rank]\n    while n:\n        n -= 1\n        model(x)\n"
     assert uneven_loop(generate, 5) == 3
+
+
+PASSED = textwrap.dedent("""
+    def log_dict(metrics, prefix=""):
+        for name, value in metrics.items():
+            dist.all_gather(out, value)  # gather
+
+
+    def test_x(rank):
+        res = {}
+        if rank == 0:
+            res = {"loss": loss}
+        log_dict(res)  # passed
+        log_dict({}, prefix=res)  # untested
+        for key in res:
+            dist.barrier()  # looped
+""")
+PASS = lines_of(PASSED)
+
+
+def test_a_value_kept_on_one_rank_passed_to_what_a_helper_loops_over_names_that_rank() -> None:
+    # Lightning#7129: the metrics reduced on rank 0 alone, each logged key all-gathered.
+    assert one_rank_value_passed(PASSED, PASS["gather"], PASSED, PASS["passed"]) == (PASS["passed"], 0)
+    # passed where the helper's loop does not read it, or a call of another function: nothing
+    assert one_rank_value_passed(PASSED, PASS["gather"], PASSED, PASS["untested"]) is None
+    assert one_rank_value_passed(PASSED, PASS["gather"], PASSED, PASS["looped"]) is None
+    assert one_rank_value_passed("def f(:", 1, PASSED, PASS["passed"]) is None
+    # a loop over a kept value in the function itself is such a test
+    assert one_rank_value_test(PASSED, PASS["looped"]) == (PASS["looped"] - 1, 0)

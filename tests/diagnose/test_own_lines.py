@@ -177,6 +177,32 @@ def test_a_value_moved_on_another_rank_or_on_every_rank_leaves_the_rank_that_ret
         assert outline(verdict) == ("deadlock", "partial", [1], [0]), condition
 
 
+LOGGED = """
+    def log_dict(metrics):
+        for name, value in metrics.items():
+            dist.all_gather(out, value)
+
+
+    def test_x(rank):
+        res = {}
+        if rank == 0:
+            res = {"loss": loss}
+        log_dict(res)
+"""
+
+
+def test_a_call_in_a_helpers_loop_over_a_value_kept_on_its_rank_names_that_rank() -> None:
+    # Lightning#7129: the metrics reduced on rank 0 alone; logging them all-gathers each key.
+    waiting = rank(0, call("all_gather", 1, site="t.py:4"))
+    waiting.calls[-1].outer = ("t.py:11",)
+    verdict = watched(snap(waiting, rank(1, finished=True)), LOGGED)
+    assert outline(verdict) == ("deadlock", "partial", [0], [])
+    assert "in a branch of the code for one rank (t.py:11)" in verdict.summary
+    # kept on rank 1, which did not make the call: the rank that returned is named, as before
+    verdict = watched(snap(waiting, rank(1, finished=True)), LOGGED.replace("rank == 0", "rank == 1"))
+    assert outline(verdict) == ("deadlock", "partial", [1], [0])
+
+
 STOPS = """
     def test_x(rank):
         for epoch in range(3):
