@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import selectors
 import shutil
@@ -17,6 +18,7 @@ import tempfile
 import time
 import uuid
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -164,14 +166,14 @@ class RankGroup:
         nodes, so that is_torchelastic_launched() is true; the controller hosts the store."""
         world_size = self.config.world_size
         node, local_rank = self.place(rank)
-        nodes = [self.place(other)[0] for other in range(world_size)]
+        group_rank, local_world_size = self._nodes[node]
         return dict(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
             LOCAL_RANK=str(local_rank),
-            LOCAL_WORLD_SIZE=str(nodes.count(node)),
-            GROUP_RANK=str(list(dict.fromkeys(nodes)).index(node)),
-            GROUP_WORLD_SIZE=str(len(set(nodes))),
+            LOCAL_WORLD_SIZE=str(local_world_size),
+            GROUP_RANK=str(group_rank),
+            GROUP_WORLD_SIZE=str(len(self._nodes)),
             ROLE_NAME="default",
             ROLE_RANK=str(rank),
             ROLE_WORLD_SIZE=str(world_size),
@@ -184,6 +186,13 @@ class RankGroup:
             # own init_process_group (init=False) opens no listening socket.
             TORCHELASTIC_USE_AGENT_STORE="True",
         )
+
+    @functools.cached_property
+    def _nodes(self) -> dict[int, tuple[int, int]]:
+        """Each node of the group's ranks: (its place in the order of their first ranks, its number of
+        ranks); computed once, not once a rank (a launched group's world may be large)."""
+        counts = Counter(self.place(rank)[0] for rank in range(self.config.world_size))
+        return {node: (index, count) for index, (node, count) in enumerate(counts.items())}
 
     def rank_environment(self) -> dict[str, str]:
         """What every rank's environment gets on top of the controller's, however it is started."""
