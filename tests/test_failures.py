@@ -56,11 +56,14 @@ MODULES = {
             time.sleep(3600)
         """,
     "test_sigabrt": """
+        def helper():
+            print("about to abort", file=sys.stderr, flush=True)
+            os.abort()
+
         @pytest.mark.ddp(world_size=2, timeout=60)
         def test_abort(rank):
             if rank == 1:
-                print("about to abort", file=sys.stderr, flush=True)
-                os.abort()
+                helper()
             dist.barrier()
         """,
     "test_sigkill": """
@@ -196,9 +199,17 @@ def test_ddp_timeout_ini_option(failures: Failures) -> None:
 
 def test_rank_killed_by_sigabrt_is_named_with_its_stderr(failures: Failures) -> None:
     assert failures.outcomes("test_sigabrt") == {"test_abort": "FAILED"}
-    failures.section("test_abort").fnmatch_lines(
+    section = failures.section("test_abort")
+    section.fnmatch_lines(
         ["*rank 1: died (killed by SIGABRT)*", "*rank 1: stderr (killed by SIGABRT)*", "about to abort"]
     )
+    # Its stderr's tail keeps the fatal error and marks the test's line, pytest's frames hidden.
+    text = "\n".join(section.lines)
+    tail = text[text.index("rank 1: stderr (killed by SIGABRT)") : text.index("Captured stderr (rank 1)")]
+    assert "Fatal Python error: Aborted" in tail
+    path = failures.folder / "test_sigabrt.py"
+    assert f'> File "{path}", line {line_of(path, "        helper()")} in test_abort' in tail
+    assert "pytest and pytest-ddp frames hidden" in tail and "/pluggy/" not in tail
 
 
 def test_rank_killed_by_sigkill_fails_the_test(failures: Failures) -> None:
