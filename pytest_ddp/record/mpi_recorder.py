@@ -43,7 +43,12 @@ class _Pending(NamedTuple):
 
 
 # call index -> its RecordingRequest, until it completes: the current test's (one of an earlier test
-# is not there, or another is there in its place)
+# is not there, or another is there in its place).  The test's threads add and complete requests (one
+# may wait for a request another made, or outlive the test), the rank's main thread tests and clears
+# them after the test (unfinished_work).  Every change is made under numbering's lock, so that a
+# call's ret is written once and a clear cannot fall between a check and its del; the reads outside
+# it (_recorded, unfinished_work's loop) are single dict operations, atomic under the GIL, and only
+# choose what to try: _finish checks again under the lock.
 _pending: dict[int, Any] = {}
 
 
@@ -243,7 +248,7 @@ def _wrap(spec: Op) -> Callable[..., Any]:
         if returns_request:
             request = RecordingRequest(result)
             request._ddp = _Pending(index, comm.ranks if open_ended else None)
-            with numbering.numbers.lock:  # as unfinished_work reads and clears them
+            with numbering.numbers.lock:
                 _pending[index] = request
             return request
         if spec.makes_comm:
@@ -342,7 +347,7 @@ def unfinished_work(wait: float) -> list[dict[str, Any]]:
             break
         time.sleep(0.001)  # polling MPI, not waiting for another process's event
     why = f"request not complete {wait:g} s after the test"
-    with numbering.numbers.lock:  # a thread the test left may complete one meanwhile
+    with numbering.numbers.lock:
         left = sorted(_pending)
         _pending.clear()  # a later wait on one is not this test's
     return [{"i": index, "err": why} for index in left]
