@@ -222,8 +222,10 @@ def fork_rank(
 
 class RankHandle:
     """What a group does to one of its ranks, wherever it is: forked here (:class:`ForkedRank`), or on
-    another host (:class:`pytest_ddp.launched.world.RemoteRank`).  This base is a rank not forked yet
-    (an MPI rank whose stand-in has not said hello): nothing runs, nothing can be told to it."""
+    another host (:class:`pytest_ddp.launched.world.RemoteRank`).  This base is itself a rank not forked
+    yet, until :meth:`pytest_ddp.groups.group.RankGroup.fork` replaces it (an MPI rank until its stand-in
+    says hello): nothing runs, nothing can be told to it, so each method, which says what it does to a
+    rank that runs, does nothing here."""
 
     @property
     def pid(self) -> int | None:
