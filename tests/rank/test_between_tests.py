@@ -1,7 +1,9 @@
 """What a warm rank does between tests: the process ledger finds each process a test started, its
 scan of /proc reused while the kernel made no task (rank/leftovers.py); the environment is put back
 whatever a test did to it, and so is the rest of the process's state, until a wider fixture that
-changed it or started a process is torn down (rank/restore.py).
+changed it or started a process is torn down (rank/restore.py).  The rank's session (rank/session.py),
+driven in this process, tears down the fixtures kept for an item sent elsewhere before the next
+item, and tells a thread that raises there or in a test's phases.
 
 Real processes, the real /proc, the real os.environ; no ranks.
 """
