@@ -70,7 +70,8 @@ LONGEST_FILES = (
 CHECK_FILES = (
     "diagnose/test_watchdog.py", "diagnose/test_majority.py", "common/test_protocol.py",
     "diagnose/test_mpi_watchdog.py", "report/test_timeline.py", "report/test_report_scale.py", "test_layers.py",
-    "matrix/test_matrix_verdicts.py", "diagnose/test_code_paths.py", "common/test_ops.py",
+    "matrix/test_matrix_verdicts.py", "diagnose/test_code_paths.py", "diagnose/test_rank_tests.py",
+    "common/test_ops.py",
     "diagnose/test_init_fault_rules.py", "diagnose/test_left_mid_call.py", "diagnose/test_rank_words.py",
     "report/test_stacks_when_stopped.py", "report/test_sequence_table.py", "report/test_report_files.py",
     "test_field_corpus.py", "report/test_failure.py", "groups/test_group.py",

@@ -199,6 +199,10 @@ COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
 # torch's sends and receives, each -> whether it receives, for the same passes.
 TORCH_P2P = {name: o.direction == "recv" for name, o in OPS.items() if o.pairs and o.api == "torch"}
 
+# Collectives after which the tensors or lists passed to them hold the same on every rank.
+AGREEING = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
+            "broadcast_object_list")
+
 INIT = "init_process_group"
 NEW_GROUP = "new_group"
 MONITORED_BARRIER = "monitored_barrier"

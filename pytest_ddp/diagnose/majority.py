@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
 from typing import Literal, TypeVar
 
-from pytest_ddp.diagnose import code_paths
-from pytest_ddp.diagnose.code_paths import Source
+from pytest_ddp.diagnose import code_paths, rank_tests
+from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
@@ -320,7 +320,7 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Sourc
 
 def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """As many ranks wait in one collective as returned without it (no majority: the returned
-    are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.code_paths.
+    are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in a
     call its peers never make, as the majority would say with a rank more (:func:`extra_call`).  The
     field's reports of such code (a collective by name under ``if rank == 0:``, a metric's compute or
@@ -360,7 +360,7 @@ def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: So
     loop the other's call is in, after a call there (transformers#17478: a patience counter of
     each process's own metric breaks one out of training, to the final barrier).  Where none left
     so, and the rank still in the loop is in one over values that differ between ranks
-    (:func:`pytest_ddp.diagnose.code_paths.uneven_loop`), that rank made a step more."""
+    (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`), that rank made a step more."""
     finding = verdict.finding
     if isinstance(finding, Departed) and finding.alike and len(finding.culprits) == 1:
         if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
@@ -457,12 +457,12 @@ def _loop_stayed_in(
 
 def _uneven_loop(call: Call, source: Source) -> str | None:
     """``file:line`` of a loop over values that differ between ranks
-    (:func:`pytest_ddp.diagnose.code_paths.uneven_loop`) holding the call's line, or a line of the
+    (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`) holding the call's line, or a line of the
     user's code that led to it; None where none does."""
     for place in (call.site, *call.outer):
         file, line = site_parts(place)
         text = source(file)
-        loop = None if text is None or line is None else code_paths.uneven_loop(text, line)
+        loop = None if text is None or line is None else rank_tests.uneven_loop(text, line)
         if loop is not None:
             return f"{file}:{loop}"
     return None
@@ -513,12 +513,12 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
 
 
 def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
-    """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.code_paths.
+    """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
     function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
-    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_test`),
+    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_test`),
     or passed by the line that led to it to a parameter such a test reads
-    (:func:`pytest_ddp.diagnose.code_paths.one_rank_value_passed`); None where none does, as far
+    (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`); None where none does, as far
     as the code tells."""
     inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
     for place in (call.site, *call.outer):
@@ -527,12 +527,12 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
         if text is None or line is None:
             inner = None
             continue
-        branch = code_paths.one_rank_branch(text, line)
+        branch = rank_tests.one_rank_branch(text, line)
         kept = None
         if branch is None and rank is not None:  # a value kept on one rank: only the caller's counts
-            kept = code_paths.one_rank_value_test(text, line)
+            kept = rank_tests.one_rank_value_test(text, line)
             if kept is None and inner is not None:
-                kept = code_paths.one_rank_value_passed(*inner, text, line)
+                kept = rank_tests.one_rank_value_passed(*inner, text, line)
         if kept is not None and kept[1] == rank:
             branch = kept[0]
         if branch is not None:
@@ -543,13 +543,13 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
 
 def _under_rank_test(call: Call, source: Source) -> bool | None:
     """Whether the call's line, or a line of the user's code that led to it, is under a test of
-    the rank (:func:`pytest_ddp.diagnose.code_paths.under_rank_test`); None where the code of one
+    the rank (:func:`pytest_ddp.diagnose.rank_tests.under_rank_test`); None where the code of one
     cannot tell."""
     found: bool | None = False
     for place in (call.site, *call.outer):
         file, line = site_parts(place)
         text = source(file)
-        under = None if text is None or line is None else code_paths.under_rank_test(text, line)
+        under = None if text is None or line is None else rank_tests.under_rank_test(text, line)
         if under:
             return True
         if under is None:

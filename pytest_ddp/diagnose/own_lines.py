@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from pytest_ddp.diagnose import code_paths
+from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import LeftBy, RankState, ops_made, site_parts
 
 # A traceback's frame line, as ``--tb=native`` writes it.
@@ -60,7 +61,7 @@ def _same_file(path: str, test_file: str) -> bool:
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
 
 
-def exited_at(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> str | None:
+def exited_at(state: RankState, ranks: dict[int, RankState], source: Source) -> str | None:
     """``test_x.py:145``: the exit (``os._exit(1)``) a process that ended with an exit status outside
     any call took after its last call, where its code holds one reachable from that call before its
     next; None otherwise."""
@@ -75,7 +76,7 @@ def exited_at(state: RankState, ranks: dict[int, RankState], source: code_paths.
     return f"{file}:{lines[0]}" if lines is not None and len(lines) == 1 else None
 
 
-def left_by(state: RankState, ranks: dict[int, RankState], source: code_paths.Source) -> LeftBy | None:
+def left_by(state: RankState, ranks: dict[int, RankState], source: Source) -> LeftBy | None:
     """The ``break`` or ``return`` a rank that returned from its test left by, after its last call
     (before any call: on the way to the call its peers wait in), where its code holds one way out
     reachable from there before its next call: in a branch of the code for that rank alone, or
@@ -95,7 +96,7 @@ def left_by(state: RankState, ranks: dict[int, RankState], source: code_paths.So
 
 
 def _walk_from(
-    state: RankState, ranks: dict[int, RankState], source: code_paths.Source, from_entry_allowed: bool
+    state: RankState, ranks: dict[int, RankState], source: Source, from_entry_allowed: bool
 ) -> tuple[str, str, int, dict[int, str], bool] | None:
     """(the source, its file, the line and ops made there, whether from its function's entry) where
     the way a rank left is looked for: its last call's line, else, for a rank that made none, the

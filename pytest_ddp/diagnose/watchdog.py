@@ -14,7 +14,6 @@ import re
 
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching, own_lines
-from pytest_ddp.diagnose.code_paths import Source
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
     finished_mismatch,
@@ -22,6 +21,7 @@ from pytest_ddp.diagnose.mismatches import (
     new_group_members,
     p2p_mismatch,
 )
+from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import (
     Cycle,
