@@ -15,7 +15,11 @@ FAMILIES = (
 
 # A family's modules: its own, then the parts it was split into, by concern, where it outgrew the
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py).
-PARTS: dict[str, tuple[str, ...]] = {}
+PARTS: dict[str, tuple[str, ...]] = {
+    "init": ("init_held",), "ddp": ("ddp_held",), "early_exit": ("early_exit_held",),
+    "control_flow": ("control_flow_held",), "libraries": ("libraries_held",),
+    "fsdp2_dtensor": ("fsdp2_dtensor_held",), "slow_rank": ("slow_rank_held",), "mpi": ("mpi_held",),
+}  # fmt: skip
 
 
 def cases(family: str) -> list[Case]:
