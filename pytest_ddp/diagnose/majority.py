@@ -512,6 +512,53 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
     return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
 
 
+def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
+    """Ranks that wait for each other in collectives of two kinds (a mismatch of order), where
+    nothing recorded tells them apart, and one kind's calls are made in a branch of the code that
+    those ranks alone take (:func:`pytest_ddp.diagnose.rank_tests.branch_for_ranks`: ``if rank in
+    (0, 1):``), the call's line or a line of the user's that led to it, while the others' calls are
+    under no test of the rank: those ranks made a call their peers' code never makes there, and are
+    at fault, as :func:`one_rank_branch_tie` says of one rank (llm-compressor#2869: a ``new_group``
+    of every rank, made in a context the ranks of a subgroup enter)."""
+    finding = verdict.finding
+    if not isinstance(finding, Cycle) or finding.p2p or finding.unmatched or finding.after or finding.skipped:
+        return None
+    calls = {r: finding.waits[r].call for r in finding.culprits}
+    kinds: dict[tuple[str, str], list[int]] = {}
+    for r in sorted(calls):
+        kinds.setdefault((calls[r].site, calls[r].op), []).append(r)
+    if len(kinds) != 2:
+        return None
+    branches: dict[int, str] = {}
+    for inside in kinds.values():
+        outside = [r for r in calls if r not in inside]
+        where = _branch_for_ranks(calls[inside[0]], inside, outside, source)
+        if where is not None:
+            branches.update((r, where) for r in inside)
+        elif _under_rank_test(calls[inside[0]], source) is not False:
+            return None  # on some ranks only, or the code cannot tell
+    if not branches or len(branches) == len(calls):
+        return None
+    callers = sorted(branches)
+    call = calls[callers[0]]
+    others = sorted(set(calls) - set(callers) | set(finding.waiting))
+    return Verdict(verdict.status, verdict.kind, callers, others, call.op, call.label,
+                   dataclasses.replace(finding, branch=branches))
+
+
+def _branch_for_ranks(call: Call, inside: list[int], outside: list[int], source: Source) -> str | None:
+    """``file:line`` of a branch of the code that the ranks ``inside`` alone take
+    (:func:`pytest_ddp.diagnose.rank_tests.branch_for_ranks`) holding the call's line, or a line of
+    the user's code that led to it; None where none does."""
+    for place in (call.site, *call.outer):
+        file, line = site_parts(place)
+        text = source(file)
+        branch = None if text is None or line is None else rank_tests.branch_for_ranks(text, line, inside, outside)
+        if branch is not None:
+            return f"{file}:{branch}"
+    return None
+
+
 def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a

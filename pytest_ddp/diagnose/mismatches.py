@@ -105,9 +105,34 @@ def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             if wire_size(theirs) != wire_size(call):
                 entered = {rank: call, peer: theirs}
                 likely, after = majority.likely(ranks, entered, wire_size)
+                overflow = None if likely or after else _overflow(entered)
+                if overflow is not None:
+                    sender, sent, held = overflow
+                    send = entered[sender]
+                    finding = Disagreement(call, entered, odd=[sender], overflow=(sent, held))
+                    return Verdict(status, "mismatch", [sender], [r for r in entered if r != sender], send.op,
+                                   send.label, finding)
                 finding = Disagreement(call, entered, likely, after)
                 return Verdict(status, "mismatch", sorted(entered), [], call.op, call.label, finding)
     return None
+
+
+def _overflow(entered: dict[int, Call]) -> tuple[int, int, int] | None:
+    """(the sender, the bytes it sent, the bytes the receive holds) where a send's message is larger
+    than the receive's buffer: the receive was posted for what its rank was told to expect (a
+    pipeline stage's declared shapes, a preallocated buffer), and the sender sent more
+    (pytorch#126732: a stage widened, its declared output not; MPP-LLaVA#25: a sequence longer than
+    the buffer).  Gloo receives a shorter message without a word."""
+    sender = next((r for r, c in entered.items() if not c.is_recv), None)
+    receiver = next((r for r, c in entered.items() if c.is_recv), None)
+    if sender is None or receiver is None:
+        return None
+    sent, held = wire_size(entered[sender]), wire_size(entered[receiver])
+    if not all(isinstance(n, int) for n in (*sent, *held)):
+        return None  # a dtype of unknown size
+    total_sent = sum(n for n in sent if isinstance(n, int))
+    total_held = sum(n for n in held if isinstance(n, int))
+    return (sender, total_sent, total_held) if total_sent > total_held else None
 
 
 def _compared_p2p(rank: int, ranks: dict[int, RankState]) -> list[Call]:

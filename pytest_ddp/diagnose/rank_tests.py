@@ -43,6 +43,22 @@ def branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
     return sorted(holding, key=lambda node: node.lineno, reverse=True)
 
+def branch_for_ranks(source: str, line: int, inside: list[int], outside: list[int]) -> int | None:
+    """The line of the innermost ``if`` or ``while`` whose body holds the statement at ``line`` and
+    whose test of the rank's number (:func:`true_on`) fails on every rank of ``outside`` and not on
+    those of ``inside``: code those ranks alone run (llm-compressor#2869: ``if rank in (0, 1):`` around a
+    helper that makes a ``new_group`` of every rank); None where none does, or the code cannot tell."""
+    tree = parsed(source)
+    if tree is None:
+        return None
+    for node in branches_holding(tree, line):
+        # the ranks inside took it, whatever else it reads; none outside could
+        if all(true_on(node.test, r) is not False for r in inside) and all(
+                true_on(node.test, r) is False for r in outside):
+            return node.lineno
+    return None
+
+
 def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
     """(the line of the innermost ``if`` or ``while`` whose body holds the statement at ``line``
     and whose test, or ``for`` whose iterable, reads a name its function sets in a branch for one

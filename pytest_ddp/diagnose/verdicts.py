@@ -152,6 +152,9 @@ class Disagreement:
     # Else, where one of two is in a loop over values that differ between ranks that the other made
     # a call in and left: that loop's line; the first made a step more, and is the odd rank.
     loop: str | None = None
+    # A send and its receive: (the bytes sent, the bytes the receive holds), where the send's
+    # message is the larger (mismatches.p2p_mismatch); the sender is the odd rank.
+    overflow: tuple[int, int] | None = None
 
 
 InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]

@@ -230,6 +230,7 @@ class Watch:
             or majority.skipped_in_code(verdict, ranks, self._source)
             or majority.one_rank_call(verdict, ranks, self._source)
             or majority.one_rank_branch_tie(verdict, ranks, self._source)
+            or majority.ranks_branch_cycle(verdict, ranks, self._source)
             or majority.left_by_own_branch(verdict, ranks, self._source)
             or verdict
         )

@@ -227,11 +227,16 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
         likely = sorted(set(f.after) | set(f.skipped))  # what tells is said after; the rank leads
         if likely:
             finding = f"{rank_list(likely)} likely {verb(likely, 'departs', 'depart')}: {finding}"
+        elif f.branch:
+            finding = f"{rank_list(sorted(f.branch))} {verb(list(f.branch), 'departs', 'depart')}: {finding}"
         text = f"{finding}: {_wait_clauses(f.culprits, ranks, f.waits, f.needs)}"
     if f.waiting:
         text += f"; {_wait_clauses(f.waiting, ranks, f.waits, f.needs)}"
-    branch = "".join(f" Rank {r}'s call is in a branch of the code for one rank ({where})."
-                     for r, where in f.branch.items())
+    branch = "".join(
+        f" Rank {group[0]}'s call is in a branch of the code for one rank ({where})." if len(group) == 1
+        else f" {rank_list(group).capitalize()}' calls are in a branch of the code for them alone ({where})."
+        for where, group in grouped(f.branch, lambda r: f.branch[r])
+    )
     return text + "." + _new_paths(f.after) + _skipped(f.skipped) + branch
 
 
@@ -326,6 +331,10 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
             text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
         if f.left:
             text += f" Rank {f.odd[0]} left by {f.left.site}{tested(f.left)}, before rank {rest[0]}'s call."
+        if f.overflow:
+            sent, held = f.overflow
+            text += (f" Rank {f.odd[0]} sent {sent} bytes where rank {rest[0]}'s receive holds {held}:"
+                     " the receive was posted for what its rank expects.")
         if f.loop:
             text += (f" Rank {f.odd[0]}'s call is in a loop over values that differ between ranks ({f.loop}),"
                      f" which rank {rest[0]} made a call in and left: a step more on rank {f.odd[0]}.")

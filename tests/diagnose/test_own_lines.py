@@ -203,6 +203,45 @@ def test_a_call_in_a_helpers_loop_over_a_value_kept_on_its_rank_names_that_rank(
     assert outline(verdict) == ("deadlock", "partial", [1], [0])
 
 
+SUBGROUP = """
+    def suspend_timeout():
+        group = dist.new_group(backend="gloo")
+        dist.barrier(group=group)
+
+
+    def test_x(rank):
+        ep_group = dist.new_group([0, 1])
+        if {condition}:
+            suspend_timeout()
+        dist.barrier()
+"""
+
+
+def _subgroup(condition: str) -> Verdict:
+    """Ranks 0, 1 in a new_group of every rank, made in a helper; rank 2 in the barrier after."""
+    def made(r: int) -> list:
+        ep = ok("new_group", 0, ranks=R3, extra={"ranks": [0, 1]}, site="t.py:8")
+        if r == 2:
+            return [ep, call("barrier", 1, ranks=R3, site="t.py:11")]
+        mine = call("new_group", 0, ranks=R3, extra={"ranks": [0, 1, 2]}, site="t.py:3")
+        mine.outer = ("t.py:10",)
+        return [ep, mine]
+
+    return watched(snap(*(rank(r, *made(r)) for r in range(3))), SUBGROUP.format(condition=condition))
+
+
+def test_ranks_in_a_call_made_in_a_branch_they_alone_take_are_named() -> None:
+    # llm-compressor#2869: a context that makes a new_group of every rank, entered by a subgroup.
+    verdict = _subgroup("rank in (0, 1)")
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [2])
+    assert verdict.summary.startswith("ranks 0, 1 depart: the ranks disagree on the order of collectives"), (
+        verdict.summary)
+    assert "Ranks 0, 1' calls are in a branch of the code for them alone (t.py:9)." in verdict.summary
+    # a branch rank 2 takes too, or a test of no rank: nothing tells
+    for condition in ("rank < 3", "flag"):
+        assert outline(_subgroup(condition))[2] == [0, 1, 2], condition
+
+
 STOPS = """
     def test_x(rank):
         for epoch in range(3):

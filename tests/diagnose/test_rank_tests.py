@@ -7,6 +7,7 @@ import ast
 import textwrap
 
 from pytest_ddp.diagnose.rank_tests import (
+    branch_for_ranks,
     differs_by_rank,
     one_rank_branch,
     one_rank_value_passed,
@@ -157,3 +158,13 @@ def test_a_value_kept_on_one_rank_passed_to_what_a_helper_loops_over_names_that_
     assert one_rank_value_passed("def f(:", 1, PASSED, PASS["passed"]) is None
     # a loop over a kept value in the function itself is such a test
     assert one_rank_value_test(PASSED, PASS["looped"]) == (PASS["looped"] - 1, 0)
+
+
+def test_a_branch_those_ranks_alone_take_is_found_by_its_test_of_the_rank() -> None:
+    code = "def f(rank):\n    if rank in (0, 1):\n        if ready:\n            g()\n"
+    assert branch_for_ranks(code, 4, [0, 1], [2]) == 2
+    assert branch_for_ranks(code, 4, [0], [1, 2]) is None  # rank 1 takes it too
+    assert branch_for_ranks(code.replace("rank in (0, 1)", "rank != 2 and ready"), 4, [0, 1], [2]) == 2
+    # a test that reads more than the rank may hold on rank 2 too: no answer
+    assert branch_for_ranks(code.replace("rank in (0, 1)", "rank != 2 or ready"), 4, [0, 1], [2]) is None
+    assert branch_for_ranks("def f(:", 1, [0], [1]) is None

@@ -326,6 +326,19 @@ def test_a_recv_its_peer_never_sends_to_is_unmatched() -> None:
     )
 
 
+def test_a_send_larger_than_its_receives_buffer_names_the_sender() -> None:
+    # pytorch#126732: stage 0 widened, its declared output not; Gloo's receive raises on the size.
+    def pair(sent: int) -> Verdict:
+        receive = call("recv", 1, peer=0, shape=(4,), state="raised", error="size", site="t.py:9")
+        return judge(snap(rank(0, call("send", 1, peer=1, shape=(sent,), site="t.py:5")), rank(1, receive)))
+
+    verdict = pair(8)
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1])
+    assert "Rank 0 sent 32 bytes where rank 1's receive holds 16" in verdict.summary
+    # a shorter message: nothing tells whose size was meant
+    assert outline(pair(2))[2] == [0, 1]
+
+
 def _new_group(members: list[int], **extra: object) -> Call:
     return ok("new_group", 0, shape=None, ranks=R4, site="t.py:18", extra={"ranks": members, **extra})
 
