@@ -151,10 +151,14 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
         survivors = [s for s in group.states if not s.died_as_injected]
         if spec.check_collectives:
             run.sequence_differences = consistency.compare_sequences(survivors)
-            # Calls the ranks survived, though they differ: who departed, as the majority says.
+            # Calls the ranks survived, though they differ: who departed, as the majority says;
+            # else groups the ranks made of other members, which met by chance.
+            by_rank = {s.rank: s for s in survivors}
             found = None
             if run.sequence_differences:
-                found = mismatches.finished_mismatch({s.rank: s for s in survivors})
+                found = mismatches.finished_mismatch(by_rank)
+            if found is None:
+                found = mismatches.new_group_members(by_rank, status="done")
             if found is not None:
                 run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)

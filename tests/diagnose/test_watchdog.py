@@ -9,6 +9,7 @@ from snapshots import NOW, R3, R4, call, judge, ok, outline, rank, snap
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.consistency import compare_sequences as compare_data
 from pytest_ddp.diagnose.consistency import difference_line
+from pytest_ddp.diagnose.mismatches import new_group_members
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import describe_call, rank_list
@@ -372,8 +373,12 @@ def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked
     )
     # Made by its members only (use_local_synchronization=True): each group is named by its ranks.
     assert judge(snap(*ranks(barrier=True, local=True))).kind != "mismatch"
-    # No rank blocked: nothing said while the test runs.
+    # No rank blocked: nothing said while the test runs; once it passed by chance, the test fails.
     assert judge(snap(*ranks(barrier=False), rank(4))).status == "wait"
+    passed = {s.rank: s for s in ranks(barrier=False)}
+    assert outline(new_group_members(passed, status="done")) == ("done", "mismatch", [0, 1, 2, 3], [])
+    alike = {r: rank(r, _new_group([0, 3]), _new_group([1, 2]), finished=True) for r in range(4)}
+    assert new_group_members(alike, status="done") is None
     # One rank of three passed other members: it departs.
     three = [rank(r, _new_group([0, 1, 2] if r < 2 else [0, 1]), call("barrier", 1, ranks=R3)) for r in range(3)]
     assert outline(judge(snap(*three)))[1:3] == ("mismatch", [2])
