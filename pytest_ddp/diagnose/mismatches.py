@@ -9,6 +9,7 @@ the recorded calls afterwards (:func:`finished_mismatch`).  Which ranks departed
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from itertools import compress, count, islice
 from operator import attrgetter, ne
@@ -134,6 +135,27 @@ def _overflow(entered: dict[int, Call]) -> tuple[int, int, int] | None:
     total_sent = sum(n for n in sent if isinstance(n, int))
     total_held = sum(n for n in held if isinstance(n, int))
     return (sender, total_sent, total_held) if total_sent > total_held else None
+
+
+def aborted_on_sizes(ranks: dict[int, RankState]) -> Verdict | None:
+    """A rank that Gloo aborted (SIGABRT) inside a collective whose tensors may differ in size
+    between ranks (``all_to_all``), where its tensors' shapes differ from those its peers, all
+    alike, entered it with: the sizes did not line up, and it is the odd rank (dion#74: an empty
+    ``(0, D)`` shard among shards of a row each).  Shapes alone tell nothing of such a call in
+    correct code; the abort inside it does."""
+    for state in ranks.values():
+        call = state.died_in
+        if call is None or state.exit_code != -signal.SIGABRT or not call.kind.uneven:
+            continue
+        entered = waits.entered(call, ranks)
+        culprits, agreeing = majority.minority(entered, _shapes)
+        if culprits == [state.rank] and agreeing:
+            return mismatch_verdict("deadlock", ranks, call, _shapes)
+    return None
+
+
+def _shapes(call: Call) -> tuple[object, ...]:
+    return call.op, tuple(tuple(shape) for shape in call.shapes), tuple(call.dtypes)
 
 
 def _compared_p2p(rank: int, ranks: dict[int, RankState]) -> list[Call]:

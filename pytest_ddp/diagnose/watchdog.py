@@ -16,6 +16,7 @@ from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
 from pytest_ddp.diagnose import majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
+    aborted_on_sizes,
     finished_mismatch,
     inflight_mismatch,
     new_group_members,
@@ -63,6 +64,7 @@ def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | 
         mismatch = finished_mismatch(ranks)
         if mismatch is not None:
             return dataclasses.replace(mismatch, status="deadlock")
+        return aborted_on_sizes(ranks) or gone
     return gone
 
 

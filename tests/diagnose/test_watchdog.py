@@ -340,6 +340,22 @@ def test_a_send_larger_than_its_receives_buffer_names_the_sender() -> None:
     assert outline(pair(2))[2] == [0, 1]
 
 
+def test_a_rank_gloo_aborted_in_an_all_to_all_of_shapes_its_peers_do_not_share_is_a_mismatch() -> None:
+    # dion#74: an empty (0, 8) shard among shards of a row each; Gloo aborts the rank on the sizes.
+    def a2a(r: int, world: int, shape: tuple[int, ...], **kwargs: Any) -> RankState:
+        chunks = call("all_to_all", 1, ranks=tuple(range(world)), shape=shape, site="t.py:6")
+        chunks.shapes = [list(shape)] * world
+        return rank(r, chunks, **kwargs)
+
+    def judged(signal_number: int, world: int = 4) -> Verdict:
+        peers = [a2a(r, world, (1, 8)) for r in range(world - 1)]
+        return judge(snap(*peers, a2a(world - 1, world, (0, 8), exit_code=-signal_number)))
+
+    assert outline(judged(6)) == ("deadlock", "mismatch", [3], [0, 1, 2])
+    assert outline(judged(9))[1:3] == ("rank_exited", [3])  # killed from outside: it only died
+    assert outline(judged(6, world=2))[1] == "rank_exited"  # no majority of shapes: nothing tells
+
+
 def _new_group(members: list[int], **extra: object) -> Call:
     return ok("new_group", 0, shape=None, ranks=R4, site="t.py:18", extra={"ranks": members, **extra})
 
