@@ -553,7 +553,9 @@ def _branch_for_ranks(call: Call, inside: list[int], outside: list[int], source:
     for place in (call.site, *call.outer):
         file, line = site_parts(place)
         text = source(file)
-        branch = None if text is None or line is None else rank_tests.branch_for_ranks(text, line, inside, outside)
+        if text is None or line is None:
+            continue
+        branch = rank_tests.branch_for_ranks(text, line, inside, outside)
         if branch is not None:
             return f"{file}:{branch}"
     return None

@@ -101,7 +101,8 @@ def one_rank_value_passed(inner: str, line: int, outer: str, outer_line: int) ->
         receiving = parameters
         if isinstance(call.func, ast.Attribute) and parameters[:1] == ["self"]:
             receiving = parameters[1:]  # a method called on its object: ``self`` is not among the arguments
-        passed = [*zip(receiving, call.args, strict=False), *((k.arg, k.value) for k in call.keywords if k.arg)]
+        keywords = [(k.arg, k.value) for k in call.keywords if k.arg]
+        passed = [*zip(receiving, call.args, strict=False), *keywords]
         ranks = {_one_rank_read(value, kept) for name, value in passed if name in tested}
         [only] = ranks if len(ranks) == 1 else [None]
         if only is not None:
