@@ -8,6 +8,7 @@ likely (:func:`departures`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
@@ -421,8 +422,9 @@ def _left_before(
 
 def _step_more(verdict: Verdict, finding: Departed, source: Source) -> Verdict | None:
     """A step more on the ranks that went on (``Departed.alike``), where each waits in a loop over
-    values that differ between ranks (:func:`_uneven_loop`): uneven inputs (pytorch#38174)."""
-    loops = {_uneven_loop(finding.waits[r].call, source) for r in finding.alike}
+    values that differ between ranks (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`): uneven
+    inputs (pytorch#38174)."""
+    loops = {_found_at(finding.waits[r].call, source, rank_tests.uneven_loop) for r in finding.alike}
     if len(loops) != 1 or None in loops:
         return None
     callers = finding.alike
@@ -440,11 +442,11 @@ def _loop_stayed_in(
     barrier at the epoch's end): that rank made a step more."""
     found: dict[int, str] = {}
     for rank, call in finding.entered.items():
-        loop = _uneven_loop(call, source)
+        loop = _found_at(call, source, rank_tests.uneven_loop)
         [other] = [r for r in finding.entered if r != rank]
         theirs = finding.entered[other]
         went_on = any(c.site == call.site for c in ranks[other].calls[:theirs.index] if c.site)
-        if loop is not None and went_on and _uneven_loop(theirs, source) != loop:
+        if loop is not None and went_on and _found_at(theirs, source, rank_tests.uneven_loop) != loop:
             found[rank] = loop
     if len(found) != 1:
         return None
@@ -453,19 +455,6 @@ def _loop_stayed_in(
     odd = dataclasses.replace(finding, odd=[culprit], loop=loop)
     call = finding.entered[culprit]
     return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
-
-
-def _uneven_loop(call: Call, source: Source) -> str | None:
-    """``file:line`` of a loop over values that differ between ranks
-    (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`) holding the call's line, or a line of the
-    user's code that led to it; None where none does."""
-    for place in (call.site, *call.outer):
-        file, line = site_parts(place)
-        text = source(file)
-        loop = None if text is None or line is None else rank_tests.uneven_loop(text, line)
-        if loop is not None:
-            return f"{file}:{loop}"
-    return None
 
 
 def _broken_tie(finding: Disagreement) -> bool:
@@ -532,7 +521,8 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
     branches: dict[int, str] = {}
     for inside in kinds.values():
         outside = [r for r in calls if r not in inside]
-        where = _branch_for_ranks(calls[inside[0]], inside, outside, source)
+        tested = functools.partial(rank_tests.branch_for_ranks, inside=inside, outside=outside)
+        where = _found_at(calls[inside[0]], source, tested)
         if where is not None:
             branches.update((r, where) for r in inside)
         elif _under_rank_test(calls[inside[0]], source) is not False:
@@ -546,21 +536,6 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
                    dataclasses.replace(finding, branch=branches))
 
 
-def _branch_for_ranks(call: Call, inside: list[int], outside: list[int], source: Source) -> str | None:
-    """``file:line`` of a branch of the code that the ranks ``inside`` alone take
-    (:func:`pytest_ddp.diagnose.rank_tests.branch_for_ranks`) holding the call's line, or a line of
-    the user's code that led to it; None where none does."""
-    for place in (call.site, *call.outer):
-        file, line = site_parts(place)
-        text = source(file)
-        if text is None or line is None:
-            continue
-        branch = rank_tests.branch_for_ranks(text, line, inside, outside)
-        if branch is not None:
-            return f"{file}:{branch}"
-    return None
-
-
 def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
@@ -570,12 +545,11 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
     (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`); None where none does, as far
     as the code tells."""
     inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
-    for place in (call.site, *call.outer):
-        file, line = site_parts(place)
-        text = source(file)
-        if text is None or line is None:
+    for place in _places(call, source):
+        if place is None:
             inner = None
             continue
+        file, text, line = place
         branch = rank_tests.one_rank_branch(text, line)
         kept = None
         if branch is None and rank is not None:  # a value kept on one rank: only the caller's counts
@@ -595,16 +569,32 @@ def _under_rank_test(call: Call, source: Source) -> bool | None:
     the rank (:func:`pytest_ddp.diagnose.rank_tests.under_rank_test`); None where the code of one
     cannot tell."""
     found: bool | None = False
-    for place in (call.site, *call.outer):
-        file, line = site_parts(place)
-        text = source(file)
-        under = None if text is None or line is None else rank_tests.under_rank_test(text, line)
+    for place in _places(call, source):
+        under = None if place is None else rank_tests.under_rank_test(place[1], place[2])
         if under:
             return True
         if under is None:
             found = None
     return found
 
+
+def _found_at(call: Call, source: Source, question: Callable[[str, int], int | None]) -> str | None:
+    """``file:line`` of the first answer to ``question`` (of a file's text and a line) about the
+    call's line, or a line of the user's code that led to it; None where none answers."""
+    for place in _places(call, source):
+        answer = None if place is None else question(place[1], place[2])
+        if place is not None and answer is not None:
+            return f"{place[0]}:{answer}"
+    return None
+
+
+def _places(call: Call, source: Source) -> Iterator[tuple[str, str, int] | None]:
+    """The call's line, then each line of the user's code that led to it (``Call.outer``): its
+    file, that file's text and the line; None where the text cannot be read."""
+    for place in (call.site, *call.outer):
+        file, line = site_parts(place)
+        text = source(file)
+        yield None if text is None or line is None else (file, text, line)
 
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Source) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),
