@@ -1,5 +1,5 @@
-"""Ranks that end early, held out (the third set): an exception on one rank while its peers are in a
-collective or on their way to a barrier."""
+"""Ranks that end early, held out (the third set): an exception on one rank, in its own code or in
+its data loader, while its peers are in a collective or on their way to a barrier."""
 
 from __future__ import annotations
 
@@ -86,6 +86,60 @@ finally:
         kind="rank_exited",
         culprits=(1,),
         op="barrier",
+        held_out=True,
+    ),
+    Case(
+        name="empty_tail_batch_fails_collate_on_higher_rank",
+        url="https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5527",
+        summary="MegatronPretrainingSampler with drop_last=False yields the tail of a global micro-batch "
+        "to every rank; with five samples, micro-batch size two and two ranks, rank 1's tail is "
+        "empty and collating it raises IndexError after rank 0 has advanced into the step",
+        world_size=2,
+        body="""\
+class MegatronPretrainingSampler:  # a fixed rank-local window of each global micro-batch
+    def __init__(self, total, micro_batch_size, drop_last):
+        self.total, self.mbs, self.drop_last = total, micro_batch_size, drop_last
+
+    def __iter__(self):
+        batch, start = [], rank * self.mbs
+        for idx in range(self.total):
+            batch.append(idx)
+            if len(batch) == self.mbs * world_size:
+                yield batch[start : start + self.mbs]
+                batch = []
+        if batch and not self.drop_last:
+            yield batch[start : start + self.mbs]  # the tail: [4] on rank 0, [] on rank 1
+
+
+samples = torch.arange(5.0)
+loader = torch.utils.data.DataLoader(samples, batch_sampler=MegatronPretrainingSampler(5, 2, False))
+for batch in loader:  # <- culprit line
+    dist.all_reduce(batch.sum().reshape(1))  # the step's gradient reduction
+""",
+        twin="""\
+class MegatronPretrainingSampler:
+    def __init__(self, total, micro_batch_size, drop_last):
+        self.total, self.mbs, self.drop_last = total, micro_batch_size, drop_last
+
+    def __iter__(self):
+        batch, start = [], rank * self.mbs
+        for idx in range(self.total):
+            batch.append(idx)
+            if len(batch) == self.mbs * world_size:
+                yield batch[start : start + self.mbs]
+                batch = []
+        if batch and not self.drop_last:
+            yield batch[start : start + self.mbs]
+
+
+samples = torch.arange(5.0)
+loader = torch.utils.data.DataLoader(samples, batch_sampler=MegatronPretrainingSampler(5, 2, True))
+for batch in loader:  # drop_last=True: the partial tail is dropped on every rank
+    dist.all_reduce(batch.sum().reshape(1))
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="all_reduce",
         held_out=True,
     ),
 ]
