@@ -107,11 +107,12 @@ def p2p_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
             if wire_size(theirs) != wire_size(call):
                 entered = {rank: call, peer: theirs}
                 likely, after = majority.likely(ranks, entered, wire_size)
-                overflow = None if likely or after else _overflow(entered)
-                if overflow is not None:
+                overflow = _overflow(entered)
+                # the sender, where nothing recorded says otherwise (its history may say so too)
+                if overflow is not None and not after and set(likely) <= {overflow[0]}:
                     sender, sent, held = overflow
                     send = entered[sender]
-                    finding = Disagreement(call, entered, odd=[sender], overflow=(sent, held))
+                    finding = Disagreement(call, entered, likely, odd=[sender], overflow=(sent, held))
                     return Verdict(status, "mismatch", [sender], [r for r in entered if r != sender], send.op,
                                    send.label, finding)
                 finding = Disagreement(call, entered, likely, after)

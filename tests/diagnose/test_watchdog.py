@@ -338,6 +338,12 @@ def test_a_send_larger_than_its_receives_buffer_names_the_sender() -> None:
     assert "Rank 0 sent 32 bytes where rank 1's receive holds 16" in verdict.summary
     # a shorter message: nothing tells whose size was meant
     assert outline(pair(2))[2] == [0, 1]
+    # MPP-LLaVA#25: earlier sends from that line were the buffer's size; this one is longer
+    earlier = ok("send", 1, peer=1, shape=(4,), site="t.py:5"), ok("recv", 1, peer=0, shape=(4,), site="t.py:9")
+    longer = call("send", 2, peer=1, shape=(8,), site="t.py:5")
+    receive = call("recv", 2, peer=0, shape=(4,), state="raised", error="size", site="t.py:9")
+    verdict = judge(snap(rank(0, earlier[0], longer), rank(1, earlier[1], receive)))
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1])
 
 
 def test_a_rank_gloo_aborted_in_an_all_to_all_of_shapes_its_peers_do_not_share_is_a_mismatch() -> None:
