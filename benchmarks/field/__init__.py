@@ -14,7 +14,8 @@ FAMILIES = (
 
 
 # A family's modules: its own, then the parts it was split into, by concern, where it outgrew the
-# 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py).
+# 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py), and its cases of the
+# third held-out set (benchmarks/field/<family>_held.py).
 PARTS: dict[str, tuple[str, ...]] = {
     "init": ("init_held",), "ddp": ("ddp_held",), "early_exit": ("early_exit_held",),
     "control_flow": ("control_flow_held",), "libraries": ("libraries_held",),
