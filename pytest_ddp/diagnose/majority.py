@@ -8,20 +8,15 @@ likely (:func:`departures`)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
-from typing import Literal, TypeVar
+from typing import TypeVar
 
-from pytest_ddp.diagnose import code_paths, rank_tests
-from pytest_ddp.diagnose.source_text import Source
-from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
+from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import (
     CutOnPurpose,
-    Cycle,
     Departed,
-    Disagreement,
     ExtraCall,
     Failures,
     GraceOver,
@@ -275,7 +270,7 @@ def new_paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> dict[int
     a path no rank took before (a call skipped or made more), while each other's came by a known
     path -> the call before it.  A first call, or one from a line with no history, tells nothing
     (a step less on one rank is a step more on the other).  Empty when nothing tells."""
-    before, new = _paths(ranks, entered)
+    before, new = paths(ranks, entered)
     if len(before) < len(entered) or new is None:
         return {}
     departed = {r: (before[r], entered[r]) for r in new}
@@ -298,323 +293,14 @@ def branched(ranks: dict[int, RankState], cycle: list[int]) -> dict[int, tuple[C
     return found if len(found) == 1 else {}
 
 
-def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """A two-rank tie its history cannot break (:func:`likely`): where one rank's code has no
-    call-free way from its previous call to its current one (:mod:`pytest_ddp.diagnose.code_paths`:
-    it skipped a call) while the other's has, that rank is the likely culprit."""
-    finding = verdict.finding
-    if isinstance(finding, Disagreement) and not finding.likely and not finding.after:
-        entered = finding.entered
-    elif isinstance(finding, Cycle) and finding.p2p and not finding.after:
-        entered = {r: finding.waits[r].call for r in finding.culprits}
-    else:
-        return None
-    before, _ = _paths(ranks, entered)
-    if len(entered) != 2 or len(before) != 2:
-        return None
-    between = {r: _calls_between(before[r], entered[r], ranks, source) for r in entered}
-    skipped = {r: (before[r], entered[r], lines) for r, lines in between.items() if lines}
-    if len(skipped) != 1 or None in between.values():
-        return None
-    return dataclasses.replace(verdict, finding=dataclasses.replace(finding, skipped=skipped))
-
-
-def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """As many ranks wait in one collective as returned without it (no majority: the returned
-    are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.rank_tests.
-    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in a
-    call its peers never make, as the majority would say with a rank more (:func:`extra_call`).  The
-    field's reports of such code (a collective by name under ``if rank == 0:``, a metric's compute or
-    a checkpoint's save under ``is_global_zero``) all end with the call taken out of the branch
-    (docs/field.md).  A call every rank but one makes (``if rank != 1:``) stays the skip of the one
-    that returned."""
-    finding = verdict.finding
-    if not isinstance(finding, Departed) or verdict.kind != "partial" or finding.victims or finding.broken:
-        return None
-    callers = sorted(finding.doomed)
-    if len(callers) != len(finding.culprits):
-        return None
-    call = finding.waits[callers[0]].call
-    same = (call.site, call.group, call.seq)
-    if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same
-                                     for w in (finding.waits[r] for r in callers)):
-        return None  # the callers are not all in the one call
-    condition = _one_rank_branch(call, callers[0] if len(callers) == 1 else None, source)
-    if condition is None:
-        return None
-    waits = {r: finding.waits[r] for r in callers}
-    extra = ExtraCall(callers, finding.culprits, waits, condition)
-    return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
-
-
-def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """Two ranks tied where one, as its code tells, left by a ``break`` or ``return`` in a branch of
-    the code for it alone, or under a test of a value that differs between ranks
-    (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`), and the other's call is under no
-    test of the rank: the first departed from the code its peer runs, and is named alone, as
-    :func:`one_rank_call` names a caller in a branch for it.  Either a step more or a step less
-    (``Departed.alike``) whose rank that returned left so after its last call
-    (:func:`pytest_ddp.diagnose.own_lines.left_by`; speechbrain#2051: an early stop decided on the
-    main process only), or two calls that differ (``Disagreement``) where one rank left so the
-    function the other's call is in, before that call (hoomd-blue#54: ``if world.rank == 1:
-    return`` before a ``Split`` the other makes, while it waits in the next ``Barrier``), or the
-    loop the other's call is in, after a call there (transformers#17478: a patience counter of
-    each process's own metric breaks one out of training, to the final barrier).  Where none left
-    so, and the rank still in the loop is in one over values that differ between ranks
-    (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`), that rank made a step more."""
-    finding = verdict.finding
-    if isinstance(finding, Departed) and finding.alike and len(finding.culprits) == 1:
-        if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
-            return None
-        if ranks[finding.culprits[0]].left_by is None:
-            return _step_more(verdict, finding, source)
-        waiting = sorted(set(verdict.waiting) | set(finding.alike))
-        return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
-                                   finding=dataclasses.replace(finding, alike=[]))
-    if not isinstance(finding, Disagreement) or len(finding.entered) != 2 or _broken_tie(finding):
-        return None
-    if any(_under_rank_test(call, source) is not False for call in finding.entered.values()):
-        return None
-    left: dict[int, LeftBy] = {}
-    a, b = finding.entered
-    for rank, other in ((a, b), (b, a)):
-        leave = _left_before(rank, finding.entered[rank], finding.entered[other], ranks, source)
-        if leave is False:
-            return None
-        if leave is not None:
-            left[rank] = leave
-    if not left:
-        return _loop_stayed_in(verdict, finding, ranks, source)
-    if len(left) != 1:
-        return None
-    [(culprit, where)] = left.items()
-    others = [r for r in finding.entered if r != culprit]
-    odd = dataclasses.replace(finding, odd=[culprit], left=where)
-    call = finding.entered[culprit]
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
-
-
-def _left_before(
-    rank: int, own: Call, call: Call, ranks: dict[int, RankState], source: Source
-) -> LeftBy | Literal[False] | None:
-    """How ``rank``, now in its call ``own``, left by its code before the peer's ``call``: from the
-    start of the function holding it, or, where the rank made a call at its line before, from
-    there; None where it took no such way; False where the code cannot tell."""
-    file, line = site_parts(call.site)
-    text = source(file)
-    if text is None or line is None:
-        return False
-    made = ops_made(ranks.values(), file)
-    leaves = code_paths.leaves_in_own_branch(text, line, made, rank, from_entry=True)
-    if leaves is None:
-        return False
-    if not leaves and any(c.site == call.site for c in ranks[rank].calls[:own.index]):
-        leaves = code_paths.leaves_in_own_branch(text, line, made, rank) or []
-    own_file, own_line = site_parts(own.site)
-    # a way out of the loop or function the rank's own call is in is not the way it took
-    leaves = [leave for leave in leaves if own_file != file or not (
-        own_line is not None and leave.leaves[0] <= own_line <= leave.leaves[1])]
-    if not leaves:
-        return None
-    leave = leaves[0]
-    return LeftBy(f"{file}:{leave.line}", None if leave.own else f"{file}:{leave.test}")
-
-
-def _step_more(verdict: Verdict, finding: Departed, source: Source) -> Verdict | None:
-    """A step more on the ranks that went on (``Departed.alike``), where each waits in a loop over
-    values that differ between ranks (:func:`pytest_ddp.diagnose.rank_tests.uneven_loop`): uneven
-    inputs (pytorch#38174)."""
-    loops = {_found_at(finding.waits[r].call, source, rank_tests.uneven_loop) for r in finding.alike}
-    if len(loops) != 1 or None in loops:
-        return None
-    callers = finding.alike
-    waits = {r: finding.waits[r] for r in callers}
-    call = waits[callers[0]].call
-    extra = ExtraCall(callers, finding.culprits, waits, loop=loops.pop())
-    return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
-
-
-def _loop_stayed_in(
-    verdict: Verdict, finding: Disagreement, ranks: dict[int, RankState], source: Source
-) -> Verdict | None:
-    """Of two ranks in calls that differ, the one whose call is in a loop over values that differ
-    between ranks, which the other made a call in before and left (uneven inputs, then the others'
-    barrier at the epoch's end): that rank made a step more."""
-    found: dict[int, str] = {}
-    for rank, call in finding.entered.items():
-        loop = _found_at(call, source, rank_tests.uneven_loop)
-        [other] = [r for r in finding.entered if r != rank]
-        theirs = finding.entered[other]
-        went_on = any(c.site == call.site for c in ranks[other].calls[:theirs.index] if c.site)
-        if loop is not None and went_on and _found_at(theirs, source, rank_tests.uneven_loop) != loop:
-            found[rank] = loop
-    if len(found) != 1:
-        return None
-    [(culprit, loop)] = found.items()
-    others = [r for r in finding.entered if r != culprit]
-    odd = dataclasses.replace(finding, odd=[culprit], loop=loop)
-    call = finding.entered[culprit]
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
-
-
-def _broken_tie(finding: Disagreement) -> bool:
-    """Something recorded or the code already tells the tied ranks apart."""
-    return bool(finding.odd or finding.likely or finding.after or finding.skipped or finding.condition)
-
-
-def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """Ranks that entered one collective in ways that differ, two and tied, or that wait on each other
-    in a send or receive no call of the other's will match (p2p_unmatched), where nothing recorded
-    tells them apart, and one's call is made in a branch of the code for one rank (:func:`_one_rank_branch`)
-    while the others' are under no test of the rank (:func:`_under_rank_test`): the first made a call
-    its peers' code never makes there, and is at fault, as :func:`one_rank_call` says where the peer
-    returned (accelerate#2785: gather_for_metrics under ``is_main_process`` meets the others'
-    ``wait_for_everyone``; Megatron-Bridge#6025: an evaluation schedule run on the last stage only
-    waits to receive from a stage in a barrier).  An ``if``/``else`` on the rank stays a tie: each
-    side's code is its own."""
-    finding = verdict.finding
-    if isinstance(finding, Disagreement) and len(finding.entered) == 2:
-        if _broken_tie(finding):
-            return None
-        entered = finding.entered
-    elif isinstance(finding, Cycle) and finding.unmatched and not (finding.after or finding.skipped):
-        entered = {r: finding.waits[r].call for r in finding.culprits}
-    else:
-        return None
-    branches: dict[int, str] = {}
-    for rank, call in entered.items():
-        branch = _one_rank_branch(call, rank, source)
-        if branch is not None:
-            branches[rank] = branch
-        elif _under_rank_test(call, source) is not False:
-            return None  # on some ranks only, or the code cannot tell
-    if len(branches) != 1:
-        return None
-    [(culprit, where)] = branches.items()
-    others = sorted(r for r in entered if r != culprit)
-    call = entered[culprit]
-    if isinstance(finding, Cycle):
-        cycle = dataclasses.replace(finding, branch={culprit: where})
-        return Verdict(verdict.status, verdict.kind, [culprit], sorted([*others, *finding.waiting]), call.op,
-                       call.label, cycle)
-    odd = dataclasses.replace(finding, odd=[culprit], condition=where)
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
-
-
-def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """Ranks that wait for each other in collectives of two kinds (a mismatch of order), where
-    nothing recorded tells them apart, and one kind's calls are made in a branch of the code that
-    those ranks alone take (:func:`pytest_ddp.diagnose.rank_tests.branch_for_ranks`: ``if rank in
-    (0, 1):``), the call's line or a line of the user's that led to it, while the others' calls are
-    under no test of the rank: those ranks made a call their peers' code never makes there, and are
-    at fault, as :func:`one_rank_branch_tie` says of one rank (llm-compressor#2869: a ``new_group``
-    of every rank, made in a context the ranks of a subgroup enter)."""
-    finding = verdict.finding
-    if not isinstance(finding, Cycle) or finding.p2p or finding.unmatched or finding.after or finding.skipped:
-        return None
-    calls = {r: finding.waits[r].call for r in finding.culprits}
-    kinds: dict[tuple[str, str], list[int]] = {}
-    for r in sorted(calls):
-        kinds.setdefault((calls[r].site, calls[r].op), []).append(r)
-    if len(kinds) != 2:
-        return None
-    branches: dict[int, str] = {}
-    for inside in kinds.values():
-        outside = [r for r in calls if r not in inside]
-        tested = functools.partial(rank_tests.branch_for_ranks, inside=inside, outside=outside)
-        where = _found_at(calls[inside[0]], source, tested)
-        if where is not None:
-            branches.update((r, where) for r in inside)
-        elif _under_rank_test(calls[inside[0]], source) is not False:
-            return None  # on some ranks only, or the code cannot tell
-    if not branches or len(branches) == len(calls):
-        return None
-    callers = sorted(branches)
-    call = calls[callers[0]]
-    others = sorted(set(calls) - set(callers) | set(finding.waiting))
-    return Verdict(verdict.status, verdict.kind, callers, others, call.op, call.label,
-                   dataclasses.replace(finding, branch=branches))
-
-
-def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
-    """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
-    one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
-    function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
-    ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_test`),
-    or passed by the line that led to it to a parameter such a test reads
-    (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`); None where none does, as far
-    as the code tells."""
-    inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
-    for place in _places(call, source):
-        if place is None:
-            inner = None
-            continue
-        file, text, line = place
-        branch = rank_tests.one_rank_branch(text, line)
-        kept = None
-        if branch is None and rank is not None:  # a value kept on one rank: only the caller's counts
-            kept = rank_tests.one_rank_value_test(text, line)
-            if kept is None and inner is not None:
-                kept = rank_tests.one_rank_value_passed(*inner, text, line)
-        if kept is not None and kept[1] == rank:
-            branch = kept[0]
-        if branch is not None:
-            return f"{file}:{branch}"
-        inner = text, line
-    return None
-
-
-def _under_rank_test(call: Call, source: Source) -> bool | None:
-    """Whether the call's line, or a line of the user's code that led to it, is under a test of
-    the rank (:func:`pytest_ddp.diagnose.rank_tests.under_rank_test`); None where the code of one
-    cannot tell."""
-    found: bool | None = False
-    for place in _places(call, source):
-        under = None if place is None else rank_tests.under_rank_test(place[1], place[2])
-        if under:
-            return True
-        if under is None:
-            found = None
-    return found
-
-
-def _found_at(call: Call, source: Source, question: Callable[[str, int], int | None]) -> str | None:
-    """``file:line`` of the first answer to ``question`` (of a file's text and a line) about the
-    call's line, or a line of the user's code that led to it; None where none answers."""
-    for place in _places(call, source):
-        answer = None if place is None else question(place[1], place[2])
-        if place is not None and answer is not None:
-            return f"{place[0]}:{answer}"
-    return None
-
-
-def _places(call: Call, source: Source) -> Iterator[tuple[str, str, int] | None]:
-    """The call's line, then each line of the user's code that led to it (``Call.outer``): its
-    file, that file's text and the line; None where the text cannot be read."""
-    for place in (call.site, *call.outer):
-        file, line = site_parts(place)
-        text = source(file)
-        yield None if text is None or line is None else (file, text, line)
-
-def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Source) -> list[str] | None:
-    """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),
-    by the op each line's calls were, made there and not inside a library; None if it cannot tell."""
-    (file, start), (other, end) = site_parts(before.site), site_parts(call.site)
-    text = source(file) if file == other else None
-    if text is None or start is None or end is None:
-        return None
-    lines = code_paths.calls_between(text, start, end, ops_made(ranks.values(), file))
-    return None if lines is None else [f"{file}:{line}" for line in lines]
-
-
 def as_before(ranks: dict[int, RankState], entered: dict[int, Call]) -> bool:
     """Every rank's call came after its previous one by a path taken before (:func:`new_paths`):
     the ranks went on as they had, round the same code once more."""
-    before, new = _paths(ranks, entered)
+    before, new = paths(ranks, entered)
     return len(before) == len(entered) and new == set()
 
 
-def _paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> tuple[dict[int, Call], set[int] | None]:
+def paths(ranks: dict[int, RankState], entered: dict[int, Call]) -> tuple[dict[int, Call], set[int] | None]:
     """(each entered rank's call before its entered one, the ranks whose entered call came from
     it by a path no rank took before); None for the second where an entered call's line made no
     call before."""

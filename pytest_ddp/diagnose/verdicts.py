@@ -79,10 +79,10 @@ class ExtraCall:
     returned: list[int]
     waits: dict[int, Wait]
     # Where as many returned: the line of the branch of the code that makes the call on one rank
-    # only (majority.one_rank_call), which tells the caller departed.
+    # only (code_ties.one_rank_call), which tells the caller departed.
     condition: str | None = None
     # Else the line of the loop over values that differ between ranks the callers are in
-    # (majority.left_by_own_branch): they made a step more.
+    # (code_ties.left_by_own_branch): they made a step more.
     loop: str | None = None
 
 
@@ -100,11 +100,11 @@ class Cycle:
     # The likely culprit: the rank whose calls went by a path no rank took before -> that path's
     # two calls (majority.new_paths for 2 ranks, majority.branched for more).
     after: dict[int, tuple[Call, Call]] = field(default_factory=dict)
-    # Else the rank whose code skipped a call (majority.skipped_in_code) -> its two calls and the
+    # Else the rank whose code skipped a call (code_ties.skipped_in_code) -> its two calls and the
     # sites of the calls skipped.
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
     # Else, unmatched, the one rank whose call is in a branch of the code for one rank, the others'
-    # on no rank test (majority.one_rank_branch_tie) -> that branch's line: the verdict names it.
+    # on no rank test (code_ties.one_rank_branch_tie) -> that branch's line: the verdict names it.
     branch: dict[int, str] = field(default_factory=dict)
 
 
@@ -143,11 +143,11 @@ class Disagreement:
     # The few whose call departs from most (majority.minority); empty in a tie.
     odd: list[int] = field(default_factory=list)
     # Where two tied and one's call is in a branch of the code for one rank, the other's on no rank
-    # test (majority.one_rank_branch_tie): that branch's line; the first is then the odd rank.
+    # test (code_ties.one_rank_branch_tie): that branch's line; the first is then the odd rank.
     condition: str | None = None
     # Else, where one of two left by a break or return in a branch for it alone, or under a test of
     # a value that differs between ranks, the function or loop the other's call is in, before it
-    # (majority.left_by_own_branch): that way out; it is the odd rank.
+    # (code_ties.left_by_own_branch): that way out; it is the odd rank.
     left: LeftBy | None = None
     # Else, where one of two is in a loop over values that differ between ranks that the other made
     # a call in and left: that loop's line; the first made a step more, and is the odd rank.

@@ -13,7 +13,7 @@ import dataclasses
 import re
 
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
-from pytest_ddp.diagnose import majority, mpi_matching, own_lines
+from pytest_ddp.diagnose import code_ties, majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
     aborted_on_sizes,
@@ -229,11 +229,11 @@ class Watch:
         return (
             majority.settings_differ(verdict, ranks)
             or majority.cut_on_purpose(verdict, ranks)
-            or majority.skipped_in_code(verdict, ranks, self._source)
-            or majority.one_rank_call(verdict, ranks, self._source)
-            or majority.one_rank_branch_tie(verdict, ranks, self._source)
-            or majority.ranks_branch_cycle(verdict, ranks, self._source)
-            or majority.left_by_own_branch(verdict, ranks, self._source)
+            or code_ties.skipped_in_code(verdict, ranks, self._source)
+            or code_ties.one_rank_call(verdict, ranks, self._source)
+            or code_ties.one_rank_branch_tie(verdict, ranks, self._source)
+            or code_ties.ranks_branch_cycle(verdict, ranks, self._source)
+            or code_ties.left_by_own_branch(verdict, ranks, self._source)
             or verdict
         )
 

@@ -84,7 +84,7 @@ def site(frame: FrameType | None) -> str:
     and libraries; for a call made inside a library, also ``"caller":"accelerate/accelerator.py:2861"``
     (the library's frame is the site where no user frame led there); and the user's lines that led
     to the site, ``"outer":["tests/test_x.py:30"]`` (a function of theirs called in a branch for one
-    rank: majority.one_rank_call)."""
+    rank: code_ties.one_rank_call)."""
     while frame is not None:
         found = _frame_site(frame)
         if found is not None:

@@ -9,7 +9,7 @@ import dataclasses
 from snapshots import NOW, R4, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.common.protocol import Injected, Setting
-from pytest_ddp.diagnose import majority, watchdog
+from pytest_ddp.diagnose import code_ties, majority, watchdog
 from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Cycle, Disagreement, Verdict
 from pytest_ddp.diagnose.wording import worded
@@ -173,7 +173,7 @@ def test_where_both_orders_are_new_the_code_tells_which_rank_skipped_a_call() ->
     # As above: no path from t.py:56 to itself passes no all_reduce, and rank 0's calls took one.
     ranks = [rank(0, *steps(*LOOP[:2]), call("broadcast", 3, site="t.py:56")),
              rank(1, *steps(*LOOP[:2]), call("all_reduce", 3, site="t.py:55"))]
-    verdict = majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, code)
+    verdict = code_ties.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, code)
     assert verdict is not None
     verdict = worded(verdict, ranks)
     assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [])  # a tie, said as likely
@@ -184,15 +184,15 @@ def test_where_both_orders_are_new_the_code_tells_which_rank_skipped_a_call() ->
     )
     # Its code unknown (a file the controller cannot read), or a call of its own line that may not be
     # made (under a condition): a tie as before.
-    assert majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, lambda f: None) is None
+    assert code_ties.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, lambda f: None) is None
     guarded = LOOP_CODE.replace("        dist.all_reduce(grad)", "        rank and dist.all_reduce(grad)")
-    assert majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks},
+    assert code_ties.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks},
                                     lambda f: guarded) is None
     # A library's function of the op's name made the all_reduce (it may skip it): no call of the line's own.
     for state in ranks:
         for c in state.calls:
             c.caller = "deepspeed/comm/comm.py:40" if c.op == "all_reduce" else None
-    assert majority.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, code) is None
+    assert code_ties.skipped_in_code(watchdog.judge(snap(*ranks)), {r.rank: r for r in ranks}, code) is None
 
 
 def test_the_watch_asks_the_code_where_a_two_rank_cycle_is_a_tie() -> None:

@@ -1,5 +1,5 @@
 """The culprit's own line (diagnose/own_lines.py and the verdicts' words of it), and the call only
-one rank's branch makes (majority.one_rank_call, one_rank_branch_tie), on hand-made rank states and
+one rank's branch makes (code_ties.one_rank_call, one_rank_branch_tie), on hand-made rank states and
 sources."""
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _helper_that_calls() -> dict[str, Any]:
 
 
 def test_a_call_in_the_users_function_keeps_the_users_lines_that_led_there() -> None:
-    # Where that function was called (under ``if rank == 0:``, majority.one_rank_call), up to the
+    # Where that function was called (under ``if rank == 0:``, code_ties.one_rank_call), up to the
     # first frame not the user's (pytest's, which called this test).
     assert _helper_that_calls() == {  # the helper called
         "site": f"{HERE}:{_line('# in the helper')}", "outer": [f"{HERE}:{_line('# the helper called')}"],
