@@ -138,7 +138,7 @@ def _overflow(entered: dict[int, Call]) -> tuple[int, int, int] | None:
     return (sender, total_sent, total_held) if total_sent > total_held else None
 
 
-def aborted_on_sizes(ranks: dict[int, RankState]) -> Verdict | None:
+def aborted_on_sizes(status: str, ranks: dict[int, RankState]) -> Verdict | None:
     """A rank that Gloo aborted (SIGABRT) inside a collective whose tensors may differ in size
     between ranks (``all_to_all``), where its tensors' shapes differ from those its peers, all
     alike, entered it with: the sizes did not line up, and it is the odd rank (dion#74: an empty
@@ -151,7 +151,7 @@ def aborted_on_sizes(ranks: dict[int, RankState]) -> Verdict | None:
         entered = waits.entered(call, ranks)
         culprits, agreeing = majority.minority(entered, _shapes)
         if culprits == [state.rank] and agreeing:
-            return mismatch_verdict("deadlock", ranks, call, _shapes)
+            return mismatch_verdict(status, ranks, call, _shapes)
     return None
 
 

@@ -64,7 +64,7 @@ def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | 
         mismatch = finished_mismatch(ranks)
         if mismatch is not None:
             return dataclasses.replace(mismatch, status="deadlock")
-        return aborted_on_sizes(ranks) or gone
+        return aborted_on_sizes("deadlock", ranks) or gone
     return gone
 
 
@@ -419,7 +419,7 @@ def _stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]
         return slow
     # Calls recorded on both sides that disagree are the cause, whichever rank's error came first
     # (Gloo's size check aborts one rank of a functional all_reduce; its peer goes on, async).
-    mismatch = finished_mismatch(ranks)
+    mismatch = finished_mismatch(ranks) or aborted_on_sizes("stopped", ranks)
     if mismatch is not None:
         return dataclasses.replace(mismatch, status="stopped")
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
@@ -457,6 +457,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     found = (
         finished_mismatch(ranks)
         or p2p_mismatch("done", ranks)
+        or aborted_on_sizes("done", ranks)
         or _monitored_barrier_timeout("done", ranks)
         or _left_mid_call(failed, ranks)
     )

@@ -78,9 +78,11 @@ class TestRun:
 
     @property
     def collectives_wrong(self) -> bool:
-        """Fails a test that passed on every rank: the ranks' collective sequences
-        differ, asynchronous work was left in flight, or MPI messages were never received."""
-        return bool(self.sequence_differences or self.unfinished_work or self.unreceived_messages)
+        """Fails a test that passed on every rank: the ranks' collective sequences differ or
+        they made a group of other members (the verdict after the test names them), asynchronous
+        work was left in flight, or MPI messages were never received."""
+        found_after = self.verdict.status == "done" and self.verdict.kind == "mismatch"
+        return bool(self.sequence_differences or found_after or self.unfinished_work or self.unreceived_messages)
 
     @property
     def stopped(self) -> bool:

@@ -348,8 +348,8 @@ def test_a_send_larger_than_its_receives_buffer_names_the_sender() -> None:
 
 def test_a_rank_gloo_aborted_in_an_all_to_all_of_shapes_its_peers_do_not_share_is_a_mismatch() -> None:
     # dion#74: an empty (0, 8) shard among shards of a row each; Gloo aborts the rank on the sizes.
-    def a2a(r: int, world: int, shape: tuple[int, ...], **kwargs: Any) -> RankState:
-        chunks = call("all_to_all", 1, ranks=tuple(range(world)), shape=shape, site="t.py:6")
+    def a2a(r: int, world: int, shape: tuple[int, ...], state: str = "running", **kwargs: Any) -> RankState:
+        chunks = call("all_to_all", 1, ranks=tuple(range(world)), shape=shape, site="t.py:6", state=state)
         chunks.shapes = [list(shape)] * world
         return rank(r, chunks, **kwargs)
 
@@ -358,6 +358,11 @@ def test_a_rank_gloo_aborted_in_an_all_to_all_of_shapes_its_peers_do_not_share_i
         return judge(snap(*peers, a2a(world - 1, world, (0, 8), exit_code=-signal_number)))
 
     assert outline(judged(6)) == ("deadlock", "mismatch", [3], [0, 1, 2])
+    # the peers went on: two passed, one raised as the death woke it
+    went_on = [a2a(r, 4, (1, 8), state="ok", finished=True) for r in (0, 2)]
+    woken = a2a(1, 4, (1, 8), state="raised", finished=True, failed="RuntimeError: Connection reset by peer")
+    dead = a2a(3, 4, (0, 8), exit_code=-6)
+    assert outline(judge(snap(*went_on, woken, dead)))[:3] == ("done", "mismatch", [3])
     assert outline(judged(9))[1:3] == ("rank_exited", [3])  # killed from outside: it only died
     assert outline(judged(6, world=2))[1] == "rank_exited"  # no majority of shapes: nothing tells
 

@@ -111,7 +111,9 @@ def test_a_test_that_destroys_the_group_does_not_poison_the_next(ddp_pytester) -
     result.stdout.fnmatch_lines(["*2 tests on 1 rank group started*"])
 
 
-def test_work_left_in_flight_fails_the_test_and_the_next_gets_fresh_ranks(ddp_pytester) -> None:
+def test_work_left_in_flight_or_groups_of_other_members_fail_the_test_and_the_next_gets_fresh_ranks(
+    ddp_pytester,
+) -> None:
     path = ddp_pytester.write(
         """
         @pytest.mark.ddp(world_size=2)
@@ -122,15 +124,20 @@ def test_work_left_in_flight_fails_the_test_and_the_next_gets_fresh_ranks(ddp_py
         @pytest.mark.ddp(world_size=2)
         def test_after():
             dist.barrier()
+
+        @pytest.mark.ddp(world_size=2)
+        def test_groups_of_other_members_meet_by_chance(rank):
+            dist.new_group([rank])  # pytorch#130102: each rank must pass the same ranks
         """
     )
     result = ddp_pytester.pytester.runpytest_inprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
             "asynchronous work left in flight [[]ddp failed*]",
             f"*rank 1: irecv #1 from 0 (test_it.py:{line_of(path, 'dist.irecv')}): *",
-            "*2 tests on 2 rank groups started*",
+            "ranks 0, 1 disagree on the members of new_group #1 (test_it.py:*): rank 0 passed [[]0]; rank 1*",
+            "*3 tests on 2 rank groups started*",
         ]
     )
 
