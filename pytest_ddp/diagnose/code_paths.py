@@ -25,14 +25,19 @@ from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, own_no
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
 
+
 _TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
+
 
 _UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom, ast.Await, *_TRY_STAR)
 
+
 _CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
 
 class _Unknown(Exception):
     """The function holds code whose flow this module does not follow."""
+
 
 def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> list[int] | None:
     """Where every way from the statement at line ``start`` to the one at ``end`` passes a
@@ -53,7 +58,9 @@ def calls_between(source: str, start: int, end: int, made: dict[int, str]) -> li
     alone = sorted(s.lineno for s in met if _walk(flow, first, last, blocking - {s})[0])
     return alone or sorted(s.lineno for s in met)
 
+
 _EXITS = frozenset({"_exit", "exit", "quit"})  # os._exit, sys.exit, the site module's exit and quit
+
 
 def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | None:
     """The lines of the statements calling an exit by name (``os._exit``, ``sys.exit``) that the
@@ -67,7 +74,10 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
     reached = _reached_before_calls(source, start, made, ends=exits)
     return None if reached is None else sorted(s.lineno for s in reached if exits(s))
 
+
 @dataclass(frozen=True)
+
+
 class Leave:
     """A ``break`` or ``return`` a rank may have left by: its line, and the line of the innermost
     ``if`` or ``while`` holding it, whose test singles out that rank (``own``) or else reads a value
@@ -77,6 +87,7 @@ class Leave:
     test: int
     own: bool
     leaves: tuple[int, int]  # the first and last lines of the loop a break, or function a return, leaves
+
 
 def leaves_in_own_branch(
     source: str, start: int, made: dict[int, str], rank: int, from_entry: bool = False
@@ -106,12 +117,19 @@ def leaves_in_own_branch(
                 found.append(Leave(line, one[0], True, left))
             continue
         tests = [b for b in rank_tests.branches_holding(function, line) if rank_tests.reads(b.test, differs)]
-        if tests and all(rank_tests.true_on(b.test, rank) is not False for b in tests):
-            found.append(Leave(line, tests[0].lineno, False, left))
+        if not tests or any(rank_tests.true_on(b.test, rank) is False for b in tests):
+            continue
+        # a loop over values that differ between ranks also ends by itself: a counter of its steps
+        # (``if step >= max_steps: break``) differs too, and tells nothing of which way it left
+        if isinstance(statement, ast.Break) and rank_tests.uneven_loop(source, line) == left[0]:
+            return None
+        found.append(Leave(line, tests[0].lineno, False, left))
     return found
+
 
 def _first_line(statement: ast.stmt) -> int:
     return statement.lineno
+
 
 def _left_lines(function: ast.FunctionDef, statement: ast.stmt) -> tuple[int, int]:
     """The lines of what a ``return`` leaves, its function, or a ``break``, its innermost loop."""
@@ -122,6 +140,7 @@ def _left_lines(function: ast.FunctionDef, statement: ast.stmt) -> tuple[int, in
             loop = max(loops, key=lambda node: node.lineno)
             return loop.lineno, loop.end_lineno or loop.lineno
     return function.lineno, function.end_lineno or function.lineno
+
 
 def _reached_before_calls(
     source: str, start: int, made: dict[int, str], ends: Callable[[ast.stmt], bool] = lambda s: False,
@@ -146,6 +165,7 @@ def _reached_before_calls(
             todo.extend(flow.after(node))
     return {node for node in seen if isinstance(node, ast.stmt)}
 
+
 def _walk(
     flow: _Flow, first: ast.stmt, last: ast.stmt, blocking: set[ast.stmt]
 ) -> tuple[bool, set[ast.stmt]]:
@@ -168,6 +188,7 @@ def _walk(
         todo.extend(flow.after(node))
     return False, met
 
+
 def _flow_of(source: str, start: int, end: int) -> tuple[_Flow, ast.stmt, ast.stmt] | None:
     """The flow of the one function holding lines ``start`` and ``end``, and its statements at
     each; None where the code cannot tell."""
@@ -182,6 +203,7 @@ def _flow_of(source: str, start: int, end: int) -> tuple[_Flow, ast.stmt, ast.st
     first, last = flow.statement_at(start), flow.statement_at(end)
     return None if first is None or last is None else (flow, first, last)
 
+
 def _calls_by_name(statement: ast.stmt, made: dict[int, str]) -> bool:
     """The statement is simple and calls, unconditionally, the op recorded at one of its lines."""
     if isinstance(statement, COMPOUND):
@@ -190,13 +212,16 @@ def _calls_by_name(statement: ast.stmt, made: dict[int, str]) -> bool:
     ops = {op for line, op in made.items() if statement.lineno <= line <= end}
     return bool(ops) and any(named(call) in ops for call in _unconditional_calls(statement))
 
+
 def _unconditional_calls(node: ast.AST) -> Iterator[ast.Call]:
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, _CONDITIONAL):
-            continue
+    """The calls the node makes whatever its values, in no order (walked without recursion)."""
+    todo = [child for child in ast.iter_child_nodes(node) if not isinstance(child, _CONDITIONAL)]
+    while todo:
+        child = todo.pop()
         if isinstance(child, ast.Call):
             yield child
-        yield from _unconditional_calls(child)
+        todo.extend(inner for inner in ast.iter_child_nodes(child) if not isinstance(inner, _CONDITIONAL))
+
 
 class _Flow:
     """The statements of one function and which may run right after which."""
@@ -261,6 +286,7 @@ class _Flow:
         elif not isinstance(s, (ast.Return, ast.Raise)):  # those leave; a nested def or class is a statement
             self._edge(s, after)
         return s
+
 
 def _statements_in(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     for statement in body:

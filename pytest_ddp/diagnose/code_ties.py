@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from pytest_ddp.diagnose import code_paths, majority, rank_tests
+from pytest_ddp.diagnose import code_paths, majority, own_lines, rank_tests
 from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import Cycle, Departed, Disagreement, ExtraCall, Verdict
@@ -87,7 +87,9 @@ def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: So
         if any(_under_rank_test(finding.waits[r].call, source) is not False for r in finding.alike):
             return None
         if ranks[finding.culprits[0]].left_by is None:
-            return _step_more(verdict, finding, source)
+            found = own_lines.ways_out(ranks[finding.culprits[0]], ranks, source)
+            # no way out of its own: the loop's end; several, or the code cannot tell: a tie
+            return _step_more(verdict, finding, source) if found is not None and not found[1] else None
         waiting = sorted(set(verdict.waiting) | set(finding.alike))
         return dataclasses.replace(verdict, culprits=finding.culprits, waiting=waiting,
                                    finding=dataclasses.replace(finding, alike=[]))
@@ -136,8 +138,7 @@ def _left_before(
         own_line is not None and leave.leaves[0] <= own_line <= leave.leaves[1])]
     if not leaves:
         return None
-    leave = leaves[0]
-    return LeftBy(f"{file}:{leave.line}", None if leave.own else f"{file}:{leave.test}")
+    return own_lines.as_left_by(file, leaves[0])
 
 
 def _step_more(verdict: Verdict, finding: Departed, source: Source) -> Verdict | None:
@@ -315,6 +316,7 @@ def _places(call: Call, source: Source) -> Iterator[tuple[str, str, int] | None]
         file, line = site_parts(place)
         text = source(file)
         yield None if text is None or line is None else (file, text, line)
+
 
 def _calls_between(before: Call, call: Call, ranks: dict[int, RankState], source: Source) -> list[str] | None:
     """The sites of the calls the code makes on every way from ``before`` to ``call`` (one file),

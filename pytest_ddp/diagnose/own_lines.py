@@ -79,9 +79,21 @@ def exited_at(state: RankState, ranks: dict[int, RankState], source: Source) -> 
 def left_by(state: RankState, ranks: dict[int, RankState], source: Source) -> LeftBy | None:
     """The ``break`` or ``return`` a rank that returned from its test left by, after its last call
     (before any call: on the way to the call its peers wait in), where its code holds one way out
-    reachable from there before its next call: in a branch of the code for that rank alone, or
-    under a test of a value that may differ between ranks
-    (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`); None otherwise."""
+    reachable from there before its next call (:func:`ways_out`); None otherwise."""
+    found = ways_out(state, ranks, source)
+    if found is None or len(found[1]) != 1:
+        return None
+    file, [leave] = found
+    return as_left_by(file, leave)
+
+
+def ways_out(
+    state: RankState, ranks: dict[int, RankState], source: Source
+) -> tuple[str, list[code_paths.Leave]] | None:
+    """(the file, the ``break`` and ``return`` statements there) a rank that returned from its test
+    may have left by: in a branch of the code for that rank alone, or under a test of a value that
+    may differ between ranks (:func:`pytest_ddp.diagnose.code_paths.leaves_in_own_branch`); None
+    where it did not return, or the code cannot tell."""
     if not (state.finished and not state.failed and state.alive):
         return None
     walk = _walk_from(state, ranks, source, from_entry_allowed=True)
@@ -89,9 +101,11 @@ def left_by(state: RankState, ranks: dict[int, RankState], source: Source) -> Le
         return None
     text, file, start, made, from_entry = walk
     leaves = code_paths.leaves_in_own_branch(text, start, made, state.rank, from_entry=from_entry)
-    if leaves is None or len(leaves) != 1:
-        return None
-    [leave] = leaves
+    return None if leaves is None else (file, leaves)
+
+
+def as_left_by(file: str, leave: code_paths.Leave) -> LeftBy:
+    """A way out of the code of ``file``, as the rank's state and the verdict say it."""
     return LeftBy(f"{file}:{leave.line}", None if leave.own else f"{file}:{leave.test}")
 
 

@@ -11,6 +11,7 @@ rule names made the call it names."""
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,9 @@ from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, names_
 # rank (Lightning's ``trainer.is_global_zero``, accelerate's ``state.is_main_process``).
 RANK_NUMBERS = frozenset({"rank", "local_rank", "global_rank", "get_rank", "get_local_rank", "process_index"})
 
+
 ONE_RANK_FLAGS = frozenset({"is_global_zero", "is_main_process", "is_local_main_process", "is_rank_zero"})
+
 
 def one_rank_branch(source: str, line: int) -> int | None:
     """The line of the innermost ``if`` or ``while`` whose test singles out one rank (``rank ==
@@ -32,16 +35,19 @@ def one_rank_branch(source: str, line: int) -> int | None:
     branch = None if tree is None else branch_for_one_rank(tree, line)
     return None if branch is None else branch[0]
 
+
 def branch_for_one_rank(tree: ast.AST, line: int) -> tuple[int, int | None] | None:
     """(:func:`one_rank_branch`'s line, the rank its test singles out where it says which)."""
     found = next((node for node in branches_holding(tree, line) if _singles_out(node.test)), None)
     return None if found is None else (found.lineno, _rank_singled_out(found.test))
+
 
 def branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:
     """The ``if`` and ``while`` statements whose body holds the statement at ``line``, innermost first."""
     holding = [node for node in ast.walk(tree) if isinstance(node, (ast.If, ast.While))
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
     return sorted(holding, key=lambda node: node.lineno, reverse=True)
+
 
 def branch_for_ranks(source: str, line: int, inside: list[int], outside: list[int]) -> int | None:
     """The line of the innermost ``if`` or ``while`` whose body holds the statement at ``line`` and
@@ -81,6 +87,7 @@ def one_rank_value_test(source: str, line: int) -> tuple[int, int] | None:
             return node.lineno, only
     return None
 
+
 def one_rank_value_passed(inner: str, line: int, outer: str, outer_line: int) -> tuple[int, int] | None:
     """(``outer_line``, the rank) where the statement at ``line`` of ``inner`` is under a test or a
     loop (:func:`one_rank_value_test`'s) of a parameter of its function, and the call of that
@@ -92,7 +99,9 @@ def one_rank_value_passed(inner: str, line: int, outer: str, outer_line: int) ->
     caller = None if outer_tree is None else function_at(outer_tree, outer_line)
     if function is None or caller is None:
         return None
+    # a parameter the helper sets anew (``metrics = broadcast(metrics)``) no longer holds what was passed
     tested = {name for _, test in _tests_holding(function, line) for name in _names_read(test)}
+    tested -= names_set(function.body)
     parameters = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
     kept = _kept_on_one_rank(caller)
     calls = [node for node in ast.walk(caller) if isinstance(node, ast.Call) and named(node) == function.name
@@ -102,17 +111,20 @@ def one_rank_value_passed(inner: str, line: int, outer: str, outer_line: int) ->
         if isinstance(call.func, ast.Attribute) and parameters[:1] == ["self"]:
             receiving = parameters[1:]  # a method called on its object: ``self`` is not among the arguments
         keywords = [(k.arg, k.value) for k in call.keywords if k.arg]
-        passed = [*zip(receiving, call.args, strict=False), *keywords]
+        positional = itertools.takewhile(lambda a: not isinstance(a, ast.Starred), call.args)  # before *args
+        passed = [*zip(receiving, positional, strict=False), *keywords]
         ranks = {_one_rank_read(value, kept) for name, value in passed if name in tested}
         [only] = ranks if len(ranks) == 1 else [None]
         if only is not None:
             return outer_line, only
     return None
 
+
 def _kept_on_one_rank(function: ast.FunctionDef) -> dict[str, set[int | None]]:
     """The names the function sets in a branch for one rank and not in its ``else``, or by a
     conditional expression on one rank -> the ranks those single out."""
     kept: dict[str, set[int | None]] = {}
+    agreed = _agreed(function)  # broadcast from that rank: alike on every rank after it
     for node in ast.walk(function):
         if isinstance(node, ast.If) and _singles_out(node.test):
             set_aside = names_set(node.orelse)
@@ -122,7 +134,8 @@ def _kept_on_one_rank(function: ast.FunctionDef) -> dict[str, set[int | None]]:
                 node.value.test):
             for name in names_set([node]):  # x = reduced.item() if rank == 0 else mine
                 kept.setdefault(name, set()).add(_rank_singled_out(node.value.test))
-    return kept
+    return {name: ranks for name, ranks in kept.items() if name not in agreed}
+
 
 def _one_rank_read(node: ast.AST, kept: dict[str, set[int | None]]) -> int | None:
     """The one rank whose kept values (:func:`_kept_on_one_rank`) the node reads; None where it
@@ -130,9 +143,11 @@ def _one_rank_read(node: ast.AST, kept: dict[str, set[int | None]]) -> int | Non
     ranks: set[int | None] = set().union(*(kept[name] for name in _names_read(node) if name in kept))
     return ranks.pop() if len(ranks) == 1 else None
 
+
 def _names_read(node: ast.AST) -> set[str]:
     return {name for part in ast.walk(node) if isinstance(part, (ast.Name, ast.Attribute))
             and (name := named(part)) is not None}
+
 
 def _tests_holding(function: ast.AST, line: int) -> list[tuple[ast.stmt, ast.expr]]:
     """The ``if`` and ``while`` statements, with their tests, and the ``for`` statements, with their
@@ -141,6 +156,7 @@ def _tests_holding(function: ast.AST, line: int) -> list[tuple[ast.stmt, ast.exp
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
     return [(node, node.iter if isinstance(node, ast.For) else node.test)
             for node in sorted(holding, key=lambda node: node.lineno, reverse=True)]
+
 
 def _rank_singled_out(test: ast.expr) -> int | None:
     """The rank a test that singles out one rank (:func:`_singles_out`) is true on, where it says:
@@ -155,6 +171,7 @@ def _rank_singled_out(test: ast.expr) -> int | None:
         number = test.comparators[0] if named(test.left) in RANK_NUMBERS else test.left
         return number.value if isinstance(number, ast.Constant) and type(number.value) is int else None
     return None
+
 
 def under_rank_test(source: str, line: int) -> bool | None:
     """Whether the statement at ``line`` is in the body or the ``else`` of an ``if`` or ``while``
@@ -172,6 +189,7 @@ def under_rank_test(source: str, line: int) -> bool | None:
             return True
     return False
 
+
 def _singles_out(test: ast.expr) -> bool:
     if isinstance(test, (ast.Name, ast.Attribute)):
         return named(test) in ONE_RANK_FLAGS
@@ -181,6 +199,7 @@ def _singles_out(test: ast.expr) -> bool:
         sides = [named(side) in RANK_NUMBERS for side in (test.left, test.comparators[0])]
         return sides.count(True) == 1
     return False
+
 
 def true_on(test: ast.expr, rank: int) -> bool | None:
     """Whether a test of the rank's number against constants (``rank != 1``, ``rank in (0, 1)``,
@@ -209,6 +228,7 @@ def true_on(test: ast.expr, rank: int) -> bool | None:
     except TypeError:
         return None
 
+
 def uneven_loop(source: str, line: int) -> int | None:
     """The line of the innermost ``for`` whose iterable, or ``while`` whose test, reads a value that
     may differ between ranks (:func:`differs_by_rank`) and whose body holds the statement at
@@ -227,9 +247,11 @@ def uneven_loop(source: str, line: int) -> int | None:
             return loop.lineno
     return None
 
+
 # Calls after which the tensors or lists passed to them hold the same on every rank, or whose
 # result does: a value that went through one no longer differs by rank.
 _AGREEING = frozenset({*AGREEING, "gather_for_metrics"})  # accelerate's gather, as all_gather
+
 
 def differs_by_rank(function: ast.FunctionDef) -> set[str]:
     """The names whose value may differ between ranks, as the function's text tells: set from an
@@ -246,6 +268,7 @@ def differs_by_rank(function: ast.FunctionDef) -> set[str]:
         size = len(differs)
         _mark_differs(function.body, False, differs, agreed)
     return differs
+
 
 def _mark_differs(body: list[ast.stmt], control: bool, differs: set[str], agreed: set[str]) -> None:
     """Add to ``differs`` the names the statements set from, or under, what differs by rank."""
@@ -267,30 +290,52 @@ def _mark_differs(body: list[ast.stmt], control: bool, differs: set[str], agreed
         elif not isinstance(s, COMPOUND) and (control or reads(s, differs)):
             differs.update((names_set([s]) | _filled(s)) - agreed)
 
+
+# Where a rank's number says only where a value lives, not what it holds: ``model.to(rank)``,
+# ``torch.cuda.set_device(rank)``, ``DDP(model, device_ids=[rank])``.
+_PLACING = frozenset({"to", "cuda", "set_device", "device"})
+_DEVICE_KEYWORDS = frozenset({"device", "device_ids", "output_device", "device_id", "device_mesh"})
+
+
 def reads(node: ast.AST, differs: set[str]) -> bool:
     """The node reads a rank's number, a one-rank flag or a name in ``differs`` (a method called,
-    ``x.item()``'s ``item``, is no name read; a function, ``get_rank()``, is)."""
+    ``x.item()``'s ``item``, is no name read; a function, ``get_rank()``, is; a device a value is
+    placed on is no value read)."""
     names = RANK_NUMBERS | ONE_RANK_FLAGS | differs
-    methods = {id(part.func) for part in ast.walk(node) if isinstance(part, ast.Call)
-               and isinstance(part.func, ast.Attribute) and named(part.func) not in RANK_NUMBERS}
+    unread: set[int] = set()
+    for part in ast.walk(node):
+        if not isinstance(part, ast.Call):
+            continue
+        if isinstance(part.func, ast.Attribute) and named(part.func) not in RANK_NUMBERS:
+            unread.add(id(part.func))
+        placed = [*part.args, *part.keywords] if named(part) in _PLACING else [
+            k.value for k in part.keywords if k.arg in _DEVICE_KEYWORDS]
+        unread.update(id(inner) for argument in placed for inner in ast.walk(argument))
     return any(named(part) in names for part in ast.walk(node)
-               if isinstance(part, (ast.Name, ast.Attribute)) and id(part) not in methods)
+               if isinstance(part, (ast.Name, ast.Attribute)) and id(part) not in unread)
+
+
+# The methods that fill a container with their arguments.
+_FILLING = frozenset({"append", "extend", "add", "update", "insert", "put", "setdefault", "appendleft"})
+
 
 def _filled(statement: ast.stmt) -> set[str]:
-    """The names a statement fills by a method call on them: ``batches`` of ``batches.append(b)``."""
+    """The local name a statement fills by a method call on it: ``batches`` of
+    ``batches.append(b)`` (not ``dist`` of ``dist.init_process_group(rank=rank)``)."""
     if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
         func = statement.value.func
-        if isinstance(func, ast.Attribute) and isinstance(func.value, (ast.Name, ast.Attribute)):
-            name = named(func.value)
-            return set() if name is None or func.attr in _AGREEING else {name}
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr in _FILLING:
+            return {func.value.id}
     return set()
 
+
 def _agreed(function: ast.FunctionDef) -> set[str]:
-    """The names passed to, or set from, a call by name in :data:`_AGREEING`."""
+    """The names passed first to (what it fills: ``all_gather(out, mine)``'s ``out``), or set
+    from, a call by name in :data:`_AGREEING`."""
     agreed: set[str] = set()
     for node in own_nodes(function):
         if isinstance(node, ast.Call) and named(node) in _AGREEING:
-            agreed.update(name for arg in node.args if (name := named(arg)) is not None)
+            agreed.update(name for arg in node.args[:1] if (name := named(arg)) is not None)
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
                 named(node.value) in _AGREEING):
             agreed.update(names_set([node]))

@@ -340,13 +340,14 @@ class RankState:
         return None if self.finished else self.current_call
 
     def new_groups(self) -> list[Call]:
-        """Its new_group calls, in order: the watchdog reads them each time it looks, so only the
+        """Its new_group calls that made a group (one that raised on its arguments made none, and
+        torch counted none), in order: the watchdog reads them each time it looks, so only the
         calls made since are scanned, not a long test's whole history."""
         for call in self.calls[self._looked_at:]:
             if call.op == NEW_GROUP:
                 self._new_groups.append(call)
         self._looked_at = len(self.calls)
-        return self._new_groups
+        return [call for call in self._new_groups if call.state != "raised"]
 
     def latest_init(self) -> Call | None:
         return next((c for c in reversed(self.calls) if c.op == INIT), None)

@@ -222,6 +222,8 @@ class Watch:
                 return None
         if verdict.status == "wait":
             return None
+        if verdict.kind is None:  # passed: no culprit to read the code of
+            return verdict
         ranks = {s.rank: s for s in snap.ranks}
         for state in snap.ranks:  # how a rank that left outside any call left, as its code tells
             state.exited_at = own_lines.exited_at(state, ranks, self._source)

@@ -82,7 +82,8 @@ class TestRun:
         they made a group of other members (the verdict after the test names them), asynchronous
         work was left in flight, or MPI messages were never received."""
         found_after = self.verdict.status == "done" and self.verdict.kind == "mismatch"
-        return bool(self.sequence_differences or found_after or self.unfinished_work or self.unreceived_messages)
+        wrong = self.sequence_differences or found_after or self.unfinished_work or self.unreceived_messages
+        return bool(wrong)
 
     @property
     def stopped(self) -> bool:

@@ -218,3 +218,18 @@ def test_a_leave_under_a_test_of_a_value_that_differs_between_ranks_is_a_way_out
     derived = (PATIENT["derived"], PATIENT["derived"] - 1, False)
     assert _lines(leaves_in_own_branch(PATIENCE, PATIENT["reduce"], made, 1)) == [derived]
     assert _lines(leaves_in_own_branch(PATIENCE, PATIENT["reduce"], made, 0)) == [derived]
+
+
+def test_a_step_counters_break_in_a_loop_over_values_that_differ_between_ranks_tells_nothing() -> None:
+    # the loop ends by itself on the rank with fewer batches; its counter differs as the data do
+    counted = textwrap.dedent("""
+        def test_x(rank, world_size):
+            step = 0
+            for batch in data[rank::world_size]:
+                dist.all_reduce(grad)  # reduce
+                step += 1
+                if step >= max_steps:
+                    break
+    """)
+    at = lines_of(counted)
+    assert leaves_in_own_branch(counted, at["reduce"], {at["reduce"]: "all_reduce"}, 0) is None

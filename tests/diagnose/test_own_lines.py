@@ -320,6 +320,11 @@ def test_a_rank_a_step_further_in_a_loop_over_its_own_data_is_named() -> None:
     assert ("Rank 1's call is in a loop over values that differ between ranks (t.py:4), which rank 0 made a"
             " call in and left: a step more on rank 1.") in verdict.summary
     assert outline(watched(stayed, even))[2] == [0, 1]
+    # two ways out of its own the rank that returned may have taken: nothing tells a step more
+    two_ways = UNEVEN.replace("dist.barrier()", "pass").replace(
+        "backward()\n", "backward()\n            if batch.sum() > 9:\n                return\n"
+        "            if batch.mean() > 3:\n                return\n")
+    assert outline(watched(_step_less_snap(line=5), two_ways))[2] == [0, 1]
 
 
 PATIENCE = """

@@ -168,3 +168,45 @@ def test_a_branch_those_ranks_alone_take_is_found_by_its_test_of_the_rank() -> N
     # a test that reads more than the rank may hold on rank 2 too: no answer
     assert branch_for_ranks(code.replace("rank in (0, 1)", "rank != 2 or ready"), 4, [0, 1], [2]) is None
     assert branch_for_ranks("def f(:", 1, [0], [1]) is None
+
+
+def test_where_a_value_is_placed_or_a_module_is_called_with_the_rank_is_no_value_that_differs() -> None:
+    code = textwrap.dedent("""
+        def test_x(rank, world_size):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            torch.cuda.set_device(rank)
+            model = DDP(Net().to(rank), device_ids=[rank])
+            shard = data[rank::world_size]
+            batches = []
+            batches.append(shard)
+    """)
+    function = ast.parse(code).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    assert differs_by_rank(function) == {"shard", "batches"}
+
+
+def test_a_value_broadcast_from_its_rank_or_set_anew_in_the_helper_is_kept_no_more() -> None:
+    broadcast = textwrap.dedent("""
+        def test_x(rank):
+            obj = [None]
+            if rank == 0:
+                obj = [{"loss": 1}]
+            dist.broadcast_object_list(obj, src=0)
+            for key in obj[0]:
+                dist.barrier()  # looped
+    """)
+    assert one_rank_value_test(broadcast, lines_of(broadcast)["looped"]) is None
+    head = 'def log_dict(metrics, prefix=""):'
+    reset = PASSED.replace(head, head + "\n    metrics = sync(metrics)")
+    at = lines_of(reset)
+    assert one_rank_value_passed(reset, at["gather"], reset, at["passed"]) is None
+    starred = PASSED.replace("log_dict(res)  # passed", "log_dict(*parts, res)  # passed")
+    at = lines_of(starred)
+    assert one_rank_value_passed(starred, at["gather"], starred, at["passed"]) is None
+
+
+def test_an_expression_nested_too_deep_answers_nothing_and_raises_nothing() -> None:
+    for terms in (3_000, 30_000):
+        deep = "def f(rank):\n    x = " + " + ".join(["rank"] * terms) + "\n    for i in x:\n        g()\n"
+        assert uneven_loop(deep, 4) in (None, 3)
+        assert one_rank_value_test(deep, 4) is None

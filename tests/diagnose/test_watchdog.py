@@ -406,6 +406,10 @@ def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked
     assert outline(new_group_members(passed, status="done")) == ("done", "mismatch", [0, 1, 2, 3], [])
     alike = {r: rank(r, _new_group([0, 3]), _new_group([1, 2]), finished=True) for r in range(4)}
     assert new_group_members(alike, status="done") is None
+    # a new_group that raised on its arguments (pytest.raises(ValueError)) made no group
+    refused = call("new_group", 0, state="raised", shape=None, ranks=R4, extra={"ranks": [0, 99]})
+    checked = {r: rank(r, *([refused] if r == 0 else []), _new_group([0, 3]), finished=True) for r in range(4)}
+    assert new_group_members(checked, status="done") is None
     # One rank of three passed other members: it departs.
     three = [rank(r, _new_group([0, 1, 2] if r < 2 else [0, 1]), call("barrier", 1, ranks=R3)) for r in range(3)]
     assert outline(judge(snap(*three)))[1:3] == ("mismatch", [2])
