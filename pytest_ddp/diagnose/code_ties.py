@@ -110,10 +110,7 @@ def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: So
     if len(left) != 1:
         return None
     [(culprit, where)] = left.items()
-    others = [r for r in finding.entered if r != culprit]
-    odd = dataclasses.replace(finding, odd=[culprit], left=where)
-    call = finding.entered[culprit]
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+    return _odd_one(verdict, dataclasses.replace(finding, odd=[culprit], left=where))
 
 
 def _left_before(
@@ -172,10 +169,15 @@ def _loop_stayed_in(
     if len(found) != 1:
         return None
     [(culprit, loop)] = found.items()
+    return _odd_one(verdict, dataclasses.replace(finding, odd=[culprit], loop=loop))
+
+
+def _odd_one(verdict: Verdict, finding: Disagreement) -> Verdict:
+    """The verdict naming the one odd rank of ``finding`` (with what the code tells of it) alone."""
+    [culprit] = finding.odd
     others = [r for r in finding.entered if r != culprit]
-    odd = dataclasses.replace(finding, odd=[culprit], loop=loop)
     call = finding.entered[culprit]
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, finding)
 
 
 def _broken_tie(finding: Disagreement) -> bool:
@@ -218,8 +220,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
         cycle = dataclasses.replace(finding, branch={culprit: where})
         return Verdict(verdict.status, verdict.kind, [culprit], sorted([*others, *finding.waiting]), call.op,
                        call.label, cycle)
-    odd = dataclasses.replace(finding, odd=[culprit], condition=where)
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, odd)
+    return _odd_one(verdict, dataclasses.replace(finding, odd=[culprit], condition=where))
 
 
 def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
