@@ -12,7 +12,7 @@ from snapshots import R3, R4, call, ok, outline, rank, snap
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.own_lines import raised_at
 from pytest_ddp.diagnose.rank_words import how_it_failed, rank_doing
-from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.state import Call, RankState, Snapshot
 from pytest_ddp.diagnose.verdicts import Verdict
 from pytest_ddp.diagnose.wording import worded
 
@@ -292,6 +292,13 @@ def test_a_break_in_no_ranks_branch_or_another_ranks_leaves_the_step_more_or_les
         assert outline(_step_less(condition))[:3] == ("deadlock", "partial", [0, 1]), condition
 
 
+def _parted(steps: int, zero: Call, one: Call) -> Snapshot:
+    """Two ranks that made ``steps`` all_reduces at t.py:5 together, then parted: rank 0 into
+    ``zero``, rank 1 into ``one``."""
+    done = [ok("all_reduce", step, site="t.py:5") for step in range(1, steps + 1)]
+    return snap(rank(0, *done, zero), rank(1, *done, one))
+
+
 UNEVEN = """
     def test_x(rank, world_size):
         batches = data[rank::world_size]
@@ -312,9 +319,7 @@ def test_a_rank_a_step_further_in_a_loop_over_its_own_data_is_named() -> None:
         " (t.py:4); rank 0 returned from its test without it."
     ), verdict.summary
     assert outline(watched(_step_less_snap(line=5), even.replace("dist.barrier()", "pass")))[2] == [0, 1]
-    done = [ok("all_reduce", 1, site="t.py:5"), ok("all_reduce", 2, site="t.py:5")]
-    zero, one = call("barrier", 3, site="t.py:6"), call("all_reduce", 3, site="t.py:5")
-    stayed = snap(rank(0, *done, zero), rank(1, *done, one))
+    stayed = _parted(2, call("barrier", 3, site="t.py:6"), call("all_reduce", 3, site="t.py:5"))
     verdict = watched(stayed, UNEVEN)
     assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
     assert ("Rank 1's call is in a loop over values that differ between ranks (t.py:4), which rank 0 made a"
@@ -343,9 +348,7 @@ PATIENCE = """
 def test_a_rank_that_broke_out_of_its_peers_loop_on_a_value_that_differs_by_rank_is_named() -> None:
     # transformers#17478: each process's own metric drives its early stopping; rank 1 stops, to the
     # final barrier, while rank 0 trains on.
-    done = [ok("all_reduce", 1, site="t.py:5")]
-    zero, one = call("all_reduce", 2, site="t.py:5"), call("barrier", 2, site="t.py:10")
-    stopped = snap(rank(0, *done, zero), rank(1, *done, one))
+    stopped = _parted(1, call("all_reduce", 2, site="t.py:5"), call("barrier", 2, site="t.py:10"))
     verdict = watched(stopped, PATIENCE)
     assert outline(verdict) == ("deadlock", "mismatch", [1], [0])
     assert ("Rank 1 left by t.py:9 under a test of a value that differs between ranks (t.py:8), before rank 0's"
