@@ -17,8 +17,9 @@ FAMILIES = (
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py), and its cases of the
 # third held-out set (benchmarks/field/<family>_held.py).
 PARTS: dict[str, tuple[str, ...]] = {
-    "init": ("init_held",), "ddp": ("ddp_held",), "early_exit": ("early_exit_held",),
-    "control_flow": ("control_flow_held",), "libraries": ("libraries_held",),
+    "init": ("init_held",), "ddp": ("ddp_stopping", "ddp_held"),
+    "early_exit": ("early_exit_data", "early_exit_held"), "control_flow": ("control_flow_held",),
+    "libraries": ("libraries_lightning", "libraries_held"),
     "fsdp2_dtensor": ("fsdp2_dtensor_held",), "slow_rank": ("slow_rank_held",), "mpi": ("mpi_held",),
 }  # fmt: skip
 
@@ -26,7 +27,10 @@ PARTS: dict[str, tuple[str, ...]] = {
 def cases(family: str) -> list[Case]:
     """The cases of one family (its modules' CASES)."""
     modules = (family, *PARTS.get(family, ()))
-    return [case for module in modules for case in importlib.import_module(f"benchmarks.field.{module}").CASES]
+    found: list[Case] = []
+    for module in modules:
+        found += importlib.import_module(f"benchmarks.field.{module}").CASES
+    return found
 
 
 def corpus() -> dict[str, list[Case]]:
