@@ -66,15 +66,13 @@ def inflight_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
     return None
 
 
-def new_group_members(ranks: dict[int, RankState], status: str = "deadlock") -> Verdict | None:
-    """Once a rank is blocked, or after a test that passed (``status`` "done"): the first new_group
-    every rank made (its k-th), without use_local_synchronization, whose members differ between
-    ranks.  torch names every rank's k-th group alike and makes it of the members that rank passed
-    ("All processes must pass the identical ranks list"), so the ranks meet in groups that are not
-    one: a hang, or a pass by chance (pytorch#130102).  The ranks of the rarer members departed; at
+def new_group_members(status: str, ranks: dict[int, RankState]) -> Verdict | None:
+    """The first new_group every rank made (its k-th), without use_local_synchronization, whose
+    members differ between ranks: looked for once a rank is blocked, and after a test that
+    passed.  torch names every rank's k-th group alike and makes it of the members that rank
+    passed ("All processes must pass the identical ranks list"), so the ranks meet in groups that
+    are not one: a hang, or a pass by chance (pytorch#130102).  The ranks of the rarer members departed; at
     a tie every rank is named."""
-    if status == "deadlock" and not any(state.blocked_call is not None for state in ranks.values()):
-        return None
     made = {r: state.new_groups() for r, state in ranks.items()}
     for k in range(min(map(len, made.values()), default=0)):
         calls = {r: mine[k] for r, mine in made.items()}

@@ -248,9 +248,9 @@ def uneven_loop(source: str, line: int) -> int | None:
     return None
 
 
-# Calls after which the tensors or lists passed to them hold the same on every rank, or whose
-# result does: a value that went through one no longer differs by rank.
-_AGREEING = frozenset({*AGREEING, "gather_for_metrics"})  # accelerate's gather, as all_gather
+# ops.AGREEING, and accelerate's gather (as all_gather): a value that went through one no longer
+# differs by rank.
+_AGREEING = frozenset({*AGREEING, "gather_for_metrics"})
 
 
 def differs_by_rank(function: ast.FunctionDef) -> set[str]:

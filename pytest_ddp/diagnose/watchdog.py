@@ -316,6 +316,10 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     return any(not s.finished and may_move(s) for s in snap.ranks)
 
 
+def _blocked(snap: Snapshot) -> bool:
+    return any(state.blocked_call is not None for state in snap.ranks)
+
+
 def judge(snap: Snapshot) -> Verdict:
     """What the controller should do now about this test."""
     ranks = {s.rank: s for s in snap.ranks}
@@ -325,7 +329,7 @@ def judge(snap: Snapshot) -> Verdict:
     timed_out = snap.now - snap.started >= snap.timeout
     verdict = (
         init_fault(ranks, snap.store)
-        or new_group_members(ranks)
+        or (_blocked(snap) and new_group_members("deadlock", ranks))
         or inflight_mismatch(ranks)
         or p2p_mismatch("deadlock", ranks)
         or _no_such_peer(ranks, waits)

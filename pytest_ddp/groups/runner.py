@@ -19,6 +19,7 @@ from pytest_ddp.common.protocol import CallFunction, RunItem
 from pytest_ddp.config.spec import RankSpec
 from pytest_ddp.diagnose import consistency, mismatches, watchdog, wording
 from pytest_ddp.diagnose.state import RankState, Snapshot
+from pytest_ddp.diagnose.verdicts import MembersDiffer
 from pytest_ddp.groups.group import GroupConfig, GroupStartError, RankGroup, StopTeardown
 from pytest_ddp.groups.spawn import hold_killing_signals
 
@@ -81,8 +82,8 @@ class TestRun:
         """Fails a test that passed on every rank: the ranks' collective sequences differ or
         they made a group of other members (the verdict after the test names them), asynchronous
         work was left in flight, or MPI messages were never received."""
-        found_after = self.verdict.status == "done" and self.verdict.kind == "mismatch"
-        wrong = self.sequence_differences or found_after or self.unfinished_work or self.unreceived_messages
+        members_differ = isinstance(self.verdict.finding, MembersDiffer)
+        wrong = self.sequence_differences or members_differ or self.unfinished_work or self.unreceived_messages
         return bool(wrong)
 
     @property
@@ -161,7 +162,7 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
             if run.sequence_differences:
                 found = mismatches.finished_mismatch(by_rank)
             if found is None:
-                found = mismatches.new_group_members(by_rank, status="done")
+                found = mismatches.new_group_members("done", by_rank)
             if found is not None:
                 run.verdict = wording.worded(found, group.states)
             run.unfinished_work = consistency.unfinished_work(survivors)

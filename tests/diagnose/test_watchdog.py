@@ -403,13 +403,13 @@ def test_ranks_that_passed_new_group_other_members_are_named_once_one_is_blocked
     # No rank blocked: nothing said while the test runs; once it passed by chance, the test fails.
     assert judge(snap(*ranks(barrier=False), rank(4))).status == "wait"
     passed = {s.rank: s for s in ranks(barrier=False)}
-    assert outline(new_group_members(passed, status="done")) == ("done", "mismatch", [0, 1, 2, 3], [])
+    assert outline(new_group_members("done", passed)) == ("done", "mismatch", [0, 1, 2, 3], [])
     alike = {r: rank(r, _new_group([0, 3]), _new_group([1, 2]), finished=True) for r in range(4)}
-    assert new_group_members(alike, status="done") is None
+    assert new_group_members("done", alike) is None
     # a new_group that raised on its arguments (pytest.raises(ValueError)) made no group
     refused = call("new_group", 0, state="raised", shape=None, ranks=R4, extra={"ranks": [0, 99]})
     checked = {r: rank(r, *([refused] if r == 0 else []), _new_group([0, 3]), finished=True) for r in range(4)}
-    assert new_group_members(checked, status="done") is None
+    assert new_group_members("done", checked) is None
     # One rank of three passed other members: it departs.
     three = [rank(r, _new_group([0, 1, 2] if r < 2 else [0, 1]), call("barrier", 1, ranks=R3)) for r in range(3)]
     assert outline(judge(snap(*three)))[1:3] == ("mismatch", [2])
