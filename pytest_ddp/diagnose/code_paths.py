@@ -19,19 +19,14 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pytest_ddp.diagnose import rank_tests
 from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, own_nodes, parsed
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
-
-
 _TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
-
-
 _UNKNOWN = (ast.Match, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom, ast.Await, *_TRY_STAR)
-
-
 _CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
@@ -76,8 +71,6 @@ def exits_after(source: str, start: int, made: dict[int, str]) -> list[int] | No
 
 
 @dataclass(frozen=True)
-
-
 class Leave:
     """A ``break`` or ``return`` a rank may have left by: its line, and the line of the innermost
     ``if`` or ``while`` holding it, whose test singles out that rank (``own``) or else reads a value
@@ -95,13 +88,14 @@ def leaves_in_own_branch(
     """The ``break`` and ``return`` statements the code may reach from the statement at line
     ``start`` (``from_entry``: from the start of the function holding it) before any statement
     calling the op recorded at its line (as :func:`exits_after`), in a branch of the code for
-    ``rank`` alone (the innermost :func:`one_rank_branch` holding them singles out that rank) or,
-    where none is, under a test of a value that may differ between ranks (and singles out no other
-    rank): how a rank that returned while its peers went on may have left (speechbrain#2051: ``if
-    rank == 0 and epoch == 1: break``, an early stop decided on the main process only;
-    pytorch#41665: ``if rank == 1: return`` before ``init_process_group``; yolov5#4576: ``if stop:
-    break`` where ``stop`` is set under ``if rank == 0:``; transformers#17478: a patience counter
-    of each process's own metric); None where the code cannot tell."""
+    ``rank`` alone (the innermost :func:`pytest_ddp.diagnose.rank_tests.one_rank_branch` holding
+    them singles out that rank) or, where none is, under a test of a value that may differ between
+    ranks (and singles out no other rank): how a rank that returned while its peers went on may
+    have left (speechbrain#2051: ``if rank == 0 and epoch == 1: break``, an early stop decided on
+    the main process only; pytorch#41665: ``if rank == 1: return`` before ``init_process_group``;
+    yolov5#4576: ``if stop: break`` where ``stop`` is set under ``if rank == 0:``;
+    transformers#17478: a patience counter of each process's own metric); None where the code
+    cannot tell."""
     tree = parsed(source)
     reached = None if tree is None else _reached_before_calls(source, start, made, from_entry=from_entry)
     function = None if tree is None else function_at(tree, start)
@@ -109,8 +103,11 @@ def leaves_in_own_branch(
         return None
     differs = rank_tests.differs_by_rank(function)
     found = []
-    for statement in sorted((s for s in reached if isinstance(s, (ast.Break, ast.Return))), key=_first_line):
-        line, left = statement.lineno, _left_lines(function, statement)
+    ways_out = [s for s in reached if isinstance(s, (ast.Break, ast.Return))]
+    for statement in sorted(ways_out, key=attrgetter("lineno")):
+        line, loop = statement.lineno, _loop_left(function, statement)
+        leaves: ast.stmt = function if loop is None else loop
+        left = leaves.lineno, leaves.end_lineno or line
         one = rank_tests.branch_for_one_rank(function, line)
         if one is not None:
             if one[1] == rank:
@@ -121,25 +118,19 @@ def leaves_in_own_branch(
             continue
         # a loop over values that differ between ranks also ends by itself: a counter of its steps
         # (``if step >= max_steps: break``) differs too, and tells nothing of which way it left
-        if isinstance(statement, ast.Break) and rank_tests.uneven_loop(source, line) == left[0]:
+        if loop is not None and rank_tests.reads(rank_tests.loop_head(loop), differs):
             return None
         found.append(Leave(line, tests[0].lineno, False, left))
     return found
 
 
-def _first_line(statement: ast.stmt) -> int:
-    return statement.lineno
-
-
-def _left_lines(function: ast.FunctionDef, statement: ast.stmt) -> tuple[int, int]:
-    """The lines of what a ``return`` leaves, its function, or a ``break``, its innermost loop."""
-    if isinstance(statement, ast.Break):
-        loops = [node for node in ast.walk(function) if isinstance(node, (ast.For, ast.While))
-                 and node.body[0].lineno <= statement.lineno <= (node.body[-1].end_lineno or 0)]
-        if loops:
-            loop = max(loops, key=lambda node: node.lineno)
-            return loop.lineno, loop.end_lineno or loop.lineno
-    return function.lineno, function.end_lineno or function.lineno
+def _loop_left(function: ast.FunctionDef, statement: ast.stmt) -> ast.For | ast.While | None:
+    """The loop a ``break`` leaves, its innermost; None for a ``return``, which leaves the function."""
+    if not isinstance(statement, ast.Break):
+        return None
+    loops = [node for node in ast.walk(function) if isinstance(node, (ast.For, ast.While))
+             and node.body[0].lineno <= statement.lineno <= (node.body[-1].end_lineno or 0)]
+    return max(loops, key=lambda node: node.lineno, default=None)
 
 
 def _reached_before_calls(

@@ -19,9 +19,10 @@ from pytest_ddp.diagnose.verdicts import Cycle, Departed, Disagreement, ExtraCal
 
 
 def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """A two-rank tie its history cannot break (:func:`likely`): where one rank's code has no
-    call-free way from its previous call to its current one (:mod:`pytest_ddp.diagnose.code_paths`:
-    it skipped a call) while the other's has, that rank is the likely culprit."""
+    """A two-rank tie its history cannot break (:func:`pytest_ddp.diagnose.majority.likely`):
+    where one rank's code has no call-free way from its previous call to its current one
+    (:mod:`pytest_ddp.diagnose.code_paths`: it skipped a call) while the other's has, that rank is
+    the likely culprit."""
     finding = verdict.finding
     if isinstance(finding, Disagreement) and not finding.likely and not finding.after:
         entered = finding.entered
@@ -40,14 +41,14 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Sourc
 
 
 def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
-    """As many ranks wait in one collective as returned without it (no majority: the returned
-    are named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.rank_tests.
-    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault, in a
-    call its peers never make, as the majority would say with a rank more (:func:`extra_call`).  The
-    field's reports of such code (a collective by name under ``if rank == 0:``, a metric's compute or
-    a checkpoint's save under ``is_global_zero``) all end with the call taken out of the branch
-    (docs/field.md).  A call every rank but one makes (``if rank != 1:``) stays the skip of the one
-    that returned."""
+    """As many ranks wait in one collective as returned without it (no majority: the returned are
+    named), and the code makes that call only on one rank (:func:`pytest_ddp.diagnose.rank_tests.
+    one_rank_branch`: ``if rank == 0:``, ``if trainer.is_global_zero:``): that rank is at fault,
+    in a call its peers never make, as the majority would say with a rank more
+    (:func:`pytest_ddp.diagnose.majority.extra_call`).  The field's reports of such code (a
+    collective by name under ``if rank == 0:``, a metric's compute or a checkpoint's save under
+    ``is_global_zero``) all end with the call taken out of the branch (docs/field.md).  A call
+    every rank but one makes (``if rank != 1:``) stays the skip of the one that returned."""
     finding = verdict.finding
     if not isinstance(finding, Departed) or verdict.kind != "partial" or finding.victims or finding.broken:
         return None
@@ -158,13 +159,13 @@ def _loop_stayed_in(
     """Of two ranks in calls that differ, the one whose call is in a loop over values that differ
     between ranks, which the other made a call in before and left (uneven inputs, then the others'
     barrier at the epoch's end): that rank made a step more."""
+    loops = {r: _found_at(call, source, rank_tests.uneven_loop) for r, call in finding.entered.items()}
     found: dict[int, str] = {}
     for rank, call in finding.entered.items():
-        loop = _found_at(call, source, rank_tests.uneven_loop)
         [other] = [r for r in finding.entered if r != rank]
-        theirs = finding.entered[other]
-        went_on = any(c.site == call.site for c in ranks[other].calls[:theirs.index] if c.site)
-        if loop is not None and went_on and _found_at(theirs, source, rank_tests.uneven_loop) != loop:
+        before = ranks[other].calls[:finding.entered[other].index]
+        loop = loops[rank]
+        if loop is not None and loops[other] != loop and any(c.site == call.site for c in before):
             found[rank] = loop
     if len(found) != 1:
         return None

@@ -128,12 +128,17 @@ def _overflow(entered: dict[int, Call]) -> tuple[int, int, int] | None:
     receiver = next((r for r, c in entered.items() if c.is_recv), None)
     if sender is None or receiver is None:
         return None
-    sent, held = wire_size(entered[sender]), wire_size(entered[receiver])
-    if not all(isinstance(n, int) for n in (*sent, *held)):
+    sent, held = _bytes(entered[sender]), _bytes(entered[receiver])
+    if sent is None or held is None:
         return None  # a dtype of unknown size
-    total_sent = sum(n for n in sent if isinstance(n, int))
-    total_held = sum(n for n in held if isinstance(n, int))
-    return (sender, total_sent, total_held) if total_sent > total_held else None
+    return (sender, sent, held) if sent > held else None
+
+
+def _bytes(call: Call) -> int | None:
+    """The bytes a call's tensors take on the wire; None where a dtype's size is not known."""
+    sizes = wire_size(call)
+    known = [size for size in sizes if isinstance(size, int)]
+    return sum(known) if len(known) == len(sizes) else None
 
 
 def aborted_on_sizes(status: str, ranks: dict[int, RankState]) -> Verdict | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,6 @@ from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, names_
 # How code names a rank's number (``rank``, ``dist.get_rank()``), and the flags that single out one
 # rank (Lightning's ``trainer.is_global_zero``, accelerate's ``state.is_main_process``).
 RANK_NUMBERS = frozenset({"rank", "local_rank", "global_rank", "get_rank", "get_local_rank", "process_index"})
-
-
 ONE_RANK_FLAGS = frozenset({"is_global_zero", "is_main_process", "is_local_main_process", "is_rank_zero"})
 
 
@@ -154,8 +153,13 @@ def _tests_holding(function: ast.AST, line: int) -> list[tuple[ast.stmt, ast.exp
     iterables, whose body holds the statement at ``line``, innermost first."""
     holding = [node for node in ast.walk(function) if isinstance(node, (ast.If, ast.While, ast.For))
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
-    return [(node, node.iter if isinstance(node, ast.For) else node.test)
+    return [(node, loop_head(node) if isinstance(node, (ast.For, ast.While)) else node.test)
             for node in sorted(holding, key=lambda node: node.lineno, reverse=True)]
+
+
+def loop_head(loop: ast.For | ast.While) -> ast.expr:
+    """What decides how often a loop runs: a ``for``'s iterable, a ``while``'s test."""
+    return loop.iter if isinstance(loop, ast.For) else loop.test
 
 
 def _rank_singled_out(test: ast.expr) -> int | None:
@@ -201,6 +205,14 @@ def _singles_out(test: ast.expr) -> bool:
     return False
 
 
+# A comparison of the rank (left) with a constant (right).
+_COMPARED: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}  # fmt: skip
+
+
 def true_on(test: ast.expr, rank: int) -> bool | None:
     """Whether a test of the rank's number against constants (``rank != 1``, ``rank in (0, 1)``,
     either ``and``/``or`` more) holds on ``rank``; None where it reads anything else too."""
@@ -217,14 +229,9 @@ def true_on(test: ast.expr, rank: int) -> bool | None:
         other = ast.literal_eval(test.comparators[0])
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal
         return None
-    checks: dict[type[ast.cmpop], Callable[[Any], bool]] = {
-        ast.Eq: lambda v: rank == v, ast.NotEq: lambda v: rank != v, ast.Lt: lambda v: rank < v,
-        ast.LtE: lambda v: rank <= v, ast.Gt: lambda v: rank > v, ast.GtE: lambda v: rank >= v,
-        ast.In: lambda v: rank in v, ast.NotIn: lambda v: rank not in v,
-    }  # fmt: skip
-    check = checks.get(type(test.ops[0]))
+    check = _COMPARED.get(type(test.ops[0]))
     try:
-        return None if check is None else bool(check(other))
+        return None if check is None else bool(check(rank, other))
     except TypeError:
         return None
 
@@ -243,7 +250,7 @@ def uneven_loop(source: str, line: int) -> int | None:
     loops = [node for node in ast.walk(function) if isinstance(node, (ast.For, ast.While))
              and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
     for loop in sorted(loops, key=lambda node: node.lineno, reverse=True):
-        if reads(loop.iter if isinstance(loop, ast.For) else loop.test, differs):
+        if reads(loop_head(loop), differs):
             return loop.lineno
     return None
 

@@ -12,9 +12,7 @@ from collections.abc import Callable, Iterator
 Source = Callable[[str], str | None]
 
 
-@functools.lru_cache(maxsize=8)  # each rule asks of the same few files, once per look
-
-
+@functools.lru_cache(maxsize=8)  # each rule asks of the same few files, once per verdict
 def parsed(source: str) -> ast.Module | None:
     """The text's tree (not to be changed: it is shared); None where it is no Python this reads,
     or nested too deep to parse."""

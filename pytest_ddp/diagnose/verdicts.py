@@ -103,8 +103,9 @@ class Cycle:
     # Else the rank whose code skipped a call (code_ties.skipped_in_code) -> its two calls and the
     # sites of the calls skipped.
     skipped: dict[int, tuple[Call, Call, list[str]]] = field(default_factory=dict)
-    # Else, unmatched, the one rank whose call is in a branch of the code for one rank, the others'
-    # on no rank test (code_ties.one_rank_branch_tie) -> that branch's line: the verdict names it.
+    # Else the ranks whose calls are in a branch of the code for them alone, the others' on no rank
+    # test (code_ties.one_rank_branch_tie, ranks_branch_cycle) -> that branch's line: the verdict
+    # names them.
     branch: dict[int, str] = field(default_factory=dict)
 
 

@@ -247,8 +247,10 @@ def _may_time_out_itself(snap: Snapshot) -> bool:
     left).  A group's timeout of minutes, common in training code, is not waited for."""
     for state in snap.ranks:
         call = state.blocked_call
-        timeout = None if call is None else state.group_timeout(call.group)
-        if call is None or timeout is None or timeout >= snap.grace:
+        if call is None or snap.now - call.enter >= snap.grace + SETTLE:
+            continue  # past any timeout shorter than the grace: not looked up on every look
+        timeout = state.group_timeout(call.group)
+        if timeout is None or timeout >= snap.grace:
             continue
         if snap.now - call.enter < timeout + SETTLE:
             return True
