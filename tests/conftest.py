@@ -73,6 +73,7 @@ CHECK_FILES = (
     "matrix/test_matrix_verdicts.py", "diagnose/test_code_paths.py", "diagnose/test_rank_tests.py",
     "common/test_ops.py",
     "diagnose/test_init_fault_rules.py", "diagnose/test_left_mid_call.py", "diagnose/test_rank_words.py",
+    "diagnose/test_own_lines.py",
     "report/test_stacks_when_stopped.py", "report/test_sequence_table.py", "report/test_report_files.py",
     "test_field_corpus.py", "report/test_failure.py", "groups/test_group.py",
 )  # fmt: skip

@@ -24,6 +24,11 @@ NOW = 1000.0
 R2, R3, R4 = (0, 1), (0, 1, 2), (0, 1, 2, 3)
 
 
+def lines_of(source: str) -> dict[str, int]:
+    """``# <name>`` at a line's end -> that line."""
+    return {line.rsplit("# ", 1)[1]: i for i, line in enumerate(source.splitlines(), 1) if "# " in line}
+
+
 def call(op: str, seq: int, *, state: str = "running", group: str = "WORLD", ranks: tuple[int, ...] = R2,
          shape: tuple[int, ...] | None = (4,), dtype: str = "float32", peer: int | None = None,
          root: int | None = None, error: str | None = None, extra: dict[str, Any] | None = None,

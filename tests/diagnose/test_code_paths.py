@@ -9,15 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from snapshots import lines_of
 
 from pytest_ddp.diagnose.code_paths import Leave, calls_between, exits_after, leaves_in_own_branch
 from pytest_ddp.groups import runner
-
-
-def lines_of(source: str) -> dict[str, int]:
-    """``# <name>`` at a line's end -> that line."""
-    return {line.rsplit("# ", 1)[1]: i for i, line in enumerate(source.splitlines(), 1) if "# " in line}
-
 
 LOOP = textwrap.dedent("""
     def step(grad):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import textwrap
 
+from snapshots import lines_of
+
 from pytest_ddp.diagnose.rank_tests import (
     branch_for_ranks,
     differs_by_rank,
@@ -14,12 +16,6 @@ from pytest_ddp.diagnose.rank_tests import (
     one_rank_value_test,
     uneven_loop,
 )
-
-
-def lines_of(source: str) -> dict[str, int]:
-    """``# <name>`` at a line's end -> that line."""
-    return {line.rsplit("# ", 1)[1]: i for i, line in enumerate(source.splitlines(), 1) if "# " in line}
-
 
 BRANCHES = textwrap.dedent("""
     def test_x(rank, state):
@@ -206,7 +202,10 @@ def test_a_value_broadcast_from_its_rank_or_set_anew_in_the_helper_is_kept_no_mo
 
 
 def test_an_expression_nested_too_deep_answers_nothing_and_raises_nothing() -> None:
-    for terms in (3_000, 30_000):
-        deep = "def f(rank):\n    x = " + " + ".join(["rank"] * terms) + "\n    for i in x:\n        g()\n"
-        assert uneven_loop(deep, 4) in (None, 3)
-        assert one_rank_value_test(deep, 4) is None
+    def deep(terms: int) -> str:
+        return "def f(rank):\n    x = " + " + ".join(["rank"] * terms) + "\n    for i in x:\n        g()\n"
+
+    assert uneven_loop(deep(2_000), 4) == 3  # deep, yet parsed: walked without recursion
+    for terms in (3_000, 30_000):  # past what the parser takes: no answer
+        assert uneven_loop(deep(terms), 4) is None
+        assert one_rank_value_test(deep(terms), 4) is None
