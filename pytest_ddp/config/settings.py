@@ -72,24 +72,24 @@ def set_current(settings: Settings) -> None:
 def from_config(config: pytest.Config) -> Settings:
     """The settings of this session; a bad value is a UsageError naming its option."""
     try:
-        timeout = parse_timeout(_value(config, "timeout", DEFAULTS.timeout), "--ddp-timeout")
+        timeout = parse_timeout(_value(config, "timeout"), "--ddp-timeout")
         global_timeout = pytest_timeout_global(config)
         if global_timeout is not None:
             timeout = min(timeout, global_timeout)
         max_world_size = config.getoption("--ddp-max-world-size")
         report_dir = config.getoption("--ddp-report-dir")
         return Settings(
-            backend=parse_backend(_value(config, "backend", DEFAULTS.backend), "--ddp-backend"),
+            backend=parse_backend(_value(config, "backend"), "--ddp-backend"),
             timeout=timeout,
-            grace=parse_timeout(_value(config, "grace", DEFAULTS.grace), "--ddp-grace"),
+            grace=parse_timeout(_value(config, "grace"), "--ddp-grace"),
             isolate_all=config.getoption("--ddp-isolate"),
-            max_groups=parse_count(_value(config, "max_groups", DEFAULTS.max_groups), "--ddp-max-groups"),
+            max_groups=parse_count(_value(config, "max_groups"), "--ddp-max-groups"),
             report_dir=None if report_dir is None else writable_dir(report_dir),
             max_world_size=(
                 None if max_world_size is None else parse_count(max_world_size, "--ddp-max-world-size")
             ),
-            mpi_launcher=_value(config, "mpi_launcher", None),
-            launcher=parse_launcher(_value(config, "launcher", DEFAULTS.launcher)),
+            mpi_launcher=_value(config, "mpi_launcher"),
+            launcher=parse_launcher(_value(config, "launcher")),
         )
     except SpecError as exc:
         raise pytest.UsageError(f"pytest-ddp: {exc}") from None
@@ -100,12 +100,13 @@ def adopt_enabled(config: pytest.Config) -> bool:
     return bool(config.getoption("--ddp-adopt", False) or config.getini("ddp_adopt"))
 
 
-def _value(config: pytest.Config, name: str, default: Any) -> Any:
-    """``--ddp-<name>``, else the ini value ``ddp_<name>``, else the default."""
+def _value(config: pytest.Config, name: str) -> Any:
+    """``--ddp-<name>``, else the ini value ``ddp_<name>``, else the default (``Settings``' field of
+    that name)."""
     value = config.getoption(f"--ddp-{name.replace('_', '-')}")
     if value is None:
         value = config.getini(f"ddp_{name}") or None
-    return default if value is None else value
+    return getattr(DEFAULTS, name) if value is None else value
 
 
 def pytest_timeout_global(config: pytest.Config) -> float | None:

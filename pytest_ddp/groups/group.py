@@ -38,6 +38,7 @@ from pytest_ddp.common.protocol import (
 from pytest_ddp.diagnose.state import Process, RankState, exit_text
 from pytest_ddp.groups.spawn import (
     NOT_FOR_RANKS,
+    OUTPUTS,
     Descriptor,
     ForkedRank,
     GroupStore,
@@ -359,7 +360,7 @@ class RankGroup:
 
     def _mark_output(self, rp: RankProcess) -> None:
         """What the rank writes from now on belongs to what comes next (a test, or the stop)."""
-        rp.offsets = {name: file_size(path) for name, path in rp.files.items()}
+        rp.offsets = {name: file_size(rp.files[name]) for name in OUTPUTS}
 
     def poll(self, wait: float) -> None:
         """Fold new events and exits into the states until the watchdog has news to judge (every rank
@@ -397,7 +398,7 @@ class RankGroup:
         while pending and time.monotonic() < end:
             self._wait(0.01)
             for rp in list(pending):
-                text = read_from(rp.files["dump"], rp.offsets.get("dump", 0))
+                text = read_from(rp.files["dump"], rp.offsets["dump"])
                 if rp.proc.dump_complete(text, dumps.get(rp.rank)):
                     pending.remove(rp)
                 dumps[rp.rank] = text
@@ -428,7 +429,7 @@ class RankGroup:
 
     def _output(self, rp: RankProcess, name: str) -> str:
         """What the rank wrote to its ``stdout`` or ``stderr`` since the current test (or the stop) began."""
-        return read_bounded(rp.files[name], rp.offsets.get(name, 0))
+        return read_bounded(rp.files[name], rp.offsets[name])
 
     def exit_codes(self) -> dict[int, int | None]:
         """Each rank's exit code (negative: the signal), None while it runs."""

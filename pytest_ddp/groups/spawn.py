@@ -149,9 +149,14 @@ def _die_of_signal(number: int, frame: Any) -> None:
     os.kill(os.getpid(), number)
 
 
+# A rank's files read past where the current test's part starts (RankProcess.offsets); its event
+# log has a reader of its own.
+OUTPUTS = ("stdout", "stderr", "dump")
+
+
 def rank_files(folder: Path, rank: int) -> dict[str, Path]:
     """A rank's event log, output files and stack dump file in ``folder``."""
-    return {name: folder / f"rank{rank}.{name}" for name in ("events", "stdout", "stderr", "dump")}
+    return {name: folder / f"rank{rank}.{name}" for name in ("events", *OUTPUTS)}
 
 
 def write_start_file(
@@ -335,10 +340,11 @@ class RankProcess:
     rank: int
     proc: RankHandle  # what the group does to it, wherever it runs
     events: EventReader
-    files: dict[str, Path]  # rank_files: its event log, output and dump, read past ``offsets``
+    files: dict[str, Path]  # rank_files: its event log (read by its own reader), output and dump
     exit_code: int | None = None  # set once the process is seen to have ended
     died_at: float | None = None  # when it ended, where its starter says (else when it is seen)
-    offsets: dict[str, int] = field(default_factory=dict)  # where the current test's part of each starts
+    # where the current test's part of each of OUTPUTS starts
+    offsets: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTPUTS, 0))
 
 
 class GroupStore:
