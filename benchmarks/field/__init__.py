@@ -15,13 +15,10 @@ FAMILIES = (
 
 # A family's modules: its own, then the parts it was split into, by concern, where it outgrew the
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py), and its cases of the
-# third held-out set (benchmarks/field/<family>_held.py).
+# held-out set (benchmarks/field/<family>_held.py), when there is one.
 PARTS: dict[str, tuple[str, ...]] = {
-    "init": ("init_held",), "ddp": ("ddp_stopping", "ddp_held"),
-    "early_exit": ("early_exit_data", "early_exit_held"), "control_flow": ("control_flow_held",),
-    "libraries": ("libraries_lightning", "libraries_held"),
-    "fsdp2_dtensor": ("fsdp2_dtensor_held",), "slow_rank": ("slow_rank_held",), "mpi": ("mpi_held",),
-}  # fmt: skip
+    "ddp": ("ddp_stopping",), "early_exit": ("early_exit_data",), "libraries": ("libraries_lightning",),
+}
 
 
 def cases(family: str) -> list[Case]:
