@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/field_score.py [--families init ddp ...] [--timeout 20] [--write-docs]
                                                [--tools | --no-tools] [--jobs 8]
+                                               [--cases NAME ...] [--visible]  # a slice, to work on
                                                [--keep DIR]   # the tests and JSON reports, to read
 
 Each family's cases and their fixed twins are written as one test file into a temporary folder and
@@ -449,7 +450,13 @@ def main() -> None:
         help="run torch's tools on the same cases, scored beside pytest-ddp (default: with --write-docs)",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=8, help="torch's tools' runs at a time")
+    parser.add_argument("--cases", nargs="+", metavar="NAME", help="only these cases (not with --write-docs)")
+    parser.add_argument(
+        "--visible", action="store_true", help="leave the held-out cases out, unrun (not with --write-docs)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.write_docs and (args.cases or args.visible):
+        parser.error("--write-docs scores the whole corpus: drop --cases and --visible")
     families: list[Family] = []
     with tempfile.TemporaryDirectory(prefix="ddp-field-") as tmp:
         folder = Path(tmp)
@@ -458,7 +465,12 @@ def main() -> None:
             folder = args.keep.resolve()
         (folder / "pytest.ini").write_text("[pytest]\n")
         for name in args.families:
-            corpus = cases(name)
+            corpus = [
+                case for case in cases(name)
+                if (not args.cases or case.name in args.cases) and not (args.visible and case.held_out)
+            ]  # fmt: skip
+            if not corpus:
+                continue
             path, marked = write_family(folder, name, corpus)
             session = run_family(folder, path, args.timeout)
             family = Family(name, wall=session.wall, report_dir=session.folder)

@@ -468,6 +468,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
         or aborted_on_sizes("done", ranks)
         or _monitored_barrier_timeout("done", ranks)
         or _left_mid_call(failed, ranks)
+        or _raised_then_left(failed, ranks)
     )
     if found is not None:
         return found
@@ -525,6 +526,27 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
     finding = LeftMidCall(culprits, call, woken, ended, alike)
     waiting = [r for r in sorted(woken) if r not in named]
     return Verdict("done", "partial", named, waiting, call.op, call.label, finding)
+
+
+def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict | None:
+    """Some ranks failed by an error of their own, raised outside any call, and every other failed
+    rank raised in a collective, past its argument checks, that one of them never entered: those
+    were woken by the first leaving the group (torchtitan#1342: ``destroy_process_group()`` in a
+    ``finally:`` after a trainer raised), as if it had died; the first are at fault."""
+    own = [r for r in failed if ranks[r].alive and ranks[r].last_raised is None]
+    woken: dict[int, Call] = {}
+    for r in (r for r in failed if r not in own):
+        call = _raised_last_on_its_group(ranks[r])
+        if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
+            return None
+        members = group_members(call, ranks) or []
+        if not any(m in own and collective_at(ranks[m], call.group, call.seq) is None for m in members):
+            return None
+        woken[r] = call
+    if not own or not woken:
+        return None
+    call = woken[min(woken)]
+    return Verdict("done", "rank_exited", own, sorted(woken), call.op, call.label, Failures(own, sorted(woken)))
 
 
 def _raised_last_on_its_group(state: RankState) -> Call | None:

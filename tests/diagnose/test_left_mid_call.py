@@ -107,3 +107,25 @@ def test_an_error_of_the_call_itself_stays_the_failure() -> None:
     failing = rank(0, barrier((0, 1)), bad, finished=True, failed="TypeError: not a tensor")
     verdict = judge(snap(failing, left(1)))
     assert outline(verdict) == ("done", "failed", [0], [])
+
+
+def test_a_rank_that_raised_its_own_error_then_ended_the_group_is_named_not_its_woken_peer() -> None:
+    """torchtitan#1342: a trainer raised between two steps, and its ``finally:`` destroyed the group
+    under its peer's all_reduce, which raised: the first is at fault, the second woken by it."""
+    oom = "RuntimeError: CUDA out of memory"
+    raiser = rank(1, barrier((0, 1)), ok("destroy_process_group", 0, shape=None, site="t.py:9"),
+                  finished=True, failed=oom)
+    verdict = judge(snap(woken(0), raiser))
+    assert outline(verdict) == ("done", "rank_exited", [1], [0])
+    assert (verdict.collective, verdict.call) == ("all_reduce", "all_reduce #2")
+    assert verdict.summary.startswith("rank 1 failed (RuntimeError: CUDA out of memory)")
+    assert "; then rank 0 raised RuntimeError: Read error: Connection reset by peer in all_reduce #2" in (
+        verdict.summary
+    )
+
+
+def test_ranks_that_each_raised_their_own_error_stay_failures() -> None:
+    """Rank 0's all_reduce raised with rank 1 in it: nobody's leaving woke it."""
+    entered = ok("all_reduce", 2, site="t.py:8")
+    verdict = judge(snap(woken(0), rank(1, barrier((0, 1)), entered, finished=True, failed="ValueError: x")))
+    assert outline(verdict) == ("done", "failed", [0, 1], [])
