@@ -4,6 +4,7 @@ and the matrix's verdicts)."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from pytest_ddp import faults
@@ -18,6 +19,14 @@ from pytest_ddp.diagnose.wording import worded
 def judge(snapshot: Snapshot) -> Verdict:
     """The watchdog's verdict, worded as the controller words it."""
     return worded(watchdog.judge(snapshot), snapshot.ranks)
+
+
+def watched(snapshot: Snapshot, source: str) -> Verdict:
+    """The final verdict as the controller's Watch gives it, the test's file ``t.py`` holding ``source``."""
+    text = textwrap.dedent(source)
+    verdict = watchdog.Watch(lambda file: text if file == "t.py" else None).verdict(snapshot)
+    assert verdict is not None
+    return worded(verdict, snapshot.ranks)
 
 
 NOW = 1000.0

@@ -16,6 +16,7 @@ from pytest_ddp.diagnose import code_paths, majority, own_lines, rank_tests
 from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
 from pytest_ddp.diagnose.verdicts import Cycle, Departed, Disagreement, ExtraCall, Verdict
+from pytest_ddp.diagnose.waits import collective_at
 
 
 def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
@@ -60,12 +61,42 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source)
     if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same
                                      for w in (finding.waits[r] for r in callers)):
         return None  # the callers are not all in the one call
-    condition = _one_rank_branch(call, callers[0] if len(callers) == 1 else None, source)
-    if condition is None:
-        return None
     waits = {r: finding.waits[r] for r in callers}
-    extra = ExtraCall(callers, finding.culprits, waits, condition)
-    return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+    branch = _one_rank_branch(call, callers[0] if len(callers) == 1 else None, source)
+    if branch is not None:
+        condition, made_from = branch
+        extra = ExtraCall(callers, finding.culprits, waits, condition, made_from=made_from)
+        return Verdict(verdict.status, "partial", callers, [], call.op, call.label, extra)
+    if len(callers) != 1 or len(finding.culprits) != 1:
+        return None
+    earlier = _met_from_another_line(callers[0], finding.culprits[0], ranks, source)
+    if earlier is None:
+        return None
+    more, (condition, made_from), met = earlier
+    extra = ExtraCall(callers, finding.culprits, waits, condition, made_from=made_from, earlier=more, met=met)
+    return Verdict(verdict.status, "partial", callers, [], more.op, more.label, extra)
+
+
+def _met_from_another_line(
+    caller: int, returned: int, ranks: dict[int, RankState], source: Source
+) -> tuple[Call, tuple[str, str], str] | None:
+    """(the caller's call, the branch holding it and the line there, the line the returned rank's
+    call came from) where the first collective in which the two came by different lines of the
+    user's code was the caller's made in a branch of the code for it alone, and the other's under
+    no test of the rank: the caller made a call more there, which met the other's next one, and so
+    waits alone at the end (netket#2275: ``if rank == 0: err = get_stats(stats)``, a helper that
+    all-reduces, before every rank's final ``get_stats``); None where they came no such way."""
+    for own in (c for c in ranks[caller].calls if c.is_collective):
+        theirs = collective_at(ranks[returned], own.group, own.seq)
+        if theirs is None:
+            return None
+        if (own.site, own.outer) == (theirs.site, theirs.outer):
+            continue
+        branch = _one_rank_branch(own, caller, source)
+        if branch is None or _under_rank_test(theirs, source) is not False:
+            return None
+        return own, branch, (theirs.outer or (theirs.site,))[0]
+    return None
 
 
 def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
@@ -209,7 +240,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
     for rank, call in entered.items():
         branch = _one_rank_branch(call, rank, source)
         if branch is not None:
-            branches[rank] = branch
+            branches[rank] = branch[0]
         elif _under_rank_test(call, source) is not False:
             return None  # on some ranks only, or the code cannot tell
     if len(branches) != 1:
@@ -259,14 +290,14 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
                    dataclasses.replace(finding, branch=branches))
 
 
-def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None:
+def _one_rank_branch(call: Call, rank: int | None, source: Source) -> tuple[str, str] | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
     function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
     ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_test`),
     or passed by the line that led to it to a parameter such a test reads
-    (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`); None where none does, as far
-    as the code tells."""
+    (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`), and ``file:line`` of the line
+    it holds; None where none does, as far as the code tells."""
     inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
     for place in _places(call, source):
         if place is None:
@@ -282,7 +313,7 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> str | None
         if kept is not None and kept[1] == rank:
             branch = kept[0]
         if branch is not None:
-            return f"{file}:{branch}"
+            return f"{file}:{branch}", f"{file}:{line}"
         inner = text, line
     return None
 

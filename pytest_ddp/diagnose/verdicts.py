@@ -84,6 +84,12 @@ class ExtraCall:
     # Else the line of the loop over values that differ between ranks the callers are in
     # (code_ties.left_by_own_branch): they made a step more.
     loop: str | None = None
+    # The user's line the branch holds, where it is not the call's own (the call is in a helper).
+    made_from: str | None = None
+    # The call more, where it was made before the one the caller waits in and met the returned
+    # rank's next call, and the line that one came from (code_ties._met_from_another_line).
+    earlier: Call | None = None
+    met: str | None = None
 
 
 @dataclass(frozen=True)

@@ -206,11 +206,22 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
     alone = "alone " if len(f.callers) == 1 else ""
     returned = f"{rank_list(f.returned)} returned from {test} without it"
     under = f", in a branch of the code for one rank ({f.condition})" if f.condition else ""
-    matched = _matched_elsewhere(f.callers, f.returned, ranks)
     if f.loop:  # the others made this line's calls too, one fewer: a step more, not alone
         return (f"{rank_list(f.callers)} called {describe_call(call)}, a step more in a loop over values"
                 f" that differ between ranks ({f.loop}); {returned}.")
-    return f"{rank_list(f.callers)} {alone}called {describe_call(call)}{under}{matched}; {returned}."
+    if f.earlier is not None:  # the call more met the returned rank's next: the caller waits alone at the end
+        whose = f"rank {f.returned[0]}'s"
+        return (f"{rank_list(f.callers)} alone called {_made(f.earlier, f.made_from)}{under}, and it met"
+                f" {whose} from {f.met}; {rank_list(f.returned)} returned from {test}, and"
+                f" {rank_list(f.callers)} waits in {describe_call(call)}.")
+    matched = _matched_elsewhere(f.callers, f.returned, ranks)
+    return f"{rank_list(f.callers)} {alone}called {_made(call, f.made_from)}{under}{matched}; {returned}."
+
+
+def _made(call: Call, made_from: str | None) -> str:
+    """``all_reduce #2 (t.py:23) from t.py:29``: the call, and the user's line that led to it where
+    that is not the call's own."""
+    return describe_call(call) + (f" from {made_from}" if made_from and made_from != call.site else "")
 
 
 

@@ -4,10 +4,9 @@ sources."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
-from snapshots import R3, R4, call, ok, outline, rank, snap
+from snapshots import R3, R4, call, ok, outline, rank, snap, watched
 
 from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.own_lines import raised_at
@@ -69,14 +68,6 @@ def test_ranks_that_failed_alike_lead_with_their_error_and_each_says_its_line_in
     verdict = worded(watchdog.judge(snap(*states)), states)
     assert verdict.summary == "KeyError: 'offset' (ranks 0, 1)."
     assert rank_doing(states[1]) == "finished (failed); last call no collective yet; raised at tests/t.py:11"
-
-
-def watched(snapshot: Snapshot, source: str) -> Verdict:
-    """The final verdict as the controller's Watch gives it, the test's file ``t.py`` holding ``source``."""
-    text = textwrap.dedent(source)
-    verdict = watchdog.Watch(lambda file: text if file == "t.py" else None).verdict(snapshot)
-    assert verdict is not None
-    return worded(verdict, snapshot.ranks)
 
 
 EXITS = """
