@@ -130,10 +130,19 @@ def _kept_on_one_rank(function: ast.FunctionDef) -> dict[str, set[int | None]]:
             for name in names_set(node.body) - set_aside:
                 kept.setdefault(name, set()).add(_rank_singled_out(node.test))
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.IfExp) and _singles_out(
-                node.value.test):
+                node.value.test) and not _none_on_one_side(node.value):
             for name in names_set([node]):  # x = reduced.item() if rank == 0 else mine
                 kept.setdefault(name, set()).add(_rank_singled_out(node.value.test))
     return {name: ranks for name, ranks in kept.items() if name not in agreed}
+
+
+def _none_on_one_side(choice: ast.IfExp) -> bool:
+    """``x1 = batch[1] if rank == 0 else None``: an input some ranks have and the rest lack.  Which
+    departs, the ranks that run what only the input makes them run or those without it, the code
+    does not say: the field blames the ranks without it for a model's submodule they skip
+    (pytorch#148334, #152964), and would blame the rank with it for a metric's reduction only it
+    makes.  So such a value counts as kept on no rank: a tie, not a guess."""
+    return any(isinstance(side, ast.Constant) and side.value is None for side in (choice.body, choice.orelse))
 
 
 def _one_rank_read(node: ast.AST, kept: dict[str, set[int | None]]) -> int | None:

@@ -80,6 +80,10 @@ def test_a_test_of_a_value_set_in_one_ranks_branch_alone_names_the_test_and_that
     assert one_rank_value_test(two, 7) is None  # kept on rank 0 and on rank 1: no one rank
     chosen = "def f(rank):\n    x = total if rank == 1 else mine\n    if x < best:\n        g()\n"
     assert one_rank_value_test(chosen, 4) == (3, 1)
+    # an input one rank has and the others lack (None): which departs, the code does not say
+    for choice in ("batch[1] if rank == 0 else None", "None if rank == 1 else pixels"):
+        lacking = f"def f(rank):\n    x1 = {choice}\n    if x1 is not None:\n        g(x1)\n"
+        assert one_rank_value_test(lacking, 4) is None, choice
 
 
 DIFFERING = textwrap.dedent("""
