@@ -209,11 +209,6 @@ def tensors_in(values: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(value)
 
 
-def outputs(arguments: dict[str, Any]) -> Iterator[torch.Tensor]:
-    """The tensors an operation writes: every c10d operation takes them first."""
-    return tensors_in(list(arguments.values())[:1])
-
-
 # The keys a kernel at BackendSelect hands its call on with: those of the call, past this hook.
 _PAST_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 # A call whose keys hold Meta runs on fake or meta tensors (fake mode includes Meta too): it is

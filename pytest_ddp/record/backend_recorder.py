@@ -52,8 +52,7 @@ def _recording() -> bool:
 def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], Any]) -> Any:
     """A c10d operation no recorded function issued: write the call, submit it; the ret comes later."""
     log = numbering.log
-    if log is None:
-        return submit()
+    assert log is not None  # handed here only while recording (_recording)
     functional = backend_hook.issued_by.functional
     issued_async = functional is not None  # its caller blocks later, in wait_tensor
     if functional:  # named as the functional collective (all_gather_into_tensor, not its _coalesced)
@@ -65,8 +64,8 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     work = backend_hook.work_of(result)
     if work is None or not _pending.add(index, work):
         write_ret(log, index)
-    if issued_async:  # where its caller's wait_tensor finds it
-        for tensor in backend_hook.outputs(args):
+    if issued_async:  # where its caller's wait_tensor finds it: the tensors it writes, which come first
+        for tensor in backend_hook.tensors_in(list(args.values())[:1]):
             _backend_tensors[tensor.data_ptr()] = index
     return result
 
@@ -75,8 +74,7 @@ def _record_functional(spec: BackendOp, args: dict[str, Any], submit: Callable[[
     """A functional collective: write the call, submit it; its ret comes with wait_tensor, or at the
     test's end (it returns no Work: nothing tells when it is done, short of waiting)."""
     log = numbering.log
-    if log is None:
-        return submit()
+    assert log is not None  # handed here only while recording (_recording)
     index = _write_call(log, spec, args, backend_hook.named_group, True)
     if index is None:
         return submit()

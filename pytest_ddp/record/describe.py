@@ -247,29 +247,29 @@ def _dialled(method: str) -> str | None:
 def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
     """What init_process_group and new_group will use: their arguments, else the environment; the
     timeout the group's calls wait, where given."""
-    timeout = args.get("timeout")
-    seconds = {"timeout": timeout.total_seconds()} if isinstance(timeout, datetime.timedelta) else {}
+    extra: dict[str, Any] = {}
     if op == INIT:
         method = args.get("init_method") or ("store" if args.get("store") is not None else "env://")
-        extra = {
-            "rank": _given_or_env(args.get("rank"), "RANK"),
-            "world_size": _given_or_env(args.get("world_size"), "WORLD_SIZE"),
-            "init_method": method,
-            "address": _dialled(method),
-            "backend": args.get("backend"),  # None: torch's default for the devices
-            **seconds,
-        }
-        return {k: v for k, v in extra.items() if v is not None}
-    if op == NEW_GROUP:
-        # Made by its members only (their ranks name it), not by every rank of the default group.
-        local = {"local": True} if args.get("use_local_synchronization") else {}
+        extra["rank"] = _given_or_env(args.get("rank"), "RANK")
+        extra["world_size"] = _given_or_env(args.get("world_size"), "WORLD_SIZE")
+        extra["init_method"] = method
+        extra["address"] = _dialled(method)
+        extra["backend"] = args.get("backend")  # None: torch's default for the devices
+    elif op == NEW_GROUP:
         ranks = args.get("ranks")
         if not ranks:  # None or []: every rank
-            return {"ranks": list(range(dist.get_world_size())), **local, **seconds}
-        if not isinstance(ranks, (list, tuple, range, set)):
-            return {**local, **seconds} or None  # an iterator: left for the real call to consume
-        return {"ranks": sorted(ranks), **local, **seconds}  # sorted, as torch sorts them by default
-    return None
+            extra["ranks"] = list(range(dist.get_world_size()))
+        elif isinstance(ranks, (list, tuple, range, set)):  # not an iterator: the real call consumes it
+            extra["ranks"] = sorted(ranks)  # sorted, as torch sorts them by default
+        # Made by its members only (their ranks name it), not by every rank of the default group.
+        if args.get("use_local_synchronization"):
+            extra["local"] = True
+    else:
+        return None
+    timeout = args.get("timeout")
+    if isinstance(timeout, datetime.timedelta):
+        extra["timeout"] = timeout.total_seconds()
+    return {k: v for k, v in extra.items() if v is not None} or None
 
 
 def optional_fields(fields: dict[str, Any]) -> str:

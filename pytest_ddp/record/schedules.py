@@ -52,9 +52,6 @@ class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self.loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
     def exec_module(self, module: ModuleType) -> None:
         module.__loader__ = self.loader  # the module's own loader, for inspect and linecache
         if module.__spec__ is not None:

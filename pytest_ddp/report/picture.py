@@ -359,8 +359,8 @@ def _stack_tree(report: dict[str, Any], test_path: str) -> list[str]:
 def page(report: dict[str, Any]) -> str:
     """The whole HTML page of one failing test's report."""
     line = timeline(report)
-    culprits = rank_list(report.get("culprits") or []) if report.get("culprits") else "none"
-    waiting = rank_list(report.get("waiting") or []) if report.get("waiting") else "none"
+    culprits = rank_list(report["culprits"]) if report.get("culprits") else "none"
+    waiting = rank_list(report["waiting"]) if report.get("waiting") else "none"
     facts = (
         f"verdict: {_esc(verdict_name(report))} &#183; at fault: {_esc(culprits)} &#183; "
         f"waiting: {_esc(waiting)} &#183; "

@@ -12,8 +12,6 @@ from typing import Any
 
 from pytest_ddp.common.ops import op
 
-RUNNING = "running"
-
 
 @dataclass(frozen=True)
 class Slice:
