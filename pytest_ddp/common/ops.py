@@ -179,6 +179,10 @@ MPI_OPS: dict[str, Op] = _table(
     _mpi("Split", "collective", makes_comm=True, recorded_as="split"),
     _mpi("Split_type", "collective", makes_comm=True, recorded_as="split"),
     _mpi("Create", "collective", makes_comm=True, recorded_as="split"),
+    # A topology's communicator is returned as made (a recording one would lose its methods, Shift,
+    # Get_coords): the calls on it are not recorded.
+    _mpi("Create_cart", "collective", recorded_as="split"),
+    _mpi("Create_graph", "collective", recorded_as="split"),
     # Ends every rank of the world: recorded as the aborting rank's last call, never returns.
     _mpi("Abort", "group"),
 )

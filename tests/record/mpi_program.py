@@ -64,8 +64,10 @@ def calls(rank: int) -> None:
     comm.Split(color=rank, key=0).Barrier()
     dup = comm.Dup()
     dup.Bcast(data, root=1)
+    cart = comm.Create_cart([comm.size])
     never = comm.Irecv(np.empty(1), source=MPI.ANY_SOURCE, tag=99)
-    kinds = {"world": type(MPI.COMM_WORLD).__name__, "request": isinstance(never, MPI.Request)}
+    kinds = {"world": type(MPI.COMM_WORLD).__name__, "request": isinstance(never, MPI.Request),
+             "cart": cart.Get_coords(cart.rank) == [rank]}
     print(json.dumps(kinds), flush=True)
     _done()
     never.Cancel()  # so that every rank can finalize

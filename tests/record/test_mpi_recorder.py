@@ -151,7 +151,7 @@ def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> Ran:
 
 def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(two_ranks: Ran) -> None:
     run, output = two_ranks.run, two_ranks.output
-    assert output.count('{"world": "RecordingComm", "request": true}') == 2
+    assert output.count('{"world": "RecordingComm", "request": true, "cart": true}') == 2
     sender, receiver = run.states()
     calls = sender.calls
     assert [c.label for c in calls] == [
@@ -167,6 +167,7 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(two_
         "Barrier #1 on group 1.0 [0]",
         "Dup #4",
         "Bcast #1 on group 2 [0, 1]",
+        "Create_cart #5",
         "Irecv #1 from any (tag 99)",
     ]
     first = calls[0]
@@ -185,7 +186,7 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(two_
     assert (in_place.shapes, in_place.dtypes, in_place.extra) == ([[3]], ["float32"], {"bytes": 12, "op": "MAX"})
     assert (reduced.obj_type, reduced.extra) == ("int", {"op": "SUM"})
     assert calls[11].root == 1
-    assert [c.state for c in calls] == ["ok"] * 12 + ["running"]  # the Isend's ret came with its Waitall
+    assert [c.state for c in calls] == ["ok"] * 13 + ["running"]  # the Isend's ret came with its Waitall
 
     any_source = receiver.calls[0]
     assert (any_source.peer, any_source.tag, any_source.got_source, any_source.got_tag) == (None, None, 0, 5)
@@ -196,7 +197,7 @@ def test_calls_are_recorded_with_peer_tag_root_count_bytes_site_and_outcome(two_
     got_none = receiver.calls[5]  # its wait() returned None: it completed all the same
     assert (got_none.label, got_none.state, got_none.got_source) == ("irecv #2 from any (tag 11)", "ok", 0)
     for state in run.states():
-        assert state.in_flight == [{"i": 12, "err": "request not complete 0.1 s after the test"}]
+        assert state.in_flight == [{"i": 13, "err": "request not complete 0.1 s after the test"}]
     assert outline(judge(run.states())) == ("done", None, [], [])
     # The next test on these ranks numbers its calls from 0; a communicator made before it is named so.
     assert [[c.label for c in tests[1].calls] for tests in run.tests] == [["Barrier #1 on group before-2 [0, 1]"]] * 2
