@@ -54,13 +54,15 @@ def test_a_send_is_numbered_per_peer_wherever_it_is_recorded() -> None:
 def test_a_group_set_up_says_what_it_will_use_its_timeout_last() -> None:
     timeout = datetime.timedelta(seconds=5)
     given = {"ranks": (1, 0), "use_local_synchronization": True, "timeout": timeout}
-    assert fields(describe_call("new_group", given)) == {"extra": {"ranks": [0, 1], "local": True, "timeout": 5.0}}
+    made = fields(describe_call("new_group", given))
+    assert made == {"extra": {"ranks": [0, 1], "local": True, "timeout": 5.0}}
     # An iterator is left for the real call to consume: what is known besides it, else nothing.
     assert fields(describe_call("new_group", {"ranks": iter([1, 0]), "timeout": timeout})) == {
         "extra": {"timeout": 5.0}
     }
     assert fields(describe_call("new_group", {"ranks": iter([1, 0])})) == {}
-    given = {"backend": "gloo", "init_method": "tcp://h:29500", "rank": 1, "world_size": 2, "timeout": timeout}
+    given = {"backend": "gloo", "init_method": "tcp://h:29500", "rank": 1, "world_size": 2}
+    given["timeout"] = timeout
     extra = fields(describe_call("init_process_group", given))["extra"]
     assert list(extra) == ["rank", "world_size", "init_method", "address", "backend", "timeout"]
     assert extra["address"] == "h:29500"
