@@ -1,8 +1,8 @@
 """Certain faults of ``init_process_group``, in tests that call it themselves: a rank out of
 range, a rank passed twice, world sizes that differ, one world size every process passed that
-more processes than run would make, a rendezvous dialled at another address than the rest, a
-process that raised in init or never called it.  Pure (:mod:`pytest_ddp.diagnose.watchdog` asks
-it first).
+more processes than run would make, a rendezvous dialled at another address than the rest, or at
+one that no host of theirs has, a process that raised in init or never called it.  Pure
+(:mod:`pytest_ddp.diagnose.watchdog` asks it first).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def init_fault(ranks: dict[int, RankState], store: str | None = None) -> Verdict
     inits = _Inits(ranks, calls, blocked, store)
     checks = (
         _init_out_of_range, _init_duplicate, _init_world_sizes, _init_world_size, _init_address,
-        _init_raised, _init_never,
+        _init_unserved, _init_raised, _init_never,
     )
     for check in checks:
         fault = check(inits)
@@ -144,6 +144,21 @@ def _init_address(inits: _Inits) -> InitFault | None:
     [server] = servers
     culprits = sorted(r for r, address in dialled.items() if address != dialled[server])
     return InitFault("address", culprits, inits.blocked, server=server)
+
+
+def _init_unserved(inits: _Inits) -> InitFault | None:
+    """Every live process dialled one rendezvous address, not the rank group's store, that is an
+    address of none of their hosts (``extra["elsewhere"]``, the recorder's word): no process of the
+    group can serve a store there (pytorch#49084: a MASTER_ADDR that is not node 0's), and every
+    one is named."""
+    dialled = {r: c for r, c in inits.live.items() if (given(c, "world_size") or 0) > 1}
+    addresses = {c.extra.get("address") for c in dialled.values()}
+    if not dialled or len(addresses) != 1 or any(c.extra.get("elsewhere") is not True for c in dialled.values()):
+        return None
+    [address] = addresses
+    if inits.store is not None and _loopback_as_one(str(address)) == _loopback_as_one(inits.store):
+        return None
+    return InitFault("unserved", sorted(dialled), inits.blocked, store=inits.store)
 
 
 def _loopback_as_one(address: str) -> str:

@@ -164,7 +164,9 @@ class Disagreement:
     overflow: tuple[int, int] | None = None
 
 
-InitCheck = Literal["out_of_range", "duplicate", "world_sizes", "world_size", "address", "raised", "never"]
+InitCheck = Literal[
+    "out_of_range", "duplicate", "world_sizes", "world_size", "address", "unserved", "raised", "never",
+]
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ class InitFault:
     culprits: list[int]
     blocked: list[int]  # slots blocked in init_process_group
     duplicates: list[Duplicate] = field(default_factory=list)  # duplicate: each rank passed twice
-    store: str | None = None  # address: the rank group's store, where most dialled it, or None
+    store: str | None = None  # address: the rank group's store, where most dialled it, or None; unserved: it
     server: int | None = None  # address, on a tie: the process that passed rank 0, serving the store
 
 

@@ -411,6 +411,14 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
             if f.server is not None:
                 reason += " and, as rank 0, serves the rendezvous's store there"
         reason += ", in init_process_group"
+    elif f.check == "unserved":
+        reason = (
+            f"{rank_list(f.culprits, 'process')} dialled {_dialled(calls[f.culprits[0]])} in"
+            f" init_process_group, an address none of their hosts has"
+        )
+        if f.store is not None:
+            reason += f", not the rank group's store at {f.store}"
+        reason += ": nothing answers there"
     elif f.check == "raised":
         reason = "; ".join(
             f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits

@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
+import ipaddress
 import json
 import os
 import pickle
 import re
+import socket
 import sys
 import weakref
 from collections.abc import Callable
@@ -244,6 +247,25 @@ def _dialled(method: str) -> str | None:
     return f"{host}:{port}" if method.startswith("env://") and host and port else None
 
 
+def _elsewhere(address: str | None) -> bool | None:
+    """Whether the host of a dialled ``host:port`` is an IP address that is none of this machine's
+    (it cannot be bound here: EADDRNOTAVAIL), so that no process here can serve a store there;
+    None for a name, which only a lookup that may block would tell, or where no address is dialled."""
+    if address is None:
+        return None
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError as error:
+            return True if error.errno == errno.EADDRNOTAVAIL else None
+    return False
+
+
 def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
     """What init_process_group and new_group will use: their arguments, else the environment; the
     timeout the group's calls wait, where given."""
@@ -254,6 +276,7 @@ def _extra(op: str, args: dict[str, Any]) -> dict[str, Any] | None:
         extra["world_size"] = _given_or_env(args.get("world_size"), "WORLD_SIZE")
         extra["init_method"] = method
         extra["address"] = _dialled(method)
+        extra["elsewhere"] = _elsewhere(extra["address"])
         extra["backend"] = args.get("backend")  # None: torch's default for the devices
     elif op == NEW_GROUP:
         ranks = args.get("ranks")

@@ -85,3 +85,27 @@ def test_a_rendezvous_of_the_tests_own_store_is_no_address() -> None:
 def test_the_store_spelled_another_way_is_the_store() -> None:
     spelled = init(1, address="localhost:29500")
     assert judge(dataclasses.replace(snap(rank(0, init(0)), rank(1, spelled)), store=STORE)).status == "wait"
+
+
+def test_an_address_every_process_dialled_that_none_of_their_hosts_has_names_them_all() -> None:
+    """pytorch#49084: MASTER_ADDR set to an address that is not node 0's, on every node: nothing of
+    the group can serve a store there.  The recorder says whether a process's host has the address
+    (``elsewhere``)."""
+    away = "192.0.2.1:29500"
+
+    def dialling(given: int, elsewhere: bool | None = True) -> Call:
+        made = init(given, address=away)
+        made.extra["elsewhere"] = elsewhere
+        return made
+
+    verdict = judge(dataclasses.replace(snap(rank(0, dialling(0)), rank(1, dialling(1))), store=STORE))
+    assert outline(verdict) == ("deadlock", "init", [0, 1], [])
+    assert verdict.summary.startswith(
+        "processes 0, 1 dialled 192.0.2.1:29500 (MASTER_ADDR:MASTER_PORT) in init_process_group, an address"
+        " none of their hosts has, not the rank group's store at 127.0.0.1:29500: nothing answers there;"
+    )
+    # the address of one's host (or one the recorder could not tell), or the store's: nothing certain
+    for elsewhere in (False, None):
+        one = snap(rank(0, dialling(0, elsewhere)), rank(1, dialling(1)))
+        assert judge(dataclasses.replace(one, store=STORE)).status == "wait", elsewhere
+    assert judge(dataclasses.replace(snap(rank(0, dialling(0)), rank(1, dialling(1))), store=away)).status == "wait"

@@ -19,9 +19,11 @@ import pytest_ddp
 
 def init(rank: int, method: str = "env", rank_as: dict | None = None, size_as: dict | None = None,
          delay: dict | None = None, skip: int | None = None, folder: str | None = None,
-         shared: bool = False, own_port: bool = False) -> int:
+         shared: bool = False, own_port: bool = False, master_addr: str | None = None) -> int:
     if rank == skip:
         return -1
+    if master_addr is not None:
+        os.environ["MASTER_ADDR"] = master_addr
     if own_port:  # pytorch#53395: each process finds a free port of its own
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -76,6 +78,14 @@ def test_each_process_on_its_own_port_names_those_not_on_rank_0s():
     result = pytest_ddp.run(init, world_size=3, init=False, kwargs={"own_port": True}, timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [1, 2])
     assert "as rank 0, serves the rendezvous's store there" in result.diagnosis.text
+
+
+def test_an_address_no_host_of_the_group_has_names_every_process_that_dialled_it():
+    # pytorch#49084: MASTER_ADDR set alike on every node to an address that is not node 0's
+    # (192.0.2.1, TEST-NET-1 of the documentation): no host of the group has it, nothing answers there.
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"master_addr": "192.0.2.1"}, timeout=30)
+    assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [0, 1])
+    assert "192.0.2.1" in result.diagnosis.text and "nothing answers there" in result.diagnosis.text
 
 
 @pytest.mark.ddp(world_size=2, init=False)
