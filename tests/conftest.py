@@ -51,16 +51,19 @@ from pytest_ddp.common import procfs
 
 T = TypeVar("T")
 
-# The files that cost most, most first (CPU-s in one run of the suite, docs/benchmarks.md): they run
-# before the others. pytest-xdist's --dist loadfile (with --no-loadscope-reorder, Makefile) hands
-# files to its workers in collection order; by default it hands them out by their number of tests,
-# and a long file of one or two tests (the wheel's, SLURM's) came last, keeping one worker busy
-# for 20 to 30 s while the other had nothing left.
+# The files that take longest, longest first (each one's seconds in a fresh clone's `make test`,
+# 2026-11-29: 42 s down to 10 s): they run before the others. pytest-xdist's --dist loadfile (with
+# --no-loadscope-reorder, Makefile) hands files to its workers in collection order; by default it
+# hands them out by their number of tests, and a long file of one or two tests (the wheel's,
+# SLURM's) came last, keeping one worker busy for 20 to 30 s while the other had nothing left.
 LONGEST_FILES = (
-    "launched/test_two_nodes.py", "adopt/test_adopt.py", "launched/test_slurm_launched.py",
-    "record/test_compiled_code.py", "launched/test_launched.py", "matrix/test_matrix_fast.py",
-    "report/test_report_edges.py", "groups/test_processes.py", "groups/test_mpi_world_edges.py",
-    "launched/test_signals.py", "test_controller_edges.py", "groups/test_mpi_group.py", "test_wheel.py",
+    "report/test_report_edges.py", "adopt/test_adopt.py", "launched/test_slurm_launched.py",
+    "groups/test_mpi_world_edges.py", "launched/test_two_nodes.py", "groups/test_processes.py",
+    "test_controller_edges.py", "groups/test_mpi_group.py", "rank/test_rank_edges.py", "test_failures.py",
+    "matrix/test_matrix_fast.py", "record/test_compiled_code.py", "launched/test_launched.py",
+    "launched/test_signals.py", "libraries/test_deepspeed.py", "scenarios/test_mpi_halts.py",
+    "record/test_mpi_recorder.py", "groups/test_warm_groups.py", "scenarios/test_init_faults.py", "test_wheel.py",
+    "config/test_settings.py", "record/test_recorder.py",
 )  # fmt: skip
 
 
