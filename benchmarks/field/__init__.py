@@ -17,8 +17,10 @@ FAMILIES = (
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py), and its cases of the
 # held-out set (benchmarks/field/<family>_held.py), when there is one.
 PARTS: dict[str, tuple[str, ...]] = {
-    "ddp": ("ddp_stopping",), "early_exit": ("early_exit_data",), "libraries": ("libraries_lightning",),
-}
+    "objects": ("objects_held",), "ddp": ("ddp_stopping",), "early_exit": ("early_exit_data",),
+    "libraries": ("libraries_lightning",), "groups_p2p": ("groups_p2p_held",),
+    "pipelining": ("pipelining_held",),
+}  # fmt: skip
 
 
 def cases(family: str) -> list[Case]:
