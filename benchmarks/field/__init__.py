@@ -18,8 +18,9 @@ FAMILIES = (
 # held-out set (benchmarks/field/<family>_held.py), when there is one.
 PARTS: dict[str, tuple[str, ...]] = {
     "objects": ("objects_held",), "ddp": ("ddp_stopping",), "early_exit": ("early_exit_data",),
-    "libraries": ("libraries_lightning",), "groups_p2p": ("groups_p2p_held",),
-    "pipelining": ("pipelining_held",),
+    "control_flow": ("control_flow_held",), "libraries": ("libraries_lightning", "libraries_held"),
+    "fsdp2_dtensor": ("fsdp2_dtensor_held",), "groups_p2p": ("groups_p2p_held",),
+    "slow_rank": ("slow_rank_held",), "pipelining": ("pipelining_held",),
 }  # fmt: skip
 
 
