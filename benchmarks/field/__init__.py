@@ -17,10 +17,11 @@ FAMILIES = (
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py), and its cases of the
 # held-out set (benchmarks/field/<family>_held.py), when there is one.
 PARTS: dict[str, tuple[str, ...]] = {
-    "objects": ("objects_held",), "ddp": ("ddp_stopping",), "early_exit": ("early_exit_data",),
-    "control_flow": ("control_flow_held",), "libraries": ("libraries_lightning", "libraries_held"),
-    "fsdp2_dtensor": ("fsdp2_dtensor_held",), "groups_p2p": ("groups_p2p_held",),
-    "slow_rank": ("slow_rank_held",), "pipelining": ("pipelining_held",),
+    "init": ("init_held",), "objects": ("objects_held",), "ddp": ("ddp_stopping", "ddp_held"),
+    "early_exit": ("early_exit_data", "early_exit_held"), "control_flow": ("control_flow_held",),
+    "libraries": ("libraries_lightning", "libraries_held"), "fsdp2_dtensor": ("fsdp2_dtensor_held",),
+    "groups_p2p": ("groups_p2p_held",), "slow_rank": ("slow_rank_held",), "mpi": ("mpi_held",),
+    "pipelining": ("pipelining_held",),
 }  # fmt: skip
 
 
