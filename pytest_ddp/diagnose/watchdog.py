@@ -533,10 +533,11 @@ def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict
     rank raised in a collective, past its argument checks, that one of them never entered: those
     were woken by the first leaving the group (torchtitan#1342: ``destroy_process_group()`` in a
     ``finally:`` after a trainer raised), as if it had died; the first are at fault."""
-    own = [r for r in failed if ranks[r].alive and ranks[r].last_raised is None]
+    raised = {r: _raised_last_on_its_group(ranks[r]) for r in failed}
+    own = [r for r in failed if ranks[r].alive and raised[r] is None]
     woken: dict[int, Call] = {}
     for r in (r for r in failed if r not in own):
-        call = _raised_last_on_its_group(ranks[r])
+        call = raised[r]
         if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
             return None
         members = group_members(call, ranks) or []
@@ -550,11 +551,12 @@ def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict
 
 
 def _raised_last_on_its_group(state: RankState) -> Call | None:
-    """The rank's last call that raised, where it made no later call on that call's group (a test
-    harness's exchanges after the test are on a group of their own: torch's MultiProcessTestCase)."""
+    """The rank's last call that raised, where it made no later call on that call's group but its
+    end (a test harness's exchanges after the test are on a group of their own: torch's
+    MultiProcessTestCase; a ``finally:`` may destroy the group the call raised in)."""
     for position in range(len(state.calls) - 1, -1, -1):
         call = state.calls[position]
         if call.state == "raised":
             later = state.calls[position + 1:]
-            return None if any(c.group == call.group for c in later) else call
+            return None if any(c.group == call.group and c.op != DESTROY for c in later) else call
     return None
