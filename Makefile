@@ -88,18 +88,8 @@ check: lint
 # machines) Python never caches it, so each of the suite's hundreds of processes that imports the
 # plugin (sessions' controllers, forkservers, launched processes, MPI ranks) compiled it again:
 # 0.1 to 0.2 s of CPU each. A stale one is recompiled in memory, never trusted.
-# Then, while the lint runs (its mypy keeps one core of two busy), the suite is collected once in
-# the background, writing bytecode, for two costs the workers paid before their first test:
-# - pytest rewrites the asserts of the plugin's modules (a pytest11 plugin's package) and of the
-#   tests in each pytest process, into bytecode of its own that it reads where it finds it: written
-#   once here, no worker or inner session's controller parses them again (0.3 to 0.5 s of CPU each);
-# - tests/libraries/test_deepspeed.py builds DeepSpeed's CPU comm op at its import into a cache in
-#   the venv (docs/libraries.md): on a fresh clone 25 s of compiling, which both workers waited for.
-# It is waited for, never killed: a build killed half-way leaves a lock every later load waits on.
-test: venv
+test: lint
 	$(PY) -m compileall -q pytest_ddp
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only >/dev/null 2>&1 & \
-	    $(MAKE) --no-print-directory lint; lint=$$?; wait $$!; exit $$lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv
