@@ -87,7 +87,9 @@ with torch.no_grad():
     vision(pixel_values if pixel_values is not None else torch.zeros(1, 4))  # a dummy image
     language(torch.ones(1, 4))
 """,
-        kind="mismatch",
+        # partial, as verdicts.py defines it: rank 1's language all-gather met the others' vision
+        # one (alike in size), then it returned without the all-gather they wait in
+        kind="partial",
         culprits=(1,),
         op="all_gather_into_tensor",
     ),
