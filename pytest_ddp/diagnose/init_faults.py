@@ -153,7 +153,9 @@ def _init_unserved(inits: _Inits) -> InitFault | None:
     one is named."""
     dialled = {r: c for r, c in inits.live.items() if (given(c, "world_size") or 0) > 1}
     addresses = {c.extra.get("address") for c in dialled.values()}
-    if not dialled or len(addresses) != 1 or any(c.extra.get("elsewhere") is not True for c in dialled.values()):
+    if not dialled or len(addresses) != 1:
+        return None
+    if any(c.extra.get("elsewhere") is not True for c in dialled.values()):
         return None
     [address] = addresses
     if inits.store is not None and _loopback_as_one(str(address)) == _loopback_as_one(inits.store):

@@ -546,8 +546,8 @@ def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict
         woken[r] = call
     if not own or not woken:
         return None
-    call = woken[min(woken)]
-    return Verdict("done", "rank_exited", own, sorted(woken), call.op, call.label, Failures(own, sorted(woken)))
+    call, peers = woken[min(woken)], sorted(woken)
+    return Verdict("done", "rank_exited", own, peers, call.op, call.label, Failures(own, peers))
 
 
 def _raised_last_on_its_group(state: RankState) -> Call | None:

@@ -83,8 +83,8 @@ class TestRun:
         they made a group of other members (the verdict after the test names them), asynchronous
         work was left in flight, or MPI messages were never received."""
         members_differ = isinstance(self.verdict.finding, MembersDiffer)
-        wrong = self.sequence_differences or members_differ or self.unfinished_work or self.unreceived_messages
-        return bool(wrong)
+        left_behind = self.unfinished_work or self.unreceived_messages
+        return bool(self.sequence_differences or members_differ or left_behind)
 
     @property
     def stopped(self) -> bool:
