@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,19 @@ def _not_in_ci() -> Iterator[None]:
 @pytest.fixture
 def ddp_pytester(pytester: pytest.Pytester) -> DdpPytester:
     return DdpPytester(pytester)
+
+
+@pytest.fixture
+def foreign_address() -> str:
+    """An IPv4 address this machine does not have (it cannot be bound here), from the ranges kept
+    for documentation (RFC 5737), one of which this machine's own network may use."""
+    for address in ("203.0.113.1", "198.51.100.1", "192.0.2.1"):
+        with socket.socket() as probe:
+            try:
+                probe.bind((address, 0))
+            except OSError:
+                return address
+    pytest.skip("every documentation address can be bound here")
 
 
 class ModuleShared:

@@ -82,21 +82,38 @@ def _met_from_another_line(
 ) -> tuple[Call, tuple[str, str], str] | None:
     """(the caller's call, the branch holding it and the line there, the line the returned rank's
     call came from) where the first collective in which the two came by different lines of the
-    user's code was the caller's made in a branch of the code for it alone, and the other's under
-    no test of the rank: the caller made a call more there, which met the other's next one, and so
-    waits alone at the end (netket#2275: ``if rank == 0: err = get_stats(stats)``, a helper that
+    user's code was the caller's made in a branch of the code for it alone, the other's under no
+    test of the rank, and every later call of the caller's on that group came as the other's from
+    that one on: the caller made a call more there, which met the other's next one, and so waits
+    alone at the end (netket#2275: ``if rank == 0: err = get_stats(stats)``, a helper that
     all-reduces, before every rank's final ``get_stats``); None where they came no such way."""
+    if not ranks[returned].alive or ranks[returned].failed:
+        return None
     for own in (c for c in ranks[caller].calls if c.is_collective):
         theirs = collective_at(ranks[returned], own.group, own.seq)
         if theirs is None:
             return None
         if (own.site, own.outer) == (theirs.site, theirs.outer):
             continue
+        mine, others = (_collectives_on(ranks[r], own.group) for r in (caller, returned))
+        at = next(i for i, c in enumerate(mine) if c is own)  # the same place among the other's
+        if _ways(mine[at + 1:]) != _ways(others[at:]):  # a call more: the rest of the caller's, one later
+            return None
         branch = _one_rank_branch(own, caller, source)
         if branch is None or _under_rank_test(theirs, source) is not False:
             return None
         return own, branch, (theirs.outer or (theirs.site,))[0]
     return None
+
+
+def _collectives_on(state: RankState, group: str) -> list[Call]:
+    """The rank's collectives on ``group``, in order."""
+    return [c for c in state.calls if c.is_collective and c.group == group]
+
+
+def _ways(calls: list[Call]) -> list[tuple[str | None, tuple[str, ...]]]:
+    """The line and the user's lines that led to each call."""
+    return [(c.site, c.outer) for c in calls]
 
 
 def left_by_own_branch(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:

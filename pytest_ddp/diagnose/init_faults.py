@@ -150,10 +150,12 @@ def _init_unserved(inits: _Inits) -> InitFault | None:
     """Every live process dialled one rendezvous address, not the rank group's store, that is an
     address of none of their hosts (``extra["elsewhere"]``, the recorder's word): no process of the
     group can serve a store there (pytorch#49084: a MASTER_ADDR that is not node 0's), and every
-    one is named."""
+    one is named.  Such an address may still route back to a store here (a public address
+    forwarded to this host): the watchdog gives the rendezvous the grace first."""
     dialled = {r: c for r, c in inits.live.items() if (given(c, "world_size") or 0) > 1}
     addresses = {c.extra.get("address") for c in dialled.values()}
-    if not dialled or len(addresses) != 1:
+    processes = sum(state.alive for state in inits.ranks.values())
+    if len(dialled) < processes or len(addresses) != 1:
         return None
     if any(c.extra.get("elsewhere") is not True for c in dialled.values()):
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from pytest_ddp.common.ops import MPI_ABORT
 from pytest_ddp.common.protocol import NULL_PEER
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Wait
@@ -162,3 +163,14 @@ def unreceived_from(ranks: dict[int, RankState], sender: int, dest: int, group: 
     """The messages from ``sender`` to ``dest`` on ``group`` that no receive took (sent with a
     tag the receives do not want, say)."""
     return [m for m in match(ranks).left if (m.rank, m.dest, m.call.group) == (sender, dest, group)]
+
+
+def mpi_abort(state: RankState) -> Call | None:
+    """The MPI_Abort this rank's process ended in, if it did: the rank failed, whatever its exit
+    status."""
+    if state.alive or not state.calls:
+        return None
+    last = state.calls[-1]
+    if last.op == MPI_ABORT and last.state == "running":
+        return last
+    return None

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import re
 
-from pytest_ddp.diagnose import own_lines
+from pytest_ddp.diagnose import mpi_matching, own_lines
 from pytest_ddp.diagnose.phrases import describe_call
 from pytest_ddp.diagnose.state import LeftBy, RankState, exit_text
-from pytest_ddp.diagnose.watchdog import mpi_abort
 
 
 def _short_error(state: RankState) -> str:
@@ -85,7 +84,7 @@ def how_it_failed(state: RankState) -> str:
     test``, ``called MPI_Abort (errorcode 7) at t.py:5``, ``died (exit code 1; its code's exit at
     t.py:8)``."""
     last = state.calls[-1] if state.calls else None
-    if (abort := mpi_abort(state)) is not None:
+    if (abort := mpi_matching.mpi_abort(state)) is not None:
         return f"called MPI_Abort (errorcode {abort.extra.get('errorcode')}) at {abort.site}"
     if not state.alive:
         inside = f" in {describe_call(last)}" if last is not None and last.state == "running" else ""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER, MPI_ABORT
-from pytest_ddp.diagnose import code_ties, majority, mpi_matching, own_lines
+from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER
+from pytest_ddp.diagnose import code_ties, majority, mpi_matching, own_lines, rank_words
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
     aborted_on_sizes,
@@ -31,6 +31,7 @@ from pytest_ddp.diagnose.verdicts import (
     ExtraCall,
     Failures,
     GraceOver,
+    InitFault,
     LeftMidCall,
     NoneFinished,
     NoSuchPeer,
@@ -213,7 +214,7 @@ class Watch:
     def verdict(self, snap: Snapshot) -> Verdict | None:
         """The final verdict on the test, or None while the controller should wait."""
         verdict = judge(snap)
-        if verdict.status == "deadlock" and _may_time_out_itself(snap):
+        if verdict.status == "deadlock" and (_may_time_out_itself(snap) or _may_yet_answer(snap, verdict)):
             return None
         if verdict.status == "deadlock":
             self._certain_since = self._certain_since or snap.now
@@ -255,6 +256,17 @@ def _may_time_out_itself(snap: Snapshot) -> bool:
         if snap.now - call.enter < timeout + SETTLE:
             return True
     return False
+
+
+def _may_yet_answer(snap: Snapshot, verdict: Verdict) -> bool:
+    """A rendezvous dialled at an address no host of the group has, entered less than the grace
+    ago: it may still route back to a store here (:func:`pytest_ddp.diagnose.init_faults.
+    init_fault`'s unserved), where a rendezvous completes in milliseconds."""
+    finding = verdict.finding
+    if not isinstance(finding, InitFault) or finding.check != "unserved":
+        return False
+    calls = [call for state in snap.ranks if (call := state.blocked_call) is not None]
+    return any(snap.now - call.enter < snap.grace for call in calls)
 
 
 def _disconnected(snap: Snapshot) -> bool:
@@ -350,24 +362,13 @@ def _only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> b
     return bool(culprits) and all(ranks[r].died_as_injected for r in culprits)
 
 
-def mpi_abort(state: RankState) -> Call | None:
-    """The MPI_Abort this rank's process ended in, if it did: the rank failed, whatever its exit
-    status."""
-    if state.alive or not state.calls:
-        return None
-    last = state.calls[-1]
-    if last.op == MPI_ABORT and last.state == "running":
-        return last
-    return None
-
-
 def _faulty(state: RankState) -> bool:
     """A failed report, or a process that ended with an error or in an MPI_Abort."""
     if state.failed:
         return True
     if state.alive:
         return False
-    return state.exit_code != 0 or mpi_abort(state) is not None
+    return state.exit_code != 0 or mpi_matching.mpi_abort(state) is not None
 
 
 def _timeout(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict:
@@ -478,7 +479,7 @@ def _done(ranks: dict[int, RankState]) -> Verdict:
     # Ranks whose last call raised were woken by the death ("Connection closed by peer"); the
     # ranks an MPI_Abort's launcher killed died of it.
     woken = [r for r in sorted(ranks) if r not in dead and ranks[r].last_raised is not None]
-    aborted = [r for r in dead if mpi_abort(ranks[r]) is not None]
+    aborted = [r for r in dead if mpi_matching.mpi_abort(ranks[r]) is not None]
     if aborted:
         woken = sorted(woken + [r for r in dead if r not in aborted])
         dead = aborted
@@ -530,24 +531,41 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
 
 def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict | None:
     """Some ranks failed by an error of their own, raised outside any call, and every other failed
-    rank raised in a collective, past its argument checks, that one of them never entered: those
-    were woken by the first leaving the group (torchtitan#1342: ``destroy_process_group()`` in a
-    ``finally:`` after a trainer raised), as if it had died; the first are at fault."""
+    rank raised in a collective, past its argument checks, that one of them never entered, after
+    that one left (failed, or ended the group): those were woken by the first leaving the group
+    (torchtitan#1342: ``destroy_process_group()`` in a ``finally:`` after a trainer raised), as if
+    it had died; the first are at fault.  An error of their own that reads as a timeout or a
+    connection's may itself be what a peer's call more caused: no verdict then."""
     raised = {r: _raised_last_on_its_group(ranks[r]) for r in failed}
     own = [r for r in failed if ranks[r].alive and raised[r] is None]
+    for r in own:
+        error = rank_words.failed_outside_calls(ranks[r])
+        if error is not None and _CAUSED.search(error[0]):
+            return None
     woken: dict[int, Call] = {}
     for r in (r for r in failed if r not in own):
         call = raised[r]
         if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
             return None
         members = group_members(call, ranks) or []
-        if not any(m in own and collective_at(ranks[m], call.group, call.seq) is None for m in members):
+        left = [m for m in members if m in own and collective_at(ranks[m], call.group, call.seq) is None]
+        if not any(call.exit is not None and call.exit >= _left_at(ranks[m], call.group) for m in left):
             return None
         woken[r] = call
     if not own or not woken:
         return None
     call, peers = woken[min(woken)], sorted(woken)
     return Verdict("done", "rank_exited", own, peers, call.op, call.label, Failures(own, peers))
+
+
+# An error that a peer's hang may have caused: a wait that timed out, a connection that broke.
+_CAUSED = re.compile(r"(?i)timed? ?out|connection|broken pipe")
+
+
+def _left_at(state: RankState, group: str) -> float:
+    """When a rank that failed outside any call left ``group``: its end of the group, else its failure."""
+    ended = [c.enter for c in state.calls if c.op == DESTROY and c.group == group]
+    return min(ended) if ended else state.failed_at or 0.0
 
 
 def _raised_last_on_its_group(state: RankState) -> Call | None:

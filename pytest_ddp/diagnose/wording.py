@@ -418,7 +418,7 @@ def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
         )
         if f.store is not None:
             reason += f", not the rank group's store at {f.store}"
-        reason += ": nothing answers there"
+        reason += ": no process of the group serves one there"
     elif f.check == "raised":
         reason = "; ".join(
             f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits

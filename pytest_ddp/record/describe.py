@@ -258,11 +258,11 @@ def _elsewhere(address: str | None) -> bool | None:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
         return None
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:  # no IPv6 here: EAFNOSUPPORT, not told
             probe.bind((host, 0))
-        except OSError as error:
-            return True if error.errno == errno.EADDRNOTAVAIL else None
+    except OSError as error:
+        return True if error.errno == errno.EADDRNOTAVAIL else None
     return False
 
 

@@ -52,3 +52,31 @@ def test_a_call_more_met_from_another_line_under_no_branch_for_its_rank_stays_a_
         one = rank(1, _through(1, "t.py:9"), _through(2, "t.py:12"), finished=True)
         verdict = watched(snap(zero, one), STATS.replace("rank == 0", condition))
         assert outline(verdict)[:3] == ("deadlock", "partial", [0, 1]), condition
+
+
+EARLY = """\
+    def sync(rank, t):
+        if rank == 0:
+            dist.all_reduce(t)
+            return
+        dist.all_reduce(t)
+
+
+    def test_x(rank):
+        t = torch.ones(1)
+        sync(rank, t)
+        if rank == 1:
+            return
+        dist.all_reduce(t)
+"""
+
+
+def test_calls_from_other_lines_that_are_not_a_call_more_leave_the_rank_that_returned_named() -> None:
+    """Each rank's all_reduce #1 came from its own line of ``sync`` (a branch for rank 0 that
+    returns early), then rank 1 left: rank 0's #2 is not rank 1's #1 one later, so no call more."""
+    first, later = ok("all_reduce", 1, site="t.py:3"), call("all_reduce", 2, site="t.py:13")
+    first.outer = ("t.py:10",)
+    theirs = ok("all_reduce", 1, site="t.py:5")
+    theirs.outer = ("t.py:10",)
+    verdict = watched(snap(rank(0, first, later), rank(1, theirs, finished=True)), EARLY)
+    assert outline(verdict)[:3] == ("deadlock", "partial", [1])

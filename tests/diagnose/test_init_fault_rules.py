@@ -7,6 +7,7 @@ import dataclasses
 
 from snapshots import NOW, call, judge, outline, rank, snap
 
+from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call
 
 STORE = "127.0.0.1:29500"
@@ -102,8 +103,18 @@ def test_an_address_every_process_dialled_that_none_of_their_hosts_has_names_the
     assert outline(verdict) == ("deadlock", "init", [0, 1], [])
     assert verdict.summary.startswith(
         "processes 0, 1 dialled 192.0.2.1:29500 (MASTER_ADDR:MASTER_PORT) in init_process_group, an address"
-        " none of their hosts has, not the rank group's store at 127.0.0.1:29500: nothing answers there;"
+        " none of their hosts has, not the rank group's store at 127.0.0.1:29500: no process of the group"
+        " serves one there;"
     )
+    # a process not yet in init_process_group may dial the store
+    assert judge(dataclasses.replace(snap(rank(0, dialling(0)), rank(1)), store=STORE)).status == "wait"
+    # the address may still route back to a store here: the rendezvous gets the grace first
+    for entered, final in ((NOW - 1, False), (NOW - 3, True)):
+        early = [dialling(r) for r in (0, 1)]
+        for made in early:
+            made.enter = entered
+        watched = watchdog.Watch().verdict(dataclasses.replace(snap(*map(rank, (0, 1), early)), store=STORE))
+        assert (watched is not None) is final, entered
     # the address of one's host (or one the recorder could not tell), or the store's: nothing certain
     for elsewhere in (False, None):
         one = snap(rank(0, dialling(0, elsewhere)), rank(1, dialling(1)))

@@ -4,7 +4,7 @@ snapshots: no processes."""
 
 from __future__ import annotations
 
-from snapshots import R3, call, judge, ok, outline, rank, snap
+from snapshots import NOW, R3, call, judge, ok, outline, rank, snap
 
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import Failures, LeftMidCall
@@ -130,4 +130,21 @@ def test_ranks_that_each_raised_their_own_error_stay_failures() -> None:
     """Rank 0's all_reduce raised with rank 1 in it: nobody's leaving woke it."""
     entered = ok("all_reduce", 2, site="t.py:8")
     verdict = judge(snap(woken(0), rank(1, barrier((0, 1)), entered, finished=True, failed="ValueError: x")))
+    assert outline(verdict) == ("done", "failed", [0, 1], [])
+
+
+def test_a_peer_that_raised_before_the_rank_left_was_not_woken_by_it() -> None:
+    """Rank 0's call raised (its own group timeout) before rank 1 failed and ended the group: the
+    failures stand apart."""
+    late = ok("destroy_process_group", 0, shape=None, site="t.py:9", enter=NOW - 0.5)
+    raiser = rank(1, barrier((0, 1)), late, finished=True, failed="AssertionError: x")
+    verdict = judge(snap(woken(0), raiser))
+    assert outline(verdict) == ("done", "failed", [0, 1], [])
+
+
+def test_an_error_of_its_own_that_reads_as_a_timeout_may_be_a_consequence_and_names_nobody_alone() -> None:
+    """A store wait that timed out while its peer sat in a call more: not the rank's own fault."""
+    ended = ok("destroy_process_group", 0, shape=None, site="t.py:9")
+    waited = rank(1, barrier((0, 1)), ended, finished=True, failed="TimeoutError: timed out waiting for key")
+    verdict = judge(snap(woken(0), waited))
     assert outline(verdict) == ("done", "failed", [0, 1], [])

@@ -68,11 +68,11 @@ def test_a_group_set_up_says_what_it_will_use_its_timeout_last() -> None:
     assert extra["address"] == "h:29500"
 
 
-def test_an_init_says_whether_its_host_has_the_address_it_dials() -> None:
-    """An IP address none of this machine's (192.0.2.1, TEST-NET-1) cannot be bound here: no process
-    here serves a store there.  A name would need a lookup that may block: not told."""
+def test_an_init_says_whether_its_host_has_the_address_it_dials(foreign_address: str) -> None:
+    """An IP address none of this machine's cannot be bound here: no process here serves a store
+    there.  A name would need a lookup that may block: not told."""
     told = {}
-    for host in ("192.0.2.1", "127.0.0.1", "localhost"):
+    for host in (foreign_address, "127.0.0.1", "localhost"):
         given = {"backend": "gloo", "init_method": f"tcp://{host}:29500", "rank": 1, "world_size": 2}
         told[host] = fields(describe_call("init_process_group", given))["extra"].get("elsewhere")
-    assert told == {"192.0.2.1": True, "127.0.0.1": False, "localhost": None}
+    assert told == {foreign_address: True, "127.0.0.1": False, "localhost": None}

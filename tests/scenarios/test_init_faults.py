@@ -80,12 +80,13 @@ def test_each_process_on_its_own_port_names_those_not_on_rank_0s():
     assert "as rank 0, serves the rendezvous's store there" in result.diagnosis.text
 
 
-def test_an_address_no_host_of_the_group_has_names_every_process_that_dialled_it():
-    # pytorch#49084: MASTER_ADDR set alike on every node to an address that is not node 0's
-    # (192.0.2.1, TEST-NET-1 of the documentation): no host of the group has it, nothing answers there.
-    result = pytest_ddp.run(init, world_size=2, init=False, kwargs={"master_addr": "192.0.2.1"}, timeout=30)
+def test_an_address_no_host_of_the_group_has_names_every_process_that_dialled_it(foreign_address):
+    # pytorch#49084: MASTER_ADDR set alike on every node to an address that is not node 0's:
+    # no host of the group has it, no process of the group serves a store there.
+    kwargs = {"master_addr": foreign_address}
+    result = pytest_ddp.run(init, world_size=2, init=False, kwargs=kwargs, timeout=30)
     assert (result.outcome, result.diagnosis.kind, result.diagnosis.culprits) == ("deadlock", "init", [0, 1])
-    assert "192.0.2.1" in result.diagnosis.text and "nothing answers there" in result.diagnosis.text
+    assert foreign_address in result.diagnosis.text and "none of their hosts has" in result.diagnosis.text
 
 
 @pytest.mark.ddp(world_size=2, init=False)
