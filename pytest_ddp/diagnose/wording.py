@@ -1,5 +1,6 @@
-"""The words of a failed test's report: the watchdog's findings and the headline (each rank in
-words: :mod:`pytest_ddp.diagnose.rank_words`).
+"""The words of a failed test's report: the watchdog's findings (each rank in words:
+:mod:`pytest_ddp.diagnose.rank_words`; init_process_group's faults:
+:mod:`pytest_ddp.diagnose.init_words`; the headline: :mod:`pytest_ddp.diagnose.headline`).
 
 The watchdog (:mod:`pytest_ddp.diagnose.watchdog`) returns data; this module words it once per
 failing test, for the report, the JSON and ``run()``.
@@ -11,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 
 from pytest_ddp.diagnose import mpi_matching
-from pytest_ddp.diagnose.init_faults import given
+from pytest_ddp.diagnose.init_words import init_fault_words
 from pytest_ddp.diagnose.phrases import describe_call, grouped, rank_list, said, signature_text, verb
 from pytest_ddp.diagnose.rank_words import (
     failed_outside_calls,
@@ -373,73 +374,6 @@ def _odd_line(f: Disagreement, rest: list[int]) -> str:
     return f" {whose} came from {site}{called}, the others' from {others.pop()}."
 
 
-def _init_fault(f: InitFault, ranks: dict[int, RankState]) -> str:
-    calls = {r: c for r, s in ranks.items() if (c := s.latest_init()) is not None}
-    if f.check == "out_of_range":
-        reason = "; ".join(
-            f"process {r} passed rank {given(calls[r], 'rank')}, out of range for world_size "
-            f"{given(calls[r], 'world_size')}, to init_process_group"
-            for r in f.culprits
-        )
-    elif f.check == "duplicate":
-        passed = (
-            f"{rank_list(d.culprits, 'process')} passed rank {d.rank}, "
-            f"as {rank_list(d.others, 'process')} did"
-            for d in f.duplicates
-        )
-        reason = "; ".join(passed) + ", to init_process_group"
-    elif f.check == "world_sizes":
-        sizes = {r: s for r, c in calls.items() if (s := given(c, "world_size")) is not None}
-        each = said(sizes, lambda r: f"passed {sizes[r]}", ", ", "process")
-        reason = f"init_process_group world sizes differ: {each}"
-    elif f.check == "world_size":
-        size = given(calls[f.culprits[0]], "world_size") or 0
-        run = sum(state.alive for state in ranks.values())
-        missing = rank_list(range(run, size))
-        reason = (
-            f"{rank_list(f.culprits, 'process')} passed world_size {size} to init_process_group, where "
-            f"{run} processes run: {missing} never {verb(range(run, size), 'comes', 'come')}"
-        )
-    elif f.check == "address":
-        reason = "; ".join(f"process {r} dialled {_dialled(calls[r])}" for r in f.culprits)
-        if f.store is not None:
-            reason += f", not the rank group's store at {f.store}"
-        else:
-            others = {r: c for r, c in calls.items() if r not in f.culprits and "address" in c.extra}
-            first = next(iter(others.values()))
-            reason += f", where {rank_list(others, 'process')} dialled {_dialled(first)}"
-            if f.server is not None:
-                reason += " and, as rank 0, serves the rendezvous's store there"
-        reason += ", in init_process_group"
-    elif f.check == "unserved":
-        reason = (
-            f"{rank_list(f.culprits, 'process')} dialled {_dialled(calls[f.culprits[0]])} in"
-            f" init_process_group, an address none of their hosts has"
-        )
-        if f.store is not None:
-            reason += f", not the rank group's store at {f.store}"
-        reason += ": no process of the group serves one there"
-    elif f.check == "raised":
-        reason = "; ".join(
-            f"process {r} raised {calls[r].error} in {describe_call(calls[r])}" for r in f.culprits
-        )
-    else:
-        reason = "; ".join(
-            f"process {r} {how_it_failed(ranks[r])} without calling init_process_group" for r in f.culprits
-        )
-    call = ranks[f.blocked[0]].blocked_call
-    assert call is not None
-    waits = f"{rank_list(f.blocked, 'process')} {verb(f.blocked, 'waits', 'wait')} in {describe_call(call)}"
-    return f"{reason}; {waits}."
-
-
-def _dialled(call: Call) -> str:
-    """``127.0.0.1:29507 (MASTER_ADDR:MASTER_PORT)``: the address an init dialled, and whence."""
-    method = str(call.extra.get("init_method"))
-    whence = "MASTER_ADDR:MASTER_PORT" if method.startswith("env://") else "init_method"
-    return f"{call.extra.get('address')} ({whence})"
-
-
 def _slow_ranks(f: SlowRanks, ranks: dict[int, RankState]) -> str:
     waited = "; ".join(
         f"rank {r}'s {describe_call(call)} timed out" for r, call in sorted(f.reporters.items())
@@ -502,7 +436,7 @@ _WORDERS: dict[type, Callable[..., str]] = {
     NoSuchPeer: _no_such_peer,
     MembersDiffer: _members_differ,
     Disagreement: _disagreement,
-    InitFault: _init_fault,
+    InitFault: init_fault_words,
     SlowRanks: _slow_ranks,
     TimedOut: _timed_out,
     GraceOver: _grace_over,
@@ -534,46 +468,3 @@ def worded(verdict: Verdict, states: list[RankState]) -> Verdict:
     ranks = {s.rank: s for s in states}
     alike = _failed_alike(finding, ranks) if isinstance(finding, Failures) else None
     return dataclasses.replace(verdict, summary=alike or _WORDERS[type(finding)](finding, ranks))
-
-
-# -- the headline: what happened and to whom, then the verdict's tag ----------
-
-_NAMED_STATUSES = ("deadlock", "stopped", "timeout")  # a tag's first word; any other status: "failed"
-
-
-def lead(
-    verdict: Verdict,
-    *,
-    unfinished: bool,
-    unreceived: bool,
-    differ: bool,
-    not_fired: list[str],
-    stop_teardown: bool,
-) -> str:
-    """What happened and to whom: the verdict's summary, or what failed a test whose ranks all
-    passed (work left in flight, messages never received, sequences that differ, faults that never
-    fired, a failed teardown at the group's stop)."""
-    if verdict.summary:
-        return verdict.summary
-    if unfinished:
-        return "asynchronous work left in flight"
-    if unreceived:
-        return "messages sent and never received"
-    if differ:
-        return "the ranks' collective sequences differ"
-    if not_fired:
-        return f"injected faults never fired: {'; '.join(not_fired)}"
-    if stop_teardown:
-        return "the ranks failed in the teardown of the fixtures they still held when their group was stopped"
-    return "failed"
-
-
-def tag(verdict: Verdict, elapsed: float) -> str:
-    """``[ddp deadlock, partial, 0.41 s]`` (a deadlock's kind and how long into the test it was
-    diagnosed), ``[ddp failed]``, ``[ddp stopped, rank_exited]``: after the lead, so that pytest's
-    one-line summary, cut at the terminal's width, keeps the cause."""
-    status = verdict.status if verdict.status in _NAMED_STATUSES else "failed"
-    words = [status] + ([verdict.kind] if verdict.kind and verdict.kind != status else [])
-    if verdict.status == "deadlock":
-        words.append(f"{elapsed:.2f} s")
-    return f"[ddp {', '.join(words)}]"

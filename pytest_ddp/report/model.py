@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pytest_ddp.diagnose.headline import lead, tag
 from pytest_ddp.diagnose.rank_words import not_entered, rank_doing
 from pytest_ddp.diagnose.state import RankState
-from pytest_ddp.diagnose.wording import lead, tag
 from pytest_ddp.groups.runner import TestRun
 from pytest_ddp.report import stack_tree
 from pytest_ddp.report.sequences import Divergence, GroupSequences, divergence, group_sequences, p2p_table
