@@ -31,8 +31,10 @@ def skipped_in_code(verdict: Verdict, ranks: dict[int, RankState], source: Sourc
         entered = {r: finding.waits[r].call for r in finding.culprits}
     else:
         return None
+    if len(entered) != 2:
+        return None
     before, _ = majority.paths(ranks, entered)
-    if len(entered) != 2 or len(before) != 2:
+    if len(before) != 2:
         return None
     between = {r: _calls_between(before[r], entered[r], ranks, source) for r in entered}
     skipped = {r: (before[r], entered[r], lines) for r, lines in between.items() if lines}
@@ -79,7 +81,7 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source)
 
 def _met_from_another_line(
     caller: int, returned: int, ranks: dict[int, RankState], source: Source
-) -> tuple[Call, tuple[str, str], str] | None:
+) -> tuple[Call, tuple[str, str | None], str] | None:
     """(the caller's call, the branch holding it and the line there, the line the returned rank's
     call came from) where the first collective in which the two came by different lines of the
     user's code was the caller's made in a branch of the code for it alone, the other's under no
@@ -307,14 +309,15 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
                    dataclasses.replace(finding, branch=branches))
 
 
-def _one_rank_branch(call: Call, rank: int | None, source: Source) -> tuple[str, str] | None:
+def _one_rank_branch(call: Call, rank: int | None, source: Source) -> tuple[str, str | None] | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a
     function called under ``if rank == 0:``, speechbrain#2401), or of a test of a value kept on
     ``rank``, the one caller, alone (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_test`),
     or passed by the line that led to it to a parameter such a test reads
     (:func:`pytest_ddp.diagnose.rank_tests.one_rank_value_passed`), and ``file:line`` of the line
-    it holds; None where none does, as far as the code tells."""
+    it holds where that is not the call's own (None: the call's); None where none does, as far as
+    the code tells."""
     inner: tuple[str, int] | None = None  # the text and line of the place before, called from this one
     for place in _places(call, source):
         if place is None:
@@ -330,7 +333,8 @@ def _one_rank_branch(call: Call, rank: int | None, source: Source) -> tuple[str,
         if kept is not None and kept[1] == rank:
             branch = kept[0]
         if branch is not None:
-            return f"{file}:{branch}", f"{file}:{line}"
+            held = f"{file}:{line}"
+            return f"{file}:{branch}", None if held == call.site else held
         inner = text, line
     return None
 

@@ -4,7 +4,6 @@ every rank finished failed.  Pure (:mod:`pytest_ddp.diagnose.watchdog` asks it).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from pytest_ddp.common.ops import DESTROY, MONITORED_BARRIER
@@ -20,7 +19,7 @@ from pytest_ddp.diagnose.verdicts import (
     Verdict,
     Wait,
 )
-from pytest_ddp.diagnose.waits import collective_at, group_members
+from pytest_ddp.diagnose.waits import entered, group_members
 
 
 def only_injected_deaths(culprits: list[int], ranks: dict[int, RankState]) -> bool:
@@ -77,9 +76,9 @@ def stopped(snap: Snapshot, ranks: dict[int, RankState], waits: dict[int, Wait])
         return slow
     # Calls recorded on both sides that disagree are the cause, whichever rank's error came first
     # (Gloo's size check aborts one rank of a functional all_reduce; its peer goes on, async).
-    mismatch = finished_mismatch(ranks) or aborted_on_sizes("stopped", ranks)
+    mismatch = finished_mismatch("stopped", ranks) or aborted_on_sizes("stopped", ranks)
     if mismatch is not None:
-        return dataclasses.replace(mismatch, status="stopped")
+        return mismatch
     unfinished = [r for r in sorted(ranks) if not ranks[r].finished]
     woken = _woken(culprits, ranks)
     culprits = [r for r in culprits if r not in woken]
@@ -113,7 +112,7 @@ def done(ranks: dict[int, RankState]) -> Verdict:
             return Verdict("done", "rank_exited", sorted(ranks), finding=NoneFinished(sorted(ranks)))
         return Verdict("done")
     found = (
-        finished_mismatch(ranks)
+        finished_mismatch("done", ranks)
         or p2p_mismatch("done", ranks)
         or aborted_on_sizes("done", ranks)
         or _monitored_barrier_timeout("done", ranks)
@@ -150,14 +149,10 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
     woken: dict[int, Call] = {}
     left: set[int] = set()
     for r in failed:
-        call = _raised_last_on_its_group(ranks[r])
-        if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
+        call = _raised_in_collective(ranks[r])
+        if call is None:
             return None
-        absent = [
-            m for m in group_members(call, ranks) or []
-            if not ranks[m].failed and ranks[m].finished
-            and collective_at(ranks[m], call.group, call.seq) is None
-        ]
+        absent = [m for m in _absent(call, ranks) if not ranks[m].failed and ranks[m].finished]
         if not absent:
             return None
         woken[r] = call
@@ -166,11 +161,7 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
         return None
     culprits = sorted(left)
     call = woken[min(woken)]
-    ended = {}
-    for r in culprits:
-        destroy = next((c for c in reversed(ranks[r].calls) if c.op == DESTROY), None)
-        if destroy is not None:
-            ended[r] = destroy
+    ended = {r: ends[-1] for r in culprits if (ends := _ends(ranks[r]))}
     alike = sorted(woken) if len(left) == len(woken) and majority.as_before(ranks, woken) else []
     named = sorted(set(culprits) | set(alike))
     finding = LeftMidCall(culprits, call, woken, ended, alike)
@@ -193,12 +184,11 @@ def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict
             return None
     woken: dict[int, Call] = {}
     for r in (r for r in failed if r not in own):
-        call = raised[r]
-        if not ranks[r].alive or call is None or not call.is_collective or call.before_backend:
+        call = _raised_in_collective(ranks[r])
+        if call is None:
             return None
-        members = group_members(call, ranks) or []
-        left = [m for m in members if m in own and collective_at(ranks[m], call.group, call.seq) is None]
-        if not any(call.exit is not None and call.exit >= _left_at(ranks[m], call.group) for m in left):
+        left = [m for m in _absent(call, ranks) if m in own]
+        if not any(call.exit is not None and call.exit >= _left_at(ranks[m], call) for m in left):
             return None
         woken[r] = call
     if not own or not woken:
@@ -211,10 +201,32 @@ def _raised_then_left(failed: list[int], ranks: dict[int, RankState]) -> Verdict
 _CAUSED = re.compile(r"(?i)timed? ?out|connection|broken pipe")
 
 
-def _left_at(state: RankState, group: str) -> float:
-    """When a rank that failed outside any call left ``group``: its end of the group, else its failure."""
-    ended = [c.enter for c in state.calls if c.op == DESTROY and c.group == group]
+def _left_at(state: RankState, call: Call) -> float:
+    """When a rank that failed outside any call left the call's group: its end of the group, else
+    its failure."""
+    ended = [c.enter for c in _ends(state) if c.group == call.group]
     return min(ended) if ended else state.failed_at or 0.0
+
+
+def _ends(state: RankState) -> list[Call]:
+    """The rank's destroy_process_group calls, in order."""
+    return [c for c in state.calls if c.op == DESTROY]
+
+
+def _raised_in_collective(state: RankState) -> Call | None:
+    """The live rank's last call on its group (:func:`_raised_last_on_its_group`), where it is a
+    collective that raised past its argument checks: the backend had it, so a peer's leaving may
+    have raised it."""
+    call = _raised_last_on_its_group(state) if state.alive else None
+    if call is None or not call.is_collective or call.before_backend:
+        return None
+    return call
+
+
+def _absent(call: Call, ranks: dict[int, RankState]) -> list[int]:
+    """The members of the call's group that never entered its collective."""
+    there = entered(call, ranks)
+    return [m for m in group_members(call, ranks) or [] if m not in there]
 
 
 def _raised_last_on_its_group(state: RankState) -> Call | None:

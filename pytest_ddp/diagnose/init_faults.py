@@ -38,6 +38,11 @@ class _Inits:
         world size (an elastic loop's survivors join again, one taking the dead one's rank)."""
         return {r: c for r, c in self.calls.items() if self.ranks[r].alive}
 
+    @property
+    def processes(self) -> int:
+        """The live processes: a dead one is in no world."""
+        return sum(state.alive for state in self.ranks.values())
+
 
 def init_fault(ranks: dict[int, RankState], store: str | None = None) -> Verdict | None:
     """Certain faults of init_process_group, or None; ``store``: host:port of the rank group's store."""
@@ -99,7 +104,7 @@ def _init_world_sizes(inits: _Inits) -> InitFault | None:
     best = max(counts.values())
     tied = [s for s, n in counts.items() if n == best]
     first = sizes[min(sizes, key=lambda r: (inits.calls[r].enter, r))]
-    processes = sum(state.alive for state in inits.ranks.values())  # a dead one is in no world
+    processes = inits.processes
     expected = processes if processes in tied else first if first in tied else tied[0]
     culprits = sorted(r for r, s in sizes.items() if s != expected)
     return InitFault("world_sizes", culprits, inits.blocked)
@@ -109,7 +114,7 @@ def _init_world_size(inits: _Inits) -> InitFault | None:
     """Every live process passed one world size, larger than the processes there are (the plugin
     started every rank): the ranks past them never come, and every one is named."""
     sizes = {given(c, "world_size") for c in inits.live.values()}
-    processes = sum(state.alive for state in inits.ranks.values())
+    processes = inits.processes
     if len(sizes) != 1 or len(inits.live) < processes:
         return None
     size = sizes.pop()
@@ -154,7 +159,7 @@ def _init_unserved(inits: _Inits) -> InitFault | None:
     forwarded to this host): the watchdog gives the rendezvous the grace first."""
     dialled = {r: c for r, c in inits.live.items() if (given(c, "world_size") or 0) > 1}
     addresses = {c.extra.get("address") for c in dialled.values()}
-    processes = sum(state.alive for state in inits.ranks.values())
+    processes = inits.processes
     if len(dialled) < processes or len(addresses) != 1:
         return None
     if any(c.extra.get("elsewhere") is not True for c in dialled.values()):

@@ -196,7 +196,7 @@ def shared_prefix(sequences: Sequence[Sequence[Call]]) -> int:
     return shared
 
 
-def finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
+def finished_mismatch(status: str, ranks: dict[int, RankState]) -> Verdict | None:
     """The first collective two ranks entered with different signatures (:meth:`Call.signature`),
     whether or not it completed: read after the test, or once a rank failed."""
     made = {rank: ranks[rank].calls for rank in sorted(ranks)}
@@ -213,7 +213,7 @@ def finished_mismatch(ranks: dict[int, RankState]) -> Verdict | None:
         by_position.setdefault((call.group, call.seq), {})[rank] = call
     for entered in by_position.values():
         if len({Call.signature(c) for c in entered.values()}) > 1:
-            return mismatch_verdict("done", ranks, entered[min(entered)], Call.signature)
+            return mismatch_verdict(status, ranks, entered[min(entered)], Call.signature)
     return None
 
 

@@ -162,7 +162,7 @@ def _tests_holding(function: ast.AST, line: int) -> list[tuple[ast.stmt, ast.exp
     iterables, whose body holds the statement at ``line``, innermost first."""
     holding = [node for node in ast.walk(function) if isinstance(node, (ast.If, ast.While, ast.For))
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0)]
-    return [(node, loop_head(node) if isinstance(node, (ast.For, ast.While)) else node.test)
+    return [(node, node.iter if isinstance(node, ast.For) else node.test)
             for node in sorted(holding, key=lambda node: node.lineno, reverse=True)]
 
 

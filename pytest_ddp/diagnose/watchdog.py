@@ -9,8 +9,6 @@ verdict is data (:mod:`pytest_ddp.diagnose.verdicts`); :mod:`pytest_ddp.diagnose
 
 from __future__ import annotations
 
-import dataclasses
-
 from pytest_ddp.diagnose import code_ties, failed_ranks, majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
@@ -54,10 +52,7 @@ def _deadlock(ranks: dict[int, RankState], waits: dict[int, Wait]) -> Verdict | 
     if gone.kind == "rank_exited":
         # Calls recorded on both sides that disagree are the cause of the rank's error: Gloo lets
         # calls of one size in other shapes through, and a rank trips on the data after them.
-        mismatch = finished_mismatch(ranks)
-        if mismatch is not None:
-            return dataclasses.replace(mismatch, status="deadlock")
-        return aborted_on_sizes("deadlock", ranks) or gone
+        return finished_mismatch("deadlock", ranks) or aborted_on_sizes("deadlock", ranks) or gone
     return gone
 
 
@@ -257,7 +252,7 @@ def _may_yet_answer(snap: Snapshot, verdict: Verdict) -> bool:
     finding = verdict.finding
     if not isinstance(finding, InitFault) or finding.check != "unserved":
         return False
-    calls = [call for state in snap.ranks if (call := state.blocked_call) is not None]
+    calls = [call for state in snap.ranks if state.rank in finding.blocked and (call := state.blocked_call)]
     return any(snap.now - call.enter < snap.grace for call in calls)
 
 

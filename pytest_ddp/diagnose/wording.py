@@ -222,7 +222,7 @@ def _extra_call(f: ExtraCall, ranks: dict[int, RankState]) -> str:
 def _made(call: Call, made_from: str | None) -> str:
     """``all_reduce #2 (t.py:23) from t.py:29``: the call, and the user's line that led to it where
     that is not the call's own."""
-    return describe_call(call) + (f" from {made_from}" if made_from and made_from != call.site else "")
+    return describe_call(call) + (f" from {made_from}" if made_from else "")
 
 
 

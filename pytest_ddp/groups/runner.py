@@ -160,7 +160,7 @@ def supervise(group: RankGroup, spec: RankSpec) -> TestRun:
             by_rank = {s.rank: s for s in survivors}
             found = None
             if run.sequence_differences:
-                found = mismatches.finished_mismatch(by_rank)
+                found = mismatches.finished_mismatch("done", by_rank)
             if found is None:
                 found = mismatches.new_group_members("done", by_rank)
             if found is not None:

@@ -110,7 +110,7 @@ def run_cell(cell: Cell) -> Record:
     if result.outcome == "passed" and result.collective_differences and kept:
         # Calls that completed though they differ (another reduce op): a marked test fails on
         # them, named as the runner names them (run() leaves the check to its caller).
-        found = mismatches.finished_mismatch({s.rank: s for s in kept[-1].states})
+        found = mismatches.finished_mismatch("done", {s.rank: s for s in kept[-1].states})
         if found is not None:
             record.outcome, record.kind, record.culprits = "failed", found.kind, list(found.culprits)
             kept[-1].verdict = found
