@@ -457,6 +457,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.write_docs and (args.cases or args.visible):
         parser.error("--write-docs scores the whole corpus: drop --cases and --visible")
+    unknown = set(args.cases or ()) - {case.name for name in args.families for case in cases(name)}
+    if unknown:
+        parser.error(f"--cases: no case of {', '.join(args.families)} is named {', '.join(sorted(unknown))}")
     families: list[Family] = []
     with tempfile.TemporaryDirectory(prefix="ddp-field-") as tmp:
         folder = Path(tmp)

@@ -425,7 +425,6 @@ def test_a_test_its_own_harness_skips_starts_no_rank(adopted) -> None:
 def test_torch_harness_classes_run_on_warm_ranks_with_torchs_outcomes(adopted) -> None:
     """The session has no --ddp-adopt: one line of its pytest.ini, ``ddp_adopt = true``, adopts, in
     the session and in its ranks (the option itself: tests/config/test_settings.py)."""
-    assert "--ddp-adopt" not in adopted.args  # the fixture's pytest.ini holds ADOPT_INI alone
     assert outcomes(adopted.result, "test_process_classes.py") == TORCH_OUTCOMES
     adopted.ran_on_one_group("test_process_classes.py")
     # Nothing left behind, by this file or any other of the session (torch keeps its compiler's
@@ -793,7 +792,6 @@ class Adopted:
     """The --ddp-adopt session of every file below, and the folders it was given."""
 
     result: pytest.RunResult
-    args: tuple[str, ...]  # its command line's
     folder: Path  # its files
     tmpdir: Path  # its TMPDIR
     log_dir: Path  # $LOG_DIR, for the continuous class
@@ -864,4 +862,4 @@ def adopted(tmp_path_factory: pytest.TempPathFactory) -> Adopted:
     selection = f"({DIST_BACKEND_SELECTION}) or not TestDistBackendWithSpawn"
     args = ("-v", "-p", "ran_on", "--ddp-timeout=300", "-k", selection, *ADOPTED_RANK_TESTS)
     result = sessions_together(folder, {"s": Session(files, args, env)}, timeout=300)["s"]
-    return Adopted(result, args, folder / "s", tmpdir, log_dir, ran_dir)
+    return Adopted(result, folder / "s", tmpdir, log_dir, ran_dir)
