@@ -10,6 +10,7 @@ dispatcher kernel, recorded in the group's sequence with ``"extra": {"via": "bac
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import threading
 import time
@@ -65,7 +66,7 @@ def _record_backend(spec: BackendOp, args: dict[str, Any], submit: Callable[[], 
     if work is None or not _pending.add(index, work):
         write_ret(log, index)
     if issued_async:  # where its caller's wait_tensor finds it: the tensors it writes, which come first
-        for tensor in backend_hook.tensors_in(list(args.values())[:1]):
+        for tensor in backend_hook.tensors_in(itertools.islice(args.values(), 1)):
             _backend_tensors[tensor.data_ptr()] = index
     return result
 
