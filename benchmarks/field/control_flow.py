@@ -1,5 +1,6 @@
 """Control flow that differs between ranks: a collective inside a rank or data-dependent branch,
-collectives in another order, shapes and dtypes that differ across ranks."""
+collectives in another order, shapes and dtypes that differ across ranks (a branch on what each
+rank sees for itself: control_flow_own_view.py)."""
 
 from __future__ import annotations
 
@@ -89,71 +90,6 @@ for epoch in range(2):
         kind="mismatch",
         culprits=(0,),
         op="all_reduce",
-    ),
-    Case(
-        name="weights_dir_exists_seen_differently",
-        url="https://github.com/InternLM/xtuner/pull/1852",
-        summary="async DCP save: each rank asks weights_dir.exists() itself, and under NFS caching "
-        "one rank sees a stale directory and raises while the others go on to the save's barrier; "
-        "the fix asks rank 0 and broadcasts the answer",
-        world_size=3,
-        body="""\
-weights_dir = ddp_shared_path / "hf-step-100"
-exists = weights_dir.exists() or rank == 1  # rank 1's NFS attribute cache still holds the old dir
-if exists:
-    raise FileExistsError(weights_dir)  # <- culprit line
-dist.barrier()  # the save's collectives, on every rank that went on
-""",
-        twin="""\
-weights_dir = ddp_shared_path / "hf-step-100"
-seen = weights_dir.exists() or rank == 1
-flag = torch.tensor([float(seen)])
-dist.broadcast(flag, src=0)  # only rank 0's answer counts: every rank raises or none does
-if flag.item():
-    raise FileExistsError(weights_dir)
-dist.barrier()
-""",
-        kind="rank_exited",
-        culprits=(1,),
-        op="barrier",
-    ),
-    Case(
-        name="checkpoint_due_by_each_ranks_clock",
-        url="https://github.com/speechbrain/speechbrain/pull/2192",
-        summary="DDP hangs while checkpointing (ckpt_interval_minutes): each process reads its own "
-        "clock, so some try to save and others do not; the fix broadcasts the decision",
-        world_size=3,
-        body="""\
-def save_checkpoint():  # Checkpointer.save_checkpoint: the main process names the folder
-    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
-    dist.broadcast_object_list(ckpt_dir, src=0)  # <- culprit line
-    return ckpt_dir[0]
-
-
-minutes = [15.2, 14.9, 14.8][rank]  # since the last checkpoint, by this process's clock
-for step in range(2):
-    dist.all_reduce(torch.ones(2))  # the step's gradients
-    if step == 0 and minutes >= 15.0:  # ckpt_interval_minutes
-        save_checkpoint()
-""",
-        twin="""\
-def save_checkpoint():
-    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
-    dist.broadcast_object_list(ckpt_dir, src=0)
-    return ckpt_dir[0]
-
-
-minutes = [15.2, 14.9, 14.8][rank]
-for step in range(2):
-    dist.all_reduce(torch.ones(2))
-    due = torch.tensor([float(minutes >= 15.0)])
-    dist.broadcast(due, src=0)  # the main process decides for every process
-    if step == 0 and due.item():
-        save_checkpoint()
-""",
-        kind="mismatch",
-        culprits=(0,),
-        op="broadcast",
     ),
     Case(
         name="checkpoint_broadcast_in_main_process_only_hook",

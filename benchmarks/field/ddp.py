@@ -1,5 +1,6 @@
-"""DistributedDataParallel: uneven inputs, unused parameters, a rank that skips a step, an
-evaluation on one rank through the wrapper (training stopped early on one rank: ddp_stopping.py)."""
+"""DistributedDataParallel: uneven inputs, unused parameters, a rank that skips a step or
+its backward (training stopped early on one rank: ddp_stopping.py; an evaluation on one rank
+through the wrapper: ddp_evaluation.py)."""
 
 from __future__ import annotations
 
@@ -97,62 +98,6 @@ for _ in range(2):
         kind="failed",
         culprits=(0, 1),
         op=None,
-    ),
-    Case(
-        name="ddp_eval_on_master_through_wrapper",
-        url="https://github.com/mlfoundations/open_clip/issues/1152",
-        summary="evaluate() returns on ranks > 0, which wait at a barrier, while rank 0 runs forward "
-        "on the still DDP-wrapped model, which syncs its buffers",
-        world_size=3,
-        body="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-model(torch.randn(8, 4)).sum().backward()  # a training step on every rank
-if rank == 0:  # evaluate() returns at once on the other ranks
-    model.eval()
-    with torch.no_grad():
-        model(torch.randn(8, 4))  # <- culprit line
-dist.barrier()
-""",
-        twin="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-model(torch.randn(8, 4)).sum().backward()
-if rank == 0:
-    model.eval()
-    with torch.no_grad():
-        model.module(torch.randn(8, 4))  # unwrap DDP for single process eval
-dist.barrier()
-""",
-        kind="mismatch",
-        culprits=(0,),
-        op="broadcast",
-    ),
-    Case(
-        name="ddp_eval_stuck_two_ranks",
-        url="https://github.com/pytorch/pytorch/issues/53979",
-        summary="evaluation on the validation set gets stuck; the fix suggested: call "
-        "ddp_module.module(inp) in evaluation to avoid DDP's communication",
-        world_size=2,
-        body="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-model(torch.randn(8, 4)).sum().backward()
-if rank == 0:
-    model.eval()
-    with torch.no_grad():
-        model(torch.randn(8, 4))  # <- culprit line
-dist.barrier()
-""",
-        twin="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-model(torch.randn(8, 4)).sum().backward()
-if rank == 0:
-    model.eval()
-    with torch.no_grad():
-        model.module(torch.randn(8, 4))
-dist.barrier()
-""",
-        kind="mismatch",
-        culprits=(0,),
-        op="broadcast",
     ),
     Case(
         name="ddp_rank_skips_nonfinite_step",
@@ -404,39 +349,6 @@ for utt in range(partition_start, partition_end):
         op="all_reduce",
     ),
     Case(
-        name="ddp_validation_forward_through_wrapper_on_rank0",
-        url="https://github.com/jpata/particleflow/pull/233",
-        summary="validation runs on a single GPU through the DDP-wrapped model, whose forward syncs its "
-        "buffers, while the other ranks wait at dist.barrier(); the fix runs the validation forward "
-        "pass with model.module()",
-        world_size=3,
-        body="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-for epoch in range(2):
-    model(torch.randn(8, 4)).sum().backward()  # the epoch's training
-    if rank == 0:  # validation is only run on a single GPU
-        model.eval()
-        with torch.no_grad():
-            model(torch.randn(8, 4))  # <- culprit line
-        model.train()
-    dist.barrier()
-""",
-        twin="""\
-model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
-for epoch in range(2):
-    model(torch.randn(8, 4)).sum().backward()
-    if rank == 0:
-        model.eval()
-        with torch.no_grad():
-            model.module(torch.randn(8, 4))  # model.module(): no DDP communication
-        model.train()
-    dist.barrier()
-""",
-        kind="mismatch",
-        culprits=(0,),
-        op="broadcast",
-    ),
-    Case(
         name="ddp_expert_skipped_on_rank_without_tokens",
         url="https://github.com/NVIDIA/Megatron-LM/pull/4851",
         summary="a rank that receives zero locally-routed tokens skips the expert MLP's linear layers "
@@ -557,6 +469,33 @@ for batch in torch.utils.data.DataLoader(ToyIterableDataset(), batch_size=2):
 """,
         kind="partial",
         culprits=(0,),
+        op="all_reduce",
+    ),
+    Case(
+        name="ddp_new_zero_tensor_as_loss",
+        url="https://github.com/pytorch/pytorch/issues/23425",
+        summary="a multi-task network returns a new zero tensor as the loss on the GPU whose image has "
+        "no target for the task, and training hangs: that tensor has no autograd graph, so DDP's "
+        "backward reduction never runs there",
+        world_size=2,
+        body="""\
+model = DDP(nn.Linear(4, 2))
+for step in range(2):
+    out = model(torch.ones(2, 4))
+    has_target = not (rank == 1 and step == 1)  # rank 1's image has no ground truth for task a
+    loss_a = out.sum() if has_target else torch.zeros(1, requires_grad=True)  # no loss computed
+    loss_a.backward()  # <- culprit line
+""",
+        twin="""\
+model = DDP(nn.Linear(4, 2))
+for step in range(2):
+    out = model(torch.ones(2, 4))
+    has_target = not (rank == 1 and step == 1)
+    loss_a = out.sum() if has_target else out.sum() * 0  # the computed loss, with its graph
+    loss_a.backward()
+""",
+        kind="partial",
+        culprits=(1,),
         op="all_reduce",
     ),
 ]

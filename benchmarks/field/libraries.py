@@ -1,5 +1,6 @@
 """Library misuse: DeepSpeed's, accelerate's and other libraries' syncing calls behind `if rank ==
-0:`, and what they are handed (Lightning's: libraries_lightning.py)."""
+0:`, and what they are handed (Lightning's: libraries_lightning.py; transformers' Trainer's:
+libraries_trainer.py)."""
 
 from __future__ import annotations
 
@@ -271,33 +272,6 @@ for global_step in range(1, 3):
         kind="partial",
         culprits=(0,),
         op="barrier",
-    ),
-    Case(
-        name="trainer_fsdp_state_dict_on_world_zero",
-        url="https://github.com/huggingface/transformers/pull/10596",
-        summary="training with the fully-sharded wrapper hangs at save: the state dict call "
-        "synchronises, and the Trainer made it on process zero only; the fix gathers it on all "
-        "processes and saves on zero",
-        world_size=2,
-        body="""\
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
-if rank == 0:  # if self.is_world_process_zero(): self._save(output_dir)
-    state_dict = model.state_dict()  # <- culprit line
-    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
-""",
-        twin="""\
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
-state_dict = model.state_dict()  # gathered on all processes
-if rank == 0:
-    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
-""",
-        kind="partial",
-        culprits=(0,),
-        op="all_gather_into_tensor",
     ),
     Case(
         name="zero3_prompt_encoder_run_in_rank0_save",

@@ -1,5 +1,6 @@
 """MPI halts through mpi4py: a rank that raises while the others wait in a collective or a receive,
-a call only the root makes, a rank that skips a communicator's creation.
+a call only the root makes or makes in a loop of its own (communicators some ranks make:
+mpi_communicators.py).
 
 These are ``backend="mpi"`` tests: the mark needs ``backend="mpi"`` (BACKEND below), and the body
 takes ``MPI.COMM_WORLD``, which the plugin records, from mpi4py itself."""
@@ -120,48 +121,6 @@ comm.Barrier()
         kind="mismatch",
         culprits=(0,),
         op="gather",
-    ),
-    Case(
-        name="mpi_rank_skips_comm_split",
-        url="https://github.com/glotzerlab/hoomd-blue/issues/54",
-        summary="the simulation hangs with --nrank when a single rank does not proceed to init: "
-        "MPI_Comm_split on COMM_WORLD is collective (the fix: split at import)",
-        world_size=2,
-        body="""\
-from mpi4py import MPI
-
-world = MPI.COMM_WORLD
-
-
-def run_script():
-    if world.rank == 1:
-        return  # this rank's script ends before init
-    partition = world.Split(color=0, key=world.rank)  # <- culprit line
-    partition.Free()
-
-
-run_script()
-world.Barrier()
-""",
-        twin="""\
-from mpi4py import MPI
-
-world = MPI.COMM_WORLD
-partition = world.Split(color=0, key=world.rank)  # at import, on every rank
-
-
-def run_script():
-    if world.rank == 1:
-        return
-
-
-run_script()
-partition.Free()
-world.Barrier()
-""",
-        kind="mismatch",
-        culprits=(1,),
-        op="Split",
     ),
     Case(
         name="mpi_replica_raises_master_waits",
@@ -398,99 +357,83 @@ assert average == 4.5
         op="allreduce",
     ),
     Case(
-        name="mpi_nonzero_ranks_raise_before_communicator",
-        url="https://github.com/chainer/chainermn/issues/236",
-        summary="the ranks other than 0 raise between two create_communicator calls; rank 0 enters the "
-        "second one, a collective over COMM_WORLD, and mpirun never exits",
+        name="mpi_jit_cache_seen_by_rank0_only",
+        url="https://github.com/underworldcode/underworld3/pull/612",
+        summary="rank 0 compiles the JIT module and publishes it to a disk cache; when rank 0 sees the "
+        "cache and the others do not (NFS attribute caching), they enter the branch with the Barrier "
+        "and rank 0 goes on to the solve: no rank returns; the fix reduces the predicate over ranks",
         world_size=3,
         body="""\
-import socket
-
 from mpi4py import MPI
 
-
-def create_communicator(mpi_comm):  # chainermn.create_communicator('naive'): it maps the hosts
-    return mpi_comm.allgather(socket.gethostname())
+comm = MPI.COMM_WORLD
 
 
-hosts = create_communicator(MPI.COMM_WORLD)
-if MPI.COMM_WORLD.rank != 0:
-    raise ValueError("failure!")  # <- culprit line
-hosts = create_communicator(MPI.COMM_WORLD)
+def lookup_module():  # the disk cache: rank 0 published the module, the others' view lags
+    return "stokes_jit" if comm.rank == 0 else None
+
+
+module = lookup_module()
+needs_compile = module is None
+if needs_compile:
+    if comm.rank == 0:
+        module = "stokes_jit"  # rank 0 compiles and publishes
+    comm.Barrier()  # <- culprit line
+    module = "stokes_jit"
+residual = comm.allreduce(1.0)  # the Stokes solve
 """,
         twin="""\
-import socket
-
 from mpi4py import MPI
 
-
-def create_communicator(mpi_comm):
-    return mpi_comm.allgather(socket.gethostname())
+comm = MPI.COMM_WORLD
 
 
-hosts = create_communicator(MPI.COMM_WORLD)
-hosts = create_communicator(MPI.COMM_WORLD)
-assert len(hosts) == MPI.COMM_WORLD.size
+def lookup_module():
+    return "stokes_jit" if comm.rank == 0 else None
+
+
+module = lookup_module()
+needs_compile = comm.allreduce(module is None, op=MPI.LOR)  # if any rank lacks it, every rank compiles
+if needs_compile:
+    if comm.rank == 0:
+        module = "stokes_jit"
+    comm.Barrier()
+    module = "stokes_jit"
+residual = comm.allreduce(1.0)
+assert residual == comm.size
 """,
-        kind="rank_exited",
-        culprits=(1, 2),
-        op="allgather",
+        kind="mismatch",
+        culprits=(0,),
+        op="Barrier",
     ),
     Case(
-        name="mpi_unpickled_grid_builds_cart_comm_on_one_rank",
-        url="https://github.com/devitocodes/devito/pull/1607",
-        summary="unpickling a Grid rebuilds its Distributor on COMM_WORLD, whose Cartesian "
-        "communicator is a collective; when only one rank calls pickle.loads it hangs (the fix "
-        "passes MPI_COMM_SELF to the Distributor upon unpickling)",
-        world_size=2,
+        name="mpi_allreduce_inside_loop_over_local_completions",
+        url="https://github.com/OPM/opm-simulators/pull/6769",
+        summary="a distributed well has a different number of completions on each rank, and the "
+        "communication sat inside the loop over the well's completions: the rank with fewer leaves "
+        "the loop while the others wait in the next reduction; the fix moves it out of the loop",
+        world_size=3,
         body="""\
-import pickle
-
 from mpi4py import MPI
 
-
-class Grid:
-    def __init__(self):
-        self.cart = MPI.COMM_WORLD.Create_cart([MPI.COMM_WORLD.size])  # the Distributor
-
-    def __getstate__(self):
-        return {"shape": (4, 4, 4)}
-
-    def __setstate__(self, state):
-        self.cart = MPI.COMM_WORLD.Create_cart([MPI.COMM_WORLD.size])  # <- culprit line
-
-
-grid = Grid()  # every rank
-payload = pickle.dumps(grid.__getstate__())
-if MPI.COMM_WORLD.rank == 0:  # only rank 0 unpickles
-    new_grid = Grid.__new__(Grid)
-    new_grid.__setstate__(pickle.loads(payload))  # what pickle.loads runs for a Grid
+comm = MPI.COMM_WORLD
+completions = [0.1, 0.2, 0.3] if comm.rank != 2 else [0.1]  # this rank's perforations of the well
+well_rates = []
+for perf_rate in completions:
+    well_rates.append(comm.allreduce(perf_rate))  # <- culprit line
+comm.Barrier()  # the next timestep
 """,
         twin="""\
-import pickle
-
 from mpi4py import MPI
 
-
-class Grid:
-    def __init__(self):
-        self.cart = MPI.COMM_WORLD.Create_cart([MPI.COMM_WORLD.size])
-
-    def __getstate__(self):
-        return {"shape": (4, 4, 4)}
-
-    def __setstate__(self, state):
-        self.cart = MPI.COMM_SELF.Create_cart([1])  # a single-rank grid: no collective over the world
-
-
-grid = Grid()
-payload = pickle.dumps(grid.__getstate__())
-if MPI.COMM_WORLD.rank == 0:
-    new_grid = Grid.__new__(Grid)
-    new_grid.__setstate__(pickle.loads(payload))
+comm = MPI.COMM_WORLD
+completions = [0.1, 0.2, 0.3] if comm.rank != 2 else [0.1]
+well_rate = comm.allreduce(sum(completions))  # one reduction, outside the loop
+comm.Barrier()
+assert abs(well_rate - 1.3) < 1e-9
 """,
-        kind="partial",
-        culprits=(0,),
-        op="Create_cart",
+        kind="mismatch",
+        culprits=(2,),
+        op="allreduce",
     ),
 ]

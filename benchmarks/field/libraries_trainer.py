@@ -1,11 +1,38 @@
-"""Library misuse, held out (the fourth set): a Trainer whose save, on the main process only,
-gathers a statistic from every process."""
+"""Library misuse inside transformers' Trainer: a save or a statistic on the world's main process
+only, through a call that syncs every process."""
 
 from __future__ import annotations
 
 from benchmarks.field.case import Case
 
 CASES = [
+    Case(
+        name="trainer_fsdp_state_dict_on_world_zero",
+        url="https://github.com/huggingface/transformers/pull/10596",
+        summary="training with the fully-sharded wrapper hangs at save: the state dict call "
+        "synchronises, and the Trainer made it on process zero only; the fix gathers it on all "
+        "processes and saves on zero",
+        world_size=2,
+        body="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+if rank == 0:  # if self.is_world_process_zero(): self._save(output_dir)
+    state_dict = model.state_dict()  # <- culprit line
+    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
+""",
+        twin="""\
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = FSDP(nn.Linear(4, 4), device_id=torch.device("cpu"))
+state_dict = model.state_dict()  # gathered on all processes
+if rank == 0:
+    torch.save(state_dict, ddp_shared_path / "pytorch_model.bin")
+""",
+        kind="partial",
+        culprits=(0,),
+        op="all_gather_into_tensor",
+    ),
     Case(
         name="trainer_store_flos_on_world_master",
         url="https://github.com/huggingface/transformers/pull/7365",
@@ -76,6 +103,5 @@ for step in range(1, 4):
         kind="mismatch",
         culprits=(0,),
         op="all_gather",
-        held_out=True,
     ),
 ]

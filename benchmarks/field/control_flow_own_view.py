@@ -1,11 +1,76 @@
-"""Control flow, held out (the fourth set): a barrier entered only where a checkpoint's directory
-was seen, an all_reduce skipped by the ranks that have nothing to wait for."""
+"""Control flow decided by what each rank sees for itself: a directory on disk, its own clock, a
+checkpoint it found, a queue it has nothing to wait for."""
 
 from __future__ import annotations
 
 from benchmarks.field.case import Case
 
 CASES = [
+    Case(
+        name="weights_dir_exists_seen_differently",
+        url="https://github.com/InternLM/xtuner/pull/1852",
+        summary="async DCP save: each rank asks weights_dir.exists() itself, and under NFS caching "
+        "one rank sees a stale directory and raises while the others go on to the save's barrier; "
+        "the fix asks rank 0 and broadcasts the answer",
+        world_size=3,
+        body="""\
+weights_dir = ddp_shared_path / "hf-step-100"
+exists = weights_dir.exists() or rank == 1  # rank 1's NFS attribute cache still holds the old dir
+if exists:
+    raise FileExistsError(weights_dir)  # <- culprit line
+dist.barrier()  # the save's collectives, on every rank that went on
+""",
+        twin="""\
+weights_dir = ddp_shared_path / "hf-step-100"
+seen = weights_dir.exists() or rank == 1
+flag = torch.tensor([float(seen)])
+dist.broadcast(flag, src=0)  # only rank 0's answer counts: every rank raises or none does
+if flag.item():
+    raise FileExistsError(weights_dir)
+dist.barrier()
+""",
+        kind="rank_exited",
+        culprits=(1,),
+        op="barrier",
+    ),
+    Case(
+        name="checkpoint_due_by_each_ranks_clock",
+        url="https://github.com/speechbrain/speechbrain/pull/2192",
+        summary="DDP hangs while checkpointing (ckpt_interval_minutes): each process reads its own "
+        "clock, so some try to save and others do not; the fix broadcasts the decision",
+        world_size=3,
+        body="""\
+def save_checkpoint():  # Checkpointer.save_checkpoint: the main process names the folder
+    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
+    dist.broadcast_object_list(ckpt_dir, src=0)  # <- culprit line
+    return ckpt_dir[0]
+
+
+minutes = [15.2, 14.9, 14.8][rank]  # since the last checkpoint, by this process's clock
+for step in range(2):
+    dist.all_reduce(torch.ones(2))  # the step's gradients
+    if step == 0 and minutes >= 15.0:  # ckpt_interval_minutes
+        save_checkpoint()
+""",
+        twin="""\
+def save_checkpoint():
+    ckpt_dir = [str(ddp_shared_path / "CKPT")] if rank == 0 else [None]
+    dist.broadcast_object_list(ckpt_dir, src=0)
+    return ckpt_dir[0]
+
+
+minutes = [15.2, 14.9, 14.8][rank]
+for step in range(2):
+    dist.all_reduce(torch.ones(2))
+    due = torch.tensor([float(minutes >= 15.0)])
+    dist.broadcast(due, src=0)  # the main process decides for every process
+    if step == 0 and due.item():
+        save_checkpoint()
+""",
+        kind="mismatch",
+        culprits=(0,),
+        op="broadcast",
+    ),
     Case(
         name="load_best_model_barrier_where_checkpoint_seen",
         url="https://github.com/huggingface/optimum-habana/pull/2230",
@@ -37,7 +102,6 @@ if best_model_checkpoint is not None:
         kind="partial",
         culprits=(1,),
         op="barrier",
-        held_out=True,
     ),
     Case(
         name="prefetch_check_returns_before_all_reduce",
@@ -93,6 +157,5 @@ for tick in range(2):
         kind="mismatch",
         culprits=(2,),
         op="all_reduce",
-        held_out=True,
     ),
 ]
