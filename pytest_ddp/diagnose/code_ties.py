@@ -309,6 +309,42 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
                    dataclasses.replace(finding, branch=branches))
 
 
+def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
+    """Ranks that entered one collective in ways that differ, where the most (the majority, not the
+    odd few) made their call on a group wider than themselves right after a collective on a group
+    of exactly them, in a branch of the code that they alone take (:func:`pytest_ddp.diagnose.
+    rank_tests.branch_for_ranks`), the call's line or a line of the user's that led to it, while the
+    few's calls are under no test of the rank: the most made a call meant for their own group on
+    the wider one, a ``group=`` forgotten, and are at fault, not the ranks outside their branch
+    (vllm#3401: broadcast_tensor_dict sends its metadata on the tensor-parallel group, then each
+    tensor on the world)."""
+    finding = verdict.finding
+    if not isinstance(finding, Disagreement) or not finding.odd or finding.own_group is not None:
+        return None
+    members = sorted(r for r in finding.entered if r not in finding.odd)
+    calls = [finding.entered[r] for r in members]
+    call = calls[0]
+    if any((c.site, c.op, c.group) != (call.site, call.op, call.group) for c in calls):
+        return None
+    before = [_collective_before(ranks[r], c) for r, c in zip(members, calls)]
+    own = before[0]
+    if own is None or any(b is None or (b.site, b.group) != (own.site, own.group) for b in before):
+        return None
+    if sorted(own.group_ranks) != members or not set(members) < set(call.group_ranks):
+        return None
+    tested = functools.partial(rank_tests.branch_for_ranks, inside=members, outside=finding.odd)
+    where = _found_at(call, source, tested)
+    if where is None or any(_under_rank_test(finding.entered[r], source) is not False for r in finding.odd):
+        return None
+    found = dataclasses.replace(finding, odd=members, condition=where, own_group=own)
+    return Verdict(verdict.status, verdict.kind, members, list(finding.odd), call.op, call.label, found)
+
+
+def _collective_before(state: RankState, call: Call) -> Call | None:
+    """The rank's last collective before ``call``, on any group; None where it made none."""
+    return next((c for c in reversed(state.calls[:call.index]) if c.is_collective), None)
+
+
 def _one_rank_branch(call: Call, rank: int | None, source: Source) -> tuple[str, str | None] | None:
     """``file:line`` of the branch of the code for one rank (:func:`pytest_ddp.diagnose.rank_tests.
     one_rank_branch`) that holds the call's line, or a line of the user's code that led to it (a

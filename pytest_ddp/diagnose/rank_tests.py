@@ -19,10 +19,15 @@ from typing import Any
 from pytest_ddp.common.ops import AGREEING
 from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, names_set, own_nodes, parsed
 
-# How code names a rank's number (``rank``, ``dist.get_rank()``), and the flags that single out one
-# rank (Lightning's ``trainer.is_global_zero``, accelerate's ``state.is_main_process``).
+# How code names a rank's number (``rank``, ``dist.get_rank()``), and the flags, or methods of no
+# argument, that single out one rank (Lightning's ``trainer.is_global_zero``, accelerate's
+# ``state.is_main_process``, transformers' ``trainer.is_world_process_zero()`` and, before 4.0,
+# ``is_world_master()``); those of one host's main process single out one rank of each host.
 RANK_NUMBERS = frozenset({"rank", "local_rank", "global_rank", "get_rank", "get_local_rank", "process_index"})
-ONE_RANK_FLAGS = frozenset({"is_global_zero", "is_main_process", "is_local_main_process", "is_rank_zero"})
+LOCAL_FLAGS = frozenset({"is_local_main_process", "is_local_process_zero", "is_local_master"})
+ONE_RANK_FLAGS = frozenset({
+    "is_global_zero", "is_main_process", "is_rank_zero", "is_world_process_zero", "is_world_master", *LOCAL_FLAGS,
+})
 
 
 def one_rank_branch(source: str, line: int) -> int | None:
@@ -175,8 +180,8 @@ def _rank_singled_out(test: ast.expr) -> int | None:
     """The rank a test that singles out one rank (:func:`_singles_out`) is true on, where it says:
     0 for a flag of the main process, ``k`` for ``rank == k`` (``_singles_out`` has checked that one
     side names a rank)."""
-    if isinstance(test, (ast.Name, ast.Attribute)):  # a local main process is rank 0 on one host only
-        return 0 if named(test) in ONE_RANK_FLAGS - {"is_local_main_process"} else None
+    if _is_flag(test):  # a local main process is rank 0 on one host only
+        return 0 if named(test) in ONE_RANK_FLAGS - LOCAL_FLAGS else None
     if isinstance(test, ast.BoolOp):
         ranks = [_rank_singled_out(value) for value in test.values if _singles_out(value)]
         return ranks[0] if ranks else None
@@ -204,7 +209,7 @@ def under_rank_test(source: str, line: int) -> bool | None:
 
 
 def _singles_out(test: ast.expr) -> bool:
-    if isinstance(test, (ast.Name, ast.Attribute)):
+    if _is_flag(test):
         return named(test) in ONE_RANK_FLAGS
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_singles_out(value) for value in test.values)
@@ -212,6 +217,13 @@ def _singles_out(test: ast.expr) -> bool:
         sides = [named(side) in RANK_NUMBERS for side in (test.left, test.comparators[0])]
         return sides.count(True) == 1
     return False
+
+
+def _is_flag(test: ast.expr) -> bool:
+    """A name, an attribute or a call of either with no argument: what a flag may be."""
+    if isinstance(test, ast.Call) and not test.args and not test.keywords:
+        test = test.func
+    return isinstance(test, (ast.Name, ast.Attribute))
 
 
 # A comparison of the rank (left) with a constant (right).

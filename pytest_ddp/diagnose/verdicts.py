@@ -162,6 +162,10 @@ class Disagreement:
     # A send and its receive: (the bytes sent, the bytes the receive holds), where the send's
     # message is the larger (mismatches.p2p_mismatch); the sender is the odd rank.
     overflow: tuple[int, int] | None = None
+    # Where the most made their call on a group wider than themselves, right after a collective on a
+    # group of exactly them, in a branch of the code they alone take (code_ties.own_group_forgotten):
+    # that collective, and ``condition`` is the branch's line; they are then the odd ranks.
+    own_group: Call | None = None
 
 
 InitCheck = Literal[

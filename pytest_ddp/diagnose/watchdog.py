@@ -223,6 +223,7 @@ class Watch:
             or code_ties.one_rank_call(verdict, ranks, self._source)
             or code_ties.one_rank_branch_tie(verdict, ranks, self._source)
             or code_ties.ranks_branch_cycle(verdict, ranks, self._source)
+            or code_ties.own_group_forgotten(verdict, ranks, self._source)
             or code_ties.left_by_own_branch(verdict, ranks, self._source)
             or verdict
         )

@@ -147,8 +147,19 @@ def _matched_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankS
     which the ``few`` (the ranks that returned, or those alone in a call more), each from one line,
     met the others' calls of one other line: the call the few skipped, which their later one stood
     in for, or made more, which the others' later one met; "" where none did."""
-    if any(not ranks[r].alive or ranks[r].failed for r in few):
+    met = _met_elsewhere(few, others, ranks)
+    if met is None:
         return ""
+    call, site = met
+    whose = f"{rank_list(others)}'s" if len(others) > 1 else f"rank {others[0]}'s"
+    its = "its" if len(few) == 1 else "their"
+    return f"; {its} {describe_call(call)} matched {whose} from {site}"
+
+
+def _met_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankState]) -> tuple[Call, str] | None:
+    """(the first of :func:`_matched_elsewhere`'s collectives, the others' line there)."""
+    if any(not ranks[r].alive or ranks[r].failed for r in few):
+        return None
     for call in (c for c in ranks[few[0]].calls if c.is_collective and c.site):
         theirs = [collective_at(ranks[r], call.group, call.seq) for r in few]
         met = [collective_at(ranks[r], call.group, call.seq) for r in others]
@@ -156,10 +167,8 @@ def _matched_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankS
             continue
         sites = {c.site for c in met if c is not None}
         if len(sites) == 1 and call.site not in sites:
-            whose = f"{rank_list(others)}'s" if len(others) > 1 else f"rank {others[0]}'s"
-            its = "its" if len(few) == 1 else "their"
-            return f"; {its} {describe_call(call)} matched {whose} from {sites.pop()}"
-    return ""
+            return call, sites.pop()
+    return None
 
 
 def _left_mid_call(f: LeftMidCall, ranks: dict[int, RankState]) -> str:
@@ -338,8 +347,10 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
         how = "" if f.odd else "likely "
         departs = verb(named, "departs", "depart")
         text = f"{rank_list(named)} {how}{departs} from {rank_list(rest)} on {what}: {details}."
-        text += _odd_line(f, rest)
-        if f.condition:
+        text += _odd_line(f, rest) + _earlier_met(f, rest, ranks)
+        if f.own_group is not None:
+            text += _own_group(f)
+        elif f.condition:
             text += f" Rank {f.odd[0]}'s call is in a branch of the code for one rank ({f.condition})."
         if f.left:
             text += f" Rank {f.odd[0]} left by {f.left.site}{tested(f.left)}, before rank {rest[0]}'s call."
@@ -358,6 +369,32 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
             f" and rank {rank}'s is the one that departs from it."
         )
     return text + _new_paths(f.after) + _skipped(f.skipped)
+
+
+def _own_group(f: Disagreement) -> str:
+    """`` Ranks 0, 1's calls are in a branch of the code for them alone (t.py:24), right after their
+    broadcast_object_list #1 on group 1 [0, 1] (t.py:14): theirs on WORLD was likely meant for that
+    group.``"""
+    own = f.own_group
+    assert own is not None
+    whose = rank_list(f.odd).capitalize()
+    group = f.entered[f.odd[0]].group
+    return (f" {whose}' calls are in a branch of the code for them alone ({f.condition}), right after their"
+            f" {own.label} ({own.site}): theirs on {group} was"
+            " likely meant for that group.")
+
+
+def _earlier_met(f: Disagreement, rest: list[int], ranks: dict[int, RankState]) -> str:
+    """`` Before, rank 0's Split #1 (t.py:32) met rank 1's from t.py:28.``: where the odd ranks and
+    the rest had parted ways in an earlier collective (:func:`_met_elsewhere`), each side's from one
+    line: the call more or the call skipped is there (cpl-library#7: a wrapper's split, then the
+    library's own)."""
+    met = _met_elsewhere(f.odd, rest, ranks) if f.odd and not f.call.is_p2p else None
+    if met is None or met[0] is f.entered[f.odd[0]]:
+        return ""
+    call, site = met
+    whose = f"rank {f.odd[0]}'s" if len(f.odd) == 1 else f"{rank_list(f.odd)}'"
+    return f" Before, {whose} {describe_call(call)} met {rank_list(rest)}'s from {site}."
 
 
 def _odd_line(f: Disagreement, rest: list[int]) -> str:

@@ -3,9 +3,9 @@ source text of ``t.py``: no processes."""
 
 from __future__ import annotations
 
-from snapshots import call, ok, outline, rank, snap, watched
+from snapshots import R3, call, ok, outline, rank, snap, watched
 
-from pytest_ddp.diagnose.state import Call
+from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import ExtraCall
 
 STATS = """
@@ -80,3 +80,50 @@ def test_calls_from_other_lines_that_are_not_a_call_more_leave_the_rank_that_ret
     theirs.outer = ("t.py:10",)
     verdict = watched(snap(rank(0, first, later), rank(1, theirs, finished=True)), EARLY)
     assert outline(verdict)[:3] == ("deadlock", "partial", [1])
+
+
+TENSOR_DICT = """
+    def broadcast_tensor_dict(tensors, group=None):
+        dist.broadcast_object_list(meta, src=0, group=group)
+        dist.broadcast(tensors, src=0)
+
+
+    def test_x(rank):
+        tp_group = dist.new_group([0, 1])
+        if rank in (0, 1):
+            broadcast_tensor_dict(inputs, group=tp_group)
+        dist.barrier()
+"""
+def _tensor_dict_rank(r: int, meta_group: str, meta_ranks: tuple[int, ...]) -> RankState:
+    """Rank 0 or 1 of vllm#3401: the metadata on ``meta_group``, then the tensor on the world (rank
+    1's returned: it received from rank 0, and waits in the barrier)."""
+    meta = ok("broadcast_object_list", 1, group=meta_group, ranks=meta_ranks, root=0, site="t.py:3")
+    tensor = (call if r == 0 else ok)("broadcast", 1, ranks=R3, root=0, site="t.py:4")
+    meta.outer = tensor.outer = ("t.py:10",)
+    later = [] if r == 0 else [call("barrier", 2, ranks=R3, shape=None, site="t.py:11")]
+    return rank(r, meta, tensor, *later)
+
+
+def test_the_most_calling_on_the_world_right_after_their_own_group_in_their_branch_are_named() -> None:
+    """vllm#3401: broadcast_tensor_dict sends the metadata on the tensor-parallel group of ranks 0
+    and 1, then each tensor on the world; rank 2, outside, waits in the barrier every rank makes.
+    The two are the majority, but their call was meant for their group."""
+    outside = rank(2, call("barrier", 1, ranks=R3, shape=None, site="t.py:11"))
+    verdict = watched(snap(*(_tensor_dict_rank(r, "1", (0, 1)) for r in (0, 1)), outside), TENSOR_DICT)
+    assert outline(verdict) == ("deadlock", "mismatch", [0, 1], [2])
+    assert verdict.summary.endswith(
+        "Ranks 0, 1' calls are in a branch of the code for them alone (t.py:9), right after their"
+        " broadcast_object_list #1 on group 1 [0, 1] (t.py:3): theirs on WORLD was likely meant for that"
+        " group."
+    )
+
+
+def test_the_most_on_the_world_after_a_call_on_the_world_or_in_no_branch_of_theirs_leave_the_few() -> None:
+    outside = rank(2, call("barrier", 1, ranks=R3, shape=None, site="t.py:11"))
+    # their call before was on the world (as numbered here, a call of rank 2's too: #0 stands apart)
+    world = [_tensor_dict_rank(r, "WORLD", R3) for r in (0, 1)]
+    assert outline(watched(snap(*world, outside), TENSOR_DICT))[2] == [2]
+    # the branch is every rank's
+    mine = [_tensor_dict_rank(r, "1", (0, 1)) for r in (0, 1)]
+    verdict = watched(snap(*mine, outside), TENSOR_DICT.replace("rank in (0, 1)", "ready"))
+    assert outline(verdict)[2] == [2]

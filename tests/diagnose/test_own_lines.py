@@ -542,3 +542,17 @@ def test_an_odd_rank_whose_collective_came_from_another_line_is_said_with_both_l
     odd.calls[0].outer = ("t.py:12", "t.py:20")
     verdict = worded(watchdog.judge(snap(odd, *others)), [odd, *others])
     assert verdict.summary.endswith(" Rank 0's call came from t.py:9 (called at t.py:12), the others' from t.py:5.")
+
+
+def test_an_odd_rank_that_parted_ways_in_an_earlier_collective_is_said_with_that_call() -> None:
+    """cpl-library#7: rank 0's wrapper makes a call, then the library's own, which the others'
+    first call met; rank 0's second call meets their barrier."""
+    odd = rank(0, ok("all_reduce", 1, ranks=R3, site="t.py:32"), call("all_reduce", 2, ranks=R3, site="t.py:28"))
+    others = [rank(r, ok("all_reduce", 1, ranks=R3, site="t.py:28"),
+                   call("barrier", 2, ranks=R3, shape=None, site="t.py:36")) for r in (1, 2)]
+    verdict = worded(watchdog.judge(snap(odd, *others)), [odd, *others])
+    assert outline(verdict) == ("deadlock", "mismatch", [0], [1, 2])
+    assert verdict.summary.endswith(" Before, rank 0's all_reduce #1 (t.py:32) met ranks 1, 2's from t.py:28.")
+    # parted ways first at the call they disagree on: nothing more to say
+    odd.calls[0].site = "t.py:28"
+    assert "Before," not in worded(watchdog.judge(snap(odd, *others)), [odd, *others]).summary

@@ -9,6 +9,7 @@ import textwrap
 from snapshots import lines_of
 
 from pytest_ddp.diagnose.rank_tests import (
+    branch_for_one_rank,
     branch_for_ranks,
     differs_by_rank,
     one_rank_branch,
@@ -44,6 +45,27 @@ def test_a_branch_of_several_ranks_or_an_else_singles_out_none() -> None:
     assert one_rank_branch(BRANCHES, BRANCH["half"]) is None
     assert one_rank_branch(BRANCHES, BRANCH["else"]) is None
     assert one_rank_branch("def f(:", 1) is None
+
+
+FLAG_CALLS = textwrap.dedent("""
+    def test_x(trainer):
+        if trainer.is_world_master():
+            dist.all_gather(out, t)  # world
+        if trainer.is_local_process_zero():
+            dist.barrier()  # local
+        if trainer.is_world_process_zero(now):
+            dist.barrier()  # argument
+""")
+
+
+def test_a_flag_method_called_with_no_argument_singles_out_its_rank() -> None:
+    """transformers' ``Trainer.is_world_master()`` (before 4.0: transformers#7365) is rank 0; a
+    host's main process is one rank per host, which is none in particular."""
+    tree = ast.parse(FLAG_CALLS)
+    line = lines_of(FLAG_CALLS)
+    assert branch_for_one_rank(tree, line["world"]) == (line["world"] - 1, 0)
+    assert branch_for_one_rank(tree, line["local"]) == (line["local"] - 1, None)
+    assert branch_for_one_rank(tree, line["argument"]) is None
 
 
 VALUES = textwrap.dedent("""
