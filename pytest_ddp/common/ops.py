@@ -203,6 +203,10 @@ COLLECTIVES = frozenset(name for name, o in OPS.items() if o.is_collective)
 # torch's sends and receives, each -> whether it receives, for the same passes.
 TORCH_P2P = {name: o.direction == "recv" for name, o in OPS.items() if o.pairs and o.api == "torch"}
 
+# The names code calls to send to one rank (torch's ``send``, mpi4py's ``Send``, ...): what a rank's
+# code may still do for a peer that waits to receive.
+SENDS = frozenset(o.method for o in OPS.values() if o.direction == "send")
+
 # Collectives after which the tensors or lists passed to them hold the same on every rank.
 AGREEING = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
             "broadcast_object_list")

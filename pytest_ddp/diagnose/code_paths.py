@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 
+from pytest_ddp.common.ops import SENDS
 from pytest_ddp.diagnose import rank_tests
 from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, own_nodes, parsed
 
@@ -122,6 +123,37 @@ def leaves_in_own_branch(
             return None
         found.append(Leave(line, tests[0].lineno, False, left))
     return found
+
+
+def sends_after(source: str, waited: int, entered: int) -> int | None:
+    """Where the statements of one function's body holding lines ``waited`` and ``entered`` come in
+    that order, the second a simple one, nothing between them or after ``waited`` in the first
+    returns or raises, the line of the first call after the second, in a later statement of the
+    body, that sends (:data:`pytest_ddp.common.ops.SENDS`) by name, itself or through a function of
+    the file that does, with no ``return`` or ``raise`` before it: a rank at ``waited`` reaches
+    ``entered`` only after, and a rank at ``entered`` sends only after; None where none does, or the
+    code cannot tell."""
+    tree = parsed(source)
+    function = None if tree is None else function_at(tree, waited)
+    if tree is None or function is None or function is not function_at(tree, entered):
+        return None
+    body = function.body
+    w, e = (next((i for i, s in enumerate(body) if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+            for line in (waited, entered))
+    if w is None or e is None or w >= e or isinstance(body[e], COMPOUND):
+        return None
+    if any(isinstance(n, (ast.Return, ast.Raise)) and (i > w or n.lineno > waited)
+           for i in range(w, e) for n in own_nodes(body[i])):
+        return None
+    sending = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+               and any(isinstance(n, ast.Call) and named(n) in SENDS for n in own_nodes(node))}
+    for statement in body[e + 1:]:
+        calls = [n for n in own_nodes(statement) if isinstance(n, ast.Call) and named(n) in SENDS | sending]
+        if calls:
+            return min(call.lineno for call in calls)
+        if any(isinstance(n, (ast.Return, ast.Raise)) for n in own_nodes(statement)):
+            return None  # it may leave before
+    return None
 
 
 def _loop_left(function: ast.FunctionDef, statement: ast.stmt) -> ast.For | ast.While | None:

@@ -309,6 +309,36 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
                    dataclasses.replace(finding, branch=branches))
 
 
+def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
+    """Two ranks, one waiting in a receive from the other, which waits in a collective instead
+    (p2p_unmatched), where nothing recorded or the branches of the code tell them apart, and the
+    collective came from a line of the user's that the receiving rank's code reaches only after the
+    line its receive came from, while the other's code sends after that line
+    (:func:`pytest_ddp.diagnose.code_paths.sends_after`): that rank entered the collective before
+    the send its peer needs to get there, and is at fault (sglang#24687: the first pipeline stage
+    runs a request's barrier before it forwards the requests to the next stage)."""
+    finding = verdict.finding
+    if not isinstance(finding, Cycle) or len(finding.unmatched) != 1 or len(finding.culprits) != 2:
+        return None
+    if finding.after or finding.skipped or finding.branch:
+        return None
+    [receiver] = finding.unmatched
+    [sender] = [r for r in finding.culprits if r != receiver]
+    recv, collective = finding.waits[receiver].call, finding.waits[sender].call
+    if not recv.is_recv or recv.peer != sender or not collective.is_collective:
+        return None
+    (file, waited), (other, entered) = (site_parts((c.site, *c.outer)[-1]) for c in (recv, collective))
+    text = source(file) if file == other else None
+    if text is None or waited is None or entered is None:
+        return None
+    sent = code_paths.sends_after(text, waited, entered)
+    if sent is None:
+        return None
+    cycle = dataclasses.replace(finding, sent_after={sender: (f"{file}:{entered}", f"{file}:{sent}")})
+    return Verdict(verdict.status, verdict.kind, [sender], sorted([receiver, *finding.waiting]), collective.op,
+                   collective.label, cycle)
+
+
 def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
     """Ranks that entered one collective in ways that differ, where the most (the majority, not the
     odd few) made their call on a group wider than themselves right after a collective on a group

@@ -113,6 +113,10 @@ class Cycle:
     # test (code_ties.one_rank_branch_tie, ranks_branch_cycle) -> that branch's line: the verdict
     # names them.
     branch: dict[int, str] = field(default_factory=dict)
+    # Else, where of two the one in a collective entered it from a line of the user's the other, in
+    # a receive from it, reaches only after, and sends after it (code_ties.collective_before_send):
+    # that rank -> (the line it entered it from, the line of its send); the verdict names it.
+    sent_after: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,14 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
         after = majority.new_paths(ranks, {r: waits[r].call for r in culprits})
     elif p2p:
         after = majority.branched(ranks, culprits)
+    if unmatched:
+        # Those and the ranks they wait for are the cycle; a rank on it only by its send or receive
+        # with one of them waits behind it (mpifileutils#26: rank 2's send to rank 0, which
+        # receives from rank 1 first, while rank 1's barrier waits for both).
+        core = set(unmatched) | {p for r in unmatched for p in needs[r]}
+        waiting = sorted(set(waiting) | set(culprits) - core)
+        culprits = sorted(core)
+        after = {r: paths for r, paths in after.items() if r in core}
     cycle = Cycle(culprits, waiting, needs, waits, p2p, unmatched, after)
     return Verdict("deadlock", kind, culprits, waiting, first.op, first.label, cycle)
 
@@ -224,6 +232,7 @@ class Watch:
             or code_ties.one_rank_branch_tie(verdict, ranks, self._source)
             or code_ties.ranks_branch_cycle(verdict, ranks, self._source)
             or code_ties.own_group_forgotten(verdict, ranks, self._source)
+            or code_ties.collective_before_send(verdict, ranks, self._source)
             or code_ties.left_by_own_branch(verdict, ranks, self._source)
             or verdict
         )

@@ -236,7 +236,9 @@ def _made(call: Call, made_from: str | None) -> str:
 
 
 def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
-    if f.unmatched:
+    if f.sent_after:
+        text = _sent_after(f)
+    elif f.unmatched:
         text = "; ".join(_unmatched(r, f) for r in f.unmatched)
         others = [
             r for r in f.culprits if r not in f.unmatched and all(r not in f.needs[u] for u in f.unmatched)
@@ -280,6 +282,16 @@ def _skipped(skipped: dict[int, tuple[Call, Call, list[str]]]) -> str:
         " on every way between the two; the others' code has a way."
         for rank, (before, call, sites) in sorted(skipped.items())
     )
+
+
+def _sent_after(f: Cycle) -> str:
+    """``rank 0 entered barrier #1 (t.py:39) from t.py:52 before its send at t.py:54, which rank 1's
+    recv #1 from 0 (t.py:32) waits for: rank 1's code reaches t.py:52 only after it``."""
+    [(sender, (entered, sent))] = f.sent_after.items()
+    [receiver] = f.unmatched
+    return (f"rank {sender} entered {describe_call(f.waits[sender].call)} from {entered} before its send at"
+            f" {sent}, which rank {receiver}'s {describe_call(f.waits[receiver].call)} waits for: rank"
+            f" {receiver}'s code reaches {entered} only after it")
 
 
 def _unmatched(rank: int, f: Cycle) -> str:

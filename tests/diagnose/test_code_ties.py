@@ -3,7 +3,7 @@ source text of ``t.py``: no processes."""
 
 from __future__ import annotations
 
-from snapshots import R3, call, ok, outline, rank, snap, watched
+from snapshots import R3, call, judge, ok, outline, rank, snap, watched
 
 from pytest_ddp.diagnose.state import Call, RankState
 from pytest_ddp.diagnose.verdicts import ExtraCall
@@ -127,3 +127,84 @@ def test_the_most_on_the_world_after_a_call_on_the_world_or_in_no_branch_of_thei
     mine = [_tensor_dict_rank(r, "1", (0, 1)) for r in (0, 1)]
     verdict = watched(snap(*mine, outside), TENSOR_DICT.replace("rank in (0, 1)", "ready"))
     assert outline(verdict)[2] == [2]
+
+
+SENDERS = """
+    def test_x(rank, world_size):
+        has_work = rank == 2
+        if rank == 0:
+            for src in range(1, world_size):
+                item = torch.zeros(1)
+                dist.recv(item, src=src)
+        elif has_work:
+            dist.send(torch.ones(1), dst=0)
+        dist.barrier()
+"""
+
+
+def test_a_receive_from_a_rank_in_a_collective_in_a_branch_for_one_rank_names_that_rank() -> None:
+    """mpifileutils#26: rank 0 receives from every other rank in turn, but only rank 2 sends;
+    rank 1 waits in the barrier, rank 2 in its send to rank 0, behind the two."""
+    zero = rank(0, call("recv", 1, peer=1, ranks=R3, site="t.py:7"))
+    one = rank(1, call("barrier", 1, ranks=R3, shape=None, site="t.py:10"))
+    two = rank(2, call("send", 1, peer=0, ranks=R3, site="t.py:9"))
+    assert outline(judge(snap(zero, one, two))) == ("deadlock", "p2p_unmatched", [0, 1], [2])
+    verdict = watched(snap(zero, one, two), SENDERS)
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0], [1, 2])
+
+
+FORWARD = """
+    def recv_pyobj(src):
+        size = torch.zeros(1, dtype=torch.long)
+        dist.recv(size, src=src)
+        return size
+
+
+    def send_pyobj(obj, dst):
+        dist.send(obj, dst=dst)
+
+
+    def handle(reqs):
+        for req in reqs:
+            dist.barrier()
+
+
+    def test_x(rank, world_size):
+        if rank == 0:
+            reqs = [1]
+        else:
+            reqs = recv_pyobj(src=rank - 1)
+        handle(reqs)
+        if rank < world_size - 1:
+            send_pyobj(reqs, dst=rank + 1)
+"""
+
+
+def _forwarding(source: str) -> tuple[RankState, RankState]:
+    barrier = call("barrier", 1, shape=None, site="t.py:14")
+    barrier.outer = ("t.py:22",)
+    recv = call("recv", 1, peer=0, site="t.py:4")
+    recv.outer = ("t.py:21",)
+    return rank(0, barrier), rank(1, recv)
+
+
+def test_a_collective_entered_before_the_send_the_peer_needs_to_reach_it_names_that_rank() -> None:
+    """sglang#24687: the first stage runs a request's barrier before it forwards the requests the
+    next stage waits for, and reaches that barrier only after it receives them."""
+    assert outline(judge(snap(*_forwarding(FORWARD)))) == ("deadlock", "p2p_unmatched", [0, 1], [])
+    verdict = watched(snap(*_forwarding(FORWARD)), FORWARD)
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0], [1])
+    assert verdict.summary == (
+        "rank 0 entered barrier #1 (t.py:14) from t.py:22 before its send at t.py:24, which rank 1's recv #1"
+        " from 0 (t.py:4) waits for: rank 1's code reaches t.py:22 only after it."
+    )
+
+
+def test_a_collective_the_receiver_is_past_or_with_no_send_after_it_leaves_the_tie() -> None:
+    sources = (
+        FORWARD.replace("            send_pyobj(reqs, dst=rank + 1)", "            print(reqs)"),  # no send
+        FORWARD.replace("        handle(reqs)\n", "        handle(reqs)\n        return\n"),  # leaves first
+        FORWARD.replace("        handle(reqs)", "        if reqs:\n            handle(reqs)"),  # under a test
+    )
+    for source in sources:
+        assert outline(watched(snap(*_forwarding(source)), source))[2] == [0, 1], source

@@ -378,7 +378,8 @@ def _mpi_ring(r: int, skip_send_at: int | None = None) -> list[Call]:
 
 def test_of_a_p2p_cycle_of_three_the_one_rank_that_left_a_line_by_a_new_path_is_named_as_likely() -> None:
     """The matrix's mpi-unmatched_recv-w4-first: rank 0 skipped its 2nd send.  Rank 1 waits for it,
-    rank 2 for rank 1, rank 0 in the next all_reduce: a cycle of 0, 1 and 2.  Only rank 0's calls
+    rank 0 in the next all_reduce: a cycle of 0 and 1, rank 2 behind it in its receive from rank 1
+    (and rank 3 in the all_reduce).  Only rank 0's calls
     ever went from the broadcast (268) straight to its receive (274)."""
     r4 = (0, 1, 2, 3)
     rank_0 = rank(0, *_mpi_ring(0, skip_send_at=2), call("all_reduce", 5, ranks=r4, site="t.py:267"))
@@ -386,7 +387,7 @@ def test_of_a_p2p_cycle_of_three_the_one_rank_that_left_a_line_by_a_new_path_is_
     rank_2 = rank(2, *_mpi_ring(2)[:-1], call("recv", 2, peer=1, ranks=r4, site="t.py:274"))
     rank_3 = rank(3, *_mpi_ring(3), call("all_reduce", 5, ranks=r4, site="t.py:267"))
     verdict = judge(snap(rank_0, rank_1, rank_2, rank_3))
-    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1, 2], [3])
+    assert outline(verdict) == ("deadlock", "p2p_unmatched", [0, 1], [2, 3])
     assert isinstance(verdict.finding, Cycle) and list(verdict.finding.after) == [0]
     assert verdict.summary.endswith(
         "Likely rank 0: its recv #2 from 3 (t.py:274) came right after a call from t.py:268, an order no rank's "
