@@ -45,7 +45,7 @@ def adopt(items: list[pytest.Item], in_rank: bool) -> None:
         # One its harness skips starts no rank (one with a ddp mark of its own runs on its ranks).
         if own is None and _leave_to_harness(item, cls, kind, world_size):
             continue  # pytest and the harness skip it here, as without --ddp-adopt
-        skip = None if own is not None or kind != "process" else _lt_x_gpu_skip(getattr(item, "obj", None))
+        skip = None if own is not None or kind != "process" else _lt_x_gpu_skip(item, harness)
         if skip is not None:  # the skip each of the harness's processes would exit with
             item.add_marker(pytest.mark.skip(reason=skip))
             continue
@@ -198,13 +198,11 @@ def deepspeed_skips(cls: type, world_size: int, get_accelerator: Any) -> bool:
     return int(accelerator.device_count()) < world_size
 
 
-def _lt_x_gpu_skip(fn: Any) -> str | None:
+def _lt_x_gpu_skip(item: pytest.Item, harness: Any) -> str | None:
     """torch's ``skip_if_lt_x_gpu(x)`` on the test, if it skips here: its own check, run with the test
     taken out of it and a stand-in for the test case that takes the skip."""
-    harness = sys.modules.get(HARNESS)
-    if harness is None:
-        return None
     wrappers = set(_nested_codes(harness.skip_if_lt_x_gpu.__code__))
+    fn = getattr(item, "obj", None)
     while fn is not None:
         code = getattr(fn, "__code__", None)
         if code in wrappers and "func" in code.co_freevars:

@@ -14,17 +14,12 @@ from pytest_ddp.adopt.exchange import exchange
 from pytest_ddp.common.ops import BROADCAST_OBJECTS, GATHER_OBJECTS
 from pytest_ddp.rank.context import rank_context
 
-_patched: set[type] = set()
-
 
 def install(base: Any) -> None:
     """Run the tests of the classes that launch with ``base`` (DeepSpeed's ``DistributedExec``) in the
     rank instead of in processes of their own."""
-    if base in _patched:
-        return
     base._launch_daemonic_procs = _launch_in_rank
     base._launch_non_daemonic_procs = _launch_in_rank
-    _patched.add(base)
 
 
 def _launch_in_rank(self: Any, num_procs: int, init_method: str) -> None:

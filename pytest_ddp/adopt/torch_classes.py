@@ -49,17 +49,14 @@ class AdoptedExitWarning(UserWarning):
     """A rank other than 0 exited with a code torch's harness does not read."""
 
 
-_installed = False
-
-
 def install() -> None:
-    """Patch torch's harness classes in this rank (once): a rank runs adopted classes only."""
-    global _installed
-    if _installed:
-        return
+    """Patch torch's harness classes in this rank (once: a second patch would wrap the first
+    ``_no_poison_pill``): a rank runs adopted classes only."""
     from torch.testing._internal import common_distributed
 
     process: Any = common_distributed.MultiProcessTestCase
+    if process._join_processes is _join:  # patched already
+        return
     process._spawn_processes = _spawn
     process._start_processes = _spawn
     process._join_processes = _join
@@ -67,7 +64,6 @@ def install() -> None:
     continuous._spawn_processes = classmethod(_join_class_group)
     ensure = continuous._ensure_processes_spawned.__func__
     continuous._ensure_processes_spawned = classmethod(functools.partial(_no_poison_pill, ensure))
-    _installed = True
 
 
 def _check_world_size(cls: type, world_size: int) -> None:
