@@ -266,6 +266,8 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
         return None
     [(culprit, where)] = branches.items()
     others = sorted(r for r in entered if r != culprit)
+    if any(_ran_other_side(where, ranks[r], source) for r in others):
+        return None  # an if/else on the rank both ran, each its side (a loop's count tells them apart)
     call = entered[culprit]
     if isinstance(finding, Cycle):
         cycle = dataclasses.replace(finding, branch={culprit: where})
@@ -335,8 +337,22 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
     if sent is None:
         return None
     cycle = dataclasses.replace(finding, sent_after={sender: (f"{file}:{entered}", f"{file}:{sent}")})
-    return Verdict(verdict.status, verdict.kind, [sender], sorted([receiver, *finding.waiting]), collective.op,
-                   collective.label, cycle)
+    others = sorted([receiver, *finding.waiting])
+    return Verdict(verdict.status, verdict.kind, [sender], others, collective.op, collective.label, cycle)
+
+
+def _ran_other_side(branch: str, state: RankState, source: Source) -> bool:
+    """The rank made a call from the ``else`` (or ``elif``) of the ``if`` at ``branch``
+    (``file:line``): the other side of a test of the rank, its own code there."""
+    file, line = site_parts(branch)
+    text = source(file)
+    orelse = None if text is None or line is None else rank_tests.else_lines(text, line)
+    if orelse is None:
+        return False
+    return any(
+        f == file and n is not None and orelse[0] <= n <= orelse[1]
+        for c in state.calls for f, n in map(site_parts, (c.site, *c.outer))
+    )
 
 
 def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:

@@ -25,9 +25,9 @@ from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, names_
 # ``is_world_master()``); those of one host's main process single out one rank of each host.
 RANK_NUMBERS = frozenset({"rank", "local_rank", "global_rank", "get_rank", "get_local_rank", "process_index"})
 LOCAL_FLAGS = frozenset({"is_local_main_process", "is_local_process_zero", "is_local_master"})
-ONE_RANK_FLAGS = frozenset({
-    "is_global_zero", "is_main_process", "is_rank_zero", "is_world_process_zero", "is_world_master", *LOCAL_FLAGS,
-})
+ONE_RANK_FLAGS = LOCAL_FLAGS | {
+    "is_global_zero", "is_main_process", "is_rank_zero", "is_world_process_zero", "is_world_master",
+}
 
 
 def one_rank_branch(source: str, line: int) -> int | None:
@@ -44,6 +44,17 @@ def branch_for_one_rank(tree: ast.AST, line: int) -> tuple[int, int | None] | No
     """(:func:`one_rank_branch`'s line, the rank its test singles out where it says which)."""
     found = next((node for node in branches_holding(tree, line) if _singles_out(node.test)), None)
     return None if found is None else (found.lineno, _rank_singled_out(found.test))
+
+
+def else_lines(source: str, line: int) -> tuple[int, int] | None:
+    """The first and last lines of the ``else`` (or ``elif``) of the ``if`` at ``line``; None where
+    it has none, or the code cannot tell."""
+    tree = parsed(source)
+    found = None if tree is None else next(
+        (node for node in ast.walk(tree) if isinstance(node, ast.If) and node.lineno == line), None)
+    if found is None or not found.orelse:
+        return None
+    return found.orelse[0].lineno, found.orelse[-1].end_lineno or found.orelse[-1].lineno
 
 
 def branches_holding(tree: ast.AST, line: int) -> list[ast.If | ast.While]:

@@ -208,3 +208,32 @@ def test_a_collective_the_receiver_is_past_or_with_no_send_after_it_leaves_the_t
     )
     for source in sources:
         assert outline(watched(snap(*_forwarding(source)), source))[2] == [0, 1], source
+
+
+ROLES = """
+    def test_x(rank):
+        batch = schedule(requests, 2 if rank == 0 else 1)
+        for req in batch:
+            if rank == 0:
+                dist.send(hidden, dst=1)
+                dist.recv(token, src=1)
+            else:
+                dist.recv(hidden, src=0)
+                dist.send(token, dst=0)
+        dist.barrier()
+"""
+
+
+def test_a_branch_for_one_rank_whose_else_the_peer_ran_stays_a_tie() -> None:
+    """TensorRT-LLM#9659: each pipeline rank schedules its own requests, rank 0 one more; the
+    exchange is an if/else on the rank that both ran, each its side, so its branch for rank 0
+    tells nothing (the thread blames rank 1's schedule; uneven inputs, the rank with more)."""
+    zero = rank(0, ok("send", 1, peer=1, site="t.py:6"), ok("recv", 1, peer=1, site="t.py:7"),
+                ok("send", 2, peer=1, site="t.py:6"), call("recv", 2, peer=1, site="t.py:7"))
+    one = rank(1, ok("recv", 1, peer=0, site="t.py:9"), ok("send", 1, peer=0, site="t.py:10"),
+               call("barrier", 1, shape=None, site="t.py:11"))
+    assert outline(watched(snap(zero, one), ROLES)) == ("deadlock", "p2p_unmatched", [0, 1], [])
+    # where rank 1 had run no call of the else, the branch is code only rank 0 runs there
+    zero = rank(0, call("send", 1, peer=1, site="t.py:6"))
+    one = rank(1, call("barrier", 1, shape=None, site="t.py:11"))
+    assert outline(watched(snap(zero, one), ROLES))[2] == [0]
