@@ -266,9 +266,9 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
         return None
     [(culprit, where)] = branches.items()
     others = sorted(r for r in entered if r != culprit)
-    if any(_ran_other_side(where, ranks[r], source) for r in others):
-        return None  # an if/else on the rank both ran, each its side (a loop's count tells them apart)
     call = entered[culprit]
+    if _both_sides_ran(where, call, [ranks[r] for r in others], ranks[culprit], source):
+        return None  # an if/else on the rank both ran before, each its side: a loop's count differs
     if isinstance(finding, Cycle):
         cycle = dataclasses.replace(finding, branch={culprit: where})
         return Verdict(verdict.status, verdict.kind, [culprit], sorted([*others, *finding.waiting]), call.op,
@@ -341,18 +341,21 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
     return Verdict(verdict.status, verdict.kind, [sender], others, collective.op, collective.label, cycle)
 
 
-def _ran_other_side(branch: str, state: RankState, source: Source) -> bool:
-    """The rank made a call from the ``else`` (or ``elif``) of the ``if`` at ``branch``
-    (``file:line``): the other side of a test of the rank, its own code there."""
+def _both_sides_ran(
+    branch: str, call: Call, peers: list[RankState], state: RankState, source: Source
+) -> bool:
+    """The rank made a call from ``call``'s line before, in the body of the ``if`` at ``branch``
+    (``file:line``), and a peer one from its ``else`` (or ``elif``): an if/else on the rank that
+    both went through before, each its own side (TensorRT-LLM#9659: a pipeline's send and receive
+    by role, in a loop whose count differs between ranks), not code the peers never run there."""
     file, line = site_parts(branch)
     text = source(file)
     orelse = None if text is None or line is None else rank_tests.else_lines(text, line)
-    if orelse is None:
+    if orelse is None or not any(c.site == call.site for c in state.calls[:call.index]):
         return False
-    return any(
-        f == file and n is not None and orelse[0] <= n <= orelse[1]
-        for c in state.calls for f, n in map(site_parts, (c.site, *c.outer))
-    )
+    first, last = orelse
+    return any(f == file and n is not None and first <= n <= last
+               for peer in peers for c in peer.calls for f, n in map(site_parts, (c.site, *c.outer)))
 
 
 def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:

@@ -226,13 +226,19 @@ ROLES = """
 
 def test_a_branch_for_one_rank_whose_else_the_peer_ran_stays_a_tie() -> None:
     """TensorRT-LLM#9659: each pipeline rank schedules its own requests, rank 0 one more; the
-    exchange is an if/else on the rank that both ran, each its side, so its branch for rank 0
-    tells nothing (the thread blames rank 1's schedule; uneven inputs, the rank with more)."""
+    exchange is an if/else on the rank that both went through before, each its side, so its
+    branch for rank 0 tells nothing (the thread blames rank 1's schedule; uneven inputs, the rank
+    with more)."""
     zero = rank(0, ok("send", 1, peer=1, site="t.py:6"), ok("recv", 1, peer=1, site="t.py:7"),
                 ok("send", 2, peer=1, site="t.py:6"), call("recv", 2, peer=1, site="t.py:7"))
     one = rank(1, ok("recv", 1, peer=0, site="t.py:9"), ok("send", 1, peer=0, site="t.py:10"),
                call("barrier", 1, shape=None, site="t.py:11"))
     assert outline(watched(snap(zero, one), ROLES)) == ("deadlock", "p2p_unmatched", [0, 1], [])
+    # the first time through: rank 0's branch posts a receive rank 1's else has no send for
+    # (a batch of an isend and an irecv against a batch of one irecv)
+    zero = rank(0, ok("send", 1, peer=1, site="t.py:6"), call("recv", 1, peer=1, site="t.py:7"))
+    one = rank(1, ok("recv", 1, peer=0, site="t.py:9"), call("barrier", 1, shape=None, site="t.py:11"))
+    assert outline(watched(snap(zero, one), ROLES))[2] == [0]
     # where rank 1 had run no call of the else, the branch is code only rank 0 runs there
     zero = rank(0, call("send", 1, peer=1, site="t.py:6"))
     one = rank(1, call("barrier", 1, shape=None, site="t.py:11"))
