@@ -17,11 +17,16 @@ FAMILIES = (
 # 600-line cap the package keeps too (benchmarks/field/<family>_<concern>.py). A held-out set, while
 # there is one, is each family's <family>_held.py, listed here too.
 PARTS: dict[str, tuple[str, ...]] = {
-    "init": ("init_held",), "ddp": ("ddp_stopping", "ddp_evaluation"),
-    "early_exit": ("early_exit_data", "early_exit_held"), "control_flow": ("control_flow_own_view",),
+    "init": ("init_held",),
+    "ddp": ("ddp_stopping", "ddp_evaluation", "ddp_held"),
+    "early_exit": ("early_exit_data", "early_exit_held"),
+    "control_flow": ("control_flow_own_view",),
     "libraries": ("libraries_lightning", "libraries_trainer", "libraries_held"),
-    "fsdp2_dtensor": ("fsdp2_dtensor_held",), "slow_rank": ("slow_rank_held",),
-    "mpi": ("mpi_communicators",),
+    "fsdp2_dtensor": ("fsdp2_dtensor_held",),
+    "groups_p2p": ("groups_p2p_held",),
+    "slow_rank": ("slow_rank_held",),
+    "mpi": ("mpi_communicators", "mpi_held"),
+    "pipelining": ("pipelining_held",),
 }  # fmt: skip
 
 
