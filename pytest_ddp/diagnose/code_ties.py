@@ -344,14 +344,15 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
 def _both_sides_ran(
     branch: str, call: Call, peers: list[RankState], state: RankState, source: Source
 ) -> bool:
-    """The rank made a call from ``call``'s line before, in the body of the ``if`` at ``branch``
-    (``file:line``), and a peer one from its ``else`` (or ``elif``): an if/else on the rank that
-    both went through before, each its own side (TensorRT-LLM#9659: a pipeline's send and receive
-    by role, in a loop whose count differs between ranks), not code the peers never run there."""
+    """The rank made ``call``'s call from its line before (one of a batch's other calls there does
+    not count), in the body of the ``if`` at ``branch`` (``file:line``), and a peer a call from its
+    ``else`` (or ``elif``): an if/else on the rank that both went through before, each its own side
+    (TensorRT-LLM#9659: a pipeline's send and receive by role, in a loop whose count differs
+    between ranks), not code the peers never run there."""
     file, line = site_parts(branch)
     text = source(file)
     orelse = None if text is None or line is None else rank_tests.else_lines(text, line)
-    if orelse is None or not any(c.site == call.site for c in state.calls[:call.index]):
+    if orelse is None or not any((c.site, c.op) == (call.site, call.op) for c in state.calls[:call.index]):
         return False
     first, last = orelse
     return any(f == file and n is not None and first <= n <= last

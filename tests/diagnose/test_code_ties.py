@@ -235,9 +235,11 @@ def test_a_branch_for_one_rank_whose_else_the_peer_ran_stays_a_tie() -> None:
                call("barrier", 1, shape=None, site="t.py:11"))
     assert outline(watched(snap(zero, one), ROLES)) == ("deadlock", "p2p_unmatched", [0, 1], [])
     # the first time through: rank 0's branch posts a receive rank 1's else has no send for
-    # (a batch of an isend and an irecv against a batch of one irecv)
     zero = rank(0, ok("send", 1, peer=1, site="t.py:6"), call("recv", 1, peer=1, site="t.py:7"))
     one = rank(1, ok("recv", 1, peer=0, site="t.py:9"), call("barrier", 1, shape=None, site="t.py:11"))
+    assert outline(watched(snap(zero, one), ROLES))[2] == [0]
+    # a batch's send from the receive's line is not the receive made before
+    zero = rank(0, ok("send", 1, peer=1, site="t.py:7"), call("recv", 1, peer=1, site="t.py:7"))
     assert outline(watched(snap(zero, one), ROLES))[2] == [0]
     # where rank 1 had run no call of the else, the branch is code only rank 0 runs there
     zero = rank(0, call("send", 1, peer=1, site="t.py:6"))
