@@ -18,9 +18,10 @@ FAMILIES = (
 # there is one, is each family's <family>_held.py, listed here too.
 PARTS: dict[str, tuple[str, ...]] = {
     "init": ("init_held",),
+    "objects": ("objects_held",),
     "ddp": ("ddp_stopping", "ddp_evaluation", "ddp_held"),
     "early_exit": ("early_exit_data", "early_exit_held"),
-    "control_flow": ("control_flow_own_view",),
+    "control_flow": ("control_flow_own_view", "control_flow_held"),
     "libraries": ("libraries_lightning", "libraries_trainer", "libraries_held"),
     "fsdp2_dtensor": ("fsdp2_dtensor_held",),
     "groups_p2p": ("groups_p2p_held",),
