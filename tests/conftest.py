@@ -441,6 +441,11 @@ def wait_for(condition: Callable[[], object], what: str, limit: float = 60.0) ->
         raise AssertionError(f"gave up waiting for {what}")
 
 
+def _as_from_a_terminal() -> None:
+    for number in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def controllers_started_together(folder: Path, sources: dict[str, str]) -> Iterator[dict[str, Controller]]:
     """A pytest controller per name, each running its test module ``sources[name]`` (as
@@ -468,8 +473,9 @@ def controllers_started_together(folder: Path, sources: dict[str, str]) -> Itera
                 env=dict(os.environ, PID_DIR=str(pid_dir), TMPDIR=str(own_tmpdir)),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                # As from a terminal: Ctrl-C interrupts (a shell may have handed us SIGINT ignored).
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                # As from a terminal: Ctrl-C interrupts and a closed terminal hangs up (a shell may
+                # have handed us SIGINT ignored, and nohup SIGHUP: the controller would keep it so).
+                preexec_fn=_as_from_a_terminal,
             )
             started[name] = Controller(process, pid_dir, own_tmpdir)
         for name, controller in started.items():
