@@ -1,5 +1,6 @@
 """Slow ranks, held out (the fifth set): one node compiles from a cold cache while the other, its
-kernels cached, waits in the gradient all-reduce."""
+kernels cached, waits in the gradient all-reduce; a gather_object's destination unpickling every
+rank's object while the others wait in the next collective."""
 
 from __future__ import annotations
 
@@ -45,6 +46,37 @@ for step in range(2):
 """,
         kind="timeout",
         culprits=(1,),
+        op=None,
+        held_out=True,
+    ),
+    Case(
+        name="gather_object_destination_unpickles_for_everyone",
+        url="https://github.com/pytorch/pytorch/pull/150815",
+        summary="object collectives have asymmetric pickle/unpickle time: with a fan-in like "
+        "gather_object the destination unpickles N times more objects than each sender pickled, and "
+        "users report watchdog timeouts on the ranks that went on to the next collective",
+        world_size=3,
+        body="""\
+class Rollout:  # an RL rollout batch
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def __reduce__(self):  # unpickling a rollout rebuilds its token tensors: 30 s each, here
+        return (time.sleep, (30,))
+
+
+rollouts = [None] * world_size if rank == 0 else None
+dist.gather_object(Rollout(list(range(8))), rollouts, dst=0)  # <- culprit line
+dist.all_reduce(torch.ones(4))  # the next training step's gradients
+""",
+        twin="""\
+rollout = torch.arange(8.0)  # the rollout's tokens as a tensor: no unpickling on the destination
+rollouts = [torch.zeros(8) for _ in range(world_size)] if rank == 0 else None
+dist.gather(rollout, rollouts, dst=0)
+dist.all_reduce(torch.ones(4))
+""",
+        kind="timeout",
+        culprits=(0,),
         op=None,
         held_out=True,
     ),
