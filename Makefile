@@ -70,8 +70,9 @@ slurm:
 	command -v slurmctld >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
 
 # ruff and mypy, configured in pyproject.toml; both must be clean.
+LINT := $(PY) -m ruff check . && $(PY) -m mypy
 lint: venv
-	$(PY) -m ruff check . && $(PY) -m mypy
+	$(LINT)
 
 # A contributor's quick loop: the lint, then the tests that start no process (tests/conftest.py's
 # CHECK_FILES: verdicts, wording, protocol, report text, layers), in seconds. make test runs all.
@@ -88,15 +89,17 @@ check: lint
 # machines) Python never caches it, so each of the suite's hundreds of processes that imports the
 # plugin (sessions' controllers, forkservers, launched processes, MPI ranks) compiled it again:
 # 0.1 to 0.2 s of CPU each. A stale one is recompiled in memory, never trusted.
-# Then pytest's own bytecode of the modules a controller imports: pytest rewrites the asserts of
+# And pytest's own bytecode of the modules a controller imports: pytest rewrites the asserts of
 # the plugin's package (a pytest11 plugin's) in each of its processes, into bytecode of its own,
 # which it reads wherever it finds it but writes only without PYTHONDONTWRITEBYTECODE (0.25 s of
 # CPU for each inner or launched session's pytest). A collection that starts nothing writes it
-# (tests/conftest.py imports the controller); the suite itself writes none, so a test file that an
-# inner session writes twice within a second is never read from a stale copy.
-test: lint
+# (tests/conftest.py imports the controller), beside the lint (mypy keeps one core of two busy);
+# the suite itself writes none, so a test file that an inner session writes twice within a second
+# is never read from a stale copy.
+test: venv
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only tests/test_layers.py \
+	    >/dev/null 2>&1 & ($(LINT)); lint=$$?; wait $$!; exit $$lint
 	$(PY) -m compileall -q pytest_ddp
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only tests/test_layers.py >/dev/null
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 # The plugin's own tests on each torch in MATRIX_TORCH, each in its own venv
