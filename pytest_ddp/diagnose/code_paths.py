@@ -23,7 +23,7 @@ from operator import attrgetter
 
 from pytest_ddp.common.ops import SENDS
 from pytest_ddp.diagnose import rank_tests
-from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, own_nodes, parsed
+from pytest_ddp.diagnose.source_text import COMPOUND, function_at, named, names_set, own_nodes, parsed
 
 _EXIT = "exit"  # the function's end: returned or raised, and maybe called again
 _TRY_STAR = tuple(getattr(ast, name) for name in ["TryStar"] if hasattr(ast, name))  # except*: Python 3.11+
@@ -125,14 +125,16 @@ def leaves_in_own_branch(
     return found
 
 
-def sends_after(source: str, waited: int, entered: int) -> int | None:
+def sends_after(source: str, waited: int, entered: int, sender: int, receiver: int,
+                exchanged: list[int]) -> int | None:
     """Where the statements of one function's body holding lines ``waited`` and ``entered`` come in
-    that order, the second a simple one, nothing between them or after ``waited`` in the first
-    returns or raises, the line of the first call after the second, in a later statement of the
-    body, that sends (:data:`pytest_ddp.common.ops.SENDS`) by name, itself or through a function of
-    the file that does, with no ``return`` or ``raise`` before it: a rank at ``waited`` reaches
-    ``entered`` only after, and a rank at ``entered`` sends only after; None where none does, or the
-    code cannot tell."""
+    that order, with nothing between them or after ``waited`` in the first that returns or raises,
+    no loop around ``waited`` in it, and none of ``exchanged`` (the lines of the sender's sends and
+    receives with the receiver) in it, the second a simple statement that reads a name the first
+    sets: the line of the first send (:func:`_sends`) after the second, in a later statement of
+    the body, that the code may make on ``sender``, with no ``return`` or ``raise`` before it. A
+    rank at ``waited`` reaches ``entered`` only after, and with what it received there; a rank at
+    ``entered`` sends only after. None where none does, or the code cannot tell."""
     tree = parsed(source)
     function = None if tree is None else function_at(tree, waited)
     if tree is None or function is None or function is not function_at(tree, entered):
@@ -142,18 +144,55 @@ def sends_after(source: str, waited: int, entered: int) -> int | None:
             for line in (waited, entered))
     if w is None or e is None or w >= e or isinstance(body[e], COMPOUND):
         return None
+    first, last = body[w].lineno, body[w].end_lineno or body[w].lineno
+    if any(first <= line <= last for line in exchanged) or any(
+            isinstance(n, (ast.For, ast.While)) and n.lineno <= waited <= (n.end_lineno or n.lineno)
+            for n in own_nodes(body[w])):
+        return None  # went through that exchange before, or may go round it again
     if any(isinstance(n, (ast.Return, ast.Raise)) and (i > w or n.lineno > waited)
            for i in range(w, e) for n in own_nodes(body[i])):
         return None
+    read = {n.id for n in own_nodes(body[e]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if not read & names_set([body[w]]):
+        return None  # the collective does not need what was received: either order may be meant
     sending = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-               and any(isinstance(n, ast.Call) and named(n) in SENDS for n in own_nodes(node))}
+               and any(_sends(n, receiver) for n in own_nodes(node))}
     for statement in body[e + 1:]:
-        calls = [n for n in own_nodes(statement) if isinstance(n, ast.Call) and named(n) in SENDS | sending]
-        if calls:
-            return min(call.lineno for call in calls)
+        calls = [n for n in own_nodes(statement) if isinstance(n, ast.Call) and (
+            _sends(n, receiver) or named(n) in sending)]
+        made = [call for call in calls if _may_run_on(function, call.lineno, sender)]
+        if made:
+            return min(call.lineno for call in made)
         if any(isinstance(n, (ast.Return, ast.Raise)) for n in own_nodes(statement)):
             return None  # it may leave before
     return None
+
+
+def _sends(node: ast.AST, receiver: int) -> bool:
+    """A call of a send by name (:data:`pytest_ddp.common.ops.SENDS`) given a destination
+    (``dst=``, ``dest=``, or a second argument), not one whose literal destination is another rank
+    (a generator's or a pipe's ``send(x)`` takes no destination)."""
+    if not isinstance(node, ast.Call) or named(node) not in SENDS:
+        return False
+    given = [k.value for k in node.keywords if k.arg in ("dst", "dest")] or node.args[1:2]
+    if not given:
+        return False
+    literal = given[0].value if isinstance(given[0], ast.Constant) else None
+    return not isinstance(literal, int) or literal == receiver
+
+
+def _may_run_on(function: ast.FunctionDef, line: int, rank: int) -> bool:
+    """No ``if`` or ``while`` around ``line`` tests the rank's number so that ``rank`` never gets
+    there (:func:`pytest_ddp.diagnose.rank_tests.true_on`)."""
+    for node in ast.walk(function):
+        if not isinstance(node, (ast.If, ast.While)):
+            continue
+        held = rank_tests.true_on(node.test, rank)
+        if node.body and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) and held is False:
+            return False
+        if node.orelse and node.orelse[0].lineno <= line <= (node.orelse[-1].end_lineno or 0) and held:
+            return False
+    return True
 
 
 def _loop_left(function: ast.FunctionDef, statement: ast.stmt) -> ast.For | ast.While | None:

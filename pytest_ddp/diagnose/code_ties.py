@@ -315,14 +315,15 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
     """Two ranks, one waiting in a receive from the other, which waits in a collective instead
     (p2p_unmatched), where nothing recorded or the branches of the code tell them apart, and the
     collective came from a line of the user's that the receiving rank's code reaches only after the
-    line its receive came from, while the other's code sends after that line
+    line its receive came from, and with what it received, while the other's code sends after that
+    line, having made no send or receive with it from the receive's statement
     (:func:`pytest_ddp.diagnose.code_paths.sends_after`): that rank entered the collective before
     the send its peer needs to get there, and is at fault (sglang#24687: the first pipeline stage
     runs a request's barrier before it forwards the requests to the next stage)."""
     finding = verdict.finding
     if not isinstance(finding, Cycle) or len(finding.unmatched) != 1 or len(finding.culprits) != 2:
         return None
-    if finding.after or finding.skipped or finding.branch:
+    if finding.after or finding.skipped:
         return None
     [receiver] = finding.unmatched
     [sender] = [r for r in finding.culprits if r != receiver]
@@ -333,7 +334,9 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
     text = source(file) if file == other else None
     if text is None or waited is None or entered is None:
         return None
-    sent = code_paths.sends_after(text, waited, entered)
+    exchanged = [line for c in ranks[sender].calls if c.is_p2p and c.peer == receiver
+                 for f, line in map(site_parts, (c.site, *c.outer)) if f == file and line is not None]
+    sent = code_paths.sends_after(text, waited, entered, sender, receiver, exchanged)
     if sent is None:
         return None
     cycle = dataclasses.replace(finding, sent_after={sender: (f"{file}:{entered}", f"{file}:{sent}")})
@@ -369,12 +372,13 @@ def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: S
     (vllm#3401: broadcast_tensor_dict sends its metadata on the tensor-parallel group, then each
     tensor on the world)."""
     finding = verdict.finding
-    if not isinstance(finding, Disagreement) or not finding.odd or finding.own_group is not None:
+    if not isinstance(finding, Disagreement) or not finding.odd or finding.own_group or finding.overflow:
         return None
     members = sorted(r for r in finding.entered if r not in finding.odd)
     calls = [finding.entered[r] for r in members]
     call = calls[0]
-    if any((c.site, c.op, c.group) != (call.site, call.op, call.group) for c in calls):
+    if len(members) < 2 or not call.is_collective or any(
+            (c.site, c.op, c.group) != (call.site, call.op, call.group) for c in calls):
         return None
     before = [_collective_before(ranks[r], c) for r, c in zip(members, calls)]
     own = before[0]
@@ -382,7 +386,8 @@ def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: S
         return None
     if sorted(own.group_ranks) != members or not set(members) < set(call.group_ranks):
         return None
-    tested = functools.partial(rank_tests.branch_for_ranks, inside=members, outside=finding.odd)
+    outside = sorted(set(call.group_ranks) - set(members))  # the ranks of its group that do not take it
+    tested = functools.partial(rank_tests.branch_for_ranks, inside=members, outside=outside)
     where = _found_at(call, source, tested)
     if where is None or any(_under_rank_test(finding.entered[r], source) is not False for r in finding.odd):
         return None

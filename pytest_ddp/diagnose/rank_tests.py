@@ -338,14 +338,14 @@ _DEVICE_KEYWORDS = frozenset({"device", "device_ids", "output_device", "device_i
 
 def reads(node: ast.AST, differs: set[str]) -> bool:
     """The node reads a rank's number, a one-rank flag or a name in ``differs`` (a method called,
-    ``x.item()``'s ``item``, is no name read; a function, ``get_rank()``, is; a device a value is
-    placed on is no value read)."""
+    ``x.item()``'s ``item``, is no name read; a function, ``get_rank()``, is, as is a flag's method,
+    ``is_world_process_zero()``; a device a value is placed on is no value read)."""
     names = RANK_NUMBERS | ONE_RANK_FLAGS | differs
     unread: set[int] = set()
     for part in ast.walk(node):
         if not isinstance(part, ast.Call):
             continue
-        if isinstance(part.func, ast.Attribute) and named(part.func) not in RANK_NUMBERS:
+        if isinstance(part.func, ast.Attribute) and named(part.func) not in RANK_NUMBERS | ONE_RANK_FLAGS:
             unread.add(id(part.func))
         placed = [*part.args, *part.keywords] if named(part) in _PLACING else [
             k.value for k in part.keywords if k.arg in _DEVICE_KEYWORDS]

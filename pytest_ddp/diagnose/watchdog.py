@@ -160,7 +160,9 @@ def _cycle_verdict(ranks: dict[int, RankState], waits: dict[int, Wait], doomed: 
     if unmatched:
         # Those and the ranks they wait for are the cycle; a rank on it only by its send or receive
         # with one of them waits behind it (mpifileutils#26: rank 2's send to rank 0, which
-        # receives from rank 1 first, while rank 1's barrier waits for both).
+        # receives from rank 1 first, while rank 1's barrier waits for both). The first call and
+        # what tells the ranks apart are worked out on the whole cycle, above, on purpose: a rank
+        # that left a line by a new way is told among all the ranks it passed.
         core = set(unmatched) | {p for r in unmatched for p in needs[r]}
         waiting = sorted(set(waiting) | set(culprits) - core)
         culprits = sorted(core)

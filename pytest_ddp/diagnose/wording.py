@@ -156,11 +156,15 @@ def _matched_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankS
     return f"; {its} {describe_call(call)} matched {whose} from {site}"
 
 
-def _met_elsewhere(few: list[int], others: list[int], ranks: dict[int, RankState]) -> tuple[Call, str] | None:
-    """(the first of :func:`_matched_elsewhere`'s collectives, the others' line there)."""
+def _met_elsewhere(
+    few: list[int], others: list[int], ranks: dict[int, RankState], before: Call | None = None
+) -> tuple[Call, str] | None:
+    """(the first of :func:`_matched_elsewhere`'s collectives, made before ``before`` where given,
+    the others' line there)."""
     if any(not ranks[r].alive or ranks[r].failed for r in few):
         return None
-    for call in (c for c in ranks[few[0]].calls if c.is_collective and c.site):
+    made = ranks[few[0]].calls if before is None else ranks[few[0]].calls[:before.index]
+    for call in (c for c in made if c.is_collective and c.site):
         theirs = [collective_at(ranks[r], call.group, call.seq) for r in few]
         met = [collective_at(ranks[r], call.group, call.seq) for r in others]
         if any(c is None or c.site != call.site for c in theirs) or any(c is None for c in met):
@@ -239,12 +243,7 @@ def _cycle(f: Cycle, ranks: dict[int, RankState]) -> str:
     if f.sent_after:
         text = _sent_after(f)
     elif f.unmatched:
-        text = "; ".join(_unmatched(r, f) for r in f.unmatched)
-        others = [
-            r for r in f.culprits if r not in f.unmatched and all(r not in f.needs[u] for u in f.unmatched)
-        ]
-        if others:
-            text += f"; {_wait_clauses(others, ranks, f.waits, f.needs)}"
+        text = "; ".join(_unmatched(r, f) for r in f.unmatched)  # the rest of the cycle waits for them
     else:
         finding = "a point-to-point cycle" if f.p2p else "the ranks disagree on the order of collectives"
         likely = sorted(set(f.after) | set(f.skipped))  # what tells is said after; the rank leads
@@ -289,9 +288,11 @@ def _sent_after(f: Cycle) -> str:
     recv #1 from 0 (t.py:32) waits for: rank 1's code reaches t.py:52 only after it``."""
     [(sender, (entered, sent))] = f.sent_after.items()
     [receiver] = f.unmatched
-    return (f"rank {sender} entered {describe_call(f.waits[sender].call)} from {entered} before its send at"
-            f" {sent}, which rank {receiver}'s {describe_call(f.waits[receiver].call)} waits for: rank"
-            f" {receiver}'s code reaches {entered} only after it")
+    collective = f.waits[sender].call
+    made = _made(collective, None if entered == collective.site else entered)
+    return (f"rank {sender} entered {made} before its send at {sent}, which rank {receiver}'s"
+            f" {describe_call(f.waits[receiver].call)} waits for: rank {receiver}'s code reaches {entered}"
+            " only after it")
 
 
 def _unmatched(rank: int, f: Cycle) -> str:
@@ -384,16 +385,15 @@ def _disagreement(f: Disagreement, ranks: dict[int, RankState]) -> str:
 
 
 def _own_group(f: Disagreement) -> str:
-    """`` Ranks 0, 1's calls are in a branch of the code for them alone (t.py:24), right after their
+    """`` Ranks 0, 1' calls are in a branch of the code for them alone (t.py:24), right after their
     broadcast_object_list #1 on group 1 [0, 1] (t.py:14): theirs on WORLD was likely meant for that
     group.``"""
     own = f.own_group
     assert own is not None
     whose = rank_list(f.odd).capitalize()
     group = f.entered[f.odd[0]].group
-    return (f" {whose}' calls are in a branch of the code for them alone ({f.condition}), right after their"
-            f" {own.label} ({own.site}): theirs on {group} was"
-            " likely meant for that group.")
+    return (f" {whose}' calls are in a branch of the code for them alone ({f.condition}), right after"
+            f" their {own.label} ({own.site}): theirs on {group} was likely meant for that group.")
 
 
 def _earlier_met(f: Disagreement, rest: list[int], ranks: dict[int, RankState]) -> str:
@@ -401,8 +401,10 @@ def _earlier_met(f: Disagreement, rest: list[int], ranks: dict[int, RankState]) 
     the rest had parted ways in an earlier collective (:func:`_met_elsewhere`), each side's from one
     line: the call more or the call skipped is there (cpl-library#7: a wrapper's split, then the
     library's own)."""
-    met = _met_elsewhere(f.odd, rest, ranks) if f.odd and not f.call.is_p2p else None
-    if met is None or met[0] is f.entered[f.odd[0]]:
+    if not f.odd or f.call.is_p2p:
+        return ""
+    met = _met_elsewhere(f.odd, rest, ranks, before=f.entered[f.odd[0]])
+    if met is None:
         return ""
     call, site = met
     whose = f"rank {f.odd[0]}'s" if len(f.odd) == 1 else f"{rank_list(f.odd)}'"

@@ -245,3 +245,42 @@ def test_a_branch_for_one_rank_whose_else_the_peer_ran_stays_a_tie() -> None:
     zero = rank(0, call("send", 1, peer=1, site="t.py:6"))
     one = rank(1, call("barrier", 1, shape=None, site="t.py:11"))
     assert outline(watched(snap(zero, one), ROLES))[2] == [0]
+
+
+def test_a_send_after_the_collective_the_sender_never_makes_or_that_needs_nothing_received_leaves_the_tie() -> None:
+    """Review's counter-cases to the collective before the send: the send after is the receiver's
+    own (under ``if rank != 0``), a generator's ``send(x)``, or the collective reads nothing the
+    receive set (either order may be meant: the receive after it, or the send before)."""
+    not_senders = FORWARD.replace("        if rank < world_size - 1:\n", "        if rank != 0:\n")
+    not_a_send = FORWARD.replace("send_pyobj(reqs, dst=rank + 1)", "progress.send(reqs)")
+    needs_nothing = FORWARD.replace("        handle(reqs)", "        handle(pending)")
+    for source in (not_senders, not_a_send, needs_nothing):
+        assert outline(watched(snap(*_forwarding(source)), source))[2] == [0, 1], source
+
+
+def test_a_collective_after_an_exchange_in_a_loop_with_a_send_after_it_leaves_the_tie() -> None:
+    """Review's: the receive waits in a loop the sender went round with it before (uneven counts,
+    by role), and a later exchange sends after the barrier: not a send the receive waits for."""
+    source = ROLES + "        if rank == 1:\n            dist.send(stats, dst=0)\n"
+    zero = rank(0, ok("send", 1, peer=1, site="t.py:6"), ok("recv", 1, peer=1, site="t.py:7"),
+                ok("send", 2, peer=1, site="t.py:6"), call("recv", 2, peer=1, site="t.py:7"))
+    one = rank(1, ok("recv", 1, peer=0, site="t.py:9"), ok("send", 1, peer=0, site="t.py:10"),
+               call("barrier", 1, shape=None, site="t.py:11"))
+    assert outline(watched(snap(zero, one), source)) == ("deadlock", "p2p_unmatched", [0, 1], [])
+
+
+def test_a_send_larger_than_its_receive_names_the_sender_whatever_group_each_made_before() -> None:
+    """Review's: a group of one per rank (tensor parallel of size 1) before a receive in a branch
+    for rank 1 is no group forgotten: the point-to-point overflow names the sender."""
+    source = """
+    def test_x(rank):
+        dist.all_reduce(x, group=own[rank])
+        if rank == 1:
+            dist.recv(small, src=0)
+        push(big, dst=1)
+"""
+    zero = rank(0, ok("all_reduce", 1, group="1", ranks=(0,), site="t.py:3"),
+                call("send", 1, peer=1, shape=(8,), site="t.py:6"))
+    one = rank(1, ok("all_reduce", 1, group="2", ranks=(1,), site="t.py:3"),
+               call("recv", 1, peer=0, shape=(2,), site="t.py:5"))
+    assert outline(watched(snap(zero, one), source)) == ("deadlock", "mismatch", [0], [1])

@@ -556,3 +556,10 @@ def test_an_odd_rank_that_parted_ways_in_an_earlier_collective_is_said_with_that
     # parted ways first at the call they disagree on: nothing more to say
     odd.calls[0].site = "t.py:28"
     assert "Before," not in worded(watchdog.judge(snap(odd, *others)), [odd, *others]).summary
+    # nor of a collective made after the one they disagree on (a verdict read after the test)
+    zero = rank(0, ok("all_reduce", 1, ranks=R3, shape=(2,), site="t.py:10"),
+                ok("all_reduce", 2, ranks=R3, site="t.py:30"), finished=True)
+    rest = [rank(r, ok("all_reduce", 1, ranks=R3, site="t.py:10"), ok("all_reduce", 2, ranks=R3, site="t.py:28"),
+                 finished=True, failed="AssertionError: wrong" if r == 1 else None) for r in (1, 2)]
+    verdict = watchdog.judge(snap(zero, *rest))
+    assert outline(verdict)[1:3] == ("mismatch", [0]) and "Before," not in verdict.summary
