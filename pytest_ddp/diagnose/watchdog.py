@@ -9,6 +9,7 @@ verdict is data (:mod:`pytest_ddp.diagnose.verdicts`); :mod:`pytest_ddp.diagnose
 
 from __future__ import annotations
 
+from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.diagnose import code_ties, failed_ranks, majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
@@ -275,10 +276,20 @@ def _disconnected(snap: Snapshot) -> bool:
 
 def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
     """How long ranks still moving get: the settle time, or the grace where connections were cut on
-    purpose (the cut rank may raise after its woken peers) or members on their way may break a tie."""
-    if _disconnected(snap) or _tie_others_may_break(snap, verdict):
+    purpose (the cut rank may raise after its woken peers), a peer ended the group a rank waits in
+    (it raises when Gloo sees the connection gone, which a loaded machine may take longer than the
+    settle time to tell) or members on their way may break a tie."""
+    if _disconnected(snap) or _ended_under(snap) or _tie_others_may_break(snap, verdict):
         return max(SETTLE, snap.grace)
     return SETTLE
+
+
+def _ended_under(snap: Snapshot) -> bool:
+    """A rank that finished ended (destroy_process_group) the group, or the world, that a rank
+    still waits in a call of: that call raises next."""
+    ended = {c.group for s in snap.ranks if s.finished for c in s.calls if c.op == DESTROY}
+    return any(s.blocked_call is not None and (s.blocked_call.group in ended or "WORLD" in ended)
+               for s in snap.ranks if not s.finished)
 
 
 def _tie_others_may_break(snap: Snapshot, verdict: Verdict) -> bool:
@@ -311,7 +322,7 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
     ranks: it runs outside any call; it is finishing a collective every member entered; a rank was
     cut on purpose (every rank in a call is about to raise); it is the center of the broken
     connections (it raises next); or it is in an MPI send, which may return with its message
-    buffered."""
+    buffered; or a peer ended the group it waits in (it raises next)."""
     waits = verdict.finding.waits if isinstance(verdict.finding, (Departed, ExtraCall, Cycle)) else {}
     disconnected = _disconnected(snap)
     center = majority.broken_center({s.rank: s for s in snap.ranks})
@@ -326,7 +337,7 @@ def _moving(snap: Snapshot, verdict: Verdict) -> bool:
             or mpi_matching.may_return_alone(call)
         )
 
-    return any(not s.finished and may_move(s) for s in snap.ranks)
+    return _ended_under(snap) or any(not s.finished and may_move(s) for s in snap.ranks)
 
 
 def _blocked(snap: Snapshot) -> bool:

@@ -4,10 +4,13 @@ snapshots: no processes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from snapshots import NOW, R3, call, judge, ok, outline, rank, snap
 
+from pytest_ddp.diagnose import watchdog
 from pytest_ddp.diagnose.state import Call, RankState
-from pytest_ddp.diagnose.verdicts import Failures, LeftMidCall
+from pytest_ddp.diagnose.verdicts import Failures, LeftMidCall, Verdict
 
 RESET = ("RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
          " [127.0.0.1]:23424: Connection reset by peer. This is typically caused by a remote worker hanging"
@@ -38,6 +41,26 @@ def test_the_rank_that_skipped_the_call_and_ended_the_group_is_named() -> None:
         "rank 1 never called all_reduce #2 and ended the group (destroy_process_group at t.py:9); then rank 0"
         " raised RuntimeError: Read error: Connection reset by peer in all_reduce #2 (t.py:8)."
     )
+
+
+def test_a_rank_waiting_in_a_group_its_peer_ended_gets_the_grace_to_raise() -> None:
+    """Rank 1 skipped the all_reduce and ended the group; rank 0, still in it, raises when Gloo
+    sees the connection gone, which a loaded machine may take longer than the settle time to
+    tell: the verdict waits for that raise (the grace), not naming rank 0's call a call more."""
+    waiting = rank(0, barrier((0, 1)), call("all_reduce", 2, site="t.py:8"))
+    watch = watchdog.Watch()
+    assert watch.verdict(snap(waiting, left(1))) is None
+    assert watch.verdict(dataclasses.replace(snap(waiting, left(1)), now=NOW + watchdog.SETTLE + 0.1)) is None
+    assert watch.verdict(dataclasses.replace(snap(waiting, left(1)), now=NOW + 2.1)) is not None
+    # no raise came: the rank that ended the group is named, whatever branch rank 0's call is in
+    text = "def test_x(rank):\n    dist.barrier()\n    if rank == 0:\n        dist.all_reduce(t)\n"
+    watch = watchdog.Watch(lambda file: text if file == "t.py" else None)
+    in_branch = rank(0, barrier((0, 1)), call("all_reduce", 2, site="t.py:4"))
+    assert watch.verdict(snap(in_branch, left(1))) is None
+    verdict = watch.verdict(dataclasses.replace(snap(in_branch, left(1)), now=NOW + 2.1)) or Verdict("wait")
+    assert verdict.culprits == [1]
+    # a peer that returned without ending the group: nothing more to come, the verdict at once
+    assert watchdog.Watch().verdict(snap(waiting, left(1, destroy=False))) is not None
 
 
 def test_a_rank_that_returned_without_ending_the_group_is_named_too() -> None:
