@@ -12,7 +12,6 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.diagnose import code_paths, majority, own_lines, rank_tests
 from pytest_ddp.diagnose.source_text import Source
 from pytest_ddp.diagnose.state import Call, LeftBy, RankState, ops_made, site_parts
@@ -60,8 +59,7 @@ def one_rank_call(verdict: Verdict, ranks: dict[int, RankState], source: Source)
     if len(callers) != len(finding.culprits):
         return None
     call = finding.waits[callers[0]].call
-    ended = [c for r in finding.culprits for c in ranks[r].calls if c.op == DESTROY]
-    if any(c.group in ("WORLD", call.group) for c in ended):
+    if any(ranks[r].ended(call.group) for r in finding.culprits):
         return None  # the rank that returned ended the group: it is the cause, whatever branch the call is in
     same = (call.site, call.group, call.seq)
     if not call.is_collective or any((w.call.site, w.call.group, w.call.seq) != same

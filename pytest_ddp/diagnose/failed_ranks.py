@@ -161,7 +161,7 @@ def _left_mid_call(failed: list[int], ranks: dict[int, RankState]) -> Verdict | 
         return None
     culprits = sorted(left)
     call = woken[min(woken)]
-    ended = {r: ends[-1] for r in culprits if (ends := _ends(ranks[r]))}
+    ended = {r: ends[-1] for r in culprits if (ends := ranks[r].ends)}
     alike = sorted(woken) if len(left) == len(woken) and majority.as_before(ranks, woken) else []
     named = sorted(set(culprits) | set(alike))
     finding = LeftMidCall(culprits, call, woken, ended, alike)
@@ -204,13 +204,8 @@ _CAUSED = re.compile(r"(?i)timed? ?out|connection|broken pipe")
 def _left_at(state: RankState, call: Call) -> float:
     """When a rank that failed outside any call left the call's group: its end of the group, else
     its failure."""
-    ended = [c.enter for c in _ends(state) if c.group == call.group]
+    ended = [c.enter for c in state.ends if c.group == call.group]
     return min(ended) if ended else state.failed_at or 0.0
-
-
-def _ends(state: RankState) -> list[Call]:
-    """The rank's destroy_process_group calls, in order."""
-    return [c for c in state.calls if c.op == DESTROY]
 
 
 def _raised_in_collective(state: RankState) -> Call | None:

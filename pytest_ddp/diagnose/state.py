@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pytest_ddp.common.ops import INIT, NEW_GROUP, Op, op
+from pytest_ddp.common.ops import DESTROY, INIT, NEW_GROUP, Op, op
 from pytest_ddp.common.protocol import (
     NULL_PEER,
     CallEvent,
@@ -293,6 +293,15 @@ class RankState:
         ``tcp://`` to it), whose keys stay there: no later rendezvous can be made on that store."""
         methods = [str(c.extra.get("init_method")) for c in self.calls if c.op == INIT]
         return any(not method.startswith(_OWN_STORES) for method in methods)
+
+    @property
+    def ends(self) -> list[Call]:
+        """The rank's destroy_process_group calls, in order."""
+        return [c for c in self.calls if c.op == DESTROY]
+
+    def ended(self, group: str) -> bool:
+        """The rank destroyed ``group``, or the default group, which ends every group."""
+        return any(c.group in ("WORLD", group) for c in self.ends)
 
     @property
     def died_as_injected(self) -> bool:

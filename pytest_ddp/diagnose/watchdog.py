@@ -9,7 +9,6 @@ verdict is data (:mod:`pytest_ddp.diagnose.verdicts`); :mod:`pytest_ddp.diagnose
 
 from __future__ import annotations
 
-from pytest_ddp.common.ops import DESTROY
 from pytest_ddp.diagnose import code_ties, failed_ranks, majority, mpi_matching, own_lines
 from pytest_ddp.diagnose.init_faults import init_fault
 from pytest_ddp.diagnose.mismatches import (
@@ -287,8 +286,8 @@ def _settle_time(snap: Snapshot, verdict: Verdict) -> float:
 def _ended_under(snap: Snapshot) -> bool:
     """A rank that finished ended (destroy_process_group) the group, or the world, that a rank
     still waits in a call of: that call raises next."""
-    ended = {c.group for s in snap.ranks if s.finished for c in s.calls if c.op == DESTROY}
-    return any(s.blocked_call is not None and (s.blocked_call.group in ended or "WORLD" in ended)
+    ended = [s for s in snap.ranks if s.finished and s.ends]
+    return any(s.blocked_call is not None and any(e.ended(s.blocked_call.group) for e in ended)
                for s in snap.ranks if not s.finished)
 
 
