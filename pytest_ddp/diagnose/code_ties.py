@@ -226,11 +226,18 @@ def _loop_stayed_in(
 
 
 def _odd_one(verdict: Verdict, finding: Disagreement) -> Verdict:
-    """The verdict naming the one odd rank of ``finding`` (with what the code tells of it) alone."""
-    [culprit] = finding.odd
-    others = [r for r in finding.entered if r != culprit]
-    call = finding.entered[culprit]
-    return Verdict(verdict.status, verdict.kind, [culprit], others, call.op, call.label, finding)
+    """The verdict naming the odd ranks of ``finding`` (with what the code tells of them) alone."""
+    others = [r for r in finding.entered if r not in finding.odd]
+    call = finding.entered[finding.odd[0]]
+    return Verdict(verdict.status, verdict.kind, finding.odd, others, call.op, call.label, finding)
+
+
+def _cycle_naming(verdict: Verdict, cycle: Cycle, named: list[int]) -> Verdict:
+    """The verdict naming ``named`` of the cycle (with what the code tells of them) alone, the
+    rest of it and the ranks behind it waiting."""
+    others = sorted((set(cycle.culprits) | set(cycle.waiting)) - set(named))
+    call = cycle.waits[named[0]].call
+    return Verdict(verdict.status, verdict.kind, named, others, call.op, call.label, cycle)
 
 
 def _broken_tie(finding: Disagreement) -> bool:
@@ -272,9 +279,7 @@ def one_rank_branch_tie(verdict: Verdict, ranks: dict[int, RankState], source: S
     if _both_sides_ran(where, call, [ranks[r] for r in others], ranks[culprit], source):
         return None  # an if/else on the rank both ran before, each its side: a loop's count differs
     if isinstance(finding, Cycle):
-        cycle = dataclasses.replace(finding, branch={culprit: where})
-        return Verdict(verdict.status, verdict.kind, [culprit], sorted([*others, *finding.waiting]), call.op,
-                       call.label, cycle)
+        return _cycle_naming(verdict, dataclasses.replace(finding, branch={culprit: where}), [culprit])
     return _odd_one(verdict, dataclasses.replace(finding, odd=[culprit], condition=where))
 
 
@@ -306,11 +311,7 @@ def ranks_branch_cycle(verdict: Verdict, ranks: dict[int, RankState], source: So
             return None  # on some ranks only, or the code cannot tell
     if not branches or len(branches) == len(calls):
         return None
-    callers = sorted(branches)
-    call = calls[callers[0]]
-    others = sorted(set(calls) - set(callers) | set(finding.waiting))
-    return Verdict(verdict.status, verdict.kind, callers, others, call.op, call.label,
-                   dataclasses.replace(finding, branch=branches))
+    return _cycle_naming(verdict, dataclasses.replace(finding, branch=branches), sorted(branches))
 
 
 def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source: Source) -> Verdict | None:
@@ -342,8 +343,7 @@ def collective_before_send(verdict: Verdict, ranks: dict[int, RankState], source
     if sent is None:
         return None
     cycle = dataclasses.replace(finding, sent_after={sender: (f"{file}:{entered}", f"{file}:{sent}")})
-    others = sorted([receiver, *finding.waiting])
-    return Verdict(verdict.status, verdict.kind, [sender], others, collective.op, collective.label, cycle)
+    return _cycle_naming(verdict, cycle, [sender])
 
 
 def _both_sides_ran(
@@ -393,8 +393,7 @@ def own_group_forgotten(verdict: Verdict, ranks: dict[int, RankState], source: S
     where = _found_at(call, source, tested)
     if where is None or any(_under_rank_test(finding.entered[r], source) is not False for r in finding.odd):
         return None
-    found = dataclasses.replace(finding, odd=members, condition=where, own_group=own)
-    return Verdict(verdict.status, verdict.kind, members, list(finding.odd), call.op, call.label, found)
+    return _odd_one(verdict, dataclasses.replace(finding, odd=members, condition=where, own_group=own))
 
 
 def _collective_before(state: RankState, call: Call) -> Call | None:
